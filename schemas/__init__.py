@@ -1,0 +1,81 @@
+"""The reprolane contract: what is recorded, replayed and reported, and how it is encoded.
+
+This package is pure: pydantic models, a canonical encoding, topic names and the object-key layout.
+It imports nothing else of reprolane's and does no IO, so any service (or a non-Python consumer, via the
+exported JSON Schema) can depend on it.
+
+- `envelope`: the Request Reproducibility Envelope and its captured outcome.
+- `sampling`: the sampling contract (every parameter that changes which tokens come out).
+- `fingerprint`: the runtime fingerprint and the field-by-field diff between two of them.
+- `replay`: replay results and divergence events.
+- `canonical`: deterministic bytes and the sha256 identities built on them.
+- `layout`: Kafka topic names, header names and S3 object keys.
+- `errors`: the one exception a consumer of the contract needs to catch.
+"""
+
+from schemas.canonical import canonical_bytes, sha256_hex
+from schemas.envelope import (
+    ArtifactHashes,
+    CapturedError,
+    CapturedOutput,
+    Choice,
+    Envelope,
+    ExecutionContext,
+    Outcome,
+    PromptRecord,
+    StepLogprobs,
+    Timings,
+    TopCandidate,
+    WorkflowRef,
+    decode_envelope,
+)
+from schemas.errors import ContractError
+from schemas.fingerprint import FieldDiff, RuntimeFingerprint, diff_fingerprints
+from schemas.levels import LEVEL_ORDER, ReproLevel
+from schemas.replay import (
+    DivergenceEvent,
+    FirstDivergence,
+    ReplayedOutput,
+    ReplayRequest,
+    ReplayResult,
+    StepCandidates,
+    decode_divergence,
+    decode_replay_request,
+    decode_replay_result,
+)
+from schemas.sampling import SAMPLING_CONTRACT_VERSION, SamplingContract
+
+__all__ = [
+    "LEVEL_ORDER",
+    "SAMPLING_CONTRACT_VERSION",
+    "ArtifactHashes",
+    "CapturedError",
+    "CapturedOutput",
+    "Choice",
+    "ContractError",
+    "DivergenceEvent",
+    "Envelope",
+    "ExecutionContext",
+    "FieldDiff",
+    "FirstDivergence",
+    "Outcome",
+    "PromptRecord",
+    "ReplayRequest",
+    "ReplayResult",
+    "ReplayedOutput",
+    "ReproLevel",
+    "RuntimeFingerprint",
+    "SamplingContract",
+    "StepCandidates",
+    "StepLogprobs",
+    "Timings",
+    "TopCandidate",
+    "WorkflowRef",
+    "canonical_bytes",
+    "decode_divergence",
+    "decode_envelope",
+    "decode_replay_request",
+    "decode_replay_result",
+    "diff_fingerprints",
+    "sha256_hex",
+]

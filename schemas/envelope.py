@@ -1,0 +1,177 @@
+"""The Request Reproducibility Envelope: one immutable record per request that reached the sidecar.
+
+An envelope freezes everything needed to re-run the same computation (prompt *token ids*, not only text;
+the sampling contract; the artifact hashes; the runtime fingerprint; the batch pressure it ran under) and
+what came out (token ids and per-step top-k logprobs), or the error that ended it.
+
+Identity: ``envelope_id`` = sha256 of the canonical encoding (see `schemas.canonical`) of the whole record.
+Two deliveries of the same envelope therefore collapse to one id; any change to any field yields a new id.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Final, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from schemas.base import Record
+from schemas.canonical import canonical_bytes, sha256_hex
+from schemas.errors import ContractError
+from schemas.fingerprint import RuntimeFingerprint
+from schemas.levels import ReproLevel
+from schemas.sampling import SamplingContract
+
+ENVELOPE_SCHEMA_VERSION: Final = "reprolane.envelope/1"
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+RequestId = Annotated[str, Field(pattern=_ID_RE.pattern)]
+
+
+def is_valid_request_id(value: str) -> bool:
+    return bool(_ID_RE.match(value))
+
+
+class WorkflowRef(Record):
+    """Where a request sits in an agent workflow, so a workflow can be replayed step by step."""
+
+    workflow_id: RequestId
+    step: int = Field(ge=0)
+
+
+class ArtifactHashes(Record):
+    """Immutable fingerprints of the model artifacts (from the deployment manifest)."""
+
+    model_sha256: Sha256 | None = None
+    tokenizer_sha256: Sha256 | None = None
+    chat_template_sha256: Sha256 | None = None
+    manifest_source: str | None = Field(default=None, description="where the hashes came from")
+
+
+class PromptRecord(Record):
+    token_ids: tuple[int, ...] = Field(min_length=1)
+    source: Literal["upstream", "tokenize", "lane"] = Field(
+        description="upstream: the server returned prompt_token_ids; tokenize: the sidecar asked /tokenize"
+    )
+    request_body_sha256: Sha256
+    text: str | None = Field(default=None, description="rendered prompt, when known")
+
+    @field_validator("token_ids")
+    @classmethod
+    def _non_negative(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(t < 0 for t in v):
+            raise ValueError("token ids must be >= 0")
+        return v
+
+
+class TopCandidate(Record):
+    """One of the top-k alternatives at a step. ``token_id`` is None when the server gave only text."""
+
+    token: str
+    token_id: int | None = None
+    logprob: float
+    rank: int | None = Field(default=None, ge=1)
+
+
+class StepLogprobs(Record):
+    """The chosen token at one generation step and the top-k alternatives the server reported."""
+
+    token_id: int = Field(ge=0)
+    token: str | None = None
+    logprob: float
+    top: tuple[TopCandidate, ...] = ()
+
+
+class Choice(Record):
+    index: int = Field(ge=0)
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None = None
+    logprobs: tuple[StepLogprobs, ...] | None = Field(
+        default=None, description="per generated token, aligned with token_ids"
+    )
+
+
+class Timings(Record):
+    received_at: datetime
+    upstream_ms: float = Field(ge=0.0, description="first request byte to upstream's last byte")
+    first_token_ms: float | None = Field(default=None, ge=0.0)
+    added_ms: float | None = Field(default=None, ge=0.0, description="sidecar overhead, when measured")
+
+
+class CapturedOutput(Record):
+    kind: Literal["output"] = "output"
+    choices: tuple[Choice, ...] = Field(min_length=1)
+    timings: Timings
+    usage: dict[str, int] = Field(default_factory=dict)
+
+
+class CapturedError(Record):
+    """The request did not produce a complete output: upstream error, timeout, client gone, bad input."""
+
+    kind: Literal["error"] = "error"
+    error_type: Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
+    status_code: int | None = None
+    message: str
+    timings: Timings
+    partial: tuple[Choice, ...] = Field(default=(), description="what was streamed before the failure")
+
+
+Outcome = Annotated[CapturedOutput | CapturedError, Field(discriminator="kind")]
+
+
+class ExecutionContext(Record):
+    """What the sidecar could see of the production lane's state (batch pressure explains many forks)."""
+
+    in_flight_at_start: int = Field(ge=0)
+    in_flight_at_end: int = Field(ge=0)
+    stream: bool = False
+    sidecar_id: str | None = None
+
+
+class Envelope(Record):
+    schema_version: Literal["reprolane.envelope/1"] = ENVELOPE_SCHEMA_VERSION
+    request_id: RequestId
+    captured_at: datetime
+    tenant: RequestId = "default"
+    workflow: WorkflowRef | None = None
+    flagged: bool = Field(default=False, description="selected for replay")
+    flag_reason: Literal["header", "tenant", "sample"] | None = None
+    target_level: ReproLevel = "token"
+    endpoint: Literal["chat.completions", "completions"]
+    model: str = Field(min_length=1, description="the model name the client asked for")
+    artifacts: ArtifactHashes
+    prompt: PromptRecord | None = Field(description="None only when the request never reached a tokenizer")
+    sampling: SamplingContract | None = Field(description="None only for requests rejected as invalid")
+    runtime: RuntimeFingerprint
+    context: ExecutionContext
+    outcome: Outcome
+
+    @field_validator("captured_at")
+    @classmethod
+    def _utc(cls, v: datetime) -> datetime:
+        if v.tzinfo is None:
+            raise ValueError("must be timezone-aware (UTC)")
+        return v.astimezone(UTC)
+
+    def canonical(self) -> bytes:
+        return canonical_bytes(self)
+
+    def envelope_id(self) -> str:
+        """sha256 (hex) of the canonical encoding: the content address of this record."""
+        return sha256_hex(self.canonical())
+
+    @property
+    def replayable(self) -> bool:
+        """An envelope can be replayed when it has prompt token ids, a contract and a complete output."""
+        return self.prompt is not None and self.sampling is not None and isinstance(self.outcome, CapturedOutput)
+
+
+def decode_envelope(data: bytes | str) -> Envelope:
+    """Parse an envelope from JSON bytes, raising `ContractError` that names each offending field."""
+    try:
+        return Envelope.model_validate_json(data)
+    except ValidationError as exc:
+        raise ContractError.from_validation("envelope", exc) from exc

@@ -1,0 +1,137 @@
+"""Replay requests, replay results and divergence events.
+
+Every replay produces a `DivergenceEvent` (verdict ``identical`` included: dashboards need the denominator)
+and a `ReplayResult` that adds the replayed output itself. Results are idempotent by
+(envelope id, lane fingerprint): replaying the same envelope on the same lane twice yields the same
+``result_id``, so at-least-once delivery never double counts.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final, Literal, TypeVar
+
+from pydantic import Field, ValidationError
+
+from schemas.base import Record
+from schemas.canonical import canonical_json, sha256_hex
+from schemas.envelope import RequestId, Sha256, StepLogprobs, TopCandidate
+from schemas.errors import ContractError
+from schemas.fingerprint import FieldDiff, RuntimeFingerprint
+from schemas.levels import ReproLevel
+
+REPLAY_SCHEMA_VERSION: Final = "reprolane.replay/1"
+
+Verdict = Literal["bitwise", "token", "numeric", "semantic", "diverged"]
+"""The strictest level that holds (see `schemas.levels`), or ``diverged`` when none does."""
+
+CauseHint = Literal[
+    "identical",
+    "fingerprint_changed",
+    "fork_at_first_token",
+    "late_fork_numeric_drift",
+    "numeric_drift_no_fork",
+    "length_only",
+    "not_replayable",
+]
+
+
+class ReplayRequest(Record):
+    """Ask the replayer service to replay one request now (the on-demand topic)."""
+
+    schema_version: Literal["reprolane.replay/1"] = REPLAY_SCHEMA_VERSION
+    request_id: RequestId
+    lane: str | None = Field(default=None, description="lane name; None = the service's default lane")
+    reply_to: str | None = Field(default=None, description="correlation id echoed in the event")
+
+
+class ReplayedOutput(Record):
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[StepLogprobs, ...] | None = None
+    finish_reason: str | None = None
+
+
+class StepCandidates(Record):
+    """Recorded and replayed top-k at one step, with the top-1/top-2 margin of each."""
+
+    position: int = Field(ge=0)
+    recorded_token_id: int | None = None
+    replayed_token_id: int | None = None
+    recorded_top: tuple[TopCandidate, ...] = ()
+    replayed_top: tuple[TopCandidate, ...] = ()
+    recorded_margin: float | None = Field(default=None, description="logprob(top1) - logprob(top2)")
+    replayed_margin: float | None = None
+
+
+class FirstDivergence(Record):
+    position: int = Field(ge=0, description="index of the first differing generated token")
+    at: StepCandidates
+    before: StepCandidates | None = Field(default=None, description="the step before the fork")
+    near_tie: bool = Field(description="the recorded top-1/top-2 margin at the fork was below the threshold")
+
+
+class DivergenceEvent(Record):
+    schema_version: Literal["reprolane.replay/1"] = REPLAY_SCHEMA_VERSION
+    request_id: RequestId
+    envelope_id: Sha256
+    lane: str
+    lane_fingerprint: RuntimeFingerprint
+    lane_fingerprint_sha256: Sha256
+    fingerprint_diffs: tuple[FieldDiff, ...] = ()
+    verdict: Verdict
+    levels_held: tuple[ReproLevel, ...]
+    target_level: ReproLevel
+    target_met: bool
+    first_divergence: FirstDivergence | None = None
+    max_abs_logprob_diff: float | None = None
+    max_rel_logprob_diff: float | None = None
+    token_match_rate: float = Field(ge=0.0, le=1.0)
+    recorded_length: int = Field(ge=0)
+    replayed_length: int = Field(ge=0)
+    length_diff: int
+    semantic_similarity: float | None = None
+    cause_hint: CauseHint
+    cause_detail: str = ""
+    tenant: str = "default"
+    workflow_id: str | None = None
+    workflow_step: int | None = None
+    replayed_at: datetime
+    replay_ms: float = Field(ge=0.0)
+    reply_to: str | None = None
+
+    def result_id(self) -> str:
+        return replay_result_id(self.envelope_id, self.lane_fingerprint_sha256)
+
+
+class ReplayResult(Record):
+    schema_version: Literal["reprolane.replay/1"] = REPLAY_SCHEMA_VERSION
+    event: DivergenceEvent
+    replayed: ReplayedOutput
+
+
+def replay_result_id(envelope_id: str, lane_fingerprint_sha256: str) -> str:
+    """Idempotency key of a replay: the same envelope on the same lane is the same result."""
+    return sha256_hex(canonical_json({"envelope_id": envelope_id, "lane": lane_fingerprint_sha256}))
+
+
+_R = TypeVar("_R", bound=Record)
+
+
+def _decode(model: type[_R], what: str, data: bytes | str) -> _R:
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        raise ContractError.from_validation(what, exc) from exc
+
+
+def decode_replay_request(data: bytes | str) -> ReplayRequest:
+    return _decode(ReplayRequest, "replay request", data)
+
+
+def decode_divergence(data: bytes | str) -> DivergenceEvent:
+    return _decode(DivergenceEvent, "divergence event", data)
+
+
+def decode_replay_result(data: bytes | str) -> ReplayResult:
+    return _decode(ReplayResult, "replay result", data)

@@ -1,0 +1,98 @@
+"""Hand-built contract records for tests: deterministic, small, valid unless a test breaks them on purpose."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas import (
+    ArtifactHashes,
+    CapturedOutput,
+    Choice,
+    Envelope,
+    ExecutionContext,
+    PromptRecord,
+    RuntimeFingerprint,
+    SamplingContract,
+    StepLogprobs,
+    Timings,
+    TopCandidate,
+    WorkflowRef,
+)
+
+FIXED_TIME = datetime(2026, 7, 14, 9, 30, 0, 123456, tzinfo=UTC)
+
+
+def runtime(**overrides: Any) -> RuntimeFingerprint:
+    base: dict[str, Any] = {
+        "engine": "vllm",
+        "engine_version": "0.32.0",
+        "system_fingerprint": "vllm-0.32.0-1a2b3c4d",
+        "torch_version": "2.13.0+cpu",
+        "device": "cpu",
+        "device_name": "Generic x86_64",
+        "dtype": "bfloat16",
+        "quantization": "none",
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "data_parallel_size": 1,
+        "attention_backend": "CPU_ATTN",
+        "cuda_graphs": False,
+        "batch_invariant": False,
+        "max_num_seqs": 256,
+        "prefix_caching": True,
+    }
+    base.update(overrides)
+    return RuntimeFingerprint(**base)
+
+
+def step(token_id: int, logprob: float, *alts: tuple[int, float]) -> StepLogprobs:
+    top = [TopCandidate(token=f"t{token_id}", token_id=token_id, logprob=logprob, rank=1)]
+    for rank, (tid, lp) in enumerate(alts, start=2):
+        top.append(TopCandidate(token=f"t{tid}", token_id=tid, logprob=lp, rank=rank))
+    return StepLogprobs(token_id=token_id, token=f"t{token_id}", logprob=logprob, top=tuple(top))
+
+
+def envelope(**overrides: Any) -> Envelope:
+    base: dict[str, Any] = {
+        "request_id": "req-20260714-001",
+        "captured_at": FIXED_TIME,
+        "tenant": "acme-insurance",
+        "workflow": WorkflowRef(workflow_id="claim-7781", step=2),
+        "flagged": True,
+        "flag_reason": "header",
+        "target_level": "token",
+        "endpoint": "chat.completions",
+        "model": "smollm2-135m-instruct",
+        "artifacts": ArtifactHashes(
+            model_sha256="a" * 64,
+            tokenizer_sha256="b" * 64,
+            chat_template_sha256="c" * 64,
+            manifest_source="reprolane-manifest.json",
+        ),
+        "prompt": PromptRecord(token_ids=(1, 9690, 198, 2683, 314), source="upstream", request_body_sha256="d" * 64),
+        "sampling": SamplingContract(
+            temperature=0.7, top_p=0.95, max_tokens=256, seed=42, seed_scope="per_request", logprobs=5
+        ),
+        "runtime": runtime(),
+        "context": ExecutionContext(in_flight_at_start=3, in_flight_at_end=1, stream=False),
+        "outcome": CapturedOutput(
+            choices=(
+                Choice(
+                    index=0,
+                    token_ids=(504, 3575, 2),
+                    text="Paris.",
+                    finish_reason="stop",
+                    logprobs=(
+                        step(504, -0.01, (330, -4.75)),
+                        step(3575, -0.25, (28, -1.5)),
+                        step(2, -0.0001),
+                    ),
+                ),
+            ),
+            timings=Timings(received_at=FIXED_TIME, upstream_ms=41.5, first_token_ms=12.0),
+            usage={"prompt_tokens": 5, "completion_tokens": 3},
+        ),
+    }
+    base.update(overrides)
+    return Envelope(**base)

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from schemas import diff_fingerprints
+from tests.factories import runtime
+
+
+def test_identical_fingerprints_have_no_diff_and_same_hash() -> None:
+    assert diff_fingerprints(runtime(), runtime()) == ()
+    assert runtime().sha256() == runtime().sha256()
+
+
+def test_diff_names_exactly_the_changed_fields() -> None:
+    lane = runtime(max_num_seqs=1, prefix_caching=False, dtype="bfloat16", system_fingerprint="other")
+    diffs = diff_fingerprints(runtime(), lane)
+    assert [d.field for d in diffs] == ["max_num_seqs", "prefix_caching"]
+    assert (diffs[0].recorded, diffs[0].replayed) == (256, 1)
+    assert lane.sha256() != runtime().sha256()
+
+
+def test_unknown_is_not_a_change_unless_asked() -> None:
+    lane = runtime(attention_backend=None)
+    assert diff_fingerprints(runtime(), lane) == ()
+    assert [d.field for d in diff_fingerprints(runtime(), lane, include_unknown=True)] == ["attention_backend"]
