@@ -1,0 +1,10 @@
+"""The capture sidecar: a transparent OpenAI-compatible proxy that records every request as an envelope.
+
+- `settings`: the one settings object of the process (env prefix ``REPROLANE_CAPTURE_``).
+- `proxy` / `app`: the HTTP edge (Starlette), streaming and not, pass-through for every other path.
+- `recording`: turns a request/response pair into a `schemas.Envelope`.
+- `policy`: which requests are flagged for replay.
+- `spool`: the append-only local log with group-committed fsync; nothing leaves it unacknowledged.
+- `publisher`: drains the spool to Kafka and S3 (Object Lock), at least once.
+- `metrics`: Prometheus metrics on the sidecar's own ``/metrics``.
+"""

@@ -1,0 +1,33 @@
+"""Errors of the capture sidecar.
+
+    Exception
+     └── CaptureError                 base of everything raised by this package
+          ├── SpoolFullError          the spool reached its byte bound; guaranteed mode answers 503
+          ├── SpoolCorruptError       a spool segment could not be read back (names the file and offset)
+          ├── SinkError               Kafka or S3 refused or could not be reached (translated at the boundary)
+          └── UpstreamError           the inference server could not be reached or answered garbage
+
+Bad client input is not an exception here: it becomes an OpenAI-format 4xx and an error envelope.
+"""
+
+from __future__ import annotations
+
+
+class CaptureError(Exception):
+    """Base of the capture package's errors."""
+
+
+class SpoolFullError(CaptureError):
+    pass
+
+
+class SpoolCorruptError(CaptureError):
+    pass
+
+
+class SinkError(CaptureError):
+    pass
+
+
+class UpstreamError(CaptureError):
+    pass

@@ -1,0 +1,63 @@
+"""Settings of the capture sidecar: one object per process, built once in main and passed down.
+
+Every field can be set from the environment with the prefix ``REPROLANE_CAPTURE_`` (for example
+``REPROLANE_CAPTURE_UPSTREAM=http://127.0.0.1:8000``) or from CLI flags.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CaptureSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="REPROLANE_CAPTURE_", extra="forbid", frozen=True)
+
+    # --- HTTP edge
+    upstream: str = Field(description="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8100, ge=0, le=65535)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    upstream_timeout_s: float = Field(default=300.0, gt=0)
+    sidecar_id: str = "capture-0"
+
+    # --- what is recorded
+    mode: Literal["guaranteed", "best_effort"] = Field(
+        default="guaranteed",
+        description="guaranteed: the envelope is durable in the spool before the response is released",
+    )
+    audit_top_logprobs: int = Field(default=5, ge=0, le=20, description="top-k asked of upstream for the record")
+    manifest_path: Path | None = Field(default=None, description="reprolane-manifest.json of the served model")
+    runtime_path: Path | None = Field(
+        default=None, description="JSON of RuntimeFingerprint fields the sidecar cannot observe (dtype, ...)"
+    )
+    inject_seed: bool = Field(default=False, description="add a seed to sampled requests that have none")
+
+    # --- replay policy
+    flag_tenants: tuple[str, ...] = ()
+    sample_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    default_tenant: str = "default"
+
+    # --- durability
+    spool_dir: Path = Path(".reprolane/spool")
+    spool_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    spool_warn_ratio: float = Field(default=0.8, gt=0.0, le=1.0)
+    group_commit_ms: float = Field(default=2.0, ge=0.0)
+
+    # --- sinks
+    kafka_bootstrap: str | None = None
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    s3_endpoint: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key: str | None = None
+    s3_secret_key: SecretStr | None = None
+    s3_bucket: str = "reprolane-audit"
+    s3_verify_tls: bool = True
+    retention_days: int = Field(default=1, ge=0, description="Object Lock retention; 0 = no retention header")
+    object_lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = "COMPLIANCE"

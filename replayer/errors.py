@@ -1,0 +1,34 @@
+"""Errors of the replayer.
+
+    Exception
+     └── ReplayerError                base of everything raised by this package
+          ├── LaneUnavailableError    a lane cannot start here (names the reason: platform, backend, missing extra)
+          ├── NotReplayableError      the envelope has no prompt ids / contract / complete output, or its data
+          │                           was shredded; the message says which
+          ├── EnvelopeNotFoundError   no envelope is indexed under that request id / workflow id
+          └── StoreError              S3 or Kafka refused or could not be reached (translated at the boundary)
+
+A divergence is a result (`schemas.DivergenceEvent`), never an exception.
+"""
+
+from __future__ import annotations
+
+
+class ReplayerError(Exception):
+    """Base of the replayer package's errors."""
+
+
+class LaneUnavailableError(ReplayerError):
+    pass
+
+
+class NotReplayableError(ReplayerError):
+    pass
+
+
+class EnvelopeNotFoundError(ReplayerError):
+    pass
+
+
+class StoreError(ReplayerError):
+    pass

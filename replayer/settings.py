@@ -1,0 +1,54 @@
+"""Settings of the replayer: one object per process (env prefix ``REPROLANE_REPLAYER_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Thresholds(BaseSettings):
+    """Numeric-tolerance level: per-step differences allowed over the common prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="REPROLANE_REPLAYER_THRESHOLD_", extra="forbid", frozen=True)
+
+    max_abs_logprob_diff: float = Field(default=0.05, ge=0.0)
+    max_rel_logprob_diff: float = Field(default=0.5, ge=0.0)
+    max_rank_shift: int = Field(default=1, ge=0, description="allowed change of a top-k token's rank")
+    near_tie_margin: float = Field(default=0.1, ge=0.0, description="top1-top2 logprob margin called a near tie")
+    semantic_min_similarity: float = Field(default=0.9, ge=-1.0, le=1.0)
+
+
+class ReplayerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="REPROLANE_REPLAYER_", extra="forbid", frozen=True)
+
+    lane: Literal["vllm", "remote", "transformers"] = "vllm"
+    model_dir: Path | None = Field(default=None, description="HF folder of the model; default: the fetched cache")
+    served_model_name: str = "smollm2-135m-instruct"
+    dtype: str = "bfloat16"
+    remote_url: str | None = Field(default=None, description="base URL for the remote lane")
+    num_threads: int = Field(default=1, ge=1, description="torch threads of the transformers lane")
+    semantic: bool = Field(default=False, description="compute semantic similarity (all-MiniLM-L6-v2)")
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+
+    # selection
+    replay_all: bool = Field(default=False, description="replay every envelope, not only flagged ones")
+
+    # consumer
+    group_id: str = "reprolane-replayer"
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+
+    # store
+    s3_endpoint: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key: str | None = None
+    s3_secret_key: SecretStr | None = None
+    s3_bucket: str = "reprolane-audit"
+    s3_verify_tls: bool = True
