@@ -17,7 +17,9 @@ import typer
 from typer.core import TyperGroup
 
 from infra.errors import InfraError
+from infra.fingerprint_cli import fingerprint_app
 from infra.model_cli import model_app
+from infra.schemas_cli import schemas_app
 from infra.stack_cli import stack_app
 
 
@@ -61,3 +63,5 @@ app = typer.Typer(
 )
 app.add_typer(model_app, name="model")
 app.add_typer(stack_app, name="stack")
+app.add_typer(fingerprint_app, name="fingerprint")
+app.add_typer(schemas_app, name="schemas")

@@ -7,6 +7,7 @@ exported JSON Schema) can depend on it.
 - `envelope`: the Request Reproducibility Envelope and its captured outcome.
 - `sampling`: the sampling contract (every parameter that changes which tokens come out).
 - `fingerprint`: the runtime fingerprint and the field-by-field diff between two of them.
+- `environment`: artifacts + runtime, the unit the release gate compares.
 - `replay`: replay results and divergence events.
 - `canonical`: deterministic bytes and the sha256 identities built on them.
 - `layout`: Kafka topic names, header names and S3 object keys.
@@ -29,6 +30,7 @@ from schemas.envelope import (
     WorkflowRef,
     decode_envelope,
 )
+from schemas.environment import EnvironmentFingerprint, decode_environment, diff_environments
 from schemas.errors import ContractError
 from schemas.fingerprint import FieldDiff, RuntimeFingerprint, diff_fingerprints
 from schemas.levels import LEVEL_ORDER, ReproLevel
@@ -55,6 +57,7 @@ __all__ = [
     "ContractError",
     "DivergenceEvent",
     "Envelope",
+    "EnvironmentFingerprint",
     "ExecutionContext",
     "FieldDiff",
     "FirstDivergence",
@@ -74,8 +77,10 @@ __all__ = [
     "canonical_bytes",
     "decode_divergence",
     "decode_envelope",
+    "decode_environment",
     "decode_replay_request",
     "decode_replay_result",
+    "diff_environments",
     "diff_fingerprints",
     "sha256_hex",
 ]

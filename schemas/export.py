@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.envelope import Envelope
+from schemas.environment import EnvironmentFingerprint
 from schemas.replay import DivergenceEvent, ReplayRequest, ReplayResult
 
 EXPORTED: dict[str, type[Any]] = {
@@ -12,6 +13,7 @@ EXPORTED: dict[str, type[Any]] = {
     "divergence-event.v1.schema.json": DivergenceEvent,
     "replay-result.v1.schema.json": ReplayResult,
     "replay-request.v1.schema.json": ReplayRequest,
+    "environment-fingerprint.v1.schema.json": EnvironmentFingerprint,
 }
 
 

@@ -12,7 +12,10 @@ S3 (one bucket with Object Lock; every object is written once, keys are content 
     envelopes/tenant=<tenant>/date=<YYYY-MM-DD>/<envelope_id>.json
     index/request-id/<request_id>.json          -> {"envelope_id", "key"}: lookup by request id
     index/workflow/<workflow_id>/<step:06d>-<request_id>.json  -> same, one per workflow step
-    replays/date=<YYYY-MM-DD>/<envelope_id>/<result_id>.json
+    replays/date=<YYYY-MM-DD>/<envelope_id>/<result_id>.json   date = the envelope's capture day
+
+A replay result's key is a function of (envelope, lane fingerprint) only, never of when the replay ran, so a
+re-replay after a crash (or on another day) lands on the same key and collapses to one result.
 """
 
 from __future__ import annotations
@@ -52,5 +55,6 @@ def workflow_index_key(workflow_id: str, step: int, request_id: str) -> str:
     return f"{workflow_index_prefix(workflow_id)}{step:06d}-{request_id}.json"
 
 
-def replay_key(envelope_id: str, result_id: str, replayed_at: datetime) -> str:
-    return f"replays/date={_day(replayed_at)}/{envelope_id}/{result_id}.json"
+def replay_key(envelope_id: str, result_id: str, captured_at: datetime) -> str:
+    """Pass the envelope's ``captured_at`` (not the replay time): the key must not change between re-replays."""
+    return f"replays/date={_day(captured_at)}/{envelope_id}/{result_id}.json"

@@ -1,0 +1,75 @@
+"""``reprolane fingerprint``: the environment fingerprint as JSON, and ``fingerprint diff A B``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra import paths
+from infra.fingerprint import FingerprintError, local_environment, upstream_environment
+from schemas import ContractError, EnvironmentFingerprint, decode_environment, diff_environments
+
+fingerprint_app = typer.Typer(
+    help="Environment fingerprint: model/tokenizer/template sha256, engine, torch, CUDA, device, topology.",
+    invoke_without_command=True,
+)
+
+
+@fingerprint_app.callback()
+def take(
+    ctx: typer.Context,
+    model_dir: Annotated[
+        Path | None, typer.Option("--model", "--model-dir", help="converted model dir (default: the cache)")
+    ] = None,
+    upstream: Annotated[str | None, typer.Option("--upstream", help="fingerprint a running server")] = None,
+    runtime_file: Annotated[
+        Path | None, typer.Option("--runtime-file", help="JSON of declared RuntimeFingerprint fields")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write the JSON here too")] = None,
+) -> None:
+    """Print this environment's fingerprint (JSON)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    model = model_dir if model_dir is not None else paths.model_dir()
+    fp = (
+        upstream_environment(upstream, model_dir=model, runtime_file=runtime_file)
+        if upstream
+        else local_environment(model, runtime_file)
+    )
+    text = fp.model_dump_json(indent=2)
+    if out is not None:
+        out.write_text(text + "\n", encoding="utf-8")
+    typer.echo(text)
+    typer.echo(f"environment sha256: {fp.sha256()}", err=True)
+
+
+def _load(path: Path) -> EnvironmentFingerprint:
+    try:
+        return decode_environment(path.read_bytes())
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc.strerror}") from exc
+    except ContractError as exc:
+        raise typer.BadParameter(f"{path}: {exc}") from exc
+
+
+@fingerprint_app.command()
+def diff(
+    a: Annotated[Path, typer.Argument(help="baseline fingerprint JSON")],
+    b: Annotated[Path, typer.Argument(help="candidate fingerprint JSON")],
+) -> None:
+    """Fields that differ between two fingerprints; exit 0 when none, 1 when any (like diff(1))."""
+    fa, fb = _load(a), _load(b)
+    diffs = diff_environments(fa, fb)
+    if not diffs:
+        typer.echo(f"identical environments ({fa.sha256()[:16]})")
+        raise typer.Exit(0)
+    width = max(len(d.field) for d in diffs)
+    typer.echo(f"{'field':<{width}}  baseline -> candidate")
+    for d in diffs:
+        typer.echo(f"{d.field:<{width}}  {d.recorded!r} -> {d.replayed!r}")
+    raise typer.Exit(1)
+
+
+__all__ = ["FingerprintError", "fingerprint_app"]
