@@ -6,6 +6,7 @@
           ├── SpoolCorruptError       a spool segment could not be read back (names the file and offset)
           ├── SinkError               Kafka or S3 refused or could not be reached (translated at the boundary)
           └── UpstreamError           the inference server could not be reached or answered garbage
+               └── UpstreamTimeoutError   it did not answer (or stopped streaming) within the read timeout
 
 Bad client input is not an exception here: it becomes an OpenAI-format 4xx and an error envelope.
 """
@@ -30,4 +31,8 @@ class SinkError(CaptureError):
 
 
 class UpstreamError(CaptureError):
+    pass
+
+
+class UpstreamTimeoutError(UpstreamError):
     pass

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.layout import TOPIC_DEAD_LETTER, TOPIC_DIVERGENCES, TOPIC_ENVELOPES, TOPIC_REPLAY_REQUESTS
+
 
 class Thresholds(BaseSettings):
     """Numeric-tolerance level: per-step differences allowed over the common prefix."""
@@ -44,6 +46,14 @@ class ReplayerSettings(BaseSettings):
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     session_timeout_ms: int = Field(default=10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=3_000, ge=100, description="must be below session_timeout_ms")
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    retry_backoff_s: float = Field(default=1.0, ge=0.0, description="pause before re-reading after a store error")
+    envelope_topic: str = TOPIC_ENVELOPES
+    divergence_topic: str = TOPIC_DIVERGENCES
+    dead_letter_topic: str = TOPIC_DEAD_LETTER
+    replay_request_topic: str = TOPIC_REPLAY_REQUESTS
+    metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")
 
     # store
     s3_endpoint: str | None = None
