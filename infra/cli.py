@@ -16,11 +16,14 @@ from typing import Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
+from capture.cli import capture_app
 from infra.errors import InfraError
 from infra.fingerprint_cli import fingerprint_app
 from infra.model_cli import model_app
 from infra.schemas_cli import schemas_app
 from infra.stack_cli import stack_app
+from infra.stack_env import apply_to_process
+from replayer.cli import replay_app, replayer_app
 
 
 class OneLineErrors(TyperGroup):
@@ -34,6 +37,7 @@ class OneLineErrors(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        apply_to_process()  # a running local stack provides defaults for the services' settings
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # typer's vendored click errors all derive from it
@@ -65,3 +69,6 @@ app.add_typer(model_app, name="model")
 app.add_typer(stack_app, name="stack")
 app.add_typer(fingerprint_app, name="fingerprint")
 app.add_typer(schemas_app, name="schemas")
+app.add_typer(capture_app, name="capture")
+app.add_typer(replayer_app, name="replayer")
+app.add_typer(replay_app, name="replay")

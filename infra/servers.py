@@ -20,6 +20,7 @@ name       what                                   quirks handled here
 from __future__ import annotations
 
 import importlib.resources
+import json
 import os
 import shutil
 import sys
@@ -27,6 +28,7 @@ import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra.errors import StackError
 from infra.ports import HOST
@@ -151,6 +153,32 @@ class TansuServer(ServerDef):
         return kafka_ready(HOST, ports["kafka"])
 
 
+#: What the stack's vLLM runs with, declared once: the flags above are built from it, and it is written to
+#: ``<run-dir>/vllm-runtime.json`` so the capture sidecar records what it cannot observe (dynamic batching up
+#: to 256 sequences, prefix cache on: the production lane, with the drift it brings).
+VLLM_RUNTIME: dict[str, Any] = {
+    "engine": "vllm",
+    "device": "cpu",
+    "dtype": "bfloat16",
+    "quantization": "none",
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
+    "cuda_graphs": False,
+    "batch_invariant": False,
+    "max_num_seqs": 256,
+    "prefix_caching": True,
+}
+VLLM_RUNTIME_FILE = "vllm-runtime.json"
+
+
+def write_runtime_file(path: Path) -> None:
+    from importlib.metadata import version
+
+    data = {**VLLM_RUNTIME, "torch_version": version("torch")}
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 @dataclass(frozen=True)
 class VllmServer(ServerDef):
     """vLLM's OpenAI-compatible server on the CPU, serving the converted model from the cache."""
@@ -165,8 +193,10 @@ class VllmServer(ServerDef):
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(state.model_dir), "--served-model-name", state.model_name,
             "--host", HOST, "--port", str(ports["http"]),
-            "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
+            "--dtype", VLLM_RUNTIME["dtype"], "--max-model-len", "2048", "--enforce-eager",
+            "--max-num-seqs", str(VLLM_RUNTIME["max_num_seqs"]), "--enable-prefix-caching",
         ]  # fmt: skip
+        write_runtime_file(state.run_dir / VLLM_RUNTIME_FILE)
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 135M model, kind to 2 cores

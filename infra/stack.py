@@ -32,6 +32,7 @@ from infra.errors import ServerStartError, StackError, StackNotRunningError
 from infra.ports import allocate_ports, require_free
 from infra.servers import SERVERS
 from infra.state import SERVER_ORDER, STATE_FILE, KafkaStorage, ServerName, ServerRecord, StackInfo, StackState
+from infra.topics import ensure_topics
 
 Reporter = Callable[[str], None]
 ServerHealth = Literal["ready", "running", "dead", "stopped"]
@@ -89,6 +90,10 @@ class LocalStack:
                 state = self._launch_unless_alive(state, name)
             for name in rest:
                 state = self._ensure_ready(state, name)
+            if "kafka" in wanted:
+                created = ensure_topics(state.info().kafka_bootstrap)
+                if created:
+                    self.report(f"created topics: {', '.join(created)}")
             return state.info()
 
     def down(self) -> None:

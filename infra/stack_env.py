@@ -1,0 +1,58 @@
+"""Point the services' settings at the local stack when one is running, so commands need no flags.
+
+``reprolane replay request ID`` on a machine where ``reprolane stack up`` ran should just work. When
+``<run-dir>/stack.json`` exists (``$REPROLANE_RUN_DIR`` or ``./.reprolane/stack``), its addresses and
+credentials become *defaults* for the ``REPROLANE_CAPTURE_*`` and ``REPROLANE_REPLAYER_*`` settings:
+anything already set in the environment, and any flag, still wins.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from infra import paths
+from infra.manifest import MANIFEST_NAME
+from infra.servers import VLLM_RUNTIME_FILE
+from infra.state import StackInfo
+
+
+def stack_defaults(info: StackInfo) -> dict[str, str]:
+    """Environment defaults for both services from a stack's info."""
+    common = {
+        "KAFKA_BOOTSTRAP": info.kafka_bootstrap,
+        "S3_ENDPOINT": info.s3_endpoint,
+        "S3_ACCESS_KEY": info.s3_access_key,
+        "S3_SECRET_KEY": info.s3_secret_key,
+        "S3_REGION": info.s3_region,
+        "S3_BUCKET": info.audit_bucket,
+    }
+    env = {f"REPROLANE_CAPTURE_{k}": v for k, v in common.items()}
+    env.update({f"REPROLANE_REPLAYER_{k}": v for k, v in common.items()})
+    runtime = info.run_dir / VLLM_RUNTIME_FILE
+    if runtime.is_file():
+        env["REPROLANE_CAPTURE_RUNTIME_PATH"] = str(runtime)
+    if info.vllm_url:
+        env["REPROLANE_CAPTURE_UPSTREAM"] = info.vllm_url
+        env["REPROLANE_REPLAYER_REMOTE_URL"] = info.vllm_url
+    if info.model_dir is not None:
+        env["REPROLANE_CAPTURE_MANIFEST_PATH"] = str(info.model_dir / MANIFEST_NAME)
+        env["REPROLANE_REPLAYER_MODEL_DIR"] = str(info.model_dir)
+        env["REPROLANE_REPLAYER_SERVED_MODEL_NAME"] = info.model_name
+    return env
+
+
+def apply_stack_defaults(environ: MutableMapping[str, str], run_dir: Path | None = None) -> StackInfo | None:
+    """Set the stack's defaults into `environ` where unset; return the stack found, or None."""
+    try:
+        info = StackInfo.load(paths.run_dir(run_dir))
+    except Exception:  # no stack, or a state file from an older layout: no defaults, never an error
+        return None
+    for key, value in stack_defaults(info).items():
+        environ.setdefault(key, value)
+    return info
+
+
+def apply_to_process() -> StackInfo | None:
+    return apply_stack_defaults(os.environ)

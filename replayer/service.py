@@ -1,0 +1,323 @@
+"""The replayer service: a FastStream Kafka consumer that replays envelopes and publishes divergence events.
+
+Per envelope message (consumer group ``settings.group_id``, one message at a time, offsets committed by hand):
+
+1. decode; bytes that are not JSON or not a valid envelope go to the dead-letter topic with the reason
+   (headers ``reprolane-dlq-reason``, ``reprolane-dlq-source`` = ``topic/partition/offset``), then commit;
+2. select (`replayer.selection`): not selected -> commit and skip; not replayable -> count, commit, skip;
+3. if S3 already holds the result for (envelope id, lane fingerprint), take its event (a redelivery: nothing is
+   replayed or counted again); otherwise replay on the lane in a worker thread (one replay at a time per
+   process), store the result (first write wins) and count it;
+4. publish the `DivergenceEvent` (every verdict, ``bitwise`` included) keyed by request id;
+5. only then commit the offset.
+
+A crash anywhere before 5 re-delivers the message; step 3 makes the redelivery idempotent, so nothing is lost and
+nothing is counted twice (the event may be published twice, always with the same ``result_id``). A store, lane
+or broker error rewinds the consumer to the message (after ``settings.retry_backoff_s``) instead of skipping it.
+
+On-demand replays: a `schemas.ReplayRequest` on ``settings.replay_request_topic`` names a request id; the envelope
+is looked up through the S3 request-id index and replayed regardless of selection, with ``reply_to`` echoed in
+the event. An unknown request id, or a lane this process does not serve, goes to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka.errors import KafkaError
+from faststream import AckPolicy
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
+
+from replayer.errors import EnvelopeNotFoundError, LaneUnavailableError, NotReplayableError, StoreError
+from replayer.lanes.base import Lane
+from replayer.metrics import ReplayerMetrics
+from replayer.replay import replay_envelope
+from replayer.selection import not_replayable_reason, select
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
+from schemas import ContractError, DivergenceEvent, Envelope, decode_envelope, decode_replay_request
+from schemas.layout import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, HEADER_ENVELOPE_ID, HEADER_SCHEMA
+
+log = logging.getLogger("reprolane.replayer")
+
+_REASON_LIMIT = 1000
+_TRANSIENT = (StoreError, LaneUnavailableError, KafkaError, OSError)
+
+
+@dataclass(frozen=True)
+class Handled:
+    """What became of one message (returned by the handlers, for logs and tests)."""
+
+    outcome: str  # "replayed", "deduplicated", "not_selected", "not_replayable", "dead_letter"
+    event: DivergenceEvent | None = None
+
+
+class _DeadLetter(Exception):
+    """Internal: the message must go to the dead-letter topic with this category and reason."""
+
+    def __init__(self, category: str, reason: str) -> None:
+        super().__init__(reason)
+        self.category = category
+        self.reason = reason
+
+
+def kafka_security(settings: ReplayerSettings) -> BaseSecurity | None:
+    """FastStream security for the configured protocol (PLAINTEXT: None)."""
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    use_ssl = protocol in ("SSL", "SASL_SSL")
+    if protocol == "SSL":
+        return BaseSecurity(use_ssl=True)
+    user = settings.kafka_sasl_username or ""
+    password = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else ""
+    mechanism = (settings.kafka_sasl_mechanism or "PLAIN").upper()
+    if mechanism == "SCRAM-SHA-256":
+        return SASLScram256(user, password, use_ssl=use_ssl)
+    if mechanism == "SCRAM-SHA-512":
+        return SASLScram512(user, password, use_ssl=use_ssl)
+    return SASLPlaintext(user, password, use_ssl=use_ssl)
+
+
+def _source(msg: Any) -> str:
+    raw = msg.raw_message
+    return f"{raw.topic}/{raw.partition}/{raw.offset}"
+
+
+def _classify_undecodable(body: bytes, exc: ContractError) -> _DeadLetter:
+    """Not JSON at all ("undecodable") or JSON that breaks the contract ("schema", naming the fields)."""
+    try:
+        json.loads(body)
+    except ValueError as not_json:  # UnicodeDecodeError is a ValueError
+        return _DeadLetter("undecodable", f"undecodable: not JSON ({not_json})")
+    return _DeadLetter("schema", f"schema: {exc}")
+
+
+class ReplayerService:
+    """The consumer (see module docstring). Use as ``async with ReplayerService(...) as svc`` or start()/stop().
+
+    Tests pass a fake lane and a store over moto or SeaweedFS; `serve` builds the real ones.
+    """
+
+    def __init__(
+        self,
+        settings: ReplayerSettings,
+        lane: Lane,
+        store: EnvelopeStore,
+        metrics: ReplayerMetrics | None = None,
+        *,
+        broker: KafkaBroker | None = None,
+    ) -> None:
+        self.settings = settings
+        self.lane = lane
+        self.store = store
+        self.metrics = metrics if metrics is not None else ReplayerMetrics()
+        self.lane_fingerprint_sha256 = lane.fingerprint().sha256()
+        self._lane_lock = asyncio.Lock()
+        self.broker = broker if broker is not None else self._make_broker()
+        common: dict[str, Any] = {
+            "ack_policy": AckPolicy.MANUAL,
+            "auto_offset_reset": settings.auto_offset_reset,
+            "session_timeout_ms": settings.session_timeout_ms,
+            "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+        }
+        self.broker.subscriber(settings.envelope_topic, group_id=settings.group_id, **common)(self._on_envelope)
+        self.broker.subscriber(settings.replay_request_topic, group_id=f"{settings.group_id}.requests", **common)(
+            self._on_replay_request
+        )
+
+    def _make_broker(self) -> KafkaBroker:
+        return KafkaBroker(
+            self.settings.kafka_bootstrap,
+            client_id="reprolane-replayer",
+            security=kafka_security(self.settings),
+            graceful_timeout=30.0,
+            logger=log,
+        )
+
+    async def start(self) -> None:
+        await self.broker.start()
+
+    async def stop(self) -> None:
+        await self.broker.stop()
+
+    async def __aenter__(self) -> ReplayerService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- handlers --------------------------------------------------------------------------------------------
+
+    async def _on_envelope(self, msg: KafkaMessage) -> None:
+        await self._guarded(msg, self.handle_envelope_bytes)
+
+    async def _on_replay_request(self, msg: KafkaMessage) -> None:
+        await self._guarded(msg, self.handle_request_bytes)
+
+    async def _guarded(self, msg: Any, handler: Callable[[bytes], Awaitable[Handled]]) -> None:
+        """Run the handler; commit after success or a dead letter; rewind after a transient error.
+
+        Anything else (a bug) is dead-lettered as ``internal`` rather than left uncommitted: with manual commits
+        the next message's commit would otherwise skip it without a trace.
+        """
+        try:
+            try:
+                await handler(msg.body)
+            except _DeadLetter as dead:
+                await self._dead_letter(msg, dead)
+            except _TRANSIENT:
+                raise
+            except Exception as exc:  # a bug must not silently skip a message: park it where it can be seen
+                log.exception("replayer: unexpected error at %s", _source(msg))
+                await self._dead_letter(msg, _DeadLetter("internal", f"internal: {type(exc).__name__}: {exc}"))
+        except _TRANSIENT as exc:
+            self.metrics.retries.labels(error=type(exc).__name__).inc()
+            log.warning("replayer: %s at %s, will re-read: %s", type(exc).__name__, _source(msg), exc)
+            await asyncio.sleep(self.settings.retry_backoff_s)
+            await msg.nack()  # seek back to this message: it is read again, never skipped
+            return
+        try:
+            await msg.ack()
+        except KafkaError as exc:  # e.g. a rebalance took the partition: the new owner re-reads, idempotently
+            log.warning("replayer: commit failed at %s: %s", _source(msg), exc)
+
+    async def _dead_letter(self, msg: Any, dead: _DeadLetter) -> None:
+        raw = msg.raw_message
+        reason = dead.reason if len(dead.reason) <= _REASON_LIMIT else dead.reason[: _REASON_LIMIT - 1] + "…"
+        await self.broker.publish(
+            msg.body,
+            self.settings.dead_letter_topic,
+            key=raw.key,
+            headers={HEADER_DLQ_REASON: reason, HEADER_DLQ_SOURCE: _source(msg)},
+        )
+        self.metrics.dead_letters.labels(reason=dead.category).inc()
+        log.warning("replayer: dead letter from %s: %s", _source(msg), reason)
+
+    # -- logic (public for tests that bypass Kafka) ----------------------------------------------------------
+
+    async def handle_envelope_bytes(self, body: bytes) -> Handled:
+        """One message of the envelope topic (raises `_DeadLetter` or a transient error; see `_guarded`)."""
+        try:
+            envelope = decode_envelope(body)
+        except ContractError as exc:
+            raise _classify_undecodable(body, exc) from exc
+        decision = select(envelope, self.settings)
+        if decision == "not_selected":
+            self.metrics.not_selected.inc()
+            return Handled("not_selected")
+        if decision == "not_replayable":
+            self.metrics.not_replayable.inc()
+            log.info("replayer: %s not replayable: %s", envelope.request_id, not_replayable_reason(envelope))
+            return Handled("not_replayable")
+        return await self.replay_and_publish(envelope)
+
+    async def handle_request_bytes(self, body: bytes) -> Handled:
+        """One message of the replay-request topic."""
+        try:
+            request = decode_replay_request(body)
+        except ContractError as exc:
+            raise _classify_undecodable(body, exc) from exc
+        if request.lane is not None and request.lane != self.lane.name:
+            raise _DeadLetter("wrong_lane", f"wrong_lane: lane {request.lane!r} is not served here ({self.lane.name})")
+        try:
+            envelope = await asyncio.to_thread(self.store.get_by_request_id, request.request_id)
+        except EnvelopeNotFoundError as exc:
+            raise _DeadLetter("not_found", f"not_found: {exc}") from exc
+        if not envelope.replayable:
+            self.metrics.not_replayable.inc()
+            raise _DeadLetter("not_replayable", f"not_replayable: {not_replayable_reason(envelope)}")
+        return await self.replay_and_publish(envelope, on_demand=True, reply_to=request.reply_to)
+
+    async def replay_and_publish(
+        self, envelope: Envelope, *, on_demand: bool = False, reply_to: str | None = None
+    ) -> Handled:
+        """Steps 3 and 4 of the module docstring: idempotent by (envelope id, lane fingerprint).
+
+        On demand, a not-replayable envelope is dead-lettered (the requester is waiting for an answer);
+        from the envelope stream it is only counted.
+        """
+        fp = self.lane_fingerprint_sha256
+        existing = await asyncio.to_thread(self.store.get_result, envelope, fp)
+        outcome = "deduplicated"
+        if existing is not None:
+            event = existing.event
+            self.metrics.deduplicated.inc()
+        else:
+            async with self._lane_lock:
+                started = time.perf_counter()
+                try:
+                    result = await asyncio.to_thread(replay_envelope, envelope, self.lane, self.settings)
+                except NotReplayableError as exc:
+                    self.metrics.not_replayable.inc()
+                    log.info("replayer: %s not replayable: %s", envelope.request_id, exc)
+                    if on_demand:
+                        raise _DeadLetter("not_replayable", f"not_replayable: {exc}") from exc
+                    return Handled("not_replayable")
+                except _TRANSIENT:
+                    raise
+                except Exception as exc:  # a lane bug on this input: park it, keep consuming
+                    raise _DeadLetter("replay_failed", f"replay_failed: {type(exc).__name__}: {exc}") from exc
+                seconds = time.perf_counter() - started
+            stored = result.model_copy(update={"event": result.event.model_copy(update={"reply_to": None})})
+            if await asyncio.to_thread(self.store.put_result, envelope, stored):
+                event = stored.event
+                outcome = "replayed"
+                self.metrics.observe_replay(event, seconds)
+            else:  # another replayer stored it first: theirs is the result
+                winner = await asyncio.to_thread(self.store.get_result, envelope, fp)
+                event = winner.event if winner is not None else stored.event
+                self.metrics.deduplicated.inc()
+        if reply_to is not None:
+            event = event.model_copy(update={"reply_to": reply_to})
+        await self.broker.publish(
+            event.model_dump_json().encode("utf-8"),
+            self.settings.divergence_topic,
+            key=event.request_id.encode("utf-8"),
+            headers={HEADER_ENVELOPE_ID: event.envelope_id, HEADER_SCHEMA: event.schema_version},
+        )
+        return Handled(outcome, event)
+
+
+async def run_until_signalled(service: ReplayerService) -> None:
+    """Start the service and run until SIGINT or SIGTERM, then stop it (in-flight message finishes first)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with service:
+        log.info(
+            "replayer: consuming %s as group %s on lane %s (%s)",
+            service.settings.envelope_topic,
+            service.settings.group_id,
+            service.lane.name,
+            service.lane_fingerprint_sha256[:12],
+        )
+        await stop.wait()
+
+
+def serve(settings: ReplayerSettings) -> None:
+    """`reprolane replayer serve`: start the lane, the store, the metrics endpoint and the consumer."""
+    from replayer.lanes import make_lane
+
+    store = EnvelopeStore.from_settings(settings)
+    metrics = ReplayerMetrics()
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port)
+    lane = make_lane(settings)
+    try:
+        asyncio.run(run_until_signalled(ReplayerService(settings, lane, store, metrics)))
+    finally:
+        lane.close()

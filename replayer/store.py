@@ -1,0 +1,182 @@
+"""Envelopes and replay results in S3: lookup by request id or workflow, idempotent result writes.
+
+The capture side writes each envelope once under `schemas.layout.envelope_key` and an index object per request
+id (and per workflow step) whose body is ``{"envelope_id": ..., "key": ...}``. This module reads those, and
+writes replay results under `schemas.layout.replay_key` with the envelope's capture day, so the key is a pure
+function of (envelope id, lane fingerprint): the first write wins (``If-None-Match: *``) and every later
+re-replay of the same envelope on the same lane collapses onto it.
+
+boto3 is synchronous: async callers run these methods in a worker thread (``asyncio.to_thread``). Every
+botocore error is translated here into `StoreError` (or `EnvelopeNotFoundError` for a missing index), so no
+caller ever sees a raw backend exception.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from replayer.errors import EnvelopeNotFoundError, StoreError
+from replayer.settings import ReplayerSettings
+from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result
+from schemas.envelope import is_valid_request_id
+from schemas.layout import replay_key, request_index_key, workflow_index_prefix
+from schemas.replay import replay_result_id
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+_MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+_ALREADY_WRITTEN = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def make_s3_client(settings: ReplayerSettings) -> S3Client:
+    """A boto3 S3 client from the settings: path-style addressing, short timeouts, few retries."""
+    config = Config(
+        connect_timeout=10,
+        read_timeout=30,
+        retries={"max_attempts": 3, "mode": "standard"},
+        s3={"addressing_style": "path"},
+    )
+    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint,
+        region_name=settings.s3_region,
+        aws_access_key_id=settings.s3_access_key,
+        aws_secret_access_key=secret,
+        verify=settings.s3_verify_tls,
+        config=config,
+    )
+
+
+def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
+    """Where the result of replaying `envelope` on the lane with that fingerprint lives (deterministic)."""
+    envelope_id = envelope.envelope_id()
+    return replay_key(envelope_id, replay_result_id(envelope_id, lane_fingerprint_sha256), envelope.captured_at)
+
+
+class EnvelopeStore:
+    """Read envelopes and read/write replay results in one bucket (blocking; see module docstring)."""
+
+    def __init__(self, client: S3Client, bucket: str) -> None:
+        self._client = client
+        self.bucket = bucket
+
+    @classmethod
+    def from_settings(cls, settings: ReplayerSettings) -> EnvelopeStore:
+        try:
+            return cls(make_s3_client(settings), settings.s3_bucket)
+        except (BotoCoreError, ValueError) as exc:
+            raise StoreError(f"cannot configure S3 client: {exc}") from exc
+
+    # -- raw objects -----------------------------------------------------------------------------------------
+
+    def _get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when there is no such key."""
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=key)
+            return response["Body"].read()
+        except ClientError as exc:
+            if _code(exc) in _MISSING:
+                return None
+            raise StoreError(f"S3 get s3://{self.bucket}/{key} failed: {_code(exc) or exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"S3 get s3://{self.bucket}/{key} failed: {exc}") from exc
+
+    def _list(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        try:
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                keys.extend(obj["Key"] for obj in page.get("Contents", []) if "Key" in obj)
+        except ClientError as exc:
+            raise StoreError(f"S3 list s3://{self.bucket}/{prefix} failed: {_code(exc) or exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"S3 list s3://{self.bucket}/{prefix} failed: {exc}") from exc
+        return sorted(keys)
+
+    def _envelope_from_index(self, index_key: str, what: str) -> Envelope:
+        body = self._get(index_key)
+        if body is None:
+            raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
+        try:
+            index: Any = json.loads(body)
+            key = index["key"]
+            if not isinstance(key, str):
+                raise TypeError("key is not a string")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"index object s3://{self.bucket}/{index_key} is malformed: {exc}") from exc
+        data = self._get(key)
+        if data is None:
+            raise EnvelopeNotFoundError(f"{what} is indexed at {key}, but that object is missing (shredded?)")
+        try:
+            return decode_envelope(data)
+        except ContractError as exc:
+            raise StoreError(f"stored envelope s3://{self.bucket}/{key} does not decode: {exc}") from exc
+
+    # -- envelopes -------------------------------------------------------------------------------------------
+
+    def get_by_request_id(self, request_id: str) -> Envelope:
+        """The envelope recorded for `request_id`; `EnvelopeNotFoundError` when none is indexed."""
+        if not is_valid_request_id(request_id):
+            raise EnvelopeNotFoundError(f"{request_id!r} is not a valid request id")
+        return self._envelope_from_index(request_index_key(request_id), f"request id {request_id!r}")
+
+    def list_workflow(self, workflow_id: str) -> list[Envelope]:
+        """Every recorded step of a workflow, ordered by step; `EnvelopeNotFoundError` when there is none."""
+        if not is_valid_request_id(workflow_id):
+            raise EnvelopeNotFoundError(f"{workflow_id!r} is not a valid workflow id")
+        keys = self._list(workflow_index_prefix(workflow_id))
+        if not keys:
+            raise EnvelopeNotFoundError(f"no envelope is indexed under workflow {workflow_id!r}")
+        envelopes = [self._envelope_from_index(key, f"workflow {workflow_id!r} ({key})") for key in keys]
+        return sorted(envelopes, key=lambda e: (e.workflow.step if e.workflow else -1, e.captured_at))
+
+    # -- replay results --------------------------------------------------------------------------------------
+
+    def get_result(self, envelope: Envelope, lane_fingerprint_sha256: str) -> ReplayResult | None:
+        """The stored result of this envelope on this lane, or None if it was never replayed there."""
+        key = result_key(envelope, lane_fingerprint_sha256)
+        data = self._get(key)
+        if data is None:
+            return None
+        try:
+            return decode_replay_result(data)
+        except ContractError as exc:
+            raise StoreError(f"stored replay result s3://{self.bucket}/{key} does not decode: {exc}") from exc
+
+    def put_result(self, envelope: Envelope, result: ReplayResult) -> bool:
+        """Write the result once. True if this call wrote it; False if a result was already there (kept)."""
+        event = result.event
+        if event.envelope_id != envelope.envelope_id():
+            raise ValueError("result does not belong to this envelope")
+        key = result_key(envelope, event.lane_fingerprint_sha256)
+        try:
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=result.model_dump_json().encode("utf-8"),
+                ContentType="application/json",
+                IfNoneMatch="*",
+            )
+        except ClientError as exc:
+            if _code(exc) in _ALREADY_WRITTEN:
+                return False
+            raise StoreError(f"S3 put s3://{self.bucket}/{key} failed: {_code(exc) or exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"S3 put s3://{self.bucket}/{key} failed: {exc}") from exc
+        return True
+
+    def list_results(self, envelope: Envelope) -> list[str]:
+        """Keys of every stored result of this envelope (any lane): audits and tests count them."""
+        prefix = result_key(envelope, "0" * 64).rsplit("/", 1)[0] + "/"
+        return self._list(prefix)

@@ -1,0 +1,246 @@
+"""Test support for the replayer's store, service and CLI: a fake lane, envelope seeding, a moto S3 server.
+
+The fake lane never loads a model: it answers each prompt with what the envelope recorded for it (so a replay is
+bitwise), optionally changing one token (so a replay diverges there). Seeding writes an envelope and its index
+objects exactly as the capture side lays them out (`schemas.layout`), without importing `capture`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import boto3
+
+from replayer.settings import ReplayerSettings
+from schemas import (
+    CapturedOutput,
+    Choice,
+    Envelope,
+    PromptRecord,
+    ReplayedOutput,
+    RuntimeFingerprint,
+    SamplingContract,
+    StepLogprobs,
+    Timings,
+    TopCandidate,
+    WorkflowRef,
+)
+from schemas.layout import envelope_key, request_index_key, workflow_index_key
+from tests import factories
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+LANE_FINGERPRINT = factories.runtime(max_num_seqs=1, prefix_caching=False, batch_invariant=True)
+
+
+@dataclass
+class FakeLane:
+    """Echo the recorded output for a prompt; `perturb` maps a prompt's first id to a position to flip there."""
+
+    recorded: dict[tuple[int, ...], ReplayedOutput] = field(default_factory=dict)
+    perturb: dict[tuple[int, ...], int] = field(default_factory=dict)
+    name: str = "fake"
+    fp: RuntimeFingerprint = LANE_FINGERPRINT
+    calls: list[tuple[int, ...]] = field(default_factory=list)
+    closed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def learn(self, envelope: Envelope, *, diverge_at: int | None = None) -> None:
+        assert envelope.prompt is not None
+        assert isinstance(envelope.outcome, CapturedOutput)
+        choice = envelope.outcome.choices[0]
+        prompt = tuple(envelope.prompt.token_ids)
+        self.recorded[prompt] = ReplayedOutput(
+            token_ids=choice.token_ids, text=choice.text, logprobs=choice.logprobs, finish_reason=choice.finish_reason
+        )
+        if diverge_at is not None:
+            self.perturb[prompt] = diverge_at
+
+    def fingerprint(self) -> RuntimeFingerprint:
+        return self.fp
+
+    def replay(
+        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
+    ) -> ReplayedOutput:
+        prompt = tuple(prompt_token_ids)
+        with self._lock:
+            self.calls.append(prompt)
+        out = self.recorded[prompt]
+        at = self.perturb.get(prompt)
+        if at is None:
+            return out
+        return flip(out, at)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def flip(out: ReplayedOutput, at: int) -> ReplayedOutput:
+    """The output up to `at`, where the recorded runner-up is chosen instead (top-1 and top-2 swap places)."""
+    steps = list(out.logprobs or ())
+    old = steps[at]
+    first = old.top[0]
+    second = old.top[1] if len(old.top) > 1 else TopCandidate(token="x", token_id=old.token_id + 1, logprob=-9.0)
+    assert second.token_id is not None
+    top = (
+        TopCandidate(token=second.token, token_id=second.token_id, logprob=first.logprob, rank=1),
+        TopCandidate(token=first.token, token_id=first.token_id, logprob=second.logprob, rank=2),
+        *old.top[2:],
+    )
+    steps[at] = StepLogprobs(token_id=second.token_id, token=second.token, logprob=first.logprob, top=top)
+    ids = (*out.token_ids[:at], second.token_id)
+    return ReplayedOutput(
+        token_ids=ids, text=out.text[:at] + second.token, logprobs=tuple(steps[: at + 1]), finish_reason="length"
+    )
+
+
+def make_envelope(
+    n: int, *, prefix: str | None = None, flagged: bool = True, workflow: str | None = None, **overrides: Any
+) -> Envelope:
+    """A distinct greedy envelope (its prompt starts with `n`) with a unique request id."""
+    prefix = prefix or uuid.uuid4().hex[:12]
+    base: dict[str, Any] = {
+        "request_id": f"req-{prefix}-{n}",
+        "flagged": flagged,
+        "flag_reason": "header" if flagged else None,
+        "workflow": WorkflowRef(workflow_id=workflow, step=n) if workflow else None,
+        "prompt": PromptRecord(
+            token_ids=(1000 + n, 9690, 198, 2683, 314), source="upstream", request_body_sha256="d" * 64
+        ),
+        "sampling": SamplingContract(temperature=0.0, max_tokens=16, seed_scope="none", logprobs=5),
+    }
+    base.update(overrides)
+    return factories.envelope(**base)
+
+
+def seed_envelope(client: S3Client, bucket: str, envelope: Envelope) -> str:
+    """Write the envelope and its index objects as the capture side does; returns the envelope's key."""
+    envelope_id = envelope.envelope_id()
+    key = envelope_key(envelope_id, envelope.tenant, envelope.captured_at)
+    client.put_object(Bucket=bucket, Key=key, Body=envelope.canonical(), ContentType="application/json")
+    index = json.dumps({"envelope_id": envelope_id, "key": key, "request_id": envelope.request_id}).encode()
+    client.put_object(Bucket=bucket, Key=request_index_key(envelope.request_id), Body=index)
+    if envelope.workflow is not None:
+        wf_key = workflow_index_key(envelope.workflow.workflow_id, envelope.workflow.step, envelope.request_id)
+        client.put_object(Bucket=bucket, Key=wf_key, Body=index)
+    return key
+
+
+@dataclass(frozen=True)
+class S3Target:
+    endpoint: str
+    access_key: str
+    secret_key: str
+    bucket: str
+    region: str = "us-east-1"
+
+    @classmethod
+    def from_stack(cls, info: Any) -> S3Target:
+        """The audit bucket of the session's stack (`infra.state.StackInfo`)."""
+        return cls(info.s3_endpoint, info.s3_access_key, info.s3_secret_key, info.audit_bucket, info.s3_region)
+
+    def client(self) -> S3Client:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+        )
+
+    def settings(self, **overrides: Any) -> ReplayerSettings:
+        base: dict[str, Any] = {
+            "s3_endpoint": self.endpoint,
+            "s3_access_key": self.access_key,
+            "s3_secret_key": self.secret_key,
+            "s3_bucket": self.bucket,
+            "s3_region": self.region,
+            "metrics_port": None,
+        }
+        base.update(overrides)
+        return ReplayerSettings(**base)
+
+
+@contextmanager
+def moto_s3() -> Iterator[S3Target]:
+    """A moto S3 server on 127.0.0.1 with one fresh bucket."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        target = S3Target(f"http://{host}:{port}", "testing", "testing", f"audit-{uuid.uuid4().hex[:8]}")
+        target.client().create_bucket(Bucket=target.bucket)
+        yield target
+    finally:
+        server.stop()
+
+
+ARITH_LENGTH = 6
+
+
+@dataclass
+class ArithmeticLane:
+    """A tiny deterministic lane: the output is a pure function of the prompt (works across processes)."""
+
+    name: str = "arith"
+    fp: RuntimeFingerprint = LANE_FINGERPRINT
+    calls: list[tuple[int, ...]] = field(default_factory=list)
+
+    def fingerprint(self) -> RuntimeFingerprint:
+        return self.fp
+
+    def replay(
+        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
+    ) -> ReplayedOutput:
+        self.calls.append(tuple(prompt_token_ids))
+        return arithmetic_output(prompt_token_ids, min(max_tokens, ARITH_LENGTH))
+
+    def close(self) -> None:
+        pass
+
+
+def arithmetic_output(prompt: Sequence[int], length: int = ARITH_LENGTH) -> ReplayedOutput:
+    base = sum(prompt) * 7
+    ids = [(base + 13 * i) % 40_000 + 10 for i in range(length)]
+    steps = tuple(
+        StepLogprobs(
+            token_id=t,
+            token=f"<{t}>",
+            logprob=-0.1,
+            top=(
+                TopCandidate(token=f"<{t}>", token_id=t, logprob=-0.1, rank=1),
+                TopCandidate(token=f"<{t + 1}>", token_id=t + 1, logprob=-2.5, rank=2),
+            ),
+        )
+        for t in ids
+    )
+    return ReplayedOutput(
+        token_ids=tuple(ids), text="".join(f"<{t}>" for t in ids), logprobs=steps, finish_reason="stop"
+    )
+
+
+def arithmetic_envelope(n: int, prefix: str, *, flagged: bool = True, diverge_at: int | None = None) -> Envelope:
+    """An envelope whose recording is what `ArithmeticLane` replays (bitwise), or differs at `diverge_at`."""
+    prompt = (1000 + n, 5, 6, 7)
+    out = arithmetic_output(prompt)
+    if diverge_at is not None:
+        out = flip(out, diverge_at)
+    choice = Choice(
+        index=0, token_ids=out.token_ids, text=out.text, finish_reason=out.finish_reason, logprobs=out.logprobs
+    )
+    return make_envelope(
+        n,
+        prefix=prefix,
+        flagged=flagged,
+        prompt=PromptRecord(token_ids=prompt, source="upstream", request_body_sha256="d" * 64),
+        outcome=CapturedOutput(choices=(choice,), timings=Timings(received_at=factories.FIXED_TIME, upstream_ms=1.0)),
+    )

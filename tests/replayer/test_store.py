@@ -1,0 +1,131 @@
+"""EnvelopeStore: lookups through the index, ordering, idempotent results, errors.
+
+Written once, run twice: against moto (fast) and, marked ``stack``, against the stack's SeaweedFS (the real
+Object-Lock audit bucket, where first-write-wins relies on its conditional PUT).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from replayer.errors import EnvelopeNotFoundError, StoreError
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore, result_key
+from schemas import ReplayResult
+from schemas.layout import request_index_key
+from schemas.replay import DivergenceEvent, ReplayedOutput
+from tests.replayer.support import LANE_FINGERPRINT, S3Target, make_envelope, moto_s3, seed_envelope
+
+
+@pytest.fixture(scope="module", params=["moto", pytest.param("stack", marks=pytest.mark.stack)])
+def s3(request: pytest.FixtureRequest) -> Iterator[S3Target]:
+    if request.param == "moto":
+        with moto_s3() as target:
+            yield target
+        return
+    yield S3Target.from_stack(request.getfixturevalue("stack"))
+
+
+@pytest.fixture
+def store(s3: S3Target) -> EnvelopeStore:
+    return EnvelopeStore.from_settings(s3.settings())
+
+
+def _result(envelope_id: str, request_id: str, verdict: str = "bitwise", replay_ms: float = 1.0) -> ReplayResult:
+    event = DivergenceEvent(
+        request_id=request_id,
+        envelope_id=envelope_id,
+        lane="fake",
+        lane_fingerprint=LANE_FINGERPRINT,
+        lane_fingerprint_sha256=LANE_FINGERPRINT.sha256(),
+        verdict=verdict,  # type: ignore[arg-type]
+        levels_held=("bitwise", "token", "numeric"),
+        target_level="token",
+        target_met=True,
+        token_match_rate=1.0,
+        recorded_length=3,
+        replayed_length=3,
+        length_diff=0,
+        cause_hint="identical",
+        replayed_at=make_envelope(0).captured_at,
+        replay_ms=replay_ms,
+    )
+    return ReplayResult(event=event, replayed=ReplayedOutput(token_ids=(1, 2, 3), text="abc"))
+
+
+def test_get_by_request_id_follows_the_index(s3: S3Target, store: EnvelopeStore) -> None:
+    env = make_envelope(1)
+    seed_envelope(s3.client(), s3.bucket, env)
+    assert store.get_by_request_id(env.request_id) == env
+
+
+def test_unknown_and_invalid_request_ids_are_not_found(store: EnvelopeStore) -> None:
+    with pytest.raises(EnvelopeNotFoundError, match="no envelope is indexed"):
+        store.get_by_request_id(f"missing-{uuid.uuid4().hex}")
+    with pytest.raises(EnvelopeNotFoundError, match="not a valid request id"):
+        store.get_by_request_id("../etc/passwd")
+
+
+def test_index_pointing_at_a_missing_envelope_is_not_found(s3: S3Target, store: EnvelopeStore) -> None:
+    rid = f"dangling-{uuid.uuid4().hex[:8]}"
+    s3.client().put_object(Bucket=s3.bucket, Key=request_index_key(rid), Body=b'{"envelope_id":"x","key":"nope"}')
+    with pytest.raises(EnvelopeNotFoundError, match="missing"):
+        store.get_by_request_id(rid)
+
+
+def test_malformed_index_is_a_store_error(s3: S3Target, store: EnvelopeStore) -> None:
+    rid = f"broken-{uuid.uuid4().hex[:8]}"
+    s3.client().put_object(Bucket=s3.bucket, Key=request_index_key(rid), Body=b"not json")
+    with pytest.raises(StoreError, match="malformed"):
+        store.get_by_request_id(rid)
+
+
+def test_list_workflow_is_ordered_by_step(s3: S3Target, store: EnvelopeStore) -> None:
+    wf = f"wf-{uuid.uuid4().hex[:8]}"
+    envs = [make_envelope(n, workflow=wf) for n in (12, 3, 7)]
+    for env in envs:
+        seed_envelope(s3.client(), s3.bucket, env)
+    got = store.list_workflow(wf)
+    assert [e.workflow.step for e in got if e.workflow] == [3, 7, 12]
+    with pytest.raises(EnvelopeNotFoundError):
+        store.list_workflow(f"wf-{uuid.uuid4().hex[:8]}")
+
+
+def test_put_result_is_idempotent_first_write_wins(store: EnvelopeStore) -> None:
+    env = make_envelope(2)
+    fp = LANE_FINGERPRINT.sha256()
+    assert store.get_result(env, fp) is None
+    first = _result(env.envelope_id(), env.request_id, replay_ms=1.0)
+    second = _result(env.envelope_id(), env.request_id, replay_ms=2.0)
+    assert store.put_result(env, first) is True
+    assert store.put_result(env, second) is False
+    assert store.get_result(env, fp) == first
+    assert store.list_results(env) == [result_key(env, fp)]
+
+
+def test_result_key_ignores_replay_time_and_uses_capture_day() -> None:
+    env = make_envelope(3)
+    key = result_key(env, LANE_FINGERPRINT.sha256())
+    assert key.startswith(f"replays/date={env.captured_at:%Y-%m-%d}/{env.envelope_id()}/")
+
+
+def test_put_result_refuses_a_foreign_result(store: EnvelopeStore) -> None:
+    env, other = make_envelope(4), make_envelope(5)
+    with pytest.raises(ValueError, match="does not belong"):
+        store.put_result(env, _result(other.envelope_id(), other.request_id))
+
+
+def test_unreachable_endpoint_is_a_store_error() -> None:
+    settings = ReplayerSettings(s3_endpoint="http://127.0.0.1:9", s3_access_key="k", s3_secret_key="s")
+    store = EnvelopeStore.from_settings(settings)
+    with pytest.raises(StoreError, match="failed"):
+        store.get_by_request_id("req-1")
+
+
+def test_missing_bucket_is_a_store_error(s3: S3Target) -> None:
+    store = EnvelopeStore.from_settings(s3.settings(s3_bucket=f"nope-{uuid.uuid4().hex[:8]}"))
+    with pytest.raises(StoreError, match="NoSuchBucket"):
+        store.get_by_request_id("req-1")
