@@ -2,7 +2,11 @@
 
 - `settings`: the one settings object of the process (env prefix ``REPROLANE_CAPTURE_``).
 - `proxy` / `app`: the HTTP edge (Starlette), streaming and not, pass-through for every other path.
+- `edge`: ASGI plumbing (bodies, headers, OpenAI-format errors, disconnects, request ids, pass-through).
+- `upstream`: the pooled aiohttp client for the inference server, its errors translated.
 - `recording`: turns a request/response pair into a `schemas.Envelope`.
+- `recorder`: builds and spools envelopes per mode (guaranteed: before release; best_effort: after).
+- `runtime`: artifact hashes from the manifest, the runtime fingerprint from /version + the runtime file.
 - `policy`: which requests are flagged for replay.
 - `spool`: the append-only local log with group-committed fsync; nothing leaves it unacknowledged.
 - `publisher`: drains the spool to Kafka and S3 (Object Lock), at least once.

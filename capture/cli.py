@@ -1,0 +1,136 @@
+"""``reprolane capture serve``: run the sidecar (registered by infra/cli.py as the ``capture`` sub-app).
+
+Flags mirror `CaptureSettings`; a flag left out falls back to the environment (``REPROLANE_CAPTURE_*``) and
+then to the default. `build_settings` and `serve` are the programmatic entry points (infra wires
+``--stack-dir`` on top of them; capture never imports infra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+import uvicorn
+from pydantic import ValidationError
+
+from capture.app import build_app
+from capture.errors import CaptureError
+from capture.metrics import CaptureMetrics
+from capture.publisher import Publisher
+from capture.settings import CaptureSettings
+from capture.spool import Spool
+
+log = logging.getLogger("capture")
+
+capture_app = typer.Typer(name="capture", help="The capture sidecar.", no_args_is_help=True, add_completion=False)
+
+
+@capture_app.callback()
+def _group() -> None:
+    """The capture sidecar (a group even with one command, so ``capture serve`` keeps its name)."""
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"reprolane: error: {message}", err=True)
+    sys.exit(2)
+
+
+def build_settings(**flags: Any) -> CaptureSettings:
+    """Settings from flags (``None`` = not given: environment, then default). Raises CaptureError naming fields."""
+    given = {name: value for name, value in flags.items() if value is not None and value != ()}
+    try:
+        return CaptureSettings(**given)
+    except ValidationError as exc:
+        parts = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise CaptureError(f"invalid capture settings: {parts}") from exc
+
+
+def serve(settings: CaptureSettings) -> None:
+    """Run the sidecar until interrupted (uvloop + httptools when installed)."""
+    metrics = CaptureMetrics()
+    spool = Spool(
+        settings.spool_dir,
+        max_bytes=settings.spool_max_bytes,
+        warn_ratio=settings.spool_warn_ratio,
+        group_commit_ms=settings.group_commit_ms,
+        metrics=metrics,
+    )
+    publisher: Publisher | None = None
+    if settings.kafka_bootstrap or settings.s3_endpoint:
+        publisher = Publisher(spool, settings, metrics)
+    else:
+        log.warning("no --kafka-bootstrap and no --s3-endpoint: envelopes stay in the spool %s", settings.spool_dir)
+    app = build_app(settings, spool=spool, metrics=metrics, publisher=publisher)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="auto",
+        http="auto",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        backlog=2048,
+    )
+    asyncio.run(uvicorn.Server(config).serve())
+
+
+@capture_app.command("serve")
+def serve_command(
+    upstream: Annotated[str | None, typer.Option(help="base URL of the OpenAI-compatible server")] = None,
+    host: Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (default 8100)")] = None,
+    mode: Annotated[str | None, typer.Option(help="guaranteed | best_effort")] = None,
+    spool_dir: Annotated[Path | None, typer.Option(help="spool directory")] = None,
+    spool_max_bytes: Annotated[int | None, typer.Option(help="spool byte bound")] = None,
+    max_body_bytes: Annotated[int | None, typer.Option(help="larger request bodies get 413")] = None,
+    upstream_timeout_s: Annotated[float | None, typer.Option(help="upstream timeout in seconds")] = None,
+    kafka_bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers")] = None,
+    s3_endpoint: Annotated[str | None, typer.Option(help="S3 endpoint URL")] = None,
+    s3_bucket: Annotated[str | None, typer.Option(help="audit bucket (Object Lock)")] = None,
+    s3_access_key: Annotated[str | None, typer.Option(help="S3 access key")] = None,
+    s3_secret_key: Annotated[str | None, typer.Option(help="S3 secret key (prefer the environment)")] = None,
+    manifest: Annotated[Path | None, typer.Option(help="reprolane-manifest.json of the served model")] = None,
+    runtime_file: Annotated[Path | None, typer.Option(help="JSON of runtime fields the sidecar cannot see")] = None,
+    audit_top_logprobs: Annotated[int | None, typer.Option(help="top-k logprobs recorded per step")] = None,
+    inject_seed: Annotated[bool | None, typer.Option(help="add a seed to sampled requests without one")] = None,
+    flag_tenant: Annotated[list[str] | None, typer.Option(help="flag this tenant's requests (repeatable)")] = None,
+    sample_rate: Annotated[float | None, typer.Option(help="fraction of requests flagged for replay")] = None,
+    sidecar_id: Annotated[str | None, typer.Option(help="name recorded in every envelope")] = None,
+) -> None:
+    """Serve the capture sidecar in front of --upstream."""
+    try:
+        settings = build_settings(
+            upstream=upstream,
+            host=host,
+            port=port,
+            mode=mode,
+            spool_dir=spool_dir,
+            spool_max_bytes=spool_max_bytes,
+            max_body_bytes=max_body_bytes,
+            upstream_timeout_s=upstream_timeout_s,
+            kafka_bootstrap=kafka_bootstrap,
+            s3_endpoint=s3_endpoint,
+            s3_bucket=s3_bucket,
+            s3_access_key=s3_access_key,
+            s3_secret_key=s3_secret_key,
+            manifest_path=manifest,
+            runtime_path=runtime_file,
+            audit_top_logprobs=audit_top_logprobs,
+            inject_seed=inject_seed,
+            flag_tenants=tuple(flag_tenant) if flag_tenant else None,
+            sample_rate=sample_rate,
+            sidecar_id=sidecar_id,
+        )
+    except CaptureError as exc:
+        _fail(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
+    try:
+        serve(settings)
+    except CaptureError as exc:
+        _fail(str(exc))

@@ -1,0 +1,108 @@
+"""Prometheus metrics of the capture sidecar, served on its own ``/metrics``.
+
+Every `CaptureMetrics` owns a private `CollectorRegistry` (never the process-global one), so a test can build
+many apps in one process and each sees only its own counts. The proxy, the spool and the publisher write to
+the same instance; the app renders it.
+
+    reprolane_capture_requests_total{endpoint,status}     requests answered, by endpoint and HTTP status
+    reprolane_capture_added_latency_seconds               sidecar overhead per request (histogram, from 0.1 ms)
+    reprolane_capture_upstream_seconds{endpoint}          upstream time per request (histogram)
+    reprolane_capture_in_flight                           requests currently passing through
+    reprolane_capture_spool_depth                         envelopes in the spool not yet published everywhere
+    reprolane_capture_spool_bytes                         bytes the spool holds on disk
+    reprolane_capture_publish_lag_seconds                 age of the oldest unpublished envelope
+    reprolane_capture_publish_errors_total{sink}          failed publish attempts (kafka, s3)
+    reprolane_capture_envelopes_dropped_total             envelopes lost (best_effort mode, spool full)
+    reprolane_capture_envelopes_published_total{sink}     envelopes acknowledged by a sink
+    reprolane_capture_envelopes_spooled_total             envelopes appended to the spool
+    reprolane_capture_spool_full_total                    appends refused because the spool was full
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Sidecar overhead is measured in fractions of a millisecond: fine buckets at the bottom.
+ADDED_LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
+UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class CaptureMetrics:
+    """All metrics of one sidecar, in one private registry."""
+
+    def __init__(self, namespace: str = "reprolane_capture") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests_total = Counter(
+            "requests_total", "Requests answered", ["endpoint", "status"], namespace=namespace, registry=r
+        )
+        self.added_latency_seconds = Histogram(
+            "added_latency_seconds",
+            "Time the sidecar adds to a request (total minus upstream)",
+            buckets=ADDED_LATENCY_BUCKETS,
+            namespace=namespace,
+            registry=r,
+        )
+        self.upstream_seconds = Histogram(
+            "upstream_seconds",
+            "Upstream time per request, first byte sent to last byte received",
+            ["endpoint"],
+            buckets=UPSTREAM_BUCKETS,
+            namespace=namespace,
+            registry=r,
+        )
+        self.in_flight = Gauge("in_flight", "Requests currently passing through", namespace=namespace, registry=r)
+        self.spool_depth = Gauge(
+            "spool_depth", "Envelopes in the spool not yet published to every sink", namespace=namespace, registry=r
+        )
+        self.spool_bytes = Gauge("spool_bytes", "Bytes the spool holds on disk", namespace=namespace, registry=r)
+        self.publish_lag_seconds = Gauge(
+            "publish_lag_seconds", "Age of the oldest unpublished envelope", namespace=namespace, registry=r
+        )
+        self.publish_errors_total = Counter(
+            "publish_errors_total", "Failed publish attempts", ["sink"], namespace=namespace, registry=r
+        )
+        self.envelopes_dropped_total = Counter(
+            "envelopes_dropped_total",
+            "Envelopes lost because the spool was full (best_effort mode only)",
+            namespace=namespace,
+            registry=r,
+        )
+        self.envelopes_published_total = Counter(
+            "envelopes_published_total", "Envelopes acknowledged by a sink", ["sink"], namespace=namespace, registry=r
+        )
+        self.envelopes_spooled_total = Counter(
+            "envelopes_spooled_total", "Envelopes appended to the spool", namespace=namespace, registry=r
+        )
+        self.spool_full_total = Counter(
+            "spool_full_total", "Appends refused because the spool was full", namespace=namespace, registry=r
+        )
+
+    def render(self) -> bytes:
+        """The text exposition format of this registry."""
+        return generate_latest(self.registry)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Current value of one sample (tests and the benchmark read metrics through this); 0.0 if absent."""
+        got = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if got is None else got

@@ -1,0 +1,435 @@
+"""The capture endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions``, as raw ASGI.
+
+Every other path (and any other method on these two) goes through `capture.edge.passthrough` byte for byte.
+ASGI plumbing lives in `capture.edge`, envelope assembly in `capture.recording`, spooling per mode in
+`capture.recorder`, the upstream client in `capture.upstream`. A captured request runs as:
+
+    read body (413 above max_body_bytes) -> parse (400) -> prepare (audit fields) -> upstream
+    -> record + strip each body / SSE chunk -> [guaranteed: envelope durable in the spool] -> release
+    -> [best_effort: envelope built and spooled in a tracked background task]
+
+In guaranteed mode nothing is served uncaptured: a full spool answers 503 before upstream is asked; if the
+spool fills while a request runs, the non-streamed answer becomes a 503 and a stream ends with an error event
+instead of ``data: [DONE]``. A watcher on the ASGI ``receive`` channel notices a client that hangs up while
+upstream works, cancels the upstream call (so the server stops generating) and records the attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from typing import Any
+
+from capture.edge import (
+    SSE_DONE,
+    ASGIApp,
+    BadRequest,
+    Receive,
+    RecentIds,
+    Scope,
+    Send,
+    Watch,
+    consume_disconnect,
+    dumps,
+    end_stream,
+    error_body,
+    forward_headers,
+    passthrough,
+    read_body,
+    response_headers,
+    send_json,
+    sse,
+    watch_disconnect,
+)
+from capture.errors import SpoolFullError, UpstreamError, UpstreamTimeoutError
+from capture.metrics import CaptureMetrics
+from capture.policy import NOT_FLAGGED, ReplayPolicy
+from capture.recorder import EnvelopeRecorder, Failure, SpoolLike
+from capture.recording import Endpoint, ErrorType, OutputCollector, Prepared, RequestContext, prepare, strip
+from capture.runtime import RuntimeProbe
+from capture.settings import CaptureSettings
+from capture.upstream import Upstream, UpstreamResponse
+from schemas import ArtifactHashes, WorkflowRef
+from schemas.envelope import is_valid_request_id
+
+
+class CaptureProxy:
+    """Both capture endpoints and the pass-through, sharing one upstream connection pool."""
+
+    def __init__(
+        self,
+        settings: CaptureSettings,
+        *,
+        spool: SpoolLike,
+        metrics: CaptureMetrics,
+        artifacts: ArtifactHashes,
+        runtime: RuntimeProbe,
+        upstream: Upstream,
+    ) -> None:
+        self.settings = settings
+        self.spool = spool
+        self.metrics = metrics
+        self.upstream = upstream
+        self.policy = ReplayPolicy(flag_tenants=settings.flag_tenants, sample_rate=settings.sample_rate)
+        self.recent_ids = RecentIds()
+        self.in_flight = 0
+        self._guaranteed = settings.mode == "guaranteed"
+        self.recorder = EnvelopeRecorder(
+            guaranteed=self._guaranteed,
+            spool=spool,
+            metrics=metrics,
+            artifacts=artifacts,
+            runtime=runtime,
+            upstream=upstream,
+            sidecar_id=settings.sidecar_id,
+        )
+        self.passthrough = passthrough(upstream, settings.max_body_bytes)
+
+    # ------------------------------------------------------------------ capture endpoints
+
+    def endpoint(self, endpoint: Endpoint) -> ASGIApp:
+        async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope.get("method") != "POST":
+                await self.passthrough(scope, receive, send)
+                return
+            await self.capture(endpoint, scope, receive, send)
+
+        return asgi
+
+    async def capture(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        status = 500
+        headers = dict(scope["headers"])
+        ctx = RequestContext(
+            request_id=self._request_id(headers.get(b"x-request-id")),
+            received_at=datetime.now(UTC),
+            tenant=self.settings.default_tenant,
+            workflow=None,
+            flag=NOT_FLAGGED,
+            endpoint=endpoint,
+            stream=False,
+            in_flight_at_start=self.in_flight,
+        )
+        try:
+            status = await self._capture(ctx, scope, headers, receive, send, t0)
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self.metrics.requests_total.labels(endpoint, str(status)).inc()
+            total = time.perf_counter() - t0
+            self.metrics.added_latency_seconds.observe(max(total - ctx.upstream_ms / 1000.0, 0.0))
+            if ctx.upstream_ms:
+                self.metrics.upstream_seconds.labels(endpoint).observe(ctx.upstream_ms / 1000.0)
+
+    async def _capture(
+        self, ctx: RequestContext, scope: Scope, headers: dict[bytes, bytes], receive: Receive, send: Send, t0: float
+    ) -> int:
+        rid = ctx.request_id.encode("ascii")
+        body = b""
+        try:
+            self._read_reprolane_headers(ctx, headers)
+            body = await read_body(headers, receive, self.settings.max_body_bytes)
+            ctx.body_sha256 = hashlib.sha256(body).hexdigest()
+            try:
+                parsed = json.loads(body)
+            except ValueError as exc:
+                raise BadRequest(400, f"request body is not valid JSON: {exc}") from None
+            if not isinstance(parsed, dict):
+                raise BadRequest(400, "request body must be a JSON object")
+        except BadRequest as bad:
+            await send_json(
+                send,
+                bad.status,
+                error_body(bad.message, type_="invalid_request_error", code=bad.status, param=bad.param),
+                rid,
+            )
+            sha = f" (request_body_sha256={ctx.body_sha256})" if ctx.body_sha256 else ""
+            ctx.in_flight_at_end = self.in_flight
+            await self.recorder.record_refused(ctx, ("bad_request", bad.status, bad.message + sha), t0)
+            return bad.status
+
+        prepared = prepare(
+            ctx.endpoint,
+            parsed,
+            request_id=ctx.request_id,
+            audit_k=self.settings.audit_top_logprobs,
+            inject_seed=self.settings.inject_seed,
+        )
+        ctx.stream = prepared.stream
+        if self._guaranteed and self.spool.bytes >= self.settings.spool_max_bytes:
+            await send_json(send, 503, _SPOOL_FULL, rid)
+            return 503
+        watch = Watch(task=asyncio.current_task())
+        watcher = asyncio.create_task(watch_disconnect(receive, watch))
+        try:
+            if prepared.stream:
+                return await self._stream(ctx, prepared, headers, send, watch, t0)
+            return await self._unary(ctx, prepared, headers, send, watch, t0)
+        finally:
+            watcher.cancel()
+
+    async def _unary(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        headers: dict[bytes, bytes],
+        send: Send,
+        watch: Watch,
+        t0: float,
+    ) -> int:
+        rid = ctx.request_id.encode("ascii")
+        collector = OutputCollector(ctx.endpoint)
+        t_up = time.perf_counter()
+        try:
+            try:
+                async with self.upstream.request(
+                    "POST", _PATHS[ctx.endpoint], body=dumps(prepared.upstream_body), headers=forward_headers(headers)
+                ) as resp:
+                    content = await resp.read()
+            finally:
+                ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
+        except asyncio.CancelledError:
+            if not consume_disconnect(watch):
+                raise
+            await self._finish(ctx, prepared, collector, ("client_disconnect", None, "client disconnected"), t0)
+            return 499
+        except UpstreamTimeoutError as exc:
+            return await self._upstream_failed(ctx, prepared, collector, send, "timeout", 504, exc, t0)
+        except UpstreamError as exc:
+            return await self._upstream_failed(ctx, prepared, collector, send, "upstream_error", 502, exc, t0)
+        watch.armed = False
+
+        if resp.status != 200:
+            kind: ErrorType = "bad_request" if 400 <= resp.status < 500 else "upstream_error"
+            message = content[:2000].decode("utf-8", "replace")
+            error: tuple[ErrorType, int | None, str] | None = (kind, resp.status, message)
+            out = content
+        else:
+            error = None
+            try:
+                obj = json.loads(content)
+                collector.add(obj)
+                _strip(obj, prepared)
+                out = dumps(obj)
+            except (ValueError, AttributeError, TypeError) as exc:
+                error, out = ("upstream_error", 200, f"upstream answered unparsable JSON: {exc}"), content
+        extra = [(b"content-type", resp.header("content-type", "application/json").encode("latin-1"))]
+        if self._guaranteed:
+            try:
+                await self._finish(ctx, prepared, collector, error, t0)
+            except SpoolFullError:
+                await send_json(send, 503, _SPOOL_FULL, rid)
+                return 503
+            await send_json(send, resp.status, out, rid, extra)
+        else:
+            await send_json(send, resp.status, out, rid, extra)
+            self.recorder.later(self._finish(ctx, prepared, collector, error, t0))
+        return resp.status
+
+    async def _stream(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        headers: dict[bytes, bytes],
+        send: Send,
+        watch: Watch,
+        t0: float,
+    ) -> int:
+        rid = ctx.request_id.encode("ascii")
+        collector = OutputCollector(ctx.endpoint)
+        t_up = time.perf_counter()
+        started = False
+        error: tuple[ErrorType, int | None, str] | None = None
+        done = False
+        try:
+            try:
+                async with self.upstream.request(
+                    "POST", _PATHS[ctx.endpoint], body=dumps(prepared.upstream_body), headers=forward_headers(headers)
+                ) as resp:
+                    if resp.status != 200:
+                        return await self._stream_refused(ctx, prepared, collector, resp, send, watch, t0, t_up)
+                    await send({"type": "http.response.start", "status": 200, "headers": response_headers(resp, rid)})
+                    started = True
+                    buffer = b""
+                    async for chunk in resp.chunks():
+                        buffer += chunk
+                        while (cut := buffer.find(b"\n\n")) >= 0:
+                            event, buffer = buffer[: cut + 2], buffer[cut + 2 :]
+                            if event == SSE_DONE:
+                                done = True
+                                continue
+                            out, failure = _rewrite_event(event, collector, prepared)
+                            if failure is not None:
+                                error = ("upstream_error", 200, failure)
+                            if ctx.first_token_ms is None and collector.chunks:
+                                ctx.first_token_ms = (time.perf_counter() - t_up) * 1000.0
+                            await send({"type": "http.response.body", "body": out, "more_body": True})
+            finally:
+                ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
+        except asyncio.CancelledError:
+            if not consume_disconnect(watch):
+                raise
+            await self._finish(ctx, prepared, collector, ("client_disconnect", None, "client disconnected"), t0)
+            return 499
+        except UpstreamError as exc:
+            kind: ErrorType = "timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream_error"
+            if not started:
+                status = 504 if kind == "timeout" else 502
+                return await self._upstream_failed(ctx, prepared, collector, send, kind, status, exc, t0)
+            error = (kind, None, f"upstream stream failed: {exc}")
+        watch.armed = False
+        if error is None and not done:
+            error = ("upstream_error", 200, "upstream stream ended without data: [DONE]")
+        if self._guaranteed:
+            try:
+                await self._finish(ctx, prepared, collector, error, t0)
+            except SpoolFullError:
+                await end_stream(send, sse(_SPOOL_FULL))
+                return 503
+            await end_stream(send, SSE_DONE if done else b"")
+        else:
+            await end_stream(send, SSE_DONE if done else b"")
+            self.recorder.later(self._finish(ctx, prepared, collector, error, t0))
+        return 200
+
+    async def _stream_refused(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        collector: OutputCollector,
+        resp: UpstreamResponse,
+        send: Send,
+        watch: Watch,
+        t0: float,
+        t_up: float,
+    ) -> int:
+        """A stream request upstream answered with an error document: relay it as it is, record it."""
+        content = await resp.read()
+        ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
+        watch.armed = False
+        kind: ErrorType = "bad_request" if 400 <= resp.status < 500 else "upstream_error"
+        err = (kind, resp.status, content[:2000].decode("utf-8", "replace"))
+        extra = [(b"content-type", resp.header("content-type", "application/json").encode("latin-1"))]
+        rid = ctx.request_id.encode("ascii")
+        if self._guaranteed:
+            await self._finish(ctx, prepared, collector, err, t0)
+            await send_json(send, resp.status, content, rid, extra)
+        else:
+            await send_json(send, resp.status, content, rid, extra)
+            self.recorder.later(self._finish(ctx, prepared, collector, err, t0))
+        return resp.status
+
+    async def _upstream_failed(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        collector: OutputCollector,
+        send: Send,
+        kind: ErrorType,
+        status: int,
+        exc: Exception,
+        t0: float,
+    ) -> int:
+        message = str(exc)
+        rid = ctx.request_id.encode("ascii")
+        body = error_body(message, type_="upstream_error", code=status)
+        if self._guaranteed:
+            await self._finish(ctx, prepared, collector, (kind, None, message), t0)
+            await send_json(send, status, body, rid)
+        else:
+            await send_json(send, status, body, rid)
+            self.recorder.later(self._finish(ctx, prepared, collector, (kind, None, message), t0))
+        return status
+
+    def _finish(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        collector: OutputCollector,
+        error: Failure | None,
+        t0: float,
+    ) -> Coroutine[Any, Any, None]:
+        """The recording of this request (await it, or hand it to ``recorder.later``); notes in-flight now."""
+        ctx.in_flight_at_end = self.in_flight
+        return self.recorder.finish(ctx, prepared, collector, error, t0)
+
+    async def drain(self) -> None:
+        await self.recorder.drain()
+
+    # ------------------------------------------------------------------ request parts
+
+    def _request_id(self, supplied: bytes | None) -> str:
+        if supplied is not None:
+            value = supplied.decode("latin-1")
+            if is_valid_request_id(value) and value not in self.recent_ids:
+                self.recent_ids.add(value)
+                return value
+        value = f"rl-{uuid.uuid4().hex}"
+        self.recent_ids.add(value)
+        return value
+
+    def _read_reprolane_headers(self, ctx: RequestContext, headers: dict[bytes, bytes]) -> None:
+        tenant = headers.get(b"x-reprolane-tenant")
+        if tenant is not None:
+            value = tenant.decode("latin-1")
+            if not is_valid_request_id(value):
+                raise BadRequest(
+                    400, "X-Reprolane-Tenant must match [A-Za-z0-9][A-Za-z0-9._:-]{0,127}", "X-Reprolane-Tenant"
+                )
+            ctx.tenant = value
+        workflow = headers.get(b"x-reprolane-workflow-id")
+        step = headers.get(b"x-reprolane-step")
+        if workflow is not None:
+            wf = workflow.decode("latin-1")
+            if not is_valid_request_id(wf):
+                raise BadRequest(400, "X-Reprolane-Workflow-Id is not a valid id", "X-Reprolane-Workflow-Id")
+            try:
+                n = int(step) if step is not None else 0
+            except ValueError:
+                n = -1
+            if n < 0:
+                raise BadRequest(400, "X-Reprolane-Step must be an integer >= 0", "X-Reprolane-Step")
+            ctx.workflow = WorkflowRef(workflow_id=wf, step=n)
+        flag = headers.get(b"x-reprolane-flag")
+        ctx.flag = self.policy.decide(
+            request_id=ctx.request_id, tenant=ctx.tenant, flag_header=None if flag is None else flag.decode("latin-1")
+        )
+
+
+_PATHS: dict[Endpoint, str] = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+_SPOOL_FULL = error_body(
+    "the audit spool is full: the sidecar does not serve requests it cannot record (guaranteed mode)",
+    type_="service_unavailable",
+    code=503,
+)
+
+
+def _strip(obj: Any, prepared: Prepared) -> None:
+    if isinstance(obj, dict):
+        strip(obj, prepared)
+
+
+def _rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) -> tuple[bytes, str | None]:
+    """Record one SSE event and return it stripped (non-data events and unparsable data pass unchanged)."""
+    if not event.startswith(b"data: "):
+        return event, None
+    try:
+        obj = json.loads(event[6:])
+    except ValueError:
+        return event, None
+    if not isinstance(obj, dict):
+        return event, None
+    if "error" in obj and "choices" not in obj:
+        return event, f"upstream error in stream: {json.dumps(obj['error'])[:2000]}"
+    collector.add(obj)
+    _strip(obj, prepared)
+    return b"data: " + dumps(obj) + b"\n\n", None

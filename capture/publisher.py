@@ -1,0 +1,179 @@
+"""The publisher: drains the spool to every sink (Kafka and S3), at least once, never dropping a record.
+
+One loop, oldest first:
+
+1. take up to `batch_size` pending entries from the spool (waiting when there are none);
+2. publish the batch to every sink concurrently; a sink that fails is retried alone (the others keep their
+   confirmation), with capped exponential backoff, for as long as it takes. Every failed attempt counts in
+   ``publish_errors_total{sink}``; ``publish_lag_seconds`` is the age (from ``captured_at``) of the oldest
+   entry still unpublished;
+3. only when *every* sink has confirmed the whole batch, `Spool.ack` it.
+
+A crash or a stop anywhere before 3 leaves the batch pending: the next start publishes it again. Duplicates
+are therefore possible and harmless (the envelope id is the content hash; S3 writes are content-addressed
+and conditional). A record that cannot even be routed (not an envelope) is logged at ERROR and retried like
+a failing sink: it blocks the spool rather than vanishing, and the lag metric shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from capture.errors import CaptureError, SinkError
+from capture.sinks import Outgoing, Sink, default_sinks
+from capture.spool import Spool, SpoolEntry
+
+if TYPE_CHECKING:
+    from capture.metrics import CaptureMetrics
+    from capture.settings import CaptureSettings
+
+log = logging.getLogger(__name__)
+
+
+class Publisher:
+    """Drains a `Spool` to its sinks in a background task (`start` / `stop`)."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        settings: CaptureSettings,
+        metrics: CaptureMetrics | None = None,
+        *,
+        sinks: Sequence[Sink] | None = None,
+        batch_size: int = 256,
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 5.0,
+        idle_poll_s: float = 0.5,
+    ) -> None:
+        self.spool = spool
+        self._settings = settings
+        self._metrics = metrics
+        self._sinks: list[Sink] | None = list(sinks) if sinks is not None else None
+        self.batch_size = batch_size
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.idle_poll_s = idle_poll_s
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self.published = 0  # entries acked since start
+
+    @property
+    def sinks(self) -> list[Sink]:
+        if self._sinks is None:
+            self._sinks = default_sinks(self._settings)
+        return self._sinks
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        names = [sink.name for sink in self.sinks]  # built now: bad settings fail at start, not in the loop
+        log.info("publisher: draining %s to %s", self.spool.directory, " and ".join(names))
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name="capture-publisher")
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop after the batch in flight (waiting at most ``grace_s``); unacked entries stay in the spool."""
+        task, self._task = self._task, None
+        if task is not None:
+            self._stopping.set()
+            done, _ = await asyncio.wait({task}, timeout=grace_s)
+            if not done:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            elif task.exception() is not None:
+                log.error("publisher loop had died: %r", task.exception())
+        for sink in self._sinks or []:
+            await sink.close()
+
+    async def _run(self) -> None:
+        backoff = self.backoff_initial_s
+        while not self._stopping.is_set():
+            try:
+                await self._step()
+                backoff = self.backoff_initial_s
+            except CaptureError as exc:  # e.g. a spool record that reads back corrupt: keep it, say so, retry
+                log.error("publisher: %s; retrying in %.1fs (nothing is dropped)", exc, backoff)
+            except Exception:
+                log.exception("publisher: unexpected error; retrying in %.1fs", backoff)
+            else:
+                continue
+            if await self._sleep(backoff):
+                return
+            backoff = min(backoff * 2, self.backoff_max_s)
+
+    async def _step(self) -> None:
+        """One batch: wait for entries, publish them everywhere, ack them."""
+        if not await self.spool.wait_pending(self.idle_poll_s):
+            self._set_lag(None)
+            return
+        entries = await self.spool.pending(self.batch_size)
+        if not entries:
+            return
+        batch = await self._routable(entries)
+        if batch is None or not await self._publish_everywhere(batch):
+            return  # stopping: the batch stays pending
+        await self.spool.ack(e.seq for e in entries)
+        self.published += len(entries)
+        if self.spool.depth == 0:
+            self._set_lag(None)
+
+    async def _routable(self, entries: Sequence[SpoolEntry]) -> list[Outgoing] | None:
+        backoff = self.backoff_initial_s
+        while True:
+            try:
+                return [Outgoing.from_entry(e) for e in entries]
+            except SinkError as exc:
+                log.error("publisher: %s; retrying (nothing is dropped)", exc)
+                if await self._sleep(backoff):
+                    return None
+                backoff = min(backoff * 2, self.backoff_max_s)
+
+    async def _publish_everywhere(self, batch: list[Outgoing]) -> bool:
+        """Publish to every sink until all have confirmed; False when stopping first."""
+        oldest = min(item.captured_at for item in batch)
+        remaining = list(self.sinks)
+        backoff = self.backoff_initial_s
+        while remaining:
+            self._set_lag(oldest)
+            results = await asyncio.gather(*(sink.publish(batch) for sink in remaining), return_exceptions=True)
+            failed: list[Sink] = []
+            for sink, result in zip(remaining, results, strict=True):
+                if result is None:
+                    self._count("envelopes_published_total", sink.name, len(batch))
+                    continue
+                if not isinstance(result, SinkError):
+                    if isinstance(result, asyncio.CancelledError):
+                        raise result
+                    log.exception("publisher: sink %s raised unexpectedly", sink.name, exc_info=result)
+                else:
+                    log.warning("publisher: %s failed for %d envelopes: %s", sink.name, len(batch), result)
+                self._count("publish_errors_total", sink.name, 1)
+                failed.append(sink)
+            remaining = failed
+            if remaining:
+                if await self._sleep(backoff * random.uniform(0.8, 1.2)):
+                    return False
+                backoff = min(backoff * 2, self.backoff_max_s)
+        return True
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep, waking early when stopping; True when stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
+
+    def _set_lag(self, oldest: datetime | None) -> None:
+        if self._metrics is not None:
+            lag = 0.0 if oldest is None else max(0.0, (datetime.now(UTC) - oldest).total_seconds())
+            self._metrics.publish_lag_seconds.set(lag)
+
+    def _count(self, metric: str, sink: str, amount: int) -> None:
+        if self._metrics is not None:
+            getattr(self._metrics, metric).labels(sink=sink).inc(amount)

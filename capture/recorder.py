@@ -1,0 +1,166 @@
+"""Turns a finished (or refused) request into an envelope and puts it in the spool, per the capture mode.
+
+- ``guaranteed``: the proxy awaits `EnvelopeRecorder.finish` before it releases the response;
+  `SpoolFullError` reaches the proxy, which answers 503 instead of serving an unrecorded answer.
+- ``best_effort``: the proxy hands the same coroutine to `later` after the response is released; it runs as a
+  background task kept in a set (so shutdown can `drain` it); a full spool counts
+  ``envelopes_dropped_total`` and logs one line per lost envelope.
+
+When upstream did not return ``prompt_token_ids`` the prompt is tokenized through upstream's ``/tokenize``
+and the record says so (``source="tokenize"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from capture.edge import dumps
+from capture.errors import SpoolFullError, UpstreamError
+from capture.metrics import CaptureMetrics
+from capture.recording import ErrorType, OutputCollector, Prepared, RequestContext, build_envelope, prompt_record
+from capture.runtime import RuntimeProbe
+from capture.upstream import Upstream
+from schemas import ArtifactHashes, Envelope, PromptRecord
+
+log = logging.getLogger(__name__)
+
+Failure = tuple[ErrorType, int | None, str]
+_TOKENIZE_CHAT_KEYS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template", "tools")
+
+
+class SpoolLike(Protocol):
+    """What the sidecar needs of `capture.spool.Spool` on the request path."""
+
+    async def append(self, envelope: Envelope) -> None: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+
+class EnvelopeRecorder:
+    def __init__(
+        self,
+        *,
+        guaranteed: bool,
+        spool: SpoolLike,
+        metrics: CaptureMetrics,
+        artifacts: ArtifactHashes,
+        runtime: RuntimeProbe,
+        upstream: Upstream,
+        sidecar_id: str,
+    ) -> None:
+        self.guaranteed = guaranteed
+        self.spool = spool
+        self.metrics = metrics
+        self.artifacts = artifacts
+        self.runtime = runtime
+        self.upstream = upstream
+        self.sidecar_id = sidecar_id
+        self.background: set[asyncio.Task[None]] = set()
+
+    async def finish(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        collector: OutputCollector,
+        error: Failure | None,
+        t0: float,
+    ) -> None:
+        """Build the envelope of a request that reached upstream and spool it."""
+        if self.runtime.needs_probe:
+            await self.runtime.probe(self.upstream)
+        prompt: PromptRecord | None = prompt_record(collector.prompt_token_ids, "upstream", ctx)
+        if prompt is None:
+            prompt = prompt_record(await self._tokenize(prepared), "tokenize", ctx)
+        if self.guaranteed:
+            ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
+        envelope = build_envelope(
+            ctx,
+            model=prepared.model,
+            artifacts=self.artifacts,
+            runtime=self.runtime.fingerprint(collector.system_fingerprint),
+            prompt=prompt,
+            sampling=prepared.sampling,
+            collector=collector,
+            error=error,
+            captured_at=datetime.now(UTC),
+            sidecar_id=self.sidecar_id,
+        )
+        await self.append(envelope)
+
+    async def record_refused(self, ctx: RequestContext, error: Failure, t0: float) -> None:
+        """An attempt the sidecar refused before upstream saw it (413, bad JSON, bad headers).
+
+        The response is already decided, so even in guaranteed mode a full spool only logs here.
+        """
+        ctx.added_ms = (time.perf_counter() - t0) * 1000.0
+        envelope = build_envelope(
+            ctx,
+            model="unknown",
+            artifacts=self.artifacts,
+            runtime=self.runtime.fingerprint(None),
+            prompt=None,
+            sampling=None,
+            collector=None,
+            error=error,
+            captured_at=datetime.now(UTC),
+            sidecar_id=self.sidecar_id,
+        )
+        if not self.guaranteed:
+            self.later(self.append(envelope))
+            return
+        try:
+            await self.append(envelope)
+        except SpoolFullError:
+            log.error("spool full: envelope of refused request %s not recorded", ctx.request_id)
+
+    async def append(self, envelope: Envelope) -> None:
+        """Guaranteed: raises SpoolFullError. Best effort: counts and logs the drop instead."""
+        if self.guaranteed:
+            await self.spool.append(envelope)
+            return
+        try:
+            await self.spool.append(envelope)
+        except SpoolFullError:
+            self.metrics.envelopes_dropped_total.inc()
+            log.error("spool full (best_effort): envelope of request %s dropped", envelope.request_id)
+
+    def later(self, work: Awaitable[None]) -> None:
+        """Run a recording in the background, tracked until it ends."""
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("recording an envelope failed: %s: %s", type(exc).__name__, exc)
+
+    async def drain(self) -> None:
+        """Wait for every background recording (shutdown)."""
+        while self.background:
+            await asyncio.gather(*list(self.background), return_exceptions=True)
+
+    async def _tokenize(self, prepared: Prepared) -> list[int] | None:
+        body = prepared.upstream_body
+        doc: dict[str, Any] = {"model": body.get("model")}
+        if prepared.endpoint == "chat.completions":
+            if "messages" not in body:
+                return None
+            doc.update({key: body[key] for key in _TOKENIZE_CHAT_KEYS if key in body})
+            doc.setdefault("add_generation_prompt", True)
+        elif isinstance(body.get("prompt"), str):
+            doc["prompt"] = body["prompt"]
+        else:
+            return None
+        try:
+            status, answer = await self.upstream.post_json("/tokenize", dumps(doc))
+        except UpstreamError:
+            return None
+        tokens = answer.get("tokens") if status == 200 and isinstance(answer, dict) else None
+        return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None

@@ -1,0 +1,427 @@
+"""From a client request and upstream's answer to a `schemas.Envelope` (pure: no IO, no clock).
+
+Three steps, in the order the proxy uses them:
+
+1. `prepare`: parse what the client asked for, add the audit fields to the upstream request
+   (``return_token_ids``; ``logprobs``/``top_logprobs`` at the audit k with ``return_tokens_as_token_ids`` when
+   the client asked for no logprobs; a seed when the policy injects one) and freeze the sampling contract with
+   vLLM's defaults made explicit.
+2. `strip` + `OutputCollector`: each response object (a whole body, or one SSE chunk) is first recorded, then
+   stripped of what the client did not ask for. vLLM writes an unrequested field as ``null`` (it does not omit
+   it), so stripping sets the field to ``None``: the client gets the same shape it gets without the sidecar.
+3. `build_envelope`: assemble the envelope from the request context and what was collected.
+
+When the client asked for logprobs itself its request is left as it is (its k, its token strings): the
+envelope then records what the client gets, with ``token_id`` None for the alternatives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from pydantic import ValidationError
+
+from capture.policy import FlagDecision
+from schemas import (
+    ArtifactHashes,
+    CapturedError,
+    CapturedOutput,
+    Choice,
+    Envelope,
+    ExecutionContext,
+    PromptRecord,
+    RuntimeFingerprint,
+    SamplingContract,
+    StepLogprobs,
+    Timings,
+    TopCandidate,
+    WorkflowRef,
+)
+from schemas.canonical import canonical_json
+
+Endpoint = Literal["chat.completions", "completions"]
+ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
+
+# vLLM 0.32's defaults for a request that leaves a field out (ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS;
+# the served model's generation_config.json may override them: then put them in the runtime file's docs).
+VLLM_DEFAULTS: Final[dict[str, float | int]] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+# Request fields mapped onto the contract, or that do not change which tokens come out.
+_MAPPED: Final = frozenset(
+    {*VLLM_DEFAULTS, "max_tokens", "max_completion_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos", "n"}
+    | {"seed", "logit_bias", "logits_processors"}
+)
+_NOT_OUTPUT_AFFECTING: Final = frozenset(
+    {"model", "messages", "prompt", "stream", "stream_options", "user", "logprobs", "top_logprobs"}
+    | {"return_token_ids", "return_tokens_as_token_ids", "request_id", "metadata", "store", "service_tier"}
+    | {"parallel_tool_calls", "priority", "cache_salt"}
+)
+_TOKEN_ID_PREFIX: Final = "token_id:"
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A parsed capture request: what goes upstream, what the client asked for, the frozen contract."""
+
+    endpoint: Endpoint
+    upstream_body: dict[str, Any]
+    model: str
+    stream: bool
+    client_token_ids: bool
+    client_logprobs: bool
+    sampling: SamplingContract | None
+
+
+def _opt(body: dict[str, Any], name: str) -> Any:
+    value = body.get(name)
+    return VLLM_DEFAULTS.get(name) if value is None else value
+
+
+def derive_seed(request_id: str) -> int:
+    """The seed injected by policy: a stable 31-bit function of the request id (replays recompute nothing)."""
+    return int.from_bytes(hashlib.sha256(request_id.encode("utf-8")).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def sampling_contract(
+    endpoint: Endpoint, body: dict[str, Any], *, recorded_k: int | None, seed_injected: bool
+) -> SamplingContract:
+    """The request's sampling contract with vLLM's defaults explicit; raises ValueError on invalid values."""
+    temperature = float(_opt(body, "temperature"))
+    seed = body.get("seed")
+    if temperature == 0.0:
+        scope: Literal["per_request", "worker_global", "none"] = "none"
+    elif seed is not None:
+        scope = "per_request"
+    else:
+        scope = "worker_global"
+    stop = body.get("stop")
+    stops: tuple[str, ...] = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+    max_tokens = body.get("max_completion_tokens") if endpoint == "chat.completions" else None
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    bias = body.get("logit_bias") or {}
+    processors = body.get("logits_processors") or ()
+    extra = {
+        name: canonical_json(value).decode("utf-8")
+        for name, value in body.items()
+        if name not in _MAPPED and name not in _NOT_OUTPUT_AFFECTING and value is not None
+    }
+    try:
+        return SamplingContract(
+            temperature=temperature,
+            top_p=_opt(body, "top_p"),
+            top_k=_opt(body, "top_k"),
+            min_p=_opt(body, "min_p"),
+            repetition_penalty=_opt(body, "repetition_penalty"),
+            presence_penalty=_opt(body, "presence_penalty"),
+            frequency_penalty=_opt(body, "frequency_penalty"),
+            max_tokens=max_tokens,
+            min_tokens=body.get("min_tokens") or 0,
+            stop=stops,
+            stop_token_ids=tuple(body.get("stop_token_ids") or ()),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            n=body.get("n") or 1,
+            seed=seed,
+            seed_scope=scope,
+            seed_injected=seed_injected,
+            logprobs=recorded_k,
+            logit_bias={str(k): float(v) for k, v in bias.items()},
+            logits_processors=tuple(p if isinstance(p, str) else canonical_json(p).decode() for p in processors),
+            extra=extra,
+        )
+    except ValidationError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_k: int, inject_seed: bool) -> Prepared:
+    """Parse a capture request and build the body sent upstream (the client's body is not modified)."""
+    up = dict(body)
+    client_token_ids = bool(body.get("return_token_ids"))
+    up["return_token_ids"] = True
+    if endpoint == "chat.completions":
+        client_logprobs = bool(body.get("logprobs"))
+        if client_logprobs:
+            recorded_k: int | None = body.get("top_logprobs") or 0
+        else:
+            up["logprobs"] = True
+            up["top_logprobs"] = audit_k
+            up["return_tokens_as_token_ids"] = True
+            recorded_k = audit_k
+    else:
+        client_logprobs = body.get("logprobs") is not None
+        if client_logprobs:
+            recorded_k = body.get("logprobs")
+        else:
+            up["logprobs"] = audit_k
+            up["return_tokens_as_token_ids"] = True
+            recorded_k = audit_k
+    seed_injected = False
+    temperature = body.get("temperature")
+    if inject_seed and body.get("seed") is None and (temperature is None or temperature != 0):
+        up["seed"] = derive_seed(request_id)
+        seed_injected = True
+    try:
+        sampling: SamplingContract | None = sampling_contract(
+            endpoint, up, recorded_k=recorded_k if isinstance(recorded_k, int) else None, seed_injected=seed_injected
+        )
+    except (ValueError, TypeError, AttributeError):
+        sampling = None  # upstream will refuse it with a 400, or the envelope says the contract is unknown
+    model = body.get("model")
+    return Prepared(
+        endpoint=endpoint,
+        upstream_body=up,
+        model=model if isinstance(model, str) and model else "unknown",
+        stream=bool(body.get("stream")),
+        client_token_ids=client_token_ids,
+        client_logprobs=client_logprobs,
+        sampling=sampling,
+    )
+
+
+def strip(obj: dict[str, Any], prepared: Prepared) -> None:
+    """Remove in place what the sidecar asked for and the client did not (a whole body or one SSE chunk)."""
+    if not prepared.client_token_ids and obj.get("prompt_token_ids") is not None:
+        obj["prompt_token_ids"] = None
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if not prepared.client_token_ids:
+            if choice.get("token_ids") is not None:
+                choice["token_ids"] = None
+            if choice.get("prompt_token_ids") is not None:
+                choice["prompt_token_ids"] = None
+        if not prepared.client_logprobs and choice.get("logprobs") is not None:
+            choice["logprobs"] = None
+
+
+def _token_id(text: str) -> int | None:
+    if text.startswith(_TOKEN_ID_PREFIX):
+        try:
+            return int(text[len(_TOKEN_ID_PREFIX) :])
+        except ValueError:
+            return None
+    return None
+
+
+def _decode_bytes(raw: Any) -> str | None:
+    if not isinstance(raw, list):
+        return None
+    try:
+        return bytes(raw).decode("utf-8")
+    except (ValueError, TypeError):
+        return None
+
+
+@dataclass(slots=True)
+class _Steps:
+    token: str | None
+    logprob: Any
+    top: list[tuple[str, Any]]
+
+
+@dataclass(slots=True)
+class _ChoiceAcc:
+    token_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    steps: list[_Steps] = field(default_factory=list)
+    logprobs_missing: bool = False
+
+
+class OutputCollector:
+    """Accumulates what upstream produced, per choice index, from a whole body or from stream chunks."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.choices: dict[int, _ChoiceAcc] = {}
+        self.prompt_token_ids: list[int] | None = None
+        self.system_fingerprint: str | None = None
+        self.usage: dict[str, int] = {}
+        self.chunks = 0
+
+    def add(self, obj: dict[str, Any]) -> None:
+        """Record one response object (call before `strip`)."""
+        self.chunks += 1
+        fp = obj.get("system_fingerprint")
+        if isinstance(fp, str):
+            self.system_fingerprint = fp
+        top_prompt = obj.get("prompt_token_ids")
+        if isinstance(top_prompt, list) and self.prompt_token_ids is None:
+            self.prompt_token_ids = top_prompt
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict):
+                self._add_choice(choice)
+
+    def _add_choice(self, choice: dict[str, Any]) -> None:
+        index = choice.get("index", 0)
+        acc = self.choices.get(index)
+        if acc is None:
+            acc = self.choices[index] = _ChoiceAcc()
+        if index == 0 and self.prompt_token_ids is None and isinstance(choice.get("prompt_token_ids"), list):
+            self.prompt_token_ids = choice["prompt_token_ids"]
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            acc.token_ids.extend(ids)
+        if choice.get("finish_reason") is not None:
+            acc.finish_reason = choice["finish_reason"]
+        if self.endpoint == "chat.completions":
+            part = choice.get("message") or choice.get("delta") or {}
+            content = part.get("content") if isinstance(part, dict) else None
+        else:
+            content = choice.get("text")
+        if isinstance(content, str):
+            acc.text.append(content)
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            self._add_logprobs(acc, logprobs)
+        elif isinstance(ids, list) and ids:
+            acc.logprobs_missing = True
+
+    def _add_logprobs(self, acc: _ChoiceAcc, lp: dict[str, Any]) -> None:
+        if self.endpoint == "chat.completions":
+            for item in lp.get("content") or ():
+                token = item.get("token", "")
+                text = _decode_bytes(item.get("bytes")) if _token_id(token) is not None else token
+                top = [(t.get("token", ""), t.get("logprob")) for t in item.get("top_logprobs") or ()]
+                acc.steps.append(_Steps(text, item.get("logprob"), top))
+            return
+        tokens = lp.get("tokens") or []
+        values = lp.get("token_logprobs") or []
+        tops = lp.get("top_logprobs") or []
+        for i, token in enumerate(tokens):
+            alts = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+            ranked = sorted(alts.items(), key=lambda kv: kv[1], reverse=True)
+            text = None if _token_id(token) is not None else token
+            acc.steps.append(_Steps(text, values[i] if i < len(values) else None, ranked))
+
+    def choices_record(self) -> tuple[Choice, ...]:
+        """The collected choices as contract records, by index."""
+        out: list[Choice] = []
+        for index in sorted(self.choices):
+            acc = self.choices[index]
+            out.append(
+                Choice(
+                    index=index,
+                    token_ids=tuple(acc.token_ids),
+                    text="".join(acc.text),
+                    finish_reason=acc.finish_reason,
+                    logprobs=_steps_record(acc),
+                )
+            )
+        return tuple(out)
+
+
+def _steps_record(acc: _ChoiceAcc) -> tuple[StepLogprobs, ...] | None:
+    if acc.logprobs_missing or not acc.steps or len(acc.steps) != len(acc.token_ids):
+        return None
+    try:
+        return tuple(
+            StepLogprobs(
+                token_id=tid,
+                token=s.token,
+                logprob=s.logprob,
+                top=tuple(
+                    TopCandidate(token=tok, token_id=_token_id(tok), logprob=lp, rank=rank)
+                    for rank, (tok, lp) in enumerate(s.top, start=1)
+                ),
+            )
+            for tid, s in zip(acc.token_ids, acc.steps, strict=True)
+        )
+    except (ValidationError, TypeError):
+        return None  # e.g. an infinite logprob: the token ids still stand
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Everything about one request that is known before upstream answers, plus the timings after."""
+
+    request_id: str
+    received_at: datetime
+    tenant: str
+    workflow: WorkflowRef | None
+    flag: FlagDecision
+    endpoint: Endpoint
+    stream: bool
+    in_flight_at_start: int
+    in_flight_at_end: int = 0
+    body_sha256: str | None = None
+    upstream_ms: float = 0.0
+    first_token_ms: float | None = None
+    added_ms: float | None = None
+
+
+def prompt_record(
+    token_ids: list[int] | None, source: Literal["upstream", "tokenize"], ctx: RequestContext
+) -> PromptRecord | None:
+    if not token_ids or ctx.body_sha256 is None:
+        return None
+    try:
+        return PromptRecord(token_ids=tuple(token_ids), source=source, request_body_sha256=ctx.body_sha256)
+    except ValidationError:
+        return None
+
+
+def build_envelope(
+    ctx: RequestContext,
+    *,
+    model: str,
+    artifacts: ArtifactHashes,
+    runtime: RuntimeFingerprint,
+    prompt: PromptRecord | None,
+    sampling: SamplingContract | None,
+    collector: OutputCollector | None,
+    error: tuple[ErrorType, int | None, str] | None,
+    captured_at: datetime,
+    sidecar_id: str,
+) -> Envelope:
+    """The envelope of one request: an output when upstream completed it, else an error with what was partial."""
+    timings = Timings(
+        received_at=ctx.received_at,
+        upstream_ms=max(ctx.upstream_ms, 0.0),
+        first_token_ms=ctx.first_token_ms,
+        added_ms=ctx.added_ms,
+    )
+    choices = collector.choices_record() if collector is not None else ()
+    outcome: CapturedOutput | CapturedError
+    if error is None and choices:
+        outcome = CapturedOutput(choices=choices, timings=timings, usage=collector.usage if collector else {})
+    else:
+        kind, status, message = error or ("proxy_error", None, "upstream answered without choices")
+        outcome = CapturedError(error_type=kind, status_code=status, message=message, timings=timings, partial=choices)
+    return Envelope(
+        request_id=ctx.request_id,
+        captured_at=captured_at,
+        tenant=ctx.tenant,
+        workflow=ctx.workflow,
+        flagged=ctx.flag.flagged,
+        flag_reason=ctx.flag.reason,
+        endpoint=ctx.endpoint,
+        model=model,
+        artifacts=artifacts,
+        prompt=prompt,
+        sampling=sampling,
+        runtime=runtime,
+        context=ExecutionContext(
+            in_flight_at_start=ctx.in_flight_at_start,
+            in_flight_at_end=ctx.in_flight_at_end,
+            stream=ctx.stream,
+            sidecar_id=sidecar_id,
+        ),
+        outcome=outcome,
+    )

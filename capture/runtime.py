@@ -1,0 +1,136 @@
+"""What the sidecar knows about the serving side: artifact hashes and the runtime fingerprint.
+
+Three sources, each optional, merged once and cached:
+
+- the deployment manifest (``reprolane-manifest.json``, written by ``reprolane model fetch``): its
+  ``model_sha256``, ``tokenizer_sha256`` and ``chat_template_sha256`` become the envelope's `ArtifactHashes`;
+- the runtime file: JSON of `RuntimeFingerprint` fields the sidecar cannot observe (dtype, device, parallel
+  sizes, attention backend, ...), validated at startup so a typo is an error, not a silent ``None``;
+- what upstream reports: ``GET /version`` (engine version) and each response's ``system_fingerprint``.
+
+Observed values win over the runtime file for ``engine_version`` and ``system_fingerprint``; the file's own
+values stand for everything else. The manifest's ``dtype`` is the dtype the weights were *stored* in, not the
+one they are served in, so it never fills the fingerprint's ``dtype``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from capture.errors import CaptureError, UpstreamError
+from capture.upstream import Upstream
+from schemas import ArtifactHashes, RuntimeFingerprint
+
+log = logging.getLogger(__name__)
+
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_VLLM_FP_RE = re.compile(r"^vllm-(?P<version>[^-]+)-")
+_ARTIFACT_KEYS = ("model_sha256", "tokenizer_sha256", "chat_template_sha256")
+_PROBE_RETRY_S = 30.0
+
+
+def load_artifacts(manifest_path: Path | None) -> ArtifactHashes:
+    """Artifact hashes from a deployment manifest; all ``None`` when there is no manifest."""
+    if manifest_path is None:
+        return ArtifactHashes()
+    try:
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CaptureError(f"cannot read manifest {manifest_path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CaptureError(f"manifest {manifest_path}: expected a JSON object")
+    values: dict[str, str] = {}
+    for key in _ARTIFACT_KEYS:
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not _SHA_RE.match(value):
+            raise CaptureError(f"manifest {manifest_path}: {key} is not a lowercase hex sha256")
+        values[key] = value
+    return ArtifactHashes(**values, manifest_source=str(manifest_path))
+
+
+def load_runtime_file(runtime_path: Path | None) -> dict[str, Any]:
+    """Fields of `RuntimeFingerprint` from a JSON file, validated (unknown or ill-typed fields are errors)."""
+    if runtime_path is None:
+        return {}
+    try:
+        data = json.loads(runtime_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CaptureError(f"cannot read runtime file {runtime_path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CaptureError(f"runtime file {runtime_path}: expected a JSON object")
+    probe = {"engine": "unknown", **data}
+    try:
+        RuntimeFingerprint.model_validate(probe)
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
+        raise CaptureError(f"runtime file {runtime_path}: invalid field(s): {fields}") from exc
+    return data
+
+
+class RuntimeProbe:
+    """The runtime fingerprint of the upstream server, built once per distinct ``system_fingerprint``.
+
+    `probe` asks ``GET /version`` (at startup, and again at most every 30 s while it has not answered);
+    `fingerprint` is then a dictionary lookup on the hot path.
+    """
+
+    def __init__(self, runtime_fields: dict[str, Any]) -> None:
+        self._file = dict(runtime_fields)
+        self._engine_version: str | None = None
+        self._version_known = False
+        self._last_probe = float("-inf")
+        self._cache: dict[str | None, RuntimeFingerprint] = {}
+
+    @property
+    def needs_probe(self) -> bool:
+        return not self._version_known and time.monotonic() - self._last_probe >= _PROBE_RETRY_S
+
+    async def probe(self, upstream: Upstream) -> None:
+        """Ask upstream ``/version``; failures are logged and retried later, never raised."""
+        self._last_probe = time.monotonic()
+        try:
+            status, body = await upstream.get_json("/version")
+        except UpstreamError as exc:
+            log.warning("upstream /version not available (%s); engine_version unknown for now", exc)
+            return
+        if status != 200:
+            body = None
+        if isinstance(body, dict) and isinstance(body.get("version"), str):
+            self._engine_version = body["version"]
+            self._version_known = True
+            self._cache.clear()
+        else:
+            log.warning("upstream /version answered %s without a version; engine_version unknown", status)
+
+    def fingerprint(self, system_fingerprint: str | None) -> RuntimeFingerprint:
+        cached = self._cache.get(system_fingerprint)
+        if cached is None:
+            cached = self._build(system_fingerprint)
+            if len(self._cache) > 64:  # a server that changes its fingerprint per request must not grow us
+                self._cache.clear()
+            self._cache[system_fingerprint] = cached
+        return cached
+
+    def _build(self, system_fingerprint: str | None) -> RuntimeFingerprint:
+        fields: dict[str, Any] = dict(self._file)
+        match = _VLLM_FP_RE.match(system_fingerprint or "")
+        if match:
+            fields["engine"] = "vllm"
+        elif self._version_known and "engine" not in fields:
+            fields["engine"] = "vllm"  # /version answering {"version": ...} is vLLM's shape
+        fields.setdefault("engine", "unknown")
+        version = self._engine_version or (match.group("version") if match else None)
+        if version is not None:
+            fields["engine_version"] = version
+        if system_fingerprint is not None:
+            fields["system_fingerprint"] = system_fingerprint
+        return RuntimeFingerprint.model_validate(fields)

@@ -1,0 +1,318 @@
+"""Where spooled envelopes go: a Kafka topic and an S3 bucket with Object Lock.
+
+Both sinks take a batch of `Outgoing` records and either confirm *every* record or raise `SinkError`; every
+aiokafka / botocore exception is translated here, so the publisher only ever sees `SinkError`.
+
+Kafka (`KafkaSink`): topic `schemas.layout.TOPIC_ENVELOPES`, key = request id, value = the canonical envelope
+bytes, headers ``reprolane-envelope-id`` and ``reprolane-schema``; ``acks="all"``, linger 5 ms, all sends of a
+batch awaited together. Idempotence is off on purpose: Tansu refuses InitProducerId, and delivery is
+at-least-once anyway (duplicates collapse by envelope id downstream).
+
+S3 (`S3Sink`), per envelope, with boto3 in a thread pool:
+
+- ``envelopes/tenant=.../date=.../<envelope_id>.json`` with Object Lock retention until
+  ``captured_at + retention_days`` (if that has passed already, e.g. a backlog older than the retention,
+  until now + `MIN_RETENTION`: an audit record is never stored unprotected) and ``IfNoneMatch="*"``:
+  the key is a content address, so 412 (already there) means the same bytes are there, which is success.
+- index objects ``index/request-id/<request_id>.json`` and, with a workflow,
+  ``index/workflow/<id>/<step>-<request_id>.json``, body ``{"envelope_id", "key", "tenant", "captured_at"}``,
+  written without retention and without a condition: a later envelope with the same request id (a retry after
+  an error envelope) overwrites it. The audit bucket is versioned (Object Lock requires it), so an overwrite is
+  a new version and the older pointer stays readable. Within one batch only the newest record per index key is
+  written, so concurrent puts cannot leave an older envelope on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
+
+from capture.errors import SinkError
+from capture.spool import SpoolEntry
+from schemas import sha256_hex
+from schemas.layout import (
+    HEADER_ENVELOPE_ID,
+    HEADER_SCHEMA,
+    TOPIC_ENVELOPES,
+    envelope_key,
+    request_index_key,
+    workflow_index_key,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+    from capture.settings import CaptureSettings
+
+MIN_RETENTION = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A spooled envelope with the few fields the sinks route by (read from its canonical JSON)."""
+
+    seq: int
+    payload: bytes
+    envelope_id: str
+    request_id: str
+    tenant: str
+    captured_at: datetime
+    schema_version: str
+    workflow_id: str | None
+    workflow_step: int | None
+
+    @classmethod
+    def from_entry(cls, entry: SpoolEntry) -> Outgoing:
+        try:
+            doc = json.loads(entry.payload)
+            workflow = doc.get("workflow") or {}
+            return cls(
+                seq=entry.seq,
+                payload=entry.payload,
+                envelope_id=sha256_hex(entry.payload),
+                request_id=str(doc["request_id"]),
+                tenant=str(doc["tenant"]),
+                captured_at=datetime.fromisoformat(doc["captured_at"]).astimezone(UTC),
+                schema_version=str(doc["schema_version"]),
+                workflow_id=workflow.get("workflow_id"),
+                workflow_step=workflow.get("step"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SinkError(f"spool record seq {entry.seq} is not a routable envelope: {exc!r}") from exc
+
+    @property
+    def object_key(self) -> str:
+        return envelope_key(self.envelope_id, self.tenant, self.captured_at)
+
+    def index_keys(self) -> list[str]:
+        keys = [request_index_key(self.request_id)]
+        if self.workflow_id is not None and self.workflow_step is not None:
+            keys.append(workflow_index_key(self.workflow_id, self.workflow_step, self.request_id))
+        return keys
+
+    def index_body(self) -> bytes:
+        body = {
+            "envelope_id": self.envelope_id,
+            "key": self.object_key,
+            "tenant": self.tenant,
+            "captured_at": self.captured_at.isoformat().replace("+00:00", "Z"),
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+class Sink(Protocol):
+    """A destination the publisher drains to. `publish` confirms every record of the batch or raises SinkError."""
+
+    name: str
+
+    async def publish(self, batch: Sequence[Outgoing]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class KafkaSink:
+    name = "kafka"
+
+    def __init__(self, settings: CaptureSettings, *, topic: str = TOPIC_ENVELOPES, request_timeout_ms: int = 10000):
+        if not settings.kafka_bootstrap:
+            raise SinkError("kafka_bootstrap is not set")
+        self.topic = topic
+        self._settings = settings
+        self._request_timeout_ms = request_timeout_ms
+        self._producer: Any = None
+
+    def _producer_kwargs(self) -> dict[str, Any]:
+        s = self._settings
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": s.kafka_bootstrap,
+            "acks": "all",
+            "enable_idempotence": False,
+            "linger_ms": 5,
+            "request_timeout_ms": self._request_timeout_ms,
+            "retry_backoff_ms": 200,
+            "client_id": f"reprolane-{s.sidecar_id}",
+            "security_protocol": s.kafka_security_protocol,
+        }
+        if s.kafka_security_protocol in ("SSL", "SASL_SSL"):
+            kwargs["ssl_context"] = ssl.create_default_context()
+        if s.kafka_sasl_mechanism:
+            kwargs["sasl_mechanism"] = s.kafka_sasl_mechanism
+            kwargs["sasl_plain_username"] = s.kafka_sasl_username
+            if s.kafka_sasl_password is not None:
+                kwargs["sasl_plain_password"] = s.kafka_sasl_password.get_secret_value()
+        return kwargs
+
+    async def _ensure_started(self) -> Any:
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.errors import KafkaError
+
+        if self._producer is None:
+            producer = AIOKafkaProducer(**self._producer_kwargs())
+            try:
+                await producer.start()
+            except (KafkaError, OSError) as exc:
+                await _quiet_stop(producer)
+                raise SinkError(f"kafka {self._settings.kafka_bootstrap}: cannot connect: {exc!r}") from exc
+            self._producer = producer
+        return self._producer
+
+    async def publish(self, batch: Sequence[Outgoing]) -> None:
+        from aiokafka.errors import KafkaError
+
+        producer = await self._ensure_started()
+        try:
+            futures = [
+                await producer.send(
+                    self.topic,
+                    value=item.payload,
+                    key=item.request_id.encode(),
+                    headers=[
+                        (HEADER_ENVELOPE_ID, item.envelope_id.encode()),
+                        (HEADER_SCHEMA, item.schema_version.encode()),
+                    ],
+                )
+                for item in batch
+            ]
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        except (KafkaError, OSError) as exc:
+            raise SinkError(f"kafka send to {self.topic} failed: {exc!r}") from exc
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise SinkError(f"kafka: {len(failed)} of {len(batch)} sends to {self.topic} failed: {failed[0]!r}")
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await _quiet_stop(producer)
+
+
+async def _quiet_stop(producer: Any) -> None:
+    from aiokafka.errors import KafkaError
+
+    try:
+        await producer.stop()
+    except (KafkaError, OSError):
+        pass
+
+
+class S3Sink:
+    name = "s3"
+
+    def __init__(self, settings: CaptureSettings, *, client: S3Client | None = None, workers: int = 8) -> None:
+        self.bucket = settings.s3_bucket
+        self.retention = timedelta(days=settings.retention_days) if settings.retention_days > 0 else None
+        self.lock_mode = settings.object_lock_mode
+        self._client = client if client is not None else make_s3_client(settings, workers)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="capture-s3")
+
+    def retain_until(self, captured_at: datetime) -> datetime | None:
+        if self.retention is None:
+            return None
+        until = captured_at + self.retention
+        now = datetime.now(UTC)
+        return until if until > now else now + MIN_RETENTION
+
+    async def publish(self, batch: Sequence[Outgoing]) -> None:
+        loop = asyncio.get_running_loop()
+        calls = [partial(self._put_envelope, item) for item in batch]
+        newest: dict[str, Outgoing] = {}
+        for item in sorted(batch, key=lambda o: o.seq):
+            for key in item.index_keys():
+                newest[key] = item
+        calls += [partial(self._put_index, key, item) for key, item in newest.items()]
+        results = await asyncio.gather(*(loop.run_in_executor(self._pool, c) for c in calls), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            first = failed[0]
+            if not isinstance(first, SinkError):
+                raise SinkError(f"s3: unexpected error: {first!r}") from first
+            raise SinkError(f"s3: {len(failed)} of {len(calls)} puts failed; first: {first}") from first
+
+    def _put_envelope(self, item: Outgoing) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        extra: dict[str, Any] = {}
+        until = self.retain_until(item.captured_at)
+        if until is not None:
+            extra = {"ObjectLockMode": self.lock_mode, "ObjectLockRetainUntilDate": until}
+        key = item.object_key
+        try:
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=item.payload,
+                ContentType="application/json",
+                IfNoneMatch="*",
+                Metadata={"envelope-id": item.envelope_id, "schema": item.schema_version},
+                **extra,
+            )
+        except ClientError as exc:
+            if _status(exc) == 412 or _code(exc) == "PreconditionFailed":
+                return  # content-addressed: the same bytes are there already
+            raise SinkError(f"s3 put {self.bucket}/{key}: {_code(exc)}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise SinkError(f"s3 put {self.bucket}/{key}: {exc}") from exc
+
+    def _put_index(self, key: str, item: Outgoing) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=item.index_body(), ContentType="application/json")
+        except (ClientError, BotoCoreError) as exc:
+            raise SinkError(f"s3 put {self.bucket}/{key}: {exc}") from exc
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _status(exc: Any) -> int | None:
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return int(status) if status is not None else None
+
+
+def _code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "?"))
+
+
+def make_s3_client(settings: CaptureSettings, workers: int = 8) -> S3Client:
+    """A boto3 S3 client from the settings (TLS verified unless `s3_verify_tls` is off; short timeouts)."""
+    import boto3
+    from botocore.config import Config
+
+    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key is not None else None
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint,
+        region_name=settings.s3_region,
+        aws_access_key_id=settings.s3_access_key,
+        aws_secret_access_key=secret,
+        verify=settings.s3_verify_tls,
+        config=Config(
+            connect_timeout=3,
+            read_timeout=10,
+            retries={"max_attempts": 2, "mode": "standard"},
+            max_pool_connections=max(10, workers),
+            s3={"addressing_style": "path"},
+        ),
+    )
+
+
+def default_sinks(settings: CaptureSettings) -> list[Sink]:
+    """The configured sinks: Kafka when `kafka_bootstrap` is set, S3 when `s3_endpoint` or `s3_access_key` is
+    (an S3 with neither would be AWS with ambient credentials: say so with an access key). The publisher acks
+    only what *every* one of them has confirmed; production runs both."""
+    sinks: list[Sink] = []
+    if settings.kafka_bootstrap:
+        sinks.append(KafkaSink(settings))
+    if settings.s3_endpoint or settings.s3_access_key:
+        sinks.append(S3Sink(settings))
+    if not sinks:
+        raise SinkError("no sink configured: set kafka_bootstrap and/or s3_endpoint (or s3_access_key)")
+    return sinks

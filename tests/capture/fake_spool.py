@@ -1,0 +1,46 @@
+"""An in-memory stand-in for `capture.spool.Spool` with the methods the proxy uses."""
+
+from __future__ import annotations
+
+import asyncio
+
+from capture.errors import SpoolFullError
+from schemas import Envelope
+
+
+class FakeSpool:
+    def __init__(self, *, reported_bytes: int = 0, refuse_appends: bool = False) -> None:
+        self.envelopes: list[Envelope] = []
+        self.reported_bytes = reported_bytes
+        self.refuse_appends = refuse_appends
+        self.opened = False
+        self.closed = False
+        self._arrived = asyncio.Event()
+
+    async def open(self) -> None:
+        self.opened = True
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def append(self, envelope: Envelope) -> None:
+        if self.refuse_appends:
+            raise SpoolFullError("fake spool is full")
+        envelope.canonical()  # what the real spool writes: must encode
+        self.envelopes.append(envelope)
+        self._arrived.set()
+
+    @property
+    def bytes(self) -> int:
+        return self.reported_bytes
+
+    @property
+    def depth(self) -> int:
+        return len(self.envelopes)
+
+    async def wait_for(self, count: int, within_s: float = 5.0) -> list[Envelope]:
+        async with asyncio.timeout(within_s):
+            while len(self.envelopes) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
+        return self.envelopes

@@ -1,0 +1,177 @@
+"""The sidecar in front of the real vLLM, driven by the official ``openai`` client.
+
+The client must see exactly what it sees without the sidecar (a direct call with the same parameters at
+temperature 0, ``id`` and ``created`` excluded), and the envelope read back from the real spool must hold
+upstream's own token ids and logprobs (taken from a direct call that asks for them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from capture.app import build_app
+from capture.settings import CaptureSettings
+from capture.spool import Spool
+from infra.state import StackInfo
+from schemas import CapturedOutput, Envelope, decode_envelope
+from tests.capture.fake_upstream import serve
+
+pytestmark = pytest.mark.stack
+
+VOLATILE = {"id", "created"}
+MESSAGES: Any = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "The capital of France is"
+
+
+@contextlib.asynccontextmanager
+async def through_sidecar(stack: StackInfo, tmp_path: Path) -> AsyncIterator[tuple[openai.AsyncOpenAI, Spool]]:
+    assert stack.vllm_url is not None
+    assert stack.model_dir is not None
+    settings = CaptureSettings(
+        upstream=stack.vllm_url,
+        mode="guaranteed",
+        spool_dir=tmp_path / "spool",
+        manifest_path=stack.model_dir / "reprolane-manifest.json",
+    )
+    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
+    async with serve(build_app(settings, spool=spool)) as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-not-recorded", max_retries=0)
+        try:
+            yield client, spool
+        finally:
+            await client.close()
+
+
+def direct(stack: StackInfo) -> openai.AsyncOpenAI:
+    assert stack.vllm_url is not None
+    return openai.AsyncOpenAI(base_url=stack.vllm_url + "/v1", api_key="sk-direct", max_retries=0)
+
+
+def visible(obj: Any) -> dict[str, Any]:
+    dumped: dict[str, Any] = obj.model_dump()
+    return {k: v for k, v in dumped.items() if k not in VOLATILE}
+
+
+async def envelope_of(spool: Spool, request_id: str) -> Envelope:
+    for entry in await spool.pending(10_000):
+        env = decode_envelope(entry.payload)
+        if env.request_id == request_id:
+            return env
+    raise AssertionError(f"no envelope for {request_id}")
+
+
+async def test_chat_is_transparent_and_recorded_exactly(stack: StackInfo, tmp_path: Path) -> None:
+    params: dict[str, Any] = {"model": stack.model_name, "messages": MESSAGES, "max_tokens": 8, "temperature": 0}
+    ref_client = direct(stack)
+    async with through_sidecar(stack, tmp_path) as (client, spool):
+        raw = await client.chat.completions.with_raw_response.create(**params)
+        via = raw.parse()
+        plain = await ref_client.chat.completions.create(**params)
+        audit = await ref_client.chat.completions.create(
+            **params,
+            logprobs=True,
+            top_logprobs=5,
+            extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True},
+        )
+        env = await envelope_of(spool, raw.headers["x-reprolane-request-id"])
+    await ref_client.close()
+    assert visible(via) == visible(plain)
+    audit_doc = audit.model_dump()
+    assert isinstance(env.outcome, CapturedOutput)
+    choice = env.outcome.choices[0]
+    assert list(choice.token_ids) == audit_doc["choices"][0]["token_ids"]
+    assert env.prompt is not None
+    assert list(env.prompt.token_ids) == audit_doc["prompt_token_ids"]
+    assert choice.text == plain.choices[0].message.content
+    steps = audit_doc["choices"][0]["logprobs"]["content"]
+    assert choice.logprobs is not None
+    assert len(choice.logprobs) == len(steps)
+    for got, want in zip(choice.logprobs, steps, strict=True):
+        assert got.logprob == want["logprob"]
+        assert [c.token_id for c in got.top] == [int(t["token"].split(":")[1]) for t in want["top_logprobs"]]
+        assert [c.logprob for c in got.top] == [t["logprob"] for t in want["top_logprobs"]]
+    assert env.runtime.engine == "vllm"
+    assert env.runtime.engine_version == "0.32.0"
+    assert env.runtime.system_fingerprint == plain.system_fingerprint
+    assert env.artifacts.model_sha256 is not None
+    assert env.sampling is not None
+    assert env.sampling.seed_scope == "none"
+
+
+async def test_chat_with_client_logprobs_is_transparent(stack: StackInfo, tmp_path: Path) -> None:
+    params: dict[str, Any] = {
+        "model": stack.model_name,
+        "messages": MESSAGES,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    ref_client = direct(stack)
+    async with through_sidecar(stack, tmp_path) as (client, _):
+        via = await client.chat.completions.create(**params)
+        plain = await ref_client.chat.completions.create(**params)
+    await ref_client.close()
+    assert visible(via) == visible(plain)
+
+
+async def test_completions_is_transparent_and_recorded(stack: StackInfo, tmp_path: Path) -> None:
+    params: dict[str, Any] = {"model": stack.model_name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+    ref_client = direct(stack)
+    async with through_sidecar(stack, tmp_path) as (client, spool):
+        raw = await client.completions.with_raw_response.create(**params)
+        via = raw.parse()
+        plain = await ref_client.completions.create(**params)
+        audit = await ref_client.completions.create(
+            **params, logprobs=5, extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True}
+        )
+        env = await envelope_of(spool, raw.headers["x-reprolane-request-id"])
+    await ref_client.close()
+    assert visible(via) == visible(plain)
+    want = audit.model_dump()["choices"][0]
+    assert isinstance(env.outcome, CapturedOutput)
+    choice = env.outcome.choices[0]
+    assert list(choice.token_ids) == want["token_ids"]
+    assert env.prompt is not None
+    assert list(env.prompt.token_ids) == want["prompt_token_ids"]
+    assert choice.logprobs is not None
+    assert [s.logprob for s in choice.logprobs] == want["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_streaming_is_transparent_and_recorded(stack: StackInfo, tmp_path: Path, endpoint: str) -> None:
+    ref_client = direct(stack)
+
+    async def chunks(client: openai.AsyncOpenAI) -> list[dict[str, Any]]:
+        if endpoint == "chat":
+            stream: Any = await client.chat.completions.create(
+                model=stack.model_name, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+            )
+        else:
+            stream = await client.completions.create(
+                model=stack.model_name, prompt=PROMPT, max_tokens=8, temperature=0, stream=True
+            )
+        return [visible(c) async for c in stream]
+
+    async with through_sidecar(stack, tmp_path) as (client, spool):
+        via = await chunks(client)
+        plain = await chunks(ref_client)
+        (entry,) = await spool.pending(10)
+        env = decode_envelope(entry.payload)
+    await ref_client.close()
+    assert via == plain
+    assert isinstance(env.outcome, CapturedOutput)
+    assert env.context.stream
+    if endpoint == "chat":
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in plain if c["choices"])
+    else:
+        text = "".join(c["choices"][0]["text"] for c in plain if c["choices"])
+    assert env.outcome.choices[0].text == text
+    assert env.outcome.choices[0].logprobs is not None
+    assert len(env.outcome.choices[0].logprobs) == len(env.outcome.choices[0].token_ids) > 0

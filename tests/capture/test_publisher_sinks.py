@@ -1,0 +1,141 @@
+"""The sinks' boundary: every aiokafka / botocore failure surfaces as `SinkError`; settings pass through."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from capture.errors import SinkError
+from capture.settings import CaptureSettings
+from capture.sinks import KafkaSink, Outgoing, S3Sink, default_sinks
+from capture.spool import SpoolEntry
+from schemas.layout import envelope_key
+from tests.factories import envelope
+
+BUCKET = "reprolane-sinks-test"
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # nothing listens once the socket is closed
+
+
+def base_settings(**overrides: Any) -> CaptureSettings:
+    values: dict[str, Any] = {"upstream": "http://127.0.0.1:9", "spool_dir": Path("unused")}
+    values.update(overrides)
+    return CaptureSettings(**values)
+
+
+def outgoing(seq: int = 1, **overrides: Any) -> Outgoing:
+    return Outgoing.from_entry(SpoolEntry(seq, envelope(**overrides).canonical()))
+
+
+@pytest.fixture(scope="module")
+def moto_settings() -> Iterator[CaptureSettings]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    ).create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+    yield base_settings(s3_endpoint=endpoint, s3_access_key="k", s3_secret_key="s", s3_bucket=BUCKET)
+    server.stop()
+
+
+def test_outgoing_routes_by_the_canonical_json() -> None:
+    env = envelope(request_id="req-route-1")
+    item = Outgoing.from_entry(SpoolEntry(7, env.canonical()))
+    assert item.seq == 7
+    assert item.envelope_id == env.envelope_id()
+    assert item.request_id == "req-route-1"
+    assert item.object_key == envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+    assert item.workflow_id == "claim-7781"
+    assert item.workflow_step == 2
+    assert len(item.index_keys()) == 2
+
+
+def test_a_record_that_is_not_an_envelope_is_a_sink_error() -> None:
+    with pytest.raises(SinkError, match="seq 3"):
+        Outgoing.from_entry(SpoolEntry(3, b'{"not": "an envelope"}'))
+
+
+async def test_s3_conditional_create_treats_412_as_success(moto_settings: CaptureSettings) -> None:
+    sink = S3Sink(moto_settings)
+    item = outgoing(request_id="req-twice")
+    await sink.publish([item])
+    await sink.publish([item])  # second put answers 412: same content address, same bytes
+    await sink.close()
+
+
+async def test_s3_unreachable_is_a_sink_error() -> None:
+    settings = base_settings(s3_endpoint=f"http://127.0.0.1:{closed_port()}", s3_access_key="k", s3_secret_key="s")
+    sink = S3Sink(settings)
+    with pytest.raises(SinkError, match="s3"):
+        await sink.publish([outgoing()])
+    await sink.close()
+
+
+async def test_s3_refusal_is_a_sink_error_naming_the_key(moto_settings: CaptureSettings) -> None:
+    missing = moto_settings.model_copy(update={"s3_bucket": "no-such-bucket-here"})
+    sink = S3Sink(missing)
+    item = outgoing()
+    with pytest.raises(SinkError, match=f"no-such-bucket-here/{item.object_key}"):
+        await sink.publish([item])
+    await sink.close()
+
+
+async def test_kafka_unreachable_is_a_sink_error() -> None:
+    sink = KafkaSink(base_settings(kafka_bootstrap=f"127.0.0.1:{closed_port()}"))
+    with pytest.raises(SinkError, match="kafka"):
+        await sink.publish([outgoing()])
+    await sink.close()
+
+
+def test_kafka_without_bootstrap_is_refused() -> None:
+    with pytest.raises(SinkError, match="kafka_bootstrap"):
+        KafkaSink(base_settings())
+
+
+def test_kafka_security_settings_pass_through() -> None:
+    settings = base_settings(
+        kafka_bootstrap="broker:9093",
+        kafka_security_protocol="SASL_SSL",
+        kafka_sasl_mechanism="SCRAM-SHA-512",
+        kafka_sasl_username="capture",
+        kafka_sasl_password="pw",
+    )
+    kwargs = KafkaSink(settings)._producer_kwargs()
+    assert kwargs["security_protocol"] == "SASL_SSL"
+    assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert kwargs["sasl_plain_username"] == "capture"
+    assert kwargs["sasl_plain_password"] == "pw"
+    assert kwargs["ssl_context"] is not None
+    assert kwargs["acks"] == "all"
+    assert kwargs["enable_idempotence"] is False  # Tansu refuses InitProducerId
+
+
+def test_s3_client_verifies_tls_unless_told_not_to() -> None:
+    def verify_of(settings: CaptureSettings) -> Any:
+        client: Any = S3Sink(settings)._client
+        return client._endpoint.http_session._verify
+
+    common = {"s3_endpoint": "https://s3.example.invalid", "s3_access_key": "k", "s3_secret_key": "s"}
+    assert verify_of(base_settings(**common)) is True
+    assert verify_of(base_settings(**common, s3_verify_tls=False)) is False
+
+
+def test_default_sinks_are_the_configured_ones() -> None:
+    both = default_sinks(base_settings(kafka_bootstrap="127.0.0.1:9092", s3_endpoint="http://127.0.0.1:9"))
+    assert [s.name for s in both] == ["kafka", "s3"]
+    assert [s.name for s in default_sinks(base_settings(kafka_bootstrap="127.0.0.1:9092"))] == ["kafka"]
+    assert [s.name for s in default_sinks(base_settings(s3_endpoint="http://127.0.0.1:9"))] == ["s3"]
+    with pytest.raises(SinkError, match="no sink configured"):
+        default_sinks(base_settings())

@@ -1,0 +1,248 @@
+"""Pure recording logic: audit fields added, stripped back, sampling contract with defaults, collection."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from capture.policy import NOT_FLAGGED
+from capture.recording import (
+    OutputCollector,
+    RequestContext,
+    build_envelope,
+    derive_seed,
+    prepare,
+    prompt_record,
+    sampling_contract,
+    strip,
+)
+from schemas import ArtifactHashes, CapturedError, CapturedOutput, RuntimeFingerprint
+
+CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+def test_prepare_chat_adds_audit_fields_without_touching_client_body() -> None:
+    body = dict(CHAT)
+    p = prepare("chat.completions", body, request_id="r", audit_k=4, inject_seed=False)
+    assert body == CHAT
+    assert p.upstream_body["return_token_ids"] is True
+    assert p.upstream_body["logprobs"] is True
+    assert p.upstream_body["top_logprobs"] == 4
+    assert p.upstream_body["return_tokens_as_token_ids"] is True
+    assert not p.client_token_ids
+    assert not p.client_logprobs
+    assert p.sampling is not None
+    assert p.sampling.logprobs == 4
+
+
+def test_prepare_keeps_client_logprobs_request() -> None:
+    p = prepare(
+        "completions", {"model": "m", "prompt": "x", "logprobs": 1}, request_id="r", audit_k=5, inject_seed=False
+    )
+    assert p.upstream_body["logprobs"] == 1
+    assert "return_tokens_as_token_ids" not in p.upstream_body
+    assert p.client_logprobs
+    assert p.sampling is not None
+    assert p.sampling.logprobs == 1
+
+
+def test_sampling_defaults_are_explicit() -> None:
+    c = sampling_contract("chat.completions", CHAT, recorded_k=5, seed_injected=False)
+    assert (c.temperature, c.top_p, c.top_k, c.min_p) == (1.0, 1.0, 0, 0.0)
+    assert (c.repetition_penalty, c.presence_penalty, c.frequency_penalty) == (1.0, 0.0, 0.0)
+    assert c.n == 1
+    assert c.max_tokens is None
+    assert c.seed is None
+    assert c.seed_scope == "worker_global"
+
+
+def test_sampling_maps_fields_and_keeps_other_output_affecting_ones() -> None:
+    body = {
+        **CHAT,
+        "temperature": 0.5,
+        "seed": 7,
+        "max_completion_tokens": 9,
+        "max_tokens": 99,
+        "stop": "END",
+        "logit_bias": {"42": -100},
+        "response_format": {"type": "json_object"},
+        "user": "someone",
+    }
+    c = sampling_contract("chat.completions", body, recorded_k=None, seed_injected=False)
+    assert c.seed == 7
+    assert c.seed_scope == "per_request"
+    assert c.max_tokens == 9
+    assert c.stop == ("END",)
+    assert c.logit_bias == {"42": -100.0}
+    assert c.extra == {"response_format": '{"type":"json_object"}'}
+
+
+def test_invalid_sampling_value_gives_no_contract() -> None:
+    p = prepare("chat.completions", {**CHAT, "temperature": -1}, request_id="r", audit_k=5, inject_seed=False)
+    assert p.sampling is None
+
+
+def test_seed_injection_only_for_sampled_requests_without_seed() -> None:
+    sampled = prepare("chat.completions", {**CHAT, "temperature": 0.8}, request_id="r1", audit_k=5, inject_seed=True)
+    assert sampled.upstream_body["seed"] == derive_seed("r1")
+    assert sampled.sampling is not None
+    assert sampled.sampling.seed_injected
+    greedy = prepare("chat.completions", {**CHAT, "temperature": 0}, request_id="r1", audit_k=5, inject_seed=True)
+    assert "seed" not in greedy.upstream_body
+    own = prepare("chat.completions", {**CHAT, "seed": 3}, request_id="r1", audit_k=5, inject_seed=True)
+    assert own.upstream_body["seed"] == 3
+    assert own.sampling is not None
+    assert not own.sampling.seed_injected
+    assert derive_seed("r1") == derive_seed("r1")
+    assert 0 <= derive_seed("r1") < 2**31
+
+
+def test_strip_sets_unrequested_fields_to_null_like_vllm() -> None:
+    p = prepare("chat.completions", CHAT, request_id="r", audit_k=5, inject_seed=False)
+    obj = {"prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": [3], "logprobs": {"content": []}}]}
+    strip(obj, p)
+    assert obj == {"prompt_token_ids": None, "choices": [{"index": 0, "token_ids": None, "logprobs": None}]}
+    no_key = {"choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None}]}
+    strip(no_key, p)
+    assert "token_ids" not in no_key["choices"][0]  # a key vLLM did not send stays absent
+
+
+def _chat_step(tid: int, text: str, lp: float, alts: list[tuple[int, float]]) -> dict[str, Any]:
+    top = [{"token": f"token_id:{a}", "logprob": v, "bytes": [1]} for a, v in alts]
+    return {"token": f"token_id:{tid}", "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top}
+
+
+def test_collector_merges_stream_chunks_per_choice() -> None:
+    col = OutputCollector("chat.completions")
+    col.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "prompt_token_ids": [1, 2]})
+    col.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "Hel"},
+                    "token_ids": [10],
+                    "logprobs": {"content": [_chat_step(10, "Hel", -0.1, [(10, -0.1), (11, -2.0)])]},
+                }
+            ]
+        }
+    )
+    col.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "lo"},
+                    "token_ids": [12],
+                    "finish_reason": "stop",
+                    "logprobs": {"content": [_chat_step(12, "lo", -0.2, [(12, -0.2), (13, -3.0)])]},
+                }
+            ],
+            "system_fingerprint": "vllm-0.32.0-abc",
+        }
+    )
+    (choice,) = col.choices_record()
+    assert choice.token_ids == (10, 12)
+    assert choice.text == "Hello"
+    assert choice.finish_reason == "stop"
+    assert choice.logprobs is not None
+    assert choice.logprobs[1].token == "lo"
+    assert [(c.token_id, c.rank) for c in choice.logprobs[1].top] == [(12, 1), (13, 2)]
+    assert col.prompt_token_ids == [1, 2]
+    assert col.system_fingerprint == "vllm-0.32.0-abc"
+
+
+def test_collector_completions_ranks_alternatives_by_logprob() -> None:
+    col = OutputCollector("completions")
+    col.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "text": " Paris",
+                    "token_ids": [7042],
+                    "prompt_token_ids": [5, 6],
+                    "logprobs": {
+                        "tokens": ["token_id:7042"],
+                        "token_logprobs": [-0.3],
+                        "top_logprobs": [{"token_id:260": -2.7, "token_id:7042": -0.3}],
+                    },
+                }
+            ]
+        }
+    )
+    (choice,) = col.choices_record()
+    assert choice.logprobs is not None
+    assert [(c.token_id, c.rank) for c in choice.logprobs[0].top] == [(7042, 1), (260, 2)]
+    assert col.prompt_token_ids == [5, 6]
+
+
+def test_logprobs_dropped_when_not_aligned_with_tokens() -> None:
+    col = OutputCollector("chat.completions")
+    col.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"content": "ab"},
+                    "token_ids": [1, 2],
+                    "logprobs": {"content": [_chat_step(1, "a", -0.1, [])]},
+                }
+            ]
+        }
+    )
+    (choice,) = col.choices_record()
+    assert choice.token_ids == (1, 2)
+    assert choice.logprobs is None
+
+
+def _ctx() -> RequestContext:
+    return RequestContext(
+        request_id="r-1",
+        received_at=datetime(2026, 1, 1, tzinfo=UTC),
+        tenant="t",
+        workflow=None,
+        flag=NOT_FLAGGED,
+        endpoint="chat.completions",
+        stream=False,
+        in_flight_at_start=2,
+        in_flight_at_end=1,
+        body_sha256="e" * 64,
+        upstream_ms=12.5,
+    )
+
+
+@pytest.mark.parametrize("error", [None, ("upstream_error", 500, "boom")])
+def test_build_envelope_output_or_error(error: Any) -> None:
+    col = OutputCollector("chat.completions")
+    col.add({"choices": [{"index": 0, "message": {"content": "x"}, "token_ids": [9], "finish_reason": "stop"}]})
+    ctx = _ctx()
+    env = build_envelope(
+        ctx,
+        model="m",
+        artifacts=ArtifactHashes(),
+        runtime=RuntimeFingerprint(engine="vllm"),
+        prompt=prompt_record([1, 2], "upstream", ctx),
+        sampling=None,
+        collector=col,
+        error=error,
+        captured_at=datetime(2026, 1, 1, tzinfo=UTC),
+        sidecar_id="s",
+    )
+    assert env.context.in_flight_at_start == 2
+    assert env.outcome.timings.upstream_ms == 12.5
+    if error is None:
+        assert isinstance(env.outcome, CapturedOutput)
+        assert env.outcome.choices[0].token_ids == (9,)
+    else:
+        assert isinstance(env.outcome, CapturedError)
+        assert env.outcome.partial[0].token_ids == (9,)
+    assert env.envelope_id() == env.envelope_id()
+
+
+def test_no_prompt_record_without_ids_or_body() -> None:
+    ctx = _ctx()
+    assert prompt_record(None, "upstream", ctx) is None
+    assert prompt_record([], "tokenize", ctx) is None

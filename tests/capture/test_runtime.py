@@ -1,0 +1,67 @@
+"""Artifact hashes from the manifest, runtime fields from the runtime file, the fingerprint cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from capture.edge import RecentIds
+from capture.errors import CaptureError
+from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file
+
+
+def test_artifacts_from_manifest(tmp_path: Path) -> None:
+    path = tmp_path / "reprolane-manifest.json"
+    path.write_text(
+        json.dumps(
+            {"model_sha256": "a" * 64, "tokenizer_sha256": "b" * 64, "chat_template_sha256": "c" * 64, "files": {}}
+        )
+    )
+    got = load_artifacts(path)
+    assert (got.model_sha256, got.tokenizer_sha256, got.chat_template_sha256) == ("a" * 64, "b" * 64, "c" * 64)
+    assert got.manifest_source == str(path)
+
+
+def test_no_manifest_means_unknown_hashes() -> None:
+    assert load_artifacts(None).model_sha256 is None
+
+
+def test_bad_manifest_hash_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"model_sha256": "xyz"}))
+    with pytest.raises(CaptureError, match="model_sha256"):
+        load_artifacts(path)
+
+
+def test_runtime_file_validated(tmp_path: Path) -> None:
+    good = tmp_path / "rt.json"
+    good.write_text(json.dumps({"dtype": "bfloat16", "device": "cpu", "tensor_parallel_size": 1}))
+    assert load_runtime_file(good)["dtype"] == "bfloat16"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"dtyp": "bfloat16"}))
+    with pytest.raises(CaptureError, match="dtyp"):
+        load_runtime_file(bad)
+
+
+def test_fingerprint_merges_observed_and_file() -> None:
+    probe = RuntimeProbe({"dtype": "bfloat16", "engine_version": "0.1.0"})
+    fp = probe.fingerprint("vllm-0.32.0-a7512781")
+    assert fp.engine == "vllm"
+    assert fp.engine_version == "0.32.0"  # observed beats the file
+    assert fp.dtype == "bfloat16"
+    assert fp.system_fingerprint == "vllm-0.32.0-a7512781"
+    assert probe.fingerprint("vllm-0.32.0-a7512781") is fp
+    unknown = RuntimeProbe({}).fingerprint(None)
+    assert unknown.engine == "unknown"
+    assert unknown.engine_version is None
+
+
+def test_recent_ids_are_bounded() -> None:
+    ids = RecentIds(capacity=3)
+    for i in range(10):
+        ids.add(f"r{i}")
+    assert len(ids) == 3
+    assert "r9" in ids
+    assert "r0" not in ids
