@@ -150,9 +150,8 @@ class CaptureProxy:
                 error_body(bad.message, type_="invalid_request_error", code=bad.status, param=bad.param),
                 rid,
             )
-            sha = f" (request_body_sha256={ctx.body_sha256})" if ctx.body_sha256 else ""
             ctx.in_flight_at_end = self.in_flight
-            await self.recorder.record_refused(ctx, ("bad_request", bad.status, bad.message + sha), t0)
+            await self.recorder.record_refused(ctx, ("bad_request", bad.status, bad.message), t0)
             return bad.status
 
         prepared = prepare(

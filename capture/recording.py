@@ -369,10 +369,10 @@ class RequestContext:
 def prompt_record(
     token_ids: list[int] | None, source: Literal["upstream", "tokenize"], ctx: RequestContext
 ) -> PromptRecord | None:
-    if not token_ids or ctx.body_sha256 is None:
+    if not token_ids:
         return None
     try:
-        return PromptRecord(token_ids=tuple(token_ids), source=source, request_body_sha256=ctx.body_sha256)
+        return PromptRecord(token_ids=tuple(token_ids), source=source)
     except ValidationError:
         return None
 
@@ -414,6 +414,7 @@ def build_envelope(
         endpoint=ctx.endpoint,
         model=model,
         artifacts=artifacts,
+        request_body_sha256=ctx.body_sha256,
         prompt=prompt,
         sampling=sampling,
         runtime=runtime,

@@ -2,12 +2,14 @@
 
 The rule, stated once so that any language can reproduce it:
 
-    UTF-8 JSON of the model's JSON-mode dump, object keys sorted, no insignificant whitespace
-    (separators "," and ":"), non-ASCII characters written as themselves, floats in their shortest
-    round-trip form (Python's repr), NaN and infinities refused.
+    UTF-8 JSON of the model's JSON-mode dump with null-valued fields left out, object keys sorted, no
+    insignificant whitespace (separators "," and ":"), non-ASCII characters written as themselves, floats in
+    their shortest round-trip form (Python's repr), NaN and infinities refused.
 
-Field order in the Python class therefore never matters, and adding an optional field changes the identity
-of only the records that set it. The golden vectors in tests/schemas pin the result byte for byte.
+Field order in the Python class therefore never matters, and because nulls are omitted, adding an optional
+field (default ``None``) changes the identity of only the records that set it. Consequently every optional
+field of a contract record must default to ``None``, so that "absent" and "null" decode to the same record.
+The golden vectors in tests/schemas pin the result byte for byte.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def canonical_json(data: Any) -> bytes:
 
 def canonical_bytes(model: BaseModel, *, exclude: set[str] | None = None) -> bytes:
     """Canonical bytes of a contract model (optionally without some top-level fields)."""
-    return canonical_json(model.model_dump(mode="json", exclude=exclude))
+    return canonical_json(model.model_dump(mode="json", exclude=exclude, exclude_none=True))
 
 
 def sha256_hex(data: bytes) -> str:

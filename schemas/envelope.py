@@ -55,7 +55,6 @@ class PromptRecord(Record):
     source: Literal["upstream", "tokenize", "lane"] = Field(
         description="upstream: the server returned prompt_token_ids; tokenize: the sidecar asked /tokenize"
     )
-    request_body_sha256: Sha256
     text: str | None = Field(default=None, description="rendered prompt, when known")
 
     @field_validator("token_ids")
@@ -143,8 +142,13 @@ class Envelope(Record):
     endpoint: Literal["chat.completions", "completions"]
     model: str = Field(min_length=1, description="the model name the client asked for")
     artifacts: ArtifactHashes
-    prompt: PromptRecord | None = Field(description="None only when the request never reached a tokenizer")
-    sampling: SamplingContract | None = Field(description="None only for requests rejected as invalid")
+    request_body_sha256: Sha256 | None = Field(
+        default=None, description="sha256 of the raw request body as the client sent it (None: no body)"
+    )
+    prompt: PromptRecord | None = Field(
+        default=None, description="None only when the request never reached a tokenizer"
+    )
+    sampling: SamplingContract | None = Field(default=None, description="None only for requests rejected as invalid")
     runtime: RuntimeFingerprint
     context: ExecutionContext
     outcome: Outcome

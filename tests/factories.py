@@ -70,7 +70,8 @@ def envelope(**overrides: Any) -> Envelope:
             chat_template_sha256="c" * 64,
             manifest_source="reprolane-manifest.json",
         ),
-        "prompt": PromptRecord(token_ids=(1, 9690, 198, 2683, 314), source="upstream", request_body_sha256="d" * 64),
+        "request_body_sha256": "d" * 64,
+        "prompt": PromptRecord(token_ids=(1, 9690, 198, 2683, 314), source="upstream"),
         "sampling": SamplingContract(
             temperature=0.7, top_p=0.95, max_tokens=256, seed=42, seed_scope="per_request", logprobs=5
         ),

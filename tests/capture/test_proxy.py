@@ -69,7 +69,7 @@ async def test_chat_non_stream_strips_audit_fields_and_records_them() -> None:
     assert env.prompt is not None
     assert list(env.prompt.token_ids) == PROMPT_IDS
     assert env.prompt.source == "upstream"
-    assert env.prompt.request_body_sha256 == hashlib.sha256(resp.request.content).hexdigest()
+    assert env.request_body_sha256 == hashlib.sha256(resp.request.content).hexdigest()
     assert isinstance(env.outcome, CapturedOutput)
     choice = env.outcome.choices[0]
     assert list(choice.token_ids) == OUTPUT_IDS
@@ -215,7 +215,7 @@ async def test_malformed_json_is_400_and_recorded_with_body_hash() -> None:
     env = only(spool)
     assert isinstance(env.outcome, CapturedError)
     assert env.outcome.error_type == "bad_request"
-    assert hashlib.sha256(raw).hexdigest() in env.outcome.message
+    assert env.request_body_sha256 == hashlib.sha256(raw).hexdigest()
 
 
 async def test_upstream_400_is_relayed_and_recorded_with_tokenized_prompt() -> None:

