@@ -57,6 +57,7 @@ def build_app(
 ) -> Starlette:
     """The sidecar app. Reads the manifest and runtime file now, so a bad file fails before serving."""
     metrics = metrics or CaptureMetrics()
+    metrics.spool_capacity_bytes.set(settings.spool_max_bytes)
     runtime = RuntimeProbe(load_runtime_file(settings.runtime_path))
     proxy = CaptureProxy(
         settings,

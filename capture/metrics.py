@@ -10,6 +10,7 @@ the same instance; the app renders it.
     reprolane_capture_in_flight                           requests currently passing through
     reprolane_capture_spool_depth                         envelopes in the spool not yet published everywhere
     reprolane_capture_spool_bytes                         bytes the spool holds on disk
+    reprolane_capture_spool_capacity_bytes                the spool's byte bound (alert: bytes / capacity)
     reprolane_capture_publish_lag_seconds                 age of the oldest unpublished envelope
     reprolane_capture_publish_errors_total{sink}          failed publish attempts (kafka, s3)
     reprolane_capture_envelopes_dropped_total             envelopes lost (best_effort mode, spool full)
@@ -76,6 +77,9 @@ class CaptureMetrics:
             "spool_depth", "Envelopes in the spool not yet published to every sink", namespace=namespace, registry=r
         )
         self.spool_bytes = Gauge("spool_bytes", "Bytes the spool holds on disk", namespace=namespace, registry=r)
+        self.spool_capacity_bytes = Gauge(
+            "spool_capacity_bytes", "The spool's byte bound", namespace=namespace, registry=r
+        )
         self.publish_lag_seconds = Gauge(
             "publish_lag_seconds", "Age of the oldest unpublished envelope", namespace=namespace, registry=r
         )

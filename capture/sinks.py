@@ -11,7 +11,8 @@ at-least-once anyway (duplicates collapse by envelope id downstream).
 S3 (`S3Sink`), per envelope, with boto3 in a thread pool:
 
 - ``envelopes/tenant=.../date=.../<envelope_id>.json`` with Object Lock retention until
-  ``captured_at + retention_days`` (if that has passed already, e.g. a backlog older than the retention,
+  ``captured_at + retention days`` (the tenant's entry in ``retention_days_by_tenant``, else ``retention_days``;
+  0 = no retention header) (if that has passed already, e.g. a backlog older than the retention,
   until now + `MIN_RETENTION`: an audit record is never stored unprotected) and ``IfNoneMatch="*"``:
   the key is a content address, so 412 (already there) means the same bytes are there, which is success.
 - index objects ``index/request-id/<request_id>.json`` and, with a workflow,
@@ -40,6 +41,7 @@ from schemas import sha256_hex
 from schemas.layout import (
     HEADER_ENVELOPE_ID,
     HEADER_SCHEMA,
+    MAX_MESSAGE_BYTES,
     TOPIC_ENVELOPES,
     envelope_key,
     request_index_key,
@@ -135,6 +137,8 @@ class KafkaSink:
             "acks": "all",
             "enable_idempotence": False,
             "linger_ms": 5,
+            "max_request_size": MAX_MESSAGE_BYTES,  # aiokafka's 1 MiB default would strand large envelopes
+            "compression_type": "gzip",  # JSON of token ids and logprobs shrinks 1.7-3.6x (benchmarks/envelope_size.py)
             "request_timeout_ms": self._request_timeout_ms,
             "retry_backoff_ms": 200,
             "client_id": f"reprolane-{s.sidecar_id}",
@@ -208,14 +212,19 @@ class S3Sink:
     def __init__(self, settings: CaptureSettings, *, client: S3Client | None = None, workers: int = 8) -> None:
         self.bucket = settings.s3_bucket
         self.retention = timedelta(days=settings.retention_days) if settings.retention_days > 0 else None
+        self.retention_by_tenant = {
+            tenant: timedelta(days=days) if days > 0 else None
+            for tenant, days in settings.retention_days_by_tenant.items()
+        }
         self.lock_mode = settings.object_lock_mode
         self._client = client if client is not None else make_s3_client(settings, workers)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="capture-s3")
 
-    def retain_until(self, captured_at: datetime) -> datetime | None:
-        if self.retention is None:
+    def retain_until(self, captured_at: datetime, tenant: str | None = None) -> datetime | None:
+        retention = self.retention_by_tenant.get(tenant, self.retention) if tenant is not None else self.retention
+        if retention is None:
             return None
-        until = captured_at + self.retention
+        until = captured_at + retention
         now = datetime.now(UTC)
         return until if until > now else now + MIN_RETENTION
 
@@ -239,7 +248,7 @@ class S3Sink:
         from botocore.exceptions import BotoCoreError, ClientError
 
         extra: dict[str, Any] = {}
-        until = self.retain_until(item.captured_at)
+        until = self.retain_until(item.captured_at, item.tenant)
         if until is not None:
             extra = {"ObjectLockMode": self.lock_mode, "ObjectLockRetainUntilDate": until}
         key = item.object_key

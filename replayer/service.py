@@ -46,7 +46,13 @@ from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import ContractError, DivergenceEvent, Envelope, decode_envelope, decode_replay_request
-from schemas.layout import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, HEADER_ENVELOPE_ID, HEADER_SCHEMA
+from schemas.layout import (
+    HEADER_DLQ_REASON,
+    HEADER_DLQ_SOURCE,
+    HEADER_ENVELOPE_ID,
+    HEADER_SCHEMA,
+    MAX_MESSAGE_BYTES,
+)
 
 log = logging.getLogger("reprolane.replayer")
 
@@ -130,6 +136,7 @@ class ReplayerService:
             "auto_offset_reset": settings.auto_offset_reset,
             "session_timeout_ms": settings.session_timeout_ms,
             "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+            "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
         }
         self.broker.subscriber(settings.envelope_topic, group_id=settings.group_id, **common)(self._on_envelope)
         self.broker.subscriber(settings.replay_request_topic, group_id=f"{settings.group_id}.requests", **common)(
@@ -274,7 +281,7 @@ class ReplayerService:
             if await asyncio.to_thread(self.store.put_result, envelope, stored):
                 event = stored.event
                 outcome = "replayed"
-                self.metrics.observe_replay(event, seconds)
+                self.metrics.observe_replay(event, seconds, envelope.runtime.sha256())
             else:  # another replayer stored it first: theirs is the result
                 winner = await asyncio.to_thread(self.store.get_result, envelope, fp)
                 event = winner.event if winner is not None else stored.event
@@ -315,7 +322,7 @@ def serve(settings: ReplayerSettings) -> None:
     store = EnvelopeStore.from_settings(settings)
     metrics = ReplayerMetrics()
     if settings.metrics_port is not None:
-        metrics.serve(settings.metrics_port)
+        metrics.serve(settings.metrics_port, addr=settings.metrics_host)
     lane = make_lane(settings)
     try:
         asyncio.run(run_until_signalled(ReplayerService(settings, lane, store, metrics)))

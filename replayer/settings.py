@@ -53,6 +53,7 @@ class ReplayerSettings(BaseSettings):
     divergence_topic: str = TOPIC_DIVERGENCES
     dead_letter_topic: str = TOPIC_DEAD_LETTER
     replay_request_topic: str = TOPIC_REPLAY_REQUESTS
+    metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")
     metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")
 
     # store
@@ -62,3 +63,7 @@ class ReplayerSettings(BaseSettings):
     s3_secret_key: SecretStr | None = None
     s3_bucket: str = "reprolane-audit"
     s3_verify_tls: bool = True
+    # sealed envelopes of encrypted tenants (schemas/sealed.py): the KEK that unwraps their data keys
+    kek: SecretStr | None = Field(default=None, description="key-encryption key, base64 of 32 bytes")
+    kek_file: Path | None = Field(default=None, description="file holding the KEK (base64); used when kek is unset")
+    keys_bucket: str = Field(default="reprolane-lake", description="bucket of the wrapped data keys")

@@ -1,0 +1,186 @@
+"""The remote lane: a deterministic OpenAI-compatible vLLM server somewhere else (e.g. a GPU replay host).
+
+A replay is one ``POST /v1/completions`` whose ``prompt`` is the recorded token id list (vLLM accepts token ids
+as a prompt, so no tokenizer or chat template runs again), with the whole sampling contract, the seed (per the
+seed scope, see `replayer.lanes.base.effective_seed`), ``logprobs=k``, ``return_token_ids`` and
+``return_tokens_as_token_ids`` (each alternative then arrives as ``"token_id:123"``, so top-k lists carry ids).
+
+The lane cannot see the server's configuration: its fingerprint holds what the server reports (``/version``,
+the ``system_fingerprint`` of a one-token probe at start) and leaves the rest unknown (``None``), which
+`schemas.diff_fingerprints` treats as "not evidence of a change". Run the server itself as a fixed schedule
+(``--max-num-seqs 1``, no prefix caching, batch invariance on GPUs) for it to be a replay lane.
+
+IO errors are translated here: unreachable or 5xx -> `LaneUnavailableError`; 4xx -> `NotReplayableError`
+carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from replayer.errors import LaneUnavailableError, NotReplayableError
+from replayer.lanes.base import effective_seed
+from replayer.settings import ReplayerSettings
+from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
+
+TIMEOUT_S = 120.0
+_ID_PREFIX = "token_id:"
+
+
+def completion_body(
+    model: str, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
+) -> dict[str, Any]:
+    """The ``/v1/completions`` body that replays the contract on a vLLM server."""
+    if sampling.logits_processors:
+        raise NotReplayableError(f"custom logits processors cannot be replayed: {list(sampling.logits_processors)}")
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_token_ids),
+        "n": 1,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "max_tokens": max_tokens,
+        "min_tokens": min(sampling.min_tokens, max_tokens),
+        "ignore_eos": sampling.ignore_eos,
+        "logprobs": top_k_logprobs,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "stream": False,
+    }
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    seed = effective_seed(sampling)
+    if seed is not None:
+        body["seed"] = seed
+    if sampling.logit_bias:
+        body["logit_bias"] = dict(sampling.logit_bias)
+    for name, raw in sampling.extra.items():
+        if name in body:
+            raise NotReplayableError(f"sampling.extra.{name} duplicates a contract field")
+        try:
+            body[name] = json.loads(raw)
+        except ValueError as exc:
+            raise NotReplayableError(f"sampling.extra.{name} is not JSON: {exc}") from exc
+    return body
+
+
+def _token_id(token: str) -> int | None:
+    if token.startswith(_ID_PREFIX):
+        try:
+            return int(token[len(_ID_PREFIX) :])
+        except ValueError:
+            return None
+    return None
+
+
+def steps_from_completion(choice: dict[str, Any], token_ids: Sequence[int], k: int) -> tuple[StepLogprobs, ...] | None:
+    """The legacy completions ``logprobs`` object -> `StepLogprobs` (top-k sorted by logprob, at most k)."""
+    lp = choice.get("logprobs")
+    if not lp:
+        return None
+    tokens: list[str] = lp.get("tokens") or []
+    chosen: list[float | None] = lp.get("token_logprobs") or []
+    tops: list[dict[str, float] | None] = lp.get("top_logprobs") or [None] * len(tokens)
+    if not (len(tokens) == len(chosen) == len(tops) == len(token_ids)):
+        raise LaneUnavailableError(
+            f"remote lane: logprobs cover {len(tokens)} steps but the server returned {len(token_ids)} token ids"
+        )
+    steps = []
+    for i, (tid, tok, c_lp, top) in enumerate(zip(token_ids, tokens, chosen, tops, strict=True)):
+        if c_lp is None:
+            raise LaneUnavailableError(f"remote lane: the server returned no logprob for generated token {i}")
+        ranked = sorted((top or {}).items(), key=lambda kv: -kv[1])[:k]
+        cands = tuple(
+            TopCandidate(token=t, token_id=_token_id(t), logprob=float(v), rank=r)
+            for r, (t, v) in enumerate(ranked, start=1)
+        )
+        steps.append(StepLogprobs(token_id=int(tid), token=tok, logprob=float(c_lp), top=cands))
+    return tuple(steps)
+
+
+class RemoteLane:
+    """A remote deterministic vLLM server behind ``settings.remote_url``."""
+
+    name = "remote"
+
+    def __init__(self, settings: ReplayerSettings, *, client: httpx.Client | None = None) -> None:
+        if not settings.remote_url:
+            raise LaneUnavailableError("the remote lane needs REPROLANE_REPLAYER_REMOTE_URL")
+        self._model = settings.served_model_name
+        self._client = client or httpx.Client(base_url=settings.remote_url.rstrip("/"), timeout=TIMEOUT_S)
+        version = self._get("/version").get("version")
+        probe = self._post_completion(
+            {"model": self._model, "prompt": [0], "max_tokens": 1, "temperature": 0.0, "stream": False}
+        )
+        self._fingerprint = RuntimeFingerprint(
+            engine="vllm",
+            engine_version=str(version) if version is not None else None,
+            system_fingerprint=probe.get("system_fingerprint"),
+        )
+
+    def _get(self, path: str) -> dict[str, Any]:
+        try:
+            resp = self._client.get(path)
+        except httpx.HTTPError as exc:
+            raise LaneUnavailableError(f"remote lane unreachable ({path}): {exc}") from exc
+        if resp.status_code >= 400:
+            raise LaneUnavailableError(f"remote lane: {path} answered {resp.status_code}")
+        data: dict[str, Any] = resp.json()
+        return data
+
+    def _post_completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = self._client.post("/v1/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise LaneUnavailableError(f"remote lane unreachable: {exc}") from exc
+        if resp.status_code >= 500:
+            raise LaneUnavailableError(f"remote lane: server error {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code >= 400:
+            try:
+                message = resp.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = resp.text[:300]
+            raise NotReplayableError(f"remote lane rejected the replay ({resp.status_code}): {message}")
+        data: dict[str, Any] = resp.json()
+        return data
+
+    def fingerprint(self) -> RuntimeFingerprint:
+        return self._fingerprint
+
+    def replay(
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingContract,
+        *,
+        max_tokens: int,
+        top_k_logprobs: int,
+    ) -> ReplayedOutput:
+        body = completion_body(
+            self._model, prompt_token_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k_logprobs
+        )
+        data = self._post_completion(body)
+        try:
+            choice = data["choices"][0]
+            token_ids = tuple(int(t) for t in choice["token_ids"])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise LaneUnavailableError(f"remote lane: response without choices[0].token_ids ({exc})") from exc
+        return ReplayedOutput(
+            token_ids=token_ids,
+            text=choice.get("text") or "",
+            logprobs=steps_from_completion(choice, token_ids, top_k_logprobs),
+            finish_reason=choice.get("finish_reason"),
+        )
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,165 @@
+"""One envelope through one lane into a `schemas.ReplayResult`.
+
+`replay_envelope` checks that the envelope can be replayed, runs choice 0's prompt token ids and sampling
+contract on the lane, compares the outputs (`replayer.compare`), diffs the runtime fingerprints and returns the
+result with its `schemas.DivergenceEvent`. It is blocking (the lane is); the service runs it in a worker thread.
+
+Choices made here:
+
+- **Length.** The replay runs with the contract's ``max_tokens``, capped at the recorded length +
+  `EXTRA_TOKENS`: a replay that would run past where the recording stopped shows up as a length difference,
+  while a contract of 4096 tokens never makes a 10-token recording cost 4096 steps. Without a contract
+  ``max_tokens`` the cap itself is used.
+- **Top-k.** The replay asks for the contract's ``logprobs`` (the k the capture recorded), else the widest
+  top-k list seen in the recording, else 0 (chosen-token logprobs only).
+- **Seed scope.** ``per_request`` seeds replay exactly (the lanes pass the seed to a per-request generator).
+  ``worker_global`` randomness cannot be replayed token for token: the lane samples without a seed and a
+  sampled (non-greedy) replay of such a request is reported with ``target_met = False`` and a note in
+  ``cause_detail``, whatever the outputs.
+- **Only choice 0** is replayed; for ``n > 1`` the detail says so.
+- **Semantic similarity** is computed only when ``settings.semantic`` is on and the texts differ (identical
+  texts score 1.0 without a model); see `replayer.semantic`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final
+
+from replayer.compare import compare
+from replayer.errors import NotReplayableError
+from replayer.lanes.base import Lane
+from replayer.settings import ReplayerSettings
+from schemas import (
+    CapturedOutput,
+    Choice,
+    DivergenceEvent,
+    Envelope,
+    ReplayResult,
+    SamplingContract,
+    diff_fingerprints,
+)
+
+__all__ = ["EXTRA_TOKENS", "replay_budget", "replay_envelope"]
+
+#: How many tokens past the recorded length a replay may run (bounds cost; still shows length differences).
+EXTRA_TOKENS: Final = 16
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _choice0(envelope: Envelope) -> tuple[tuple[int, ...], SamplingContract, Choice]:
+    """The prompt ids, contract and recorded choice 0, or `NotReplayableError` saying what is missing."""
+    rid = envelope.request_id
+    if not isinstance(envelope.outcome, CapturedOutput):
+        err = envelope.outcome
+        raise NotReplayableError(
+            f"{rid}: the request ended in an error ({err.error_type}: {err.message}); no complete output to compare"
+        )
+    if envelope.prompt is None:
+        raise NotReplayableError(f"{rid}: no prompt token ids were recorded (the request never reached a tokenizer)")
+    if envelope.sampling is None:
+        raise NotReplayableError(f"{rid}: no sampling contract was recorded (the request was rejected as invalid)")
+    choices = [c for c in envelope.outcome.choices if c.index == 0]
+    if not choices:
+        raise NotReplayableError(f"{rid}: the recorded output has no choice with index 0")
+    return envelope.prompt.token_ids, envelope.sampling, choices[0]
+
+
+def replay_budget(sampling: SamplingContract, recorded: Choice) -> tuple[int, int]:
+    """(max_tokens, top_k_logprobs) for replaying ``recorded`` under ``sampling`` (see the module docstring)."""
+    cap = len(recorded.token_ids) + EXTRA_TOKENS
+    max_tokens = min(sampling.max_tokens, cap) if sampling.max_tokens is not None else cap
+    if sampling.logprobs is not None:
+        top_k = sampling.logprobs
+    elif recorded.logprobs:
+        top_k = max(len(s.top) for s in recorded.logprobs)
+    else:
+        top_k = 0
+    return max(1, max_tokens), min(top_k, 20)
+
+
+def replay_envelope(
+    envelope: Envelope,
+    lane: Lane,
+    settings: ReplayerSettings,
+    *,
+    now: Callable[[], datetime] = _utcnow,
+    reply_to: str | None = None,
+) -> ReplayResult:
+    """Replay choice 0 of ``envelope`` on ``lane`` and compare; raises `NotReplayableError` (says why).
+
+    A divergence is a result: every replay returns a `ReplayResult` whose event carries the verdict.
+    `LaneUnavailableError` (and the lane's own errors) propagate.
+    """
+    prompt_ids, sampling, recorded = _choice0(envelope)
+    max_tokens, top_k = replay_budget(sampling, recorded)
+    lane_fp = lane.fingerprint()
+    started = time.perf_counter()
+    replayed = lane.replay(prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k)
+    replay_ms = (time.perf_counter() - started) * 1e3
+
+    similarity: float | None = None
+    if settings.semantic:
+        if recorded.text == replayed.text:
+            similarity = 1.0
+        else:
+            from replayer.semantic import similarity as text_similarity
+
+            similarity = text_similarity(recorded.text, replayed.text)
+
+    diffs = diff_fingerprints(envelope.runtime, lane_fp)
+    result = compare(
+        recorded,
+        replayed,
+        settings.thresholds,
+        envelope.target_level,
+        fingerprint_diffs=diffs,
+        semantic_similarity=similarity,
+    )
+    notes: list[str] = []
+    target_met = result.target_met
+    if sampling.seed_scope == "worker_global" and not sampling.greedy:
+        target_met = False
+        notes.append(
+            "seed scope worker_global: the recorded sample came from the worker's global RNG state, which cannot be "
+            "replayed; the lane sampled without a seed, so no level can be expected to hold"
+        )
+    if sampling.n > 1:
+        notes.append(f"n={sampling.n}: only choice 0 was replayed")
+    detail = "; ".join([result.cause_detail, *notes]) if notes else result.cause_detail
+
+    workflow = envelope.workflow
+    event = DivergenceEvent(
+        request_id=envelope.request_id,
+        envelope_id=envelope.envelope_id(),
+        lane=lane.name,
+        lane_fingerprint=lane_fp,
+        lane_fingerprint_sha256=lane_fp.sha256(),
+        fingerprint_diffs=diffs,
+        verdict=result.verdict,
+        levels_held=result.levels_held,
+        target_level=envelope.target_level,
+        target_met=target_met,
+        first_divergence=result.first_divergence,
+        max_abs_logprob_diff=result.max_abs_logprob_diff,
+        max_rel_logprob_diff=result.max_rel_logprob_diff,
+        token_match_rate=result.token_match_rate,
+        recorded_length=result.recorded_length,
+        replayed_length=result.replayed_length,
+        length_diff=result.length_diff,
+        semantic_similarity=similarity,
+        cause_hint=result.cause_hint,
+        cause_detail=detail,
+        tenant=envelope.tenant,
+        workflow_id=workflow.workflow_id if workflow is not None else None,
+        workflow_step=workflow.step if workflow is not None else None,
+        replayed_at=now(),
+        replay_ms=replay_ms,
+        reply_to=reply_to,
+    )
+    return ReplayResult(event=event, replayed=replayed)

@@ -1,0 +1,205 @@
+"""Unit tests of the lanes' pure parts (no model, no server): contract mapping, output parsing, the remote lane's
+HTTP handling (httpx.MockTransport), lane selection and model-dir resolution."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from replayer.errors import LaneUnavailableError, NotReplayableError
+from replayer.lanes import make_lane, resolve_model_dir
+from replayer.lanes.base import effective_seed
+from replayer.lanes.remote import RemoteLane, completion_body, steps_from_completion
+from replayer.lanes.vllm_lane import sampling_kwargs, steps_from_vllm
+from replayer.settings import ReplayerSettings
+from schemas import SamplingContract
+
+SAMPLED = SamplingContract(
+    temperature=0.8,
+    top_p=0.9,
+    top_k=40,
+    min_p=0.05,
+    repetition_penalty=1.1,
+    presence_penalty=0.5,
+    frequency_penalty=0.25,
+    max_tokens=200,
+    min_tokens=4,
+    stop=("\n\n",),
+    stop_token_ids=(2,),
+    ignore_eos=True,
+    seed=7,
+    seed_scope="per_request",
+    logprobs=5,
+    logit_bias={"42": -100.0},
+    extra={"bad_words": '["never"]'},
+)
+
+
+def test_effective_seed_drops_worker_global() -> None:
+    assert effective_seed(SAMPLED) == 7
+    worker = SAMPLED.model_copy(update={"seed_scope": "worker_global", "seed": 3})
+    assert effective_seed(worker) is None
+
+
+def test_vllm_sampling_kwargs_carry_the_whole_contract() -> None:
+    kw = sampling_kwargs(SAMPLED, max_tokens=20, top_k_logprobs=5)
+    assert kw == {
+        "n": 1,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.25,
+        "max_tokens": 20,
+        "min_tokens": 4,
+        "stop": ["\n\n"],
+        "stop_token_ids": [2],
+        "ignore_eos": True,
+        "seed": 7,
+        "logprobs": 5,
+        "logit_bias": {42: -100.0},
+        "bad_words": ["never"],
+    }
+    greedy = SamplingContract(temperature=0.0, seed_scope="none")
+    assert sampling_kwargs(greedy, max_tokens=3, top_k_logprobs=0)["top_k"] == 0  # -1 (disabled) -> vLLM's 0
+
+
+def test_logits_processors_and_bad_extra_are_not_replayable() -> None:
+    with pytest.raises(NotReplayableError, match="logits processors"):
+        sampling_kwargs(SAMPLED.model_copy(update={"logits_processors": ("my.proc",)}), max_tokens=1, top_k_logprobs=0)
+    with pytest.raises(NotReplayableError, match=r"sampling\.extra\.bad_words is not JSON"):
+        completion_body(
+            "m", [1], SAMPLED.model_copy(update={"extra": {"bad_words": "{"}}), max_tokens=1, top_k_logprobs=0
+        )
+    with pytest.raises(NotReplayableError, match="duplicates"):
+        sampling_kwargs(SAMPLED.model_copy(update={"extra": {"seed": "1"}}), max_tokens=1, top_k_logprobs=0)
+
+
+def test_completion_body() -> None:
+    body = completion_body("smol", (1, 2, 3), SAMPLED, max_tokens=20, top_k_logprobs=5)
+    assert body["prompt"] == [1, 2, 3]
+    assert body["seed"] == 7
+    assert body["logprobs"] == 5
+    assert body["return_token_ids"] is True
+    assert body["return_tokens_as_token_ids"] is True
+    assert body["stop"] == ["\n\n"]
+    assert body["logit_bias"] == {"42": -100.0}
+    assert body["bad_words"] == ["never"]
+    worker = SAMPLED.model_copy(update={"seed_scope": "worker_global"})
+    assert "seed" not in completion_body("smol", (1,), worker, max_tokens=1, top_k_logprobs=0)
+
+
+@dataclass
+class FakeLogprob:
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+def test_steps_from_vllm_keeps_exactly_top_k_sorted_by_rank() -> None:
+    # step 0: the sampled token (7) is outside the top-2, vLLM adds it to the dict first
+    per_step = [
+        {7: FakeLogprob(-3.0, 5, "x"), 1: FakeLogprob(-0.5, 1, "a"), 2: FakeLogprob(-1.0, 2, "b")},
+        {3: FakeLogprob(-0.1, 1, "c"), 4: FakeLogprob(float("-inf"), 2, "d")},
+    ]
+    steps = steps_from_vllm((7, 3), per_step, 2)
+    assert steps is not None
+    assert [c.token_id for c in steps[0].top] == [1, 2]
+    assert (steps[0].token_id, steps[0].logprob, steps[0].token) == (7, -3.0, "x")
+    assert steps[1].top[1].logprob == -9999.0  # -inf clamped (contract records refuse infinities)
+    assert steps_from_vllm((7,), None, 2) is None
+
+
+def completion_choice() -> dict[str, Any]:
+    return {
+        "text": "Hi",
+        "token_ids": [5, 6],
+        "finish_reason": "length",
+        "logprobs": {
+            "tokens": ["token_id:5", "token_id:6"],
+            "token_logprobs": [-0.1, -0.2],
+            "top_logprobs": [
+                {"token_id:9": -3.0, "token_id:5": -0.1, "token_id:8": -2.0},
+                {"token_id:6": -0.2, "token_id:1": -1.5},
+            ],
+        },
+    }
+
+
+def test_steps_from_completion_parses_ids_and_sorts() -> None:
+    steps = steps_from_completion(completion_choice(), (5, 6), 2)
+    assert steps is not None
+    assert [(c.token_id, c.rank) for c in steps[0].top] == [(5, 1), (8, 2)]  # sorted, cut to k
+    assert steps[1].logprob == -0.2
+    bad = completion_choice()
+    bad["logprobs"]["token_logprobs"] = [-0.1]
+    with pytest.raises(LaneUnavailableError, match="logprobs cover 2 steps"):
+        steps_from_completion(bad, (5, 6, 7), 2)
+
+
+def mock_server(*, status: int = 200) -> tuple[httpx.Client, list[dict[str, Any]]]:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/version":
+            return httpx.Response(200, json={"version": "0.32.0"})
+        body = json.loads(request.content)
+        bodies.append(body)
+        if status != 200 and body["prompt"] != [0]:
+            return httpx.Response(status, json={"error": {"message": "prompt too long", "type": "BadRequestError"}})
+        return httpx.Response(200, json={"system_fingerprint": "vllm-0.32.0-abc", "choices": [completion_choice()]})
+
+    return httpx.Client(transport=httpx.MockTransport(handler), base_url="http://lane"), bodies
+
+
+def test_remote_lane_round_trip() -> None:
+    client, bodies = mock_server()
+    lane = RemoteLane(ReplayerSettings(lane="remote", remote_url="http://lane"), client=client)
+    fp = lane.fingerprint()
+    assert (fp.engine, fp.engine_version, fp.system_fingerprint) == ("vllm", "0.32.0", "vllm-0.32.0-abc")
+    out = lane.replay((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2)
+    assert out.token_ids == (5, 6)
+    assert out.finish_reason == "length"
+    assert bodies[-1]["prompt"] == [1, 2]
+    lane.close()
+
+
+def test_remote_lane_translates_errors() -> None:
+    client, _ = mock_server(status=400)
+    lane = RemoteLane(ReplayerSettings(lane="remote", remote_url="http://lane"), client=client)
+    with pytest.raises(NotReplayableError, match="prompt too long"):
+        lane.replay((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2)
+    client5, _ = mock_server(status=503)
+    lane5 = RemoteLane(ReplayerSettings(lane="remote", remote_url="http://lane"), client=client5)
+    with pytest.raises(LaneUnavailableError, match="server error 503"):
+        lane5.replay((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    dead = httpx.Client(transport=httpx.MockTransport(refuse), base_url="http://lane")
+    with pytest.raises(LaneUnavailableError, match="unreachable"):
+        RemoteLane(ReplayerSettings(lane="remote", remote_url="http://lane"), client=dead)
+
+
+def test_make_lane_remote_needs_a_url() -> None:
+    with pytest.raises(LaneUnavailableError, match="REMOTE_URL"):
+        make_lane(ReplayerSettings(lane="remote"))
+
+
+def test_resolve_model_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(LaneUnavailableError, match="no model at"):
+        resolve_model_dir(ReplayerSettings(model_dir=tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_model_dir(ReplayerSettings(model_dir=tmp_path)) == tmp_path
+    monkeypatch.setenv("REPROLANE_CACHE_DIR", str(tmp_path))
+    with pytest.raises(LaneUnavailableError, match=re.escape(str(tmp_path / "models/smollm2-135m-instruct"))):
+        resolve_model_dir(ReplayerSettings())

@@ -1,0 +1,181 @@
+"""The lanes against the real stack: a request recorded from the stack's vLLM server, replayed on each lane.
+
+The "recorded" side is one lone greedy request to the session stack's vLLM server (bfloat16, default scheduler
+with prefix caching): token-id prompt, 12 tokens, top-5 logprobs, ids returned. It is replayed on
+
+- the in-process vLLM lane (bfloat16, one sequence at a time, no prefix cache): measured bitwise identical;
+- the remote lane pointed at the same server: bitwise identical;
+- the transformers reference lane (float32): the same tokens, not the same logprobs (measured), with the
+  fingerprint diff naming engine and dtype.
+
+One engine per lane for the whole module (vLLM takes ~15-25 s to start on this CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from infra.state import StackInfo
+from replayer.lanes import Lane, make_lane
+from replayer.lanes.remote import steps_from_completion
+from replayer.replay import replay_envelope
+from replayer.settings import ReplayerSettings
+from schemas import (
+    ArtifactHashes,
+    CapturedOutput,
+    Choice,
+    Envelope,
+    ExecutionContext,
+    PromptRecord,
+    RuntimeFingerprint,
+    SamplingContract,
+    Timings,
+)
+
+pytestmark = pytest.mark.stack
+
+MESSAGES = [{"role": "user", "content": "Name three primary colors and explain why."}]
+MAX_TOKENS = 12
+TOP_K = 5
+
+
+@pytest.fixture(scope="module")
+def recorded(stack: StackInfo) -> Envelope:
+    """One lone greedy request to the stack's vLLM server, as an envelope."""
+    assert stack.vllm_url is not None
+    with httpx.Client(base_url=stack.vllm_url, timeout=120) as client:
+        ids = client.post(
+            "/tokenize", json={"model": stack.model_name, "messages": MESSAGES, "add_generation_prompt": True}
+        ).json()["tokens"]
+        body = {
+            "model": stack.model_name,
+            "prompt": ids,
+            "temperature": 0.0,
+            "max_tokens": MAX_TOKENS,
+            "logprobs": TOP_K,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        received = datetime.now(UTC)
+        resp = client.post("/v1/completions", json=body)
+        resp.raise_for_status()
+        data: dict[str, Any] = resp.json()
+        version = client.get("/version").json()["version"]
+    choice = data["choices"][0]
+    token_ids = tuple(choice["token_ids"])
+    assert len(token_ids) == MAX_TOKENS, "the prompt must not stop early: pick another one"
+    return Envelope(
+        request_id="lanes-stack-001",
+        captured_at=received,
+        target_level="bitwise",
+        endpoint="completions",
+        model=stack.model_name,
+        artifacts=ArtifactHashes(),
+        request_body_sha256=hashlib.sha256(json.dumps(body).encode()).hexdigest(),
+        prompt=PromptRecord(token_ids=tuple(ids), source="upstream"),
+        sampling=SamplingContract(temperature=0.0, max_tokens=MAX_TOKENS, seed_scope="none", logprobs=TOP_K),
+        runtime=RuntimeFingerprint(
+            engine="vllm",
+            engine_version=version,
+            system_fingerprint=data.get("system_fingerprint"),
+            device="cpu",
+            dtype="bfloat16",
+            cuda_graphs=False,
+            prefix_caching=True,
+        ),
+        context=ExecutionContext(in_flight_at_start=0, in_flight_at_end=0),
+        outcome=CapturedOutput(
+            choices=(
+                Choice(
+                    index=0,
+                    token_ids=token_ids,
+                    text=choice["text"],
+                    finish_reason=choice["finish_reason"],
+                    logprobs=steps_from_completion(choice, token_ids, TOP_K),
+                ),
+            ),
+            timings=Timings(received_at=received, upstream_ms=1.0),
+        ),
+    )
+
+
+def _lane(settings: ReplayerSettings) -> Iterator[Lane]:
+    lane = make_lane(settings)
+    try:
+        yield lane
+    finally:
+        lane.close()
+
+
+@pytest.fixture(scope="module")
+def vllm_lane(stack: StackInfo) -> Iterator[Lane]:
+    yield from _lane(ReplayerSettings(lane="vllm", model_dir=stack.model_dir, dtype="bfloat16"))
+
+
+@pytest.fixture(scope="module")
+def remote_lane(stack: StackInfo) -> Iterator[Lane]:
+    yield from _lane(ReplayerSettings(lane="remote", remote_url=stack.vllm_url, served_model_name=stack.model_name))
+
+
+@pytest.fixture(scope="module")
+def transformers_lane(stack: StackInfo) -> Iterator[Lane]:
+    yield from _lane(ReplayerSettings(lane="transformers", model_dir=stack.model_dir))
+
+
+def test_vllm_lane_replays_the_server_bitwise(recorded: Envelope, vllm_lane: Lane) -> None:
+    fp = vllm_lane.fingerprint()
+    assert (fp.engine, fp.device, fp.dtype, fp.max_num_seqs, fp.prefix_caching) == ("vllm", "cpu", "bfloat16", 1, False)
+    assert fp.engine_version == recorded.runtime.engine_version
+    ev = replay_envelope(recorded, vllm_lane, ReplayerSettings()).event
+    assert ev.verdict == "bitwise", ev.cause_detail
+    assert ev.target_met
+    assert ev.cause_hint == "identical"
+    assert ev.max_abs_logprob_diff == 0.0
+    assert [d.field for d in ev.fingerprint_diffs] == ["prefix_caching"]
+
+
+def test_vllm_lane_replays_itself_bitwise(recorded: Envelope, vllm_lane: Lane) -> None:
+    first = replay_envelope(recorded, vllm_lane, ReplayerSettings()).replayed
+    again = replay_envelope(recorded, vllm_lane, ReplayerSettings()).replayed
+    assert first == again
+
+
+def test_vllm_lane_seeded_sampling_replays_exactly(recorded: Envelope, vllm_lane: Lane) -> None:
+    assert recorded.prompt is not None
+    sampled = SamplingContract(temperature=0.8, seed=7, seed_scope="per_request", logprobs=TOP_K)
+    a = vllm_lane.replay(recorded.prompt.token_ids, sampled, max_tokens=MAX_TOKENS, top_k_logprobs=TOP_K)
+    b = vllm_lane.replay(recorded.prompt.token_ids, sampled, max_tokens=MAX_TOKENS, top_k_logprobs=TOP_K)
+    other = vllm_lane.replay(
+        recorded.prompt.token_ids, sampled.model_copy(update={"seed": 8}), max_tokens=MAX_TOKENS, top_k_logprobs=TOP_K
+    )
+    assert a == b
+    assert a.token_ids != other.token_ids
+
+
+def test_remote_lane_replays_the_server_bitwise(recorded: Envelope, remote_lane: Lane) -> None:
+    fp = remote_lane.fingerprint()
+    assert fp.engine_version == recorded.runtime.engine_version
+    assert fp.system_fingerprint == recorded.runtime.system_fingerprint
+    ev = replay_envelope(recorded, remote_lane, ReplayerSettings()).event
+    assert ev.verdict == "bitwise", ev.cause_detail
+    assert ev.fingerprint_diffs == ()
+
+
+def test_transformers_lane_matches_tokens_not_logprobs(recorded: Envelope, transformers_lane: Lane) -> None:
+    ev = replay_envelope(recorded, transformers_lane, ReplayerSettings()).event
+    assert ev.verdict == "token", ev.cause_detail
+    assert "bitwise" not in ev.levels_held
+    assert ev.max_abs_logprob_diff is not None
+    assert ev.max_abs_logprob_diff > 0.0
+    assert ev.cause_hint == "numeric_drift_no_fork"
+    fields = [d.field for d in ev.fingerprint_diffs]
+    assert "engine" in fields
+    assert "dtype" in fields
+    assert "dtype" in ev.cause_detail

@@ -1,0 +1,173 @@
+"""Unit tests of `replayer.replay.replay_envelope` with a scripted in-memory lane."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pytest
+
+from replayer.errors import NotReplayableError
+from replayer.lanes import Lane
+from replayer.replay import EXTRA_TOKENS, replay_envelope
+from replayer.settings import ReplayerSettings
+from schemas import (
+    CapturedError,
+    CapturedOutput,
+    Choice,
+    ReplayedOutput,
+    RuntimeFingerprint,
+    SamplingContract,
+    Timings,
+)
+from tests.factories import FIXED_TIME, envelope, runtime, step
+
+REPLAYED_AT = datetime(2026, 7, 15, 8, 0, tzinfo=UTC)
+
+
+@dataclass
+class ScriptedLane:
+    """Returns a fixed output and records how it was called."""
+
+    output: ReplayedOutput
+    fp: RuntimeFingerprint = field(default_factory=lambda: runtime(max_num_seqs=1, prefix_caching=False))
+    name: str = "scripted"
+    calls: list[tuple[tuple[int, ...], SamplingContract, int, int]] = field(default_factory=list)
+
+    def fingerprint(self) -> RuntimeFingerprint:
+        return self.fp
+
+    def replay(
+        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
+    ) -> ReplayedOutput:
+        self.calls.append((tuple(prompt_token_ids), sampling, max_tokens, top_k_logprobs))
+        return self.output
+
+    def close(self) -> None:
+        pass
+
+
+def recorded_as_replayed(**changes: object) -> ReplayedOutput:
+    outcome = envelope().outcome
+    assert isinstance(outcome, CapturedOutput)
+    c = outcome.choices[0]
+    base = ReplayedOutput(token_ids=c.token_ids, text=c.text, logprobs=c.logprobs, finish_reason=c.finish_reason)
+    return base.model_copy(update=changes)
+
+
+def test_bitwise_replay_builds_the_event() -> None:
+    env = envelope()
+    lane = ScriptedLane(recorded_as_replayed())
+    assert isinstance(lane, Lane)
+    result = replay_envelope(env, lane, ReplayerSettings(), now=lambda: REPLAYED_AT, reply_to="corr-1")
+    ev = result.event
+    assert ev.verdict == "bitwise"
+    assert ev.target_met
+    assert ev.cause_hint == "identical"
+    assert ev.request_id == env.request_id
+    assert ev.envelope_id == env.envelope_id()
+    assert ev.lane == "scripted"
+    assert ev.lane_fingerprint_sha256 == lane.fp.sha256()
+    assert [d.field for d in ev.fingerprint_diffs] == ["max_num_seqs", "prefix_caching"]
+    assert ev.replayed_at == REPLAYED_AT
+    assert ev.reply_to == "corr-1"
+    assert (ev.tenant, ev.workflow_id, ev.workflow_step) == ("acme-insurance", "claim-7781", 2)
+    assert ev.replay_ms >= 0.0
+    assert result.replayed == lane.output
+    # the lane got the recorded prompt ids and contract, a bounded length and the recorded top-k
+    prompt, sampling, max_tokens, top_k = lane.calls[0]
+    assert env.prompt is not None
+    assert prompt == env.prompt.token_ids
+    assert sampling == env.sampling
+    assert max_tokens == 3 + EXTRA_TOKENS  # contract max_tokens 256, capped at recorded length + EXTRA_TOKENS
+    assert top_k == 5
+
+
+def test_short_contract_max_tokens_is_used_as_is() -> None:
+    env = envelope(
+        sampling=SamplingContract(temperature=0.0, max_tokens=3, seed_scope="none", logprobs=None),
+    )
+    lane = ScriptedLane(recorded_as_replayed())
+    replay_envelope(env, lane, ReplayerSettings())
+    _, _, max_tokens, top_k = lane.calls[0]
+    assert max_tokens == 3
+    assert top_k == 2  # no contract logprobs: the widest recorded top-k list
+
+
+def test_divergence_names_fingerprint_fields() -> None:
+    replayed = recorded_as_replayed(
+        token_ids=(504, 9, 2), logprobs=(step(504, -0.01, (330, -4.75)), step(9, -0.1), step(2, -0.0001))
+    )
+    lane = ScriptedLane(replayed, fp=runtime(dtype="float32", engine="transformers"))
+    ev = replay_envelope(envelope(), lane, ReplayerSettings()).event
+    assert ev.verdict == "diverged"
+    assert not ev.target_met
+    assert ev.cause_hint == "fingerprint_changed"
+    assert "engine" in ev.cause_detail
+    assert "dtype" in ev.cause_detail
+    assert ev.first_divergence is not None
+    assert ev.first_divergence.position == 1
+
+
+def test_worker_global_sample_cannot_meet_its_target() -> None:
+    env = envelope(sampling=SamplingContract(temperature=0.7, seed_scope="worker_global", logprobs=5))
+    ev = replay_envelope(env, ScriptedLane(recorded_as_replayed()), ReplayerSettings()).event
+    assert ev.verdict == "bitwise"  # the outputs happen to agree ...
+    assert not ev.target_met  # ... but a worker-global sample is not replayable evidence
+    assert "worker_global" in ev.cause_detail
+
+
+def test_error_envelope_is_not_replayable() -> None:
+    err = CapturedError(
+        error_type="timeout", message="upstream took too long", timings=Timings(received_at=FIXED_TIME, upstream_ms=1.0)
+    )
+    with pytest.raises(NotReplayableError, match="timeout: upstream took too long"):
+        replay_envelope(envelope(outcome=err), ScriptedLane(recorded_as_replayed()), ReplayerSettings())
+
+
+def test_missing_prompt_ids_is_not_replayable() -> None:
+    with pytest.raises(NotReplayableError, match="no prompt token ids"):
+        replay_envelope(envelope(prompt=None), ScriptedLane(recorded_as_replayed()), ReplayerSettings())
+
+
+def test_missing_sampling_is_not_replayable() -> None:
+    with pytest.raises(NotReplayableError, match="no sampling contract"):
+        replay_envelope(envelope(sampling=None), ScriptedLane(recorded_as_replayed()), ReplayerSettings())
+
+
+def test_only_choice_zero_is_replayed() -> None:
+    outcome = envelope().outcome
+    assert isinstance(outcome, CapturedOutput)
+    two = outcome.model_copy(
+        update={"choices": (outcome.choices[0], Choice(index=1, token_ids=(7,), text="?", finish_reason="stop"))}
+    )
+    env = envelope(
+        outcome=two,
+        sampling=SamplingContract(temperature=0.7, n=2, seed=42, seed_scope="per_request", logprobs=5),
+    )
+    ev = replay_envelope(env, ScriptedLane(recorded_as_replayed()), ReplayerSettings()).event
+    assert ev.verdict == "bitwise"
+    assert "n=2" in ev.cause_detail
+
+
+def test_semantic_similarity_when_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    import replayer.semantic
+
+    seen: list[tuple[str, str]] = []
+
+    def fake_similarity(a: str, b: str) -> float:
+        seen.append((a, b))
+        return 0.97
+
+    monkeypatch.setattr(replayer.semantic, "similarity", fake_similarity)
+    replayed = recorded_as_replayed(token_ids=(99, 3575, 2), text="Paris!", logprobs=None)
+    env = envelope(target_level="semantic")
+    ev = replay_envelope(env, ScriptedLane(replayed), ReplayerSettings(semantic=True)).event
+    assert seen == [("Paris.", "Paris!")]
+    assert ev.semantic_similarity == 0.97
+    assert ev.verdict == "semantic"
+    assert ev.target_met
+    off = replay_envelope(env, ScriptedLane(replayed), ReplayerSettings()).event
+    assert off.semantic_similarity is None
+    assert off.verdict == "diverged"
