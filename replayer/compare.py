@@ -146,7 +146,9 @@ def output_arrays(token_ids: Sequence[int], steps: Sequence[StepLogprobs] | None
         cols = np.arange(rows.shape[0]) - np.repeat(starts, top_n)
         top_ids[rows, cols] = flat_ids
         top_lp[rows, cols] = np.array([c.logprob for c in flat], dtype=np.float64)
-        if np.any(np.diff(top_lp, axis=1) > 0):  # not already sorted by logprob desc: sort (stable)
+        with np.errstate(invalid="ignore"):  # -inf padding minus -inf padding is NaN, and NaN > 0 is False
+            unsorted = bool(np.any(np.diff(top_lp, axis=1) > 0))
+        if unsorted:  # not already sorted by logprob desc: sort (stable)
             order = np.argsort(-top_lp, axis=1, kind="stable")
             top_ids = np.take_along_axis(top_ids, order, axis=1)
             top_lp = np.take_along_axis(top_lp, order, axis=1)

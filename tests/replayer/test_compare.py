@@ -229,3 +229,11 @@ def test_empty_outputs() -> None:
     assert c.levels_held == ("bitwise", "token", "numeric", "semantic")
     assert c.first_divergence is None
     assert c.token_match_rate == 1.0
+
+
+def test_uneven_top_k_widths_are_padded_without_numeric_warnings() -> None:
+    """Steps reporting different numbers of alternatives (3, then 1) must not produce NaN (-W error)."""
+
+    arrays = output_arrays((1, 4), (step(1, -0.1, (2, -1.0), (3, -2.0)), step(4, -0.1)))
+    assert arrays.top_n.tolist() == [3, 1]
+    assert arrays.top_ids[1].tolist() == [4, -1, -1]
