@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.reprolane-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: install model test check lint typecheck unit stack-up stack-down clean
+.PHONY: install tools model test check lint typecheck unit stack-up stack-down clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ $(STAMP): | $(PY)
 
 install: $(STAMP)
 
+# promtool validates the alert rules and dashboard queries (tests/infra/test_deploy_files.py). It comes with
+# Debian's `prometheus` package; installing it starts no server where there is no init system (CI, containers).
+tools:
+	@command -v promtool >/dev/null || { \
+	  echo ">> installing promtool (Debian package prometheus)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
 model: install
 	$(BIN)/reprolane model fetch
 
@@ -43,7 +50,7 @@ check: lint typecheck
 unit: install
 	$(BIN)/pytest -m "not stack and not model" $(PYTEST_ARGS)
 
-test: check model
+test: check tools model
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 stack-up: model
