@@ -111,9 +111,7 @@ def make_envelope(
         "flagged": flagged,
         "flag_reason": "header" if flagged else None,
         "workflow": WorkflowRef(workflow_id=workflow, step=n) if workflow else None,
-        "prompt": PromptRecord(
-            token_ids=(1000 + n, 9690, 198, 2683, 314), source="upstream"
-        ),
+        "prompt": PromptRecord(token_ids=(1000 + n, 9690, 198, 2683, 314), source="upstream"),
         "sampling": SamplingContract(temperature=0.0, max_tokens=16, seed_scope="none", logprobs=5),
     }
     base.update(overrides)
