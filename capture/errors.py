@@ -5,6 +5,8 @@
           ├── SpoolFullError          the spool reached its byte bound; guaranteed mode answers 503
           ├── SpoolCorruptError       a spool segment could not be read back (names the file and offset)
           ├── SinkError               Kafka or S3 refused or could not be reached (translated at the boundary)
+          ├── KeyringError            a tenant data key cannot be made, read, unwrapped or shredded (audit/keys.py)
+          ├── LakeError               the audit lake cannot be written, read, compacted or queried (audit/)
           └── UpstreamError           the inference server could not be reached or answered garbage
                └── UpstreamTimeoutError   it did not answer (or stopped streaming) within the read timeout
 
@@ -35,4 +37,12 @@ class UpstreamError(CaptureError):
 
 
 class UpstreamTimeoutError(UpstreamError):
+    pass
+
+
+class KeyringError(CaptureError):
+    pass
+
+
+class LakeError(CaptureError):
     pass

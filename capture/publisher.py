@@ -7,12 +7,20 @@ One loop, oldest first:
    confirmation), with capped exponential backoff, for as long as it takes. Every failed attempt counts in
    ``publish_errors_total{sink}``; ``publish_lag_seconds`` is the age (from ``captured_at``) of the oldest
    entry still unpublished;
-3. only when *every* sink has confirmed the whole batch, `Spool.ack` it.
+3. only when *every* sink has confirmed the whole batch, hand it to the ``then`` sinks the same way (the
+   audit Merkle log, `capture.audit.merkle_log`, when ``audit_log`` is on: a leaf must never precede its
+   stored object), and only when those confirmed too, `Spool.ack` it.
 
 A crash or a stop anywhere before 3 leaves the batch pending: the next start publishes it again. Duplicates
 are therefore possible and harmless (the envelope id is the content hash; S3 writes are content-addressed
-and conditional). A record that cannot even be routed (not an envelope) is logged at ERROR and retried like
-a failing sink: it blocks the spool rather than vanishing, and the lag metric shows it.
+and conditional).
+
+Tenants in ``settings.encrypt_tenants`` are sealed between 1 and 2 (`capture.audit.datakeys.Sealer`): the
+sinks receive the `schemas.sealed.SealedEnvelope` bytes, never the plaintext (which exists only in the local spool).
+A keyring failure is retried like a failing sink.
+
+A record that cannot even be routed (not an envelope) is logged at ERROR and retried like a failing sink: it
+blocks the spool rather than vanishing, and the lag metric shows it.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from capture.audit.datakeys import Sealer
 from capture.errors import CaptureError, SinkError
 from capture.sinks import Outgoing, Sink, default_sinks
 from capture.spool import Spool, SpoolEntry
@@ -46,6 +55,8 @@ class Publisher:
         metrics: CaptureMetrics | None = None,
         *,
         sinks: Sequence[Sink] | None = None,
+        then: Sequence[Sink] | None = None,
+        sealer: Sealer | None = None,
         batch_size: int = 256,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 5.0,
@@ -55,6 +66,10 @@ class Publisher:
         self._settings = settings
         self._metrics = metrics
         self._sinks: list[Sink] | None = list(sinks) if sinks is not None else None
+        self._then: list[Sink] | None = list(then) if then is not None else None
+        if sealer is None and settings.encrypt_tenants:
+            sealer = Sealer.from_settings(settings)  # a missing KEK fails here, at construction
+        self._sealer = sealer
         self.batch_size = batch_size
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -69,10 +84,21 @@ class Publisher:
             self._sinks = default_sinks(self._settings)
         return self._sinks
 
+    @property
+    def then(self) -> list[Sink]:
+        """Sinks that get a batch only after every sink confirmed it (default: the audit log if enabled)."""
+        if self._then is None:
+            self._then = []
+            if self._settings.audit_log:
+                from capture.audit.merkle_log import MerkleLogWriter
+
+                self._then.append(MerkleLogWriter.from_capture_settings(self._settings))
+        return self._then
+
     async def start(self) -> None:
         if self._task is not None:
             return
-        names = [sink.name for sink in self.sinks]  # built now: bad settings fail at start, not in the loop
+        names = [sink.name for sink in [*self.sinks, *self.then]]  # built now: bad settings fail at start
         log.info("publisher: draining %s to %s", self.spool.directory, " and ".join(names))
         self._stopping.clear()
         self._task = asyncio.create_task(self._run(), name="capture-publisher")
@@ -89,7 +115,7 @@ class Publisher:
                     await task
             elif task.exception() is not None:
                 log.error("publisher loop had died: %r", task.exception())
-        for sink in self._sinks or []:
+        for sink in [*(self._sinks or []), *(self._then or [])]:
             await sink.close()
 
     async def _run(self) -> None:
@@ -117,8 +143,12 @@ class Publisher:
         if not entries:
             return
         batch = await self._routable(entries)
-        if batch is None or not await self._publish_everywhere(batch):
+        if batch is not None and self._sealer is not None:
+            batch = await asyncio.to_thread(self._sealer.seal_batch, batch)
+        if batch is None or not await self._publish_everywhere(batch, self.sinks):
             return  # stopping: the batch stays pending
+        if self.then and not await self._publish_everywhere(batch, self.then):
+            return
         await self.spool.ack(e.seq for e in entries)
         self.published += len(entries)
         if self.spool.depth == 0:
@@ -135,10 +165,10 @@ class Publisher:
                     return None
                 backoff = min(backoff * 2, self.backoff_max_s)
 
-    async def _publish_everywhere(self, batch: list[Outgoing]) -> bool:
-        """Publish to every sink until all have confirmed; False when stopping first."""
+    async def _publish_everywhere(self, batch: list[Outgoing], sinks: Sequence[Sink]) -> bool:
+        """Publish to every one of `sinks` until all have confirmed; False when stopping first."""
         oldest = min(item.captured_at for item in batch)
-        remaining = list(self.sinks)
+        remaining = list(sinks)
         backoff = self.backoff_initial_s
         while remaining:
             self._set_lag(oldest)

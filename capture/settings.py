@@ -7,7 +7,7 @@ Every field can be set from the environment with the prefix ``REPROLANE_CAPTURE_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +35,10 @@ class CaptureSettings(BaseSettings):
         default=None, description="JSON of RuntimeFingerprint fields the sidecar cannot observe (dtype, ...)"
     )
     inject_seed: bool = Field(default=False, description="add a seed to sampled requests that have none")
+    version_headers: tuple[str, ...] = Field(
+        default=("openai-version", "openai-model", "x-model-version", "x-api-version", "anthropic-version"),
+        description="response headers recorded as the vendor version of upstreams without an engine version",
+    )
 
     # --- replay policy
     flag_tenants: tuple[str, ...] = ()
@@ -60,4 +64,19 @@ class CaptureSettings(BaseSettings):
     s3_bucket: str = "reprolane-audit"
     s3_verify_tls: bool = True
     retention_days: int = Field(default=1, ge=0, description="Object Lock retention; 0 = no retention header")
+    retention_days_by_tenant: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="per-tenant Object Lock retention (days), overrides retention_days"
+    )
+    audit_log: bool = Field(
+        default=False, description="append every stored envelope id to the Merkle log (capture.audit.merkle_log)"
+    )
     object_lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = "COMPLIANCE"
+
+    # --- privacy: per-tenant encryption (capture/audit/datakeys.py, schemas/sealed.py)
+    encrypt_tenants: tuple[str, ...] = Field(
+        default=(), description="tenants whose envelopes are sealed (AES-256-GCM) before they leave the sidecar"
+    )
+    kek: SecretStr | None = Field(default=None, description="key-encryption key, base64 of 32 bytes")
+    kek_file: Path | None = Field(default=None, description="file holding the KEK (base64); used when kek is unset")
+    keys_bucket: str = Field(default="reprolane-lake", description="bucket of the wrapped data keys (no Object Lock)")
+    data_key_cache_s: float = Field(default=300.0, ge=0.0, description="how long a data key is reused from memory")

@@ -5,7 +5,9 @@ Two buckets, created idempotently after SeaweedFS is ready:
 * ``reprolane-audit``, with Object Lock enabled at creation (S3 cannot turn it on later): audit records
   are written with a COMPLIANCE retention, so not even the writer can delete them before it ends;
 * ``reprolane-tansu``, a plain bucket where Tansu keeps topics, offsets and messages, so they survive a
-  broker restart.
+  broker restart;
+* ``reprolane-lake`` (`schemas.layout.LAKE_BUCKET`), a plain bucket for the audit lake's Parquet files (compaction
+  rewrites them) and the tenants' wrapped data keys (crypto-shredding deletes them): no Object Lock.
 
 If the audit bucket already exists *without* Object Lock (made by hand, or by an older version), that is
 an error, not something to paper over: writes would silently lose their WORM guarantee.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from infra.errors import StackError
+from schemas.layout import LAKE_BUCKET
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -85,6 +88,7 @@ def ensure_buckets(
     credentials: S3Credentials,
     audit_bucket: str = AUDIT_BUCKET,
     tansu_bucket: str = TANSU_BUCKET,
+    lake_bucket: str = LAKE_BUCKET,
 ) -> None:
     """Create the audit bucket (Object Lock) and the Tansu bucket if missing; check the lock is on."""
     from botocore.exceptions import BotoCoreError
@@ -93,6 +97,7 @@ def ensure_buckets(
         client = s3_client(endpoint, credentials)
         _create_bucket(client, audit_bucket, object_lock=True)
         _create_bucket(client, tansu_bucket, object_lock=False)
+        _create_bucket(client, lake_bucket, object_lock=False)
         locked = _object_lock_enabled(client, audit_bucket)
     except BotoCoreError as exc:
         raise StackError(f"S3 at {endpoint} failed while creating buckets: {exc}") from exc

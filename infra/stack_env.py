@@ -2,7 +2,8 @@
 
 ``reprolane replay request ID`` on a machine where ``reprolane stack up`` ran should just work. When
 ``<run-dir>/stack.json`` exists (``$REPROLANE_RUN_DIR`` or ``./.reprolane/stack``), its addresses and
-credentials become *defaults* for the ``REPROLANE_CAPTURE_*`` and ``REPROLANE_REPLAYER_*`` settings:
+credentials become *defaults* for the ``REPROLANE_CAPTURE_*``, ``REPROLANE_REPLAYER_*`` and
+``REPROLANE_ARCHIVER_*`` settings:
 anything already set in the environment, and any flag, still wins.
 """
 
@@ -17,6 +18,8 @@ from infra.manifest import MANIFEST_NAME
 from infra.servers import VLLM_RUNTIME_FILE
 from infra.state import StackInfo
 
+AUDIT_SIGNING_KEY_FILE = "audit-signing.pem"
+
 
 def stack_defaults(info: StackInfo) -> dict[str, str]:
     """Environment defaults for both services from a stack's info."""
@@ -30,6 +33,12 @@ def stack_defaults(info: StackInfo) -> dict[str, str]:
     }
     env = {f"REPROLANE_CAPTURE_{k}": v for k, v in common.items()}
     env.update({f"REPROLANE_REPLAYER_{k}": v for k, v in common.items()})
+    env.update({f"REPROLANE_ARCHIVER_{k}": v for k, v in common.items()})
+    env.update({f"REPROLANE_AUDIT_{k}": v for k, v in common.items() if k.startswith("S3_")})  # verify/hold/expire
+    env["REPROLANE_CAPTURE_AUDIT_LOG"] = "true"  # the publisher appends every stored envelope to the Merkle log
+    signing_key = info.run_dir / AUDIT_SIGNING_KEY_FILE
+    if signing_key.is_file():  # made by `reprolane audit keygen <run-dir>/audit-signing.pem`
+        env["REPROLANE_AUDIT_SIGNING_KEY"] = str(signing_key)
     runtime = info.run_dir / VLLM_RUNTIME_FILE
     if runtime.is_file():
         env["REPROLANE_CAPTURE_RUNTIME_PATH"] = str(runtime)

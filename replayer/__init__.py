@@ -8,4 +8,7 @@
 - `store`: envelopes and replay results in S3 (lookup by request id, idempotent result writes).
 - `service`: the FastStream consumer (selection, dead letters, on-demand replays, commit after publish+store).
 - `report`: the readable report the CLI prints.
+- `golden`: golden sets (JSONL of envelopes or an S3 selector) for the release gate.
+- `gate`: the release gate: a fingerprint change replays the golden set on the candidate and judges it.
+- `vendor_gate` / `vendor_client`: the statistical gate for upstreams without a seed or version.
 """

@@ -6,7 +6,8 @@
           ├── NotReplayableError      the envelope has no prompt ids / contract / complete output, or its data
           │                           was shredded; the message says which
           ├── EnvelopeNotFoundError   no envelope is indexed under that request id / workflow id
-          └── StoreError              S3 or Kafka refused or could not be reached (translated at the boundary)
+          ├── StoreError              S3 or Kafka refused or could not be reached (translated at the boundary)
+          └── GateInputError          a release gate cannot reach a verdict: bad golden set, selector, fingerprint
 
 A divergence is a result (`schemas.DivergenceEvent`), never an exception.
 """
@@ -31,4 +32,8 @@ class EnvelopeNotFoundError(ReplayerError):
 
 
 class StoreError(ReplayerError):
+    pass
+
+
+class GateInputError(ReplayerError):
     pass

@@ -53,6 +53,7 @@ from schemas.layout import (
     HEADER_SCHEMA,
     MAX_MESSAGE_BYTES,
 )
+from schemas.sealed import is_sealed
 
 log = logging.getLogger("reprolane.replayer")
 
@@ -215,9 +216,19 @@ class ReplayerService:
     # -- logic (public for tests that bypass Kafka) ----------------------------------------------------------
 
     async def handle_envelope_bytes(self, body: bytes) -> Handled:
-        """One message of the envelope topic (raises `_DeadLetter` or a transient error; see `_guarded`)."""
+        """One message of the envelope topic (raises `_DeadLetter` or a transient error; see `_guarded`).
+
+        A sealed envelope (encrypted tenant) is opened through the store with its tenant's data key; one whose
+        key was shredded, or that this replayer has no KEK for, is counted as not replayable and skipped."""
         try:
-            envelope = decode_envelope(body)
+            if is_sealed(body):
+                envelope = await asyncio.to_thread(self.store.decode_message, body)
+            else:
+                envelope = decode_envelope(body)
+        except NotReplayableError as exc:
+            self.metrics.not_replayable.inc()
+            log.info("replayer: sealed envelope not replayable: %s", exc)
+            return Handled("not_replayable")
         except ContractError as exc:
             raise _classify_undecodable(body, exc) from exc
         decision = select(envelope, self.settings)
@@ -242,6 +253,9 @@ class ReplayerService:
             envelope = await asyncio.to_thread(self.store.get_by_request_id, request.request_id)
         except EnvelopeNotFoundError as exc:
             raise _DeadLetter("not_found", f"not_found: {exc}") from exc
+        except NotReplayableError as exc:  # e.g. a sealed envelope whose tenant key was shredded
+            self.metrics.not_replayable.inc()
+            raise _DeadLetter("not_replayable", f"not_replayable: {exc}") from exc
         if not envelope.replayable:
             self.metrics.not_replayable.inc()
             raise _DeadLetter("not_replayable", f"not_replayable: {not_replayable_reason(envelope)}")

@@ -6,6 +6,10 @@ writes replay results under `schemas.layout.replay_key` with the envelope's capt
 function of (envelope id, lane fingerprint): the first write wins (``If-None-Match: *``) and every later
 re-replay of the same envelope on the same lane collapses onto it.
 
+Sealed envelopes (encrypted tenants, `schemas.sealed`): an object that holds a `SealedEnvelope` is opened with
+the tenant's data key, read from ``keys/tenant=T/<key_id>.json`` in the keys bucket and unwrapped with the
+configured KEK. When that key no longer exists (crypto-shredded) the envelope raises `NotReplayableError`.
+
 boto3 is synchronous: async callers run these methods in a worker thread (``asyncio.to_thread``). Every
 botocore error is translated here into `StoreError` (or `EnvelopeNotFoundError` for a missing index), so no
 caller ever sees a raw backend exception.
@@ -20,12 +24,14 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from replayer.errors import EnvelopeNotFoundError, StoreError
+from replayer.errors import EnvelopeNotFoundError, NotReplayableError, StoreError
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result
 from schemas.envelope import is_valid_request_id
-from schemas.layout import replay_key, request_index_key, workflow_index_prefix
+from schemas.errors import SealError
+from schemas.layout import data_key_key, replay_key, request_index_key, workflow_index_prefix
 from schemas.replay import replay_result_id
+from schemas.sealed import decode_sealed, decode_wrapped_key, is_sealed, open_envelope, parse_kek, unwrap_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -67,30 +73,37 @@ def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
 class EnvelopeStore:
     """Read envelopes and read/write replay results in one bucket (blocking; see module docstring)."""
 
-    def __init__(self, client: S3Client, bucket: str) -> None:
+    def __init__(self, client: S3Client, bucket: str, *, keys_bucket: str | None = None, kek: bytes | None = None):
         self._client = client
         self.bucket = bucket
+        self.keys_bucket = keys_bucket
+        self._kek = kek
 
     @classmethod
     def from_settings(cls, settings: ReplayerSettings) -> EnvelopeStore:
         try:
-            return cls(make_s3_client(settings), settings.s3_bucket)
-        except (BotoCoreError, ValueError) as exc:
-            raise StoreError(f"cannot configure S3 client: {exc}") from exc
+            kek_text = settings.kek.get_secret_value() if settings.kek is not None else None
+            if kek_text is None and settings.kek_file is not None:
+                kek_text = settings.kek_file.read_text()
+            kek = parse_kek(kek_text) if kek_text is not None else None
+            return cls(make_s3_client(settings), settings.s3_bucket, keys_bucket=settings.keys_bucket, kek=kek)
+        except (BotoCoreError, ValueError, OSError) as exc:
+            raise StoreError(f"cannot configure the envelope store: {exc}") from exc
 
     # -- raw objects -----------------------------------------------------------------------------------------
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str, bucket: str | None = None) -> bytes | None:
         """The object's bytes, or None when there is no such key."""
+        bucket = bucket or self.bucket
         try:
-            response = self._client.get_object(Bucket=self.bucket, Key=key)
+            response = self._client.get_object(Bucket=bucket, Key=key)
             return response["Body"].read()
         except ClientError as exc:
             if _code(exc) in _MISSING:
                 return None
-            raise StoreError(f"S3 get s3://{self.bucket}/{key} failed: {_code(exc) or exc}") from exc
+            raise StoreError(f"S3 get s3://{bucket}/{key} failed: {_code(exc) or exc}") from exc
         except BotoCoreError as exc:
-            raise StoreError(f"S3 get s3://{self.bucket}/{key} failed: {exc}") from exc
+            raise StoreError(f"S3 get s3://{bucket}/{key} failed: {exc}") from exc
 
     def _list(self, prefix: str) -> list[str]:
         keys: list[str] = []
@@ -118,10 +131,41 @@ class EnvelopeStore:
         data = self._get(key)
         if data is None:
             raise EnvelopeNotFoundError(f"{what} is indexed at {key}, but that object is missing (shredded?)")
+        return self.decode(data, f"s3://{self.bucket}/{key}")
+
+    def decode(self, data: bytes, where: str) -> Envelope:
+        """An envelope from stored bytes, opening a sealed one with its tenant's data key."""
         try:
-            return decode_envelope(data)
+            return self.decode_message(data, where)
         except ContractError as exc:
-            raise StoreError(f"stored envelope s3://{self.bucket}/{key} does not decode: {exc}") from exc
+            raise StoreError(f"stored envelope {where} does not decode: {exc}") from exc
+
+    def decode_message(self, data: bytes, where: str = "from the envelope topic") -> Envelope:
+        """An envelope from consumed bytes, plain or sealed: `ContractError` when they are not one (or a sealed
+        one does not open), `NotReplayableError` when its key is gone or no KEK is configured, `StoreError` when
+        S3 fails while fetching the key."""
+        if is_sealed(data):
+            data = self._open_sealed(data, where)
+        return decode_envelope(data)
+
+    def _open_sealed(self, data: bytes, where: str) -> bytes:
+        sealed = decode_sealed(data)
+        if self._kek is None or self.keys_bucket is None:
+            raise NotReplayableError(
+                f"envelope {where} is sealed (tenant {sealed.tenant} is encrypted) and no KEK is configured "
+                "(REPROLANE_REPLAYER_KEK or REPROLANE_REPLAYER_KEK_FILE)"
+            )
+        key = data_key_key(sealed.tenant, sealed.key_id)
+        wrapped = self._get(key, self.keys_bucket)
+        if wrapped is None:
+            raise NotReplayableError(
+                f"tenant {sealed.tenant}'s data key was destroyed (crypto-shredded): "
+                f"request {sealed.request_id} cannot be replayed"
+            )
+        try:
+            return open_envelope(sealed, unwrap_key(decode_wrapped_key(wrapped), self._kek))
+        except SealError as exc:
+            raise ContractError(f"sealed envelope {where} does not open: {exc}") from exc
 
     # -- envelopes -------------------------------------------------------------------------------------------
 
@@ -140,6 +184,57 @@ class EnvelopeStore:
             raise EnvelopeNotFoundError(f"no envelope is indexed under workflow {workflow_id!r}")
         envelopes = [self._envelope_from_index(key, f"workflow {workflow_id!r} ({key})") for key in keys]
         return sorted(envelopes, key=lambda e: (e.workflow.step if e.workflow else -1, e.captured_at))
+
+    def list_tenant(self, tenant: str, *, limit: int | None = None) -> list[Envelope]:
+        """Envelopes recorded for `tenant` (``envelopes/tenant=<tenant>/``, key order = day, then envelope id),
+        at most `limit`; `EnvelopeNotFoundError` when there is none. A release gate's golden-set selector."""
+        if not is_valid_request_id(tenant):
+            raise EnvelopeNotFoundError(f"{tenant!r} is not a valid tenant")
+        keys = self._list(f"envelopes/tenant={tenant}/")[:limit]
+        if not keys:
+            raise EnvelopeNotFoundError(f"no envelope is recorded for tenant {tenant!r}")
+        envelopes = []
+        for key in keys:
+            data = self._get(key)
+            if data is None:
+                continue  # shredded between list and get
+            try:
+                envelopes.append(decode_envelope(data))
+            except ContractError as exc:
+                raise StoreError(f"stored envelope s3://{self.bucket}/{key} does not decode: {exc}") from exc
+        return envelopes
+
+    def list_envelopes(self, prefix: str, *, contains: str | None = None) -> list[Envelope]:
+        """Every envelope stored under a key prefix (e.g. ``envelopes/tenant=T/date=D/``), in key order; with
+        ``contains``, only keys containing that text (``"/date=2026-11-29/"``: one day of every tenant).
+        An object that does not decode is a `StoreError` (see `scan_envelopes` to skip those instead).
+
+        Reads each object: meant for a day (the matrix and ``explain`` use it), not the whole bucket.
+        """
+        envelopes, undecodable = self.scan_envelopes(prefix, contains=contains)
+        if undecodable:
+            key, why = undecodable[0]
+            raise StoreError(f"stored envelope s3://{self.bucket}/{key} does not decode: {why}")
+        return envelopes
+
+    def scan_envelopes(
+        self, prefix: str, *, contains: str | None = None
+    ) -> tuple[list[Envelope], list[tuple[str, str]]]:
+        """Like `list_envelopes`, but objects that do not decode as envelopes (e.g. encrypted ones) are returned
+        apart as ``(key, reason)`` instead of failing the whole listing."""
+        out: list[Envelope] = []
+        bad: list[tuple[str, str]] = []
+        for key in self._list(prefix):
+            if not key.endswith(".json") or (contains is not None and contains not in key):
+                continue
+            data = self._get(key)
+            if data is None:  # deleted between list and get
+                continue
+            try:
+                out.append(decode_envelope(data))
+            except ContractError as exc:
+                bad.append((key, str(exc)))
+        return out, bad
 
     # -- replay results --------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ exported JSON Schema) can depend on it.
 - `replay`: replay results and divergence events.
 - `canonical`: deterministic bytes and the sha256 identities built on them.
 - `layout`: Kafka topic names, header names and S3 object keys.
+- `sealed`: per-tenant encryption of stored envelopes (AES-256-GCM) and wrapped data keys (crypto-shredding).
 - `errors`: the one exception a consumer of the contract needs to catch.
 """
 

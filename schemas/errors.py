@@ -1,7 +1,8 @@
 """Errors of the contract.
 
     ValueError
-     └── ContractError          bytes or data that do not satisfy a schema; names the offending field(s)
+     ├── ContractError          bytes or data that do not satisfy a schema; names the offending field(s)
+     └── SealError              a sealed record or wrapped key does not open: wrong key, altered bytes or metadata
 
 A divergence is a result, never an exception: see `schemas.replay.DivergenceEvent`.
 """
@@ -32,3 +33,7 @@ class ContractError(ValueError):
             fields.append(path)
             parts.append(f"{path}: {err['msg']}")
         return cls(f"invalid {what}: " + "; ".join(parts), tuple(fields))
+
+
+class SealError(ValueError):
+    """A sealed record (`schemas.sealed`) that does not open with the key given, or a malformed key."""

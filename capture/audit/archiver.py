@@ -1,0 +1,214 @@
+"""The archiver: a Kafka consumer that writes envelopes and divergence events into the audit lake.
+
+Consumer group ``group_id`` on ``reprolane.envelopes.v1`` and ``reprolane.divergences.v1``, offsets
+committed by hand. It buffers rows per (table, day, tenant) and writes one Parquet file per partition when
+``flush_rows`` rows are buffered or the oldest buffered row is ``flush_seconds`` old, on a
+rebalance that takes partitions away, and on stop. The offsets are committed only *after* every buffered row
+is in S3: a crash re-delivers what was not written, so nothing is lost, and what was written and re-delivered
+is a duplicate that the query views and compaction collapse (by ``envelope_id`` / ``result_id``). Each file is
+duplicate-free on its own (a redelivery inside one flush is dropped by id), which lets the query views skip
+deduplicating partitions of a single file.
+
+Sealed envelopes (encrypted tenants) become metadata-only rows; the archiver holds no key. A message that is
+neither an envelope nor a sealed envelope nor a divergence event (the replayer dead-letters those) is counted
+in ``skipped``, logged at ERROR with its topic/partition/offset, and committed past: the lake is a derived
+copy, and the record itself is still in S3 and on the topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from capture.audit.lake import Lake
+from capture.audit.lake_schema import DEDUPE_KEY, SCHEMAS, day, divergence_row, envelope_row, sealed_row
+from capture.audit.lake_settings import LakeSettings
+from capture.errors import LakeError
+from schemas import ContractError, decode_divergence, decode_envelope, sha256_hex
+from schemas.layout import HEADER_ENVELOPE_ID
+from schemas.sealed import decode_sealed, is_sealed
+
+log = logging.getLogger("reprolane.archiver")
+
+
+@dataclass
+class ArchiverStats:
+    consumed: int = 0
+    rows_written: int = 0
+    files_written: int = 0
+    skipped: int = 0
+    flushes: int = 0
+
+
+class Archiver:
+    """Buffers rows and writes them to the lake; `run` drives it from Kafka (see module docstring)."""
+
+    def __init__(self, settings: LakeSettings, lake: Lake) -> None:
+        self.settings = settings
+        self.lake = lake
+        self.stats = ArchiverStats()
+        self._buffers: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+        self._buffered = 0
+        self._oldest: float | None = None
+        self._consumer: Any = None
+
+    @property
+    def buffered(self) -> int:
+        return self._buffered
+
+    # -- rows ------------------------------------------------------------------------------------------------
+
+    def add(self, topic: str, value: bytes | None, source: str = "?", claimed_id: bytes | None = None) -> bool:
+        """Turn one message into a buffered row; False (counted in `skipped`) when it is not archivable.
+
+        `claimed_id` is the ``reprolane-envelope-id`` header: when it equals the sha256 of the value, the value
+        is the canonical encoding the publisher hashed, and the id is not recomputed (a re-encode per row)."""
+        self.stats.consumed += 1
+        now = datetime.now(UTC)
+        try:
+            if value is None:
+                raise ContractError("empty message")
+            if topic == self.settings.divergence_topic:
+                event = decode_divergence(value)
+                row, where = divergence_row(event, now), ("divergences", day(event.replayed_at), event.tenant)
+            elif is_sealed(value):
+                sealed = decode_sealed(value)
+                row, where = sealed_row(sealed, now), ("envelopes", day(sealed.captured_at), sealed.tenant)
+            else:
+                env = decode_envelope(value)
+                digest = sha256_hex(value)
+                known = digest if claimed_id is not None and claimed_id.decode(errors="replace") == digest else None
+                row, where = envelope_row(env, now, known), ("envelopes", day(env.captured_at), env.tenant)
+        except ContractError as exc:
+            self.stats.skipped += 1
+            log.error("archiver: skipping %s (not archivable): %s", source, str(exc)[:500])
+            return False
+        rows = self._buffers.setdefault(where, {})
+        row_id = row[DEDUPE_KEY[where[0]]]
+        if row_id in rows:  # a redelivery within one flush: every file stays duplicate-free
+            return True
+        rows[row_id] = row
+        self._buffered += 1
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+        return True
+
+    def due(self) -> bool:
+        if self._buffered >= self.settings.flush_rows:
+            return True
+        return self._oldest is not None and time.monotonic() - self._oldest >= self.settings.flush_seconds
+
+    def _write_all(self, buffers: dict[tuple[str, str, str], dict[str, dict[str, Any]]]) -> list[str]:
+        paths = []
+        for (table, d, tenant), rows in sorted(buffers.items()):
+            data = pa.Table.from_pylist(list(rows.values()), schema=SCHEMAS[table])
+            paths.append(self.lake.write(table, d, tenant, data))
+        return paths
+
+    async def flush(self) -> list[str]:
+        """Write every buffered row (one file per partition); the paths written. Raises `LakeError`."""
+        if not self._buffers:
+            return []
+        buffers = self._buffers
+        paths = await asyncio.to_thread(self._write_all, buffers)
+        self.stats.rows_written += self._buffered
+        self.stats.files_written += len(paths)
+        self.stats.flushes += 1
+        log.info("archiver: wrote %d rows in %d files", self._buffered, len(paths))
+        self._buffers, self._buffered, self._oldest = {}, 0, None
+        return paths
+
+    # -- Kafka -----------------------------------------------------------------------------------------------
+
+    async def _flush_and_commit(self) -> None:
+        await self.flush()
+        if self._consumer is not None:
+            await self._consumer.commit()
+
+    def _make_consumer(self) -> Any:
+        from aiokafka import AIOKafkaConsumer
+
+        s = self.settings
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": s.kafka_bootstrap,
+            "group_id": s.group_id,
+            "client_id": "reprolane-archiver",
+            "enable_auto_commit": False,
+            "auto_offset_reset": s.auto_offset_reset,
+            "session_timeout_ms": s.session_timeout_ms,
+            "heartbeat_interval_ms": s.heartbeat_interval_ms,
+            "max_poll_records": min(s.flush_rows, 10_000),
+            "security_protocol": s.kafka_security_protocol,
+        }
+        if s.kafka_sasl_mechanism:
+            kwargs.update(sasl_mechanism=s.kafka_sasl_mechanism, sasl_plain_username=s.kafka_sasl_username)
+            if s.kafka_sasl_password is not None:
+                kwargs["sasl_plain_password"] = s.kafka_sasl_password.get_secret_value()
+        return AIOKafkaConsumer(**kwargs)
+
+    async def run(self, stop: asyncio.Event, *, poll_ms: int = 500) -> None:
+        """Consume until `stop` is set; flush and commit on the way out. Raises `LakeError` on a lake outage
+        (after the buffered rows' offsets were left uncommitted: a restart re-reads them)."""
+        from aiokafka import ConsumerRebalanceListener
+        from aiokafka.errors import KafkaError
+
+        archiver = self
+
+        class _FlushOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                if revoked:
+                    await archiver._flush_and_commit()
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                return None
+
+        consumer = self._make_consumer()
+        try:
+            consumer.subscribe(
+                [self.settings.envelope_topic, self.settings.divergence_topic], listener=_FlushOnRevoke()
+            )
+            await consumer.start()
+        except (KafkaError, OSError) as exc:
+            raise LakeError(f"archiver: cannot consume from {self.settings.kafka_bootstrap}: {exc!r}") from exc
+        self._consumer = consumer
+        try:
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=poll_ms, max_records=self.settings.flush_rows)
+                consumed = False
+                for tp, records in batches.items():
+                    for rec in records:
+                        consumed = True
+                        claimed = next((v for k, v in rec.headers or () if k == HEADER_ENVELOPE_ID), None)
+                        self.add(tp.topic, rec.value, f"{tp.topic}/{tp.partition}/{rec.offset}", claimed)
+                if self.due() or (consumed and self._buffered == 0):  # all skipped: commit past them
+                    await self._flush_and_commit()
+            await self._flush_and_commit()
+        finally:
+            self._consumer = None
+            with contextlib.suppress(KafkaError, OSError):
+                await consumer.stop()
+
+
+async def run_until_signalled(archiver: Archiver) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "archiver: %s + %s -> s3://%s/%s as group %s",
+        archiver.settings.envelope_topic,
+        archiver.settings.divergence_topic,
+        archiver.lake.bucket,
+        archiver.lake.prefix,
+        archiver.settings.group_id,
+    )
+    await archiver.run(stop)

@@ -1,0 +1,45 @@
+"""Settings of the audit lake: the archiver service, ``reprolane lake|query`` and ``reprolane keys``.
+
+Env prefix ``REPROLANE_ARCHIVER_`` (a running local stack provides the Kafka and S3 defaults, see
+`infra.stack_env`). ``s3_bucket`` is the audit bucket (where the request-id index lives); the lake and the
+wrapped data keys live in ``lake_bucket`` / ``keys_bucket``, which must not be under Object Lock.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.layout import LAKE_BUCKET, TOPIC_DIVERGENCES, TOPIC_ENVELOPES
+
+
+class LakeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="REPROLANE_ARCHIVER_", extra="forbid", frozen=True)
+
+    # --- sources
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    envelope_topic: str = TOPIC_ENVELOPES
+    divergence_topic: str = TOPIC_DIVERGENCES
+    group_id: str = "reprolane-archiver"
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=3_000, ge=100)
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    flush_rows: int = Field(default=50_000, ge=1, description="write the buffered rows at this many")
+    flush_seconds: float = Field(default=60.0, gt=0.0, description="... or when the oldest is this old")
+
+    # --- S3
+    s3_endpoint: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key: str | None = None
+    s3_secret_key: SecretStr | None = None
+    s3_verify_tls: bool = True
+    s3_bucket: str = Field(default="reprolane-audit", description="the audit bucket (request-id index rebuild)")
+    lake_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the lake; must not be under Object Lock")
+    lake_prefix: str = Field(default="lake", pattern=r"^[A-Za-z0-9._\-/]*[A-Za-z0-9._\-]$")
+    keys_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the wrapped data keys")

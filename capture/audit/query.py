@@ -1,0 +1,148 @@
+"""SQL over the audit lake with DuckDB: ``reprolane query "SQL"``.
+
+DuckDB's S3 support (the ``httpfs`` extension) is downloaded from the internet on first use, which a closed
+network cannot do, and the PyPI wheel does not bundle it. So the lake's files are opened with pyarrow's own
+S3 filesystem as Arrow datasets and *registered* in DuckDB (projection and filter pushdown still apply); that
+works offline and with any S3 pyarrow reaches.
+
+Views (every query sees these names):
+
+- ``envelopes``: one row per envelope id (at-least-once copies collapsed: the first archived copy wins);
+- ``divergences``: one row per replay result id;
+- ``replays``: result id, envelope, lane, verdict and the replay result's S3 key (needs the envelope's
+  capture day, so ``s3_key`` is NULL for a result whose envelope is not in the lake);
+- ``envelopes_raw`` / ``divergences_raw``: the files as written, duplicates included.
+
+Only partitions with more than one file are deduplicated (a window over their rows): every single file is
+duplicate-free (see `Lake.split_datasets`), so on a compacted lake the views cost nothing over the raw scan.
+
+``date`` and ``tenant`` are the Hive partition columns (strings, ``YYYY-MM-DD``); for envelopes the date is the
+capture day, for divergences the replay day. Examples::
+
+    -- divergence rate by runtime fingerprint per day
+    SELECT e.date, e.runtime_sha256, count(*) AS replays,
+           avg(CASE WHEN d.verdict IN ('bitwise', 'token') THEN 0 ELSE 1 END) AS divergence_rate
+    FROM divergences d JOIN envelopes e USING (envelope_id) GROUP BY ALL ORDER BY ALL;
+    -- top first-divergence positions by model
+    SELECT e.model, d.first_divergence_position AS position, count(*) AS n
+    FROM divergences d JOIN envelopes e USING (envelope_id)
+    WHERE d.first_divergence_position IS NOT NULL GROUP BY ALL ORDER BY n DESC, position LIMIT 10;
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from capture.audit.lake import Lake
+from capture.audit.lake_schema import DEDUPE_KEY, TABLES
+from capture.errors import LakeError
+
+TABLE_VIEWS = """
+CREATE VIEW {t}_raw AS SELECT * FROM {t}_single UNION ALL SELECT * FROM {t}_multi;
+CREATE VIEW {t} AS SELECT * FROM {t}_single UNION ALL (SELECT * FROM {t}_multi
+    QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY archived_at) = 1);
+"""
+VIEWS = """
+CREATE VIEW replays AS
+    SELECT d.result_id, d.envelope_id, d.request_id, d.tenant, d.lane, d.lane_fingerprint_sha256, d.verdict,
+           d.target_met, d.replayed_at, d.date AS replay_date,
+           'replays/date=' || e.date || '/' || d.envelope_id || '/' || d.result_id || '.json' AS s3_key
+    FROM divergences d LEFT JOIN envelopes e USING (envelope_id);
+"""
+
+
+class QueryError(LakeError):
+    """The SQL itself was refused (syntax, unknown column, ...): the caller's input, not the lake."""
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def connect(lake: Lake, day: str | None = None) -> Any:
+    """A DuckDB connection with the lake's tables (of one partition day, if given) and the views."""
+    import duckdb
+
+    con = duckdb.connect()
+    for table in TABLES:
+        single, multi = lake.split_datasets(table, day)
+        con.register(f"{table}_single", single)
+        con.register(f"{table}_multi", multi)
+        con.execute(TABLE_VIEWS.format(t=table, key=DEDUPE_KEY[table]))
+    con.execute(VIEWS)
+    return con
+
+
+def run_query(lake: Lake, sql: str, day: str | None = None) -> QueryResult:
+    import duckdb
+
+    con = connect(lake, day)
+    try:
+        rel = con.sql(sql)
+        if rel is None:  # a statement without a result (SET, CREATE VIEW ...)
+            return QueryResult([], [])
+        return QueryResult(list(rel.columns), rel.fetchall())
+    except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException) as exc:
+        raise QueryError(f"query: {str(exc).splitlines()[0]}") from exc
+    except duckdb.Error as exc:
+        raise LakeError(f"query failed: {str(exc).splitlines()[0]}") from exc
+    finally:
+        con.close()
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return str(value)
+
+
+def render_table(result: QueryResult) -> str:
+    """An aligned text table (numbers right-aligned) with a row count."""
+    cells = [[_text(v) for v in row] for row in result.rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(result.columns)]
+    numeric = [
+        all(isinstance(r[i], int | float | Decimal) or r[i] is None for r in result.rows) for i in range(len(widths))
+    ]
+
+    def line(values: list[str]) -> str:
+        out = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(out).rstrip()
+
+    lines = [line(result.columns), "  ".join("-" * w for w in widths)] + [line(r) for r in cells]
+    lines.append(f"({len(result.rows)} row{'s' if len(result.rows) != 1 else ''})")
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def render_json(result: QueryResult) -> str:
+    docs = [{c: _jsonable(v) for c, v in zip(result.columns, row, strict=True)} for row in result.rows]
+    return json.dumps(docs, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_csv(result: QueryResult) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(result.columns)
+    writer.writerows([["" if v is None else _jsonable(v) for v in row] for row in result.rows])
+    return buf.getvalue()

@@ -1,0 +1,304 @@
+"""Verification: inclusion of one envelope, consistency of a day's checkpoints, and tamper findings.
+
+``reprolane verify REQUEST_ID``: index -> envelope object -> its stored bytes must hash to the id in its key
+name (a sealed object must carry that id) -> its first leaf in the day log -> an RFC 9162 inclusion proof
+against the latest signed checkpoint covering it, whose Ed25519 signature is checked with the public key.
+
+``reprolane verify --range DAY[:FROM:TO]``: every checkpoint's signature, each checkpoint's root against the
+current leaf prefix, a consistency proof between consecutive checkpoints, every leaf has its object, every
+object of the day is a leaf, and every object's bytes still hash to its id.
+
+What each finding means (``fatal`` ones make the verdict fail, exit 1):
+
+    modified          stored bytes hash to something else than the id (or a sealed record names another id)
+    deleted           a leaf has no object, or a signed checkpoint is larger than the log now is
+    reordered         the leaves under a checkpoint are a permutation of what was signed (the swap is named
+                      when it is a single one)
+    altered           the leaves under a checkpoint no longer hash to its root (inserted or replaced leaves)
+    inserted          an object of the day is in no leaf (or it was stored and not logged before a crash)
+    not_logged        the envelope asked for is stored but in no leaf
+    not_checkpointed  it is logged, but no signed checkpoint covers its leaf yet
+    bad_checkpoint    a checkpoint object does not parse, is misnamed, or its signature does not verify
+    broken_log        leaf batches with gaps, overlaps or torn lengths
+    duplicate, expired, sealed, unsigned_tail   informational
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from capture.audit.checkpoint import StoredCheckpoint, day_objects, list_checkpoints
+from capture.audit.errors import UnknownIdError
+from capture.audit.merkle_log import EXPIRY_PREFIX, LeafLog, log_id, read_leaves
+from capture.audit.store import AuditStore
+from schemas import sha256_hex
+from schemas.errors import ContractError
+from schemas.layout import request_index_key
+from schemas.merkle import (
+    Checkpoint,
+    consistency_proof,
+    inclusion_proof,
+    leaf_data,
+    leaf_hash,
+    root_from_hashes,
+    verify_checkpoint,
+    verify_consistency,
+    verify_inclusion,
+)
+from schemas.sealed import decode_sealed, is_sealed
+
+INFO_KINDS = frozenset({"duplicate", "expired", "sealed", "unsigned_tail"})
+MAX_SWAP_SEARCH = 64
+CHECK_WORKERS = 8  # objects are read and hashed in parallel (boto3 clients are thread-safe)
+_DAY_RE = re.compile(r"/date=(\d{4}-\d{2}-\d{2})/")
+_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    message: str
+
+    @property
+    def fatal(self) -> bool:
+        return self.kind not in INFO_KINDS
+
+
+@dataclass
+class Verdict:
+    subject: str
+    findings: list[Finding] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.fatal for f in self.findings)
+
+    def add(self, kind: str, message: str) -> None:
+        self.findings.append(Finding(kind, message))
+
+    def kinds(self) -> set[str]:
+        return {f.kind for f in self.findings if f.fatal}
+
+
+def check_object(store: AuditStore, key: str) -> Finding | None:
+    """None when the object's bytes still match the id in its key name (see module doc), else a finding."""
+    name = key.rsplit("/", 1)[1].removesuffix(".json")
+    body = store.get(key)
+    if body is None:
+        return Finding("deleted", f"deleted: envelope object {key} is gone")
+    if is_sealed(body):
+        try:
+            sealed = decode_sealed(body)
+        except ContractError as exc:
+            return Finding("modified", f"modified: {key} is not a valid sealed envelope any more: {exc}")
+        if sealed.envelope_id != name:
+            return Finding("modified", f"modified: sealed record in {key} says envelope {sealed.envelope_id}")
+        return Finding("sealed", f"{key} is sealed: its id is checked, its contents are not opened here")
+    actual = sha256_hex(body)
+    if actual != name:
+        return Finding("modified", f"modified: stored bytes of {key} hash to {actual}, id says {name}")
+    return None
+
+
+def expired_ids(store: AuditStore) -> set[str]:
+    """Envelope ids an expiry run reported deleting (their leaves have no object on purpose)."""
+    ids: set[str] = set()
+    for key, _ in store.list_keys(EXPIRY_PREFIX):
+        body = store.get(key)
+        try:
+            doc = json.loads(body or b"{}")
+            ids.update(str(d["envelope_id"]) for d in doc.get("deleted", []))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return ids
+
+
+def _signed(stored: Sequence[StoredCheckpoint], day: str, public_raw: bytes, verdict: Verdict) -> list[Checkpoint]:
+    """The checkpoints whose signature, name and log id check out; the others become findings."""
+    good: list[Checkpoint] = []
+    for item in stored:
+        cp = item.checkpoint
+        if cp is None:
+            verdict.add("bad_checkpoint", f"bad_checkpoint: {item.key} does not parse: {item.error}")
+        elif not verify_checkpoint(cp, public_raw):
+            verdict.add("bad_checkpoint", f"bad_checkpoint: signature of {item.key} does not verify (key {cp.key_id})")
+        elif not item.key.endswith(f"/{cp.tree_size:012d}.json") or cp.log_id != log_id(day):
+            verdict.add("bad_checkpoint", f"bad_checkpoint: {item.key} holds {cp.log_id} size {cp.tree_size}")
+        else:
+            good.append(cp)
+    return good
+
+
+def _prefix_problem(ids: list[str], hashes: list[bytes], start: int, cp: Checkpoint) -> Finding | None:
+    """Why the leaves no longer hash to `cp` (leaves before `start` are known good), or None when they do."""
+    size = cp.tree_size
+    if size > len(hashes):
+        return Finding("deleted", f"deleted: checkpoint size {size} was signed but the log has {len(hashes)} leaves")
+    root = bytes.fromhex(cp.root_hash)
+    if root_from_hashes(hashes[:size]) == root:
+        return None
+    lo = start
+    if size - lo <= MAX_SWAP_SEARCH:
+        for i in range(lo, size):
+            for j in range(i + 1, size):
+                trial = list(hashes[:size])
+                trial[i], trial[j] = trial[j], trial[i]
+                if root_from_hashes(trial) == root:
+                    return Finding(
+                        "reordered",
+                        f"reordered: leaves {i} and {j} (envelope ids {ids[i][:16]}…, {ids[j][:16]}…) are swapped "
+                        f"against checkpoint size {size}",
+                    )
+    return Finding("altered", f"altered: leaves {lo}..{size - 1} no longer hash to the root of checkpoint size {size}")
+
+
+def _check_chain(day: str, leaves: LeafLog, good: list[Checkpoint], verdict: Verdict) -> list[Checkpoint]:
+    """Each checkpoint against the current leaves, and consistency between consecutive ones; returns those that
+    still match the leaves."""
+    hashes = [leaf_hash(leaf_data(i)) for i in leaves.ids]
+    matching: list[Checkpoint] = []
+    last_good = 0
+    previous: Checkpoint | None = None
+    for cp in good:
+        problem = _prefix_problem(leaves.ids, hashes, last_good, cp)
+        if problem is not None:
+            verdict.findings.append(problem)
+        else:
+            matching.append(cp)
+            last_good = cp.tree_size
+        if previous is not None and problem is None and previous in matching:
+            proof = consistency_proof(hashes[: cp.tree_size], previous.tree_size)
+            old, new = bytes.fromhex(previous.root_hash), bytes.fromhex(cp.root_hash)
+            if verify_consistency(previous.tree_size, cp.tree_size, old, new, proof):
+                verdict.lines.append(
+                    f"  consistent: size {previous.tree_size} -> {cp.tree_size} ({len(proof)}-hash proof)"
+                )
+            else:  # unreachable when both prefixes match; kept as a guard against a broken proof builder
+                verdict.add("altered", f"altered: no consistency {previous.tree_size} -> {cp.tree_size}")
+        previous = cp
+    return matching
+
+
+def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Verdict:
+    body = store.get(request_index_key(request_id))
+    if body is None:
+        raise UnknownIdError(f"no envelope with request id {request_id!r} in s3://{store.bucket}")
+    try:
+        pointer = json.loads(body)
+        key, indexed_id = str(pointer["key"]), str(pointer["envelope_id"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UnknownIdError(f"index entry of {request_id!r} is unreadable: {exc!r}") from exc
+    verdict = Verdict(f"request {request_id}")
+    envelope_id = key.rsplit("/", 1)[1].removesuffix(".json")
+    if indexed_id != envelope_id:
+        verdict.add("modified", f"modified: the index says envelope {indexed_id} but points at {key}")
+    finding = check_object(store, key)
+    if finding is not None:
+        verdict.findings.append(finding)
+    if finding is None or not finding.fatal:
+        verdict.lines.append(f"  object: {key} (stored bytes match the id)")
+    match = _DAY_RE.search(key)
+    if match is None or not _ID_RE.match(envelope_id):
+        verdict.add("modified", f"modified: {key} is not an envelope key")
+        return verdict
+    day = match.group(1)
+    leaves = read_leaves(store, day)
+    for problem in leaves.problems:
+        verdict.add("broken_log", f"broken_log: {problem}")
+    index = leaves.first_index().get(envelope_id)
+    if index is None:
+        verdict.add("not_logged", f"not_logged: envelope {envelope_id} ({key}) is stored but in no leaf of {day}")
+        return verdict
+    verdict.lines.append(f"  leaf: {index} of {log_id(day)} ({len(leaves.ids)} leaves)")
+    good = _signed(list_checkpoints(store, day), day, public_raw, verdict)
+    matching = _check_chain(day, leaves, good, verdict)
+    covering = [cp for cp in matching if cp.tree_size > index]
+    if not covering:
+        if not verdict.kinds():
+            latest = max((cp.tree_size for cp in good), default=0)
+            verdict.add(
+                "not_checkpointed",
+                f"not_checkpointed: leaf {index} of {day} is after the latest signed checkpoint (size {latest}); "
+                "run `reprolane audit checkpoint`",
+            )
+        return verdict
+    cp = covering[-1]
+    hashes = [leaf_hash(leaf_data(i)) for i in leaves.ids[: cp.tree_size]]
+    proof = inclusion_proof(hashes, index)
+    if not verify_inclusion(hashes[index], index, cp.tree_size, proof, bytes.fromhex(cp.root_hash)):
+        verdict.add("altered", f"altered: inclusion proof of leaf {index} fails against checkpoint {cp.tree_size}")
+        return verdict
+    verdict.lines += [
+        f"  checkpoint: size {cp.tree_size} root {cp.root_hash} issued {cp.issued_at.isoformat()}",
+        f"  signature: Ed25519 key {cp.key_id} verifies",
+        f"  inclusion proof: {len(proof)} hashes, leaf {index} -> root: verifies",
+    ]
+    return verdict
+
+
+def verify_range(
+    store: AuditStore, day: str, public_raw: bytes, from_size: int | None = None, to_size: int | None = None
+) -> Verdict:
+    verdict = Verdict(f"{log_id(day)}" + (f" sizes {from_size}..{to_size}" if from_size is not None else ""))
+    leaves = read_leaves(store, day)
+    objects = day_objects(store, day)
+    stored = list_checkpoints(store, day)
+    if not leaves.ids and not objects and not stored:
+        raise UnknownIdError(f"nothing stored for day {day} in s3://{store.bucket}")
+    for problem in leaves.problems:
+        verdict.add("broken_log", f"broken_log: {problem}")
+    good = _signed(stored, day, public_raw, verdict)
+    if from_size is not None and to_size is not None:
+        sizes = {cp.tree_size for cp in good}
+        for size in (from_size, to_size):
+            if size not in sizes:
+                raise UnknownIdError(f"no signed checkpoint of size {size} for {day} (have {sorted(sizes)})")
+        good = [cp for cp in good if from_size <= cp.tree_size <= to_size]
+    matching = _check_chain(day, leaves, good, verdict)
+    if not good:
+        verdict.add("not_checkpointed", f"not_checkpointed: {day} has no signed checkpoint")
+    elif matching:
+        verdict.lines.insert(
+            0, f"  checkpoints: {len(matching)} signed and matching, latest size {matching[-1].tree_size}"
+        )
+        if matching[-1].tree_size < len(leaves.ids):
+            verdict.add(
+                "unsigned_tail",
+                f"unsigned_tail: leaves {matching[-1].tree_size}..{len(leaves.ids) - 1} not yet checkpointed",
+            )
+    _check_leaves_and_objects(store, day, leaves, objects, verdict)
+    verdict.lines.append(f"  leaves: {len(leaves.ids)}; objects: {len(objects)}")
+    return verdict
+
+
+def _check_leaves_and_objects(
+    store: AuditStore, day: str, leaves: LeafLog, objects: dict[str, str], verdict: Verdict
+) -> None:
+    expired = expired_ids(store) if any(eid not in objects for eid in leaves.ids) else set()
+    for later, first in leaves.duplicates():
+        verdict.add("duplicate", f"duplicate: leaf {later} repeats leaf {first} (at-least-once publishing)")
+    for eid, index in sorted(leaves.first_index().items(), key=lambda kv: kv[1]):
+        if eid in objects:
+            continue
+        if eid in expired:
+            verdict.add("expired", f"expired: leaf {index} (envelope id {eid}) was deleted by an expiry run")
+        else:
+            verdict.add("deleted", f"deleted: leaf {index} (envelope id {eid}) has no object")
+    logged = set(leaves.ids)
+    ordered = sorted(objects.items())
+    with ThreadPoolExecutor(max_workers=CHECK_WORKERS, thread_name_prefix="audit-verify") as pool:
+        checked = list(pool.map(lambda item: check_object(store, item[1]), ordered))
+    for (eid, key), finding in zip(ordered, checked, strict=True):
+        if eid not in logged:
+            verdict.add(
+                "inserted",
+                f"inserted: object {key} (envelope id {eid}) is in no leaf of {day} "
+                "(or it was stored and not logged before a crash: see `reprolane audit reconcile`)",
+            )
+        if finding is not None:
+            verdict.findings.append(finding)

@@ -1,0 +1,231 @@
+"""Tamper evidence, the pure part: RFC 9162 (RFC 6962) Merkle tree math and the signed checkpoint record.
+
+The log of a day is the sequence of envelope ids in the order the publisher stored them. Leaf ``i`` is the
+32 raw bytes of the ``i``-th envelope id (the hex id decoded). Hashes, exactly as in RFC 9162 section 2.1:
+
+    leaf hash   = sha256(0x00 || data)
+    node hash   = sha256(0x01 || left || right)
+    MTH([])     = sha256("")
+    MTH(D[n])   = node(MTH(D[0:k]), MTH(D[k:n]))   k = the largest power of two smaller than n
+
+An inclusion proof shows that one leaf sits at index ``i`` of a tree of ``n`` leaves with a given root; a
+consistency proof shows that the tree of ``m`` leaves is a prefix of the tree of ``n`` leaves (nothing that a
+checkpoint committed to was modified, removed, reordered or had something inserted before it). Verification
+follows the RFC's iterative algorithms (2.1.3.2 and 2.1.4.2), which are independent of the recursive proof
+construction here, so a test that round-trips the two checks one against the other.
+
+A `Checkpoint` commits to ``(log_id, tree_size, root_hash)`` with an Ed25519 signature over the canonical
+JSON (`schemas.canonical`) of every field but the signature. Signing is pure computation (no IO), so it lives
+here; loading keys from files is the caller's business.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Final
+
+from pydantic import Field, ValidationError, field_validator
+
+from schemas.base import Record
+from schemas.canonical import canonical_bytes
+from schemas.errors import ContractError
+
+CHECKPOINT_SCHEMA_VERSION: Final = "reprolane.checkpoint/1"
+HASH_SIZE: Final = 32
+
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+def leaf_hash(data: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def leaf_data(envelope_id: str) -> bytes:
+    """The leaf data of an envelope: the 32 raw bytes of its sha256 hex id."""
+    try:
+        raw = bytes.fromhex(envelope_id)
+    except ValueError as exc:
+        raise ContractError(f"envelope id {envelope_id!r} is not hex", ("envelope_id",)) from exc
+    if len(raw) != HASH_SIZE:
+        raise ContractError(f"envelope id {envelope_id!r} is not 32 bytes", ("envelope_id",))
+    return raw
+
+
+def _split(n: int) -> int:
+    """The largest power of two strictly smaller than n (n >= 2)."""
+    return 1 << ((n - 1).bit_length() - 1)
+
+
+def root_from_hashes(hashes: Sequence[bytes]) -> bytes:
+    """MTH over leaf *hashes* (each already `leaf_hash`-ed)."""
+    n = len(hashes)
+    if n == 0:
+        return hashlib.sha256(b"").digest()
+    if n == 1:
+        return hashes[0]
+    k = _split(n)
+    return node_hash(root_from_hashes(hashes[:k]), root_from_hashes(hashes[k:]))
+
+
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
+    """MTH over leaf *data*."""
+    return root_from_hashes([leaf_hash(d) for d in leaves])
+
+
+def inclusion_proof(hashes: Sequence[bytes], index: int) -> list[bytes]:
+    """PATH(index, D[n]) over leaf hashes: the audit path, leaf side first."""
+    n = len(hashes)
+    if not 0 <= index < n:
+        raise ValueError(f"leaf index {index} outside a tree of {n}")
+    if n == 1:
+        return []
+    k = _split(n)
+    if index < k:
+        return [*inclusion_proof(hashes[:k], index), root_from_hashes(hashes[k:])]
+    return [*inclusion_proof(hashes[k:], index - k), root_from_hashes(hashes[:k])]
+
+
+def verify_inclusion(leaf: bytes, index: int, tree_size: int, proof: Sequence[bytes], root: bytes) -> bool:
+    """RFC 9162 2.1.3.2: does `leaf` (a leaf *hash*) sit at `index` of the tree of `tree_size` with `root`?"""
+    if not 0 <= index < tree_size:
+        return False
+    fn, sn = index, tree_size - 1
+    r = leaf
+    for p in proof:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            r = node_hash(r, p)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and r == root
+
+
+def consistency_proof(hashes: Sequence[bytes], old_size: int) -> list[bytes]:
+    """PROOF(m, D[n]) over leaf hashes: that the first `old_size` leaves are a prefix of all of them."""
+    n = len(hashes)
+    if not 0 < old_size <= n:
+        raise ValueError(f"old size {old_size} must be in 1..{n}")
+    return _subproof(old_size, hashes, True)
+
+
+def _subproof(m: int, hashes: Sequence[bytes], complete: bool) -> list[bytes]:
+    n = len(hashes)
+    if m == n:
+        return [] if complete else [root_from_hashes(hashes)]
+    k = _split(n)
+    if m <= k:
+        return [*_subproof(m, hashes[:k], complete), root_from_hashes(hashes[k:])]
+    return [*_subproof(m - k, hashes[k:], False), root_from_hashes(hashes[:k])]
+
+
+def verify_consistency(old_size: int, new_size: int, old_root: bytes, new_root: bytes, proof: Sequence[bytes]) -> bool:
+    """RFC 9162 2.1.4.2: is the tree (old_size, old_root) a prefix of (new_size, new_root)?"""
+    if not 0 < old_size <= new_size:
+        return False
+    if old_size == new_size:
+        return not proof and old_root == new_root
+    if not proof:
+        return False
+    path = list(proof)
+    if old_size & (old_size - 1) == 0:  # a power of two: the old root is the first node of the path
+        path.insert(0, old_root)
+    fn, sn = old_size - 1, new_size - 1
+    while fn & 1:
+        fn >>= 1
+        sn >>= 1
+    fr = sr = path[0]
+    for c in path[1:]:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            fr = node_hash(c, fr)
+            sr = node_hash(c, sr)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            sr = node_hash(sr, c)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and fr == old_root and sr == new_root
+
+
+class Checkpoint(Record):
+    """A signed commitment to the first `tree_size` leaves of one log (e.g. ``day=2026-11-29``)."""
+
+    schema_version: str = CHECKPOINT_SCHEMA_VERSION
+    log_id: str = Field(pattern=r"^[A-Za-z0-9=._:\-]{1,128}$")
+    tree_size: int = Field(ge=0)
+    root_hash: Sha256Hex
+    issued_at: datetime
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="first 16 hex of sha256(raw public key)")
+    signature: str = Field(default="", description="base64 Ed25519 signature over `signed_body`")
+
+    @field_validator("issued_at")
+    @classmethod
+    def _utc(cls, v: datetime) -> datetime:
+        if v.tzinfo is None:
+            raise ValueError("must be timezone-aware (UTC)")
+        return v.astimezone(UTC)
+
+    def signed_body(self) -> bytes:
+        """The bytes the signature covers: canonical JSON of every field except the signature."""
+        return canonical_bytes(self, exclude={"signature"})
+
+    def canonical(self) -> bytes:
+        return canonical_bytes(self)
+
+
+def key_id(public_raw: bytes) -> str:
+    return hashlib.sha256(public_raw).hexdigest()[:16]
+
+
+def sign_checkpoint(private_raw: bytes, log_id: str, tree_size: int, root: bytes, issued_at: datetime) -> Checkpoint:
+    """Sign ``(log_id, tree_size, root)`` with the Ed25519 private key given as its 32 raw bytes."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    key = Ed25519PrivateKey.from_private_bytes(private_raw)
+    public_raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    unsigned = Checkpoint(
+        log_id=log_id, tree_size=tree_size, root_hash=root.hex(), issued_at=issued_at, key_id=key_id(public_raw)
+    )
+    signature = base64.b64encode(key.sign(unsigned.signed_body())).decode()
+    return unsigned.model_copy(update={"signature": signature})
+
+
+def verify_checkpoint(checkpoint: Checkpoint, public_raw: bytes) -> bool:
+    """True when the signature is a valid Ed25519 signature of `signed_body` by this public key."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if checkpoint.key_id != key_id(public_raw):
+        return False
+    try:
+        signature = base64.b64decode(checkpoint.signature, validate=True)
+        Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, checkpoint.signed_body())
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def decode_checkpoint(data: bytes | str) -> Checkpoint:
+    try:
+        return Checkpoint.model_validate_json(data)
+    except ValidationError as exc:
+        raise ContractError.from_validation("checkpoint", exc) from exc

@@ -1,0 +1,239 @@
+"""Sealed envelopes: per-tenant encryption of stored records, so that destroying a key shreds the records.
+
+An encrypted tenant's envelope leaves the capture side as a `SealedEnvelope` instead of the plaintext canonical
+envelope: AES-256-GCM (through `cryptography`) of the canonical bytes under the tenant's *data key*, with the
+record's metadata as additional authenticated data. Everything outside ``ciphertext`` is non-sensitive routing
+metadata (ids, tenant, capture time, workflow position, key id); prompt, output, model and runtime live only in
+the ciphertext. ``envelope_id`` is the sha256 of the *plaintext* canonical envelope, so S3 keys, Kafka headers and
+the replay idempotency key are the same whether a tenant is encrypted or not, and `open_envelope` checks it.
+
+Data keys are stored wrapped (`WrappedKey`): AES-256-GCM under a key-encryption key (KEK) from the configured key
+source, with the tenant and key id as AAD, so a wrapped key copied to another tenant's name does not unwrap.
+Crypto-shredding = deleting every stored version of a tenant's wrapped keys: the write-once records stay where
+they are, and nobody can read them again.
+
+Pure: no IO. Randomness (nonces, new data keys) comes from `os.urandom`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Final, Literal, NamedTuple
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from pydantic import Field, ValidationError, field_validator
+
+from schemas.base import Record
+from schemas.canonical import canonical_bytes, canonical_json, sha256_hex
+from schemas.envelope import RequestId, Sha256, WorkflowRef
+from schemas.errors import ContractError, SealError
+
+SEALED_SCHEMA_VERSION: Final = "reprolane.sealed/1"
+WRAPPED_KEY_SCHEMA_VERSION: Final = "reprolane.wrapped-key/1"
+KEY_BYTES: Final = 32  # AES-256
+NONCE_BYTES: Final = 12
+
+_KEY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+KeyId = Annotated[str, Field(pattern=_KEY_ID_RE.pattern)]
+B64 = Annotated[str, Field(min_length=4, pattern=r"^[A-Za-z0-9+/]+={0,2}$")]
+
+
+def b64e(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64d(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SealError(f"{what} is not valid base64") from exc
+
+
+def is_valid_key_id(value: str) -> bool:
+    return bool(_KEY_ID_RE.match(value))
+
+
+def new_data_key() -> bytes:
+    return os.urandom(KEY_BYTES)
+
+
+def kek_id(kek: bytes) -> str:
+    """A short public name of a KEK (sha256 prefix of a domain-separated hash): tells which KEK wrapped a key."""
+    return sha256_hex(b"reprolane.kek-id/1\x00" + kek)[:16]
+
+
+def parse_kek(text: str) -> bytes:
+    """A KEK from its base64 text (a file's content or a setting); exactly 32 bytes or `SealError`."""
+    key = b64d(text.strip(), "the key-encryption key")
+    if len(key) != KEY_BYTES:
+        raise SealError(f"the key-encryption key must be {KEY_BYTES} bytes (base64), not {len(key)}")
+    return key
+
+
+# -- low level: one AEAD seal ----------------------------------------------------------------------------------
+
+
+class SealedBlob(NamedTuple):
+    nonce: bytes
+    ciphertext: bytes  # with the 16-byte GCM tag appended
+
+
+def _check_key(key: bytes, what: str) -> None:
+    if len(key) != KEY_BYTES:
+        raise SealError(f"{what} must be {KEY_BYTES} bytes, not {len(key)}")
+
+
+def seal(plaintext: bytes, data_key: bytes, aad: bytes) -> SealedBlob:
+    """AES-256-GCM of `plaintext` with a fresh random 96-bit nonce, authenticating `aad` too."""
+    _check_key(data_key, "a data key")
+    nonce = os.urandom(NONCE_BYTES)
+    return SealedBlob(nonce, AESGCM(data_key).encrypt(nonce, plaintext, aad))
+
+
+def open_sealed(blob: SealedBlob, data_key: bytes, aad: bytes) -> bytes:
+    """The plaintext, or `SealError` when the key, the aad, the nonce or the ciphertext is not the sealed one."""
+    _check_key(data_key, "a data key")
+    if len(blob.nonce) != NONCE_BYTES:
+        raise SealError(f"nonce must be {NONCE_BYTES} bytes, not {len(blob.nonce)}")
+    try:
+        return AESGCM(data_key).decrypt(blob.nonce, blob.ciphertext, aad)
+    except InvalidTag:
+        raise SealError("authentication failed: wrong key, or the record or its metadata was altered") from None
+
+
+# -- wrapped data keys -----------------------------------------------------------------------------------------
+
+
+class WrappedKey(Record):
+    """A tenant's data key wrapped by a KEK: what the key store holds (``keys/tenant=T/<key_id>.json``)."""
+
+    schema_version: Literal["reprolane.wrapped-key/1"] = WRAPPED_KEY_SCHEMA_VERSION
+    tenant: RequestId
+    key_id: KeyId
+    kek_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    created_at: datetime
+    algorithm: Literal["AES-256-GCM"] = "AES-256-GCM"
+    nonce: B64
+    wrapped: B64
+
+    def _aad(self) -> bytes:
+        return canonical_json({"purpose": WRAPPED_KEY_SCHEMA_VERSION, "tenant": self.tenant, "key_id": self.key_id})
+
+
+def wrap_key(data_key: bytes, kek: bytes, *, tenant: str, key_id: str, created_at: datetime) -> WrappedKey:
+    _check_key(kek, "the key-encryption key")
+    _check_key(data_key, "a data key")
+    draft = WrappedKey(
+        tenant=tenant, key_id=key_id, kek_id=kek_id(kek), created_at=created_at, nonce="AAAA", wrapped="AAAA"
+    )
+    blob = seal(data_key, kek, draft._aad())
+    return draft.model_copy(update={"nonce": b64e(blob.nonce), "wrapped": b64e(blob.ciphertext)})
+
+
+def unwrap_key(wrapped: WrappedKey, kek: bytes) -> bytes:
+    """The data key; `SealError` naming the KEK mismatch when another KEK wrapped it."""
+    _check_key(kek, "the key-encryption key")
+    if wrapped.kek_id != kek_id(kek):
+        raise SealError(
+            f"data key {wrapped.key_id} of tenant {wrapped.tenant} was wrapped by KEK {wrapped.kek_id}, "
+            f"not by the configured KEK {kek_id(kek)}"
+        )
+    blob = SealedBlob(b64d(wrapped.nonce, "nonce"), b64d(wrapped.wrapped, "wrapped key"))
+    key = open_sealed(blob, kek, wrapped._aad())
+    _check_key(key, "an unwrapped data key")
+    return key
+
+
+def decode_wrapped_key(data: bytes | str) -> WrappedKey:
+    try:
+        return WrappedKey.model_validate_json(data)
+    except ValidationError as exc:
+        raise ContractError.from_validation("wrapped key", exc) from exc
+
+
+# -- sealed envelopes ------------------------------------------------------------------------------------------
+
+
+class SealedEnvelope(Record):
+    """An envelope encrypted under its tenant's data key; only non-sensitive metadata outside ``ciphertext``."""
+
+    schema_version: Literal["reprolane.sealed/1"] = SEALED_SCHEMA_VERSION
+    request_id: RequestId
+    envelope_id: Sha256 = Field(description="sha256 of the plaintext canonical envelope")
+    tenant: RequestId
+    captured_at: datetime
+    workflow: WorkflowRef | None = None
+    key_id: KeyId
+    algorithm: Literal["AES-256-GCM"] = "AES-256-GCM"
+    nonce: B64
+    ciphertext: B64
+
+    @field_validator("captured_at")
+    @classmethod
+    def _utc(cls, v: datetime) -> datetime:
+        if v.tzinfo is None:
+            raise ValueError("must be timezone-aware (UTC)")
+        return v.astimezone(UTC)
+
+    def aad(self) -> bytes:
+        """The authenticated metadata: every field but the nonce and the ciphertext, canonically encoded."""
+        return canonical_bytes(self, exclude={"nonce", "ciphertext"})
+
+    def canonical(self) -> bytes:
+        return canonical_bytes(self)
+
+
+def seal_envelope(
+    canonical: bytes,
+    *,
+    request_id: str,
+    tenant: str,
+    captured_at: datetime,
+    workflow: WorkflowRef | None,
+    key_id: str,
+    data_key: bytes,
+) -> SealedEnvelope:
+    """Seal the canonical bytes of an envelope (the caller passes the routing metadata it already parsed)."""
+    draft = SealedEnvelope(
+        request_id=request_id,
+        envelope_id=sha256_hex(canonical),
+        tenant=tenant,
+        captured_at=captured_at,
+        workflow=workflow,
+        key_id=key_id,
+        nonce="AAAA",
+        ciphertext="AAAA",
+    )
+    blob = seal(canonical, data_key, draft.aad())
+    return draft.model_copy(update={"nonce": b64e(blob.nonce), "ciphertext": b64e(blob.ciphertext)})
+
+
+def open_envelope(sealed: SealedEnvelope, data_key: bytes) -> bytes:
+    """The plaintext canonical envelope bytes (its sha256 checked against ``envelope_id``), or `SealError`."""
+    blob = SealedBlob(b64d(sealed.nonce, "nonce"), b64d(sealed.ciphertext, "ciphertext"))
+    plaintext = open_sealed(blob, data_key, sealed.aad())
+    if sha256_hex(plaintext) != sealed.envelope_id:
+        raise SealError(f"sealed envelope {sealed.envelope_id}: the plaintext does not hash to its envelope id")
+    return plaintext
+
+
+def is_sealed(data: bytes | str) -> bool:
+    """True when `data` is JSON of a sealed record (by its schema version); never raises."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("schema_version") == SEALED_SCHEMA_VERSION
+
+
+def decode_sealed(data: bytes | str) -> SealedEnvelope:
+    try:
+        return SealedEnvelope.model_validate_json(data)
+    except ValidationError as exc:
+        raise ContractError.from_validation("sealed envelope", exc) from exc

@@ -1,0 +1,239 @@
+"""The audit lake on the real stack: the archiver consumes envelopes and divergence events from Tansu, writes
+Hive-partitioned Parquet to SeaweedFS; DuckDB answers over it; compaction merges and dedupes; the request-id
+index is rebuilt from the lake."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from capture.audit.archiver import Archiver
+from capture.audit.lake_cli import query_command
+from capture.audit.query import run_query
+from capture.publisher import Publisher
+from capture.settings import CaptureSettings
+from capture.sinks import KafkaSink, S3Sink
+from capture.spool import Spool
+from replayer.errors import EnvelopeNotFoundError
+from replayer.store import EnvelopeStore
+from schemas import DivergenceEvent, Envelope, FirstDivergence, StepCandidates, WorkflowRef
+from tests.capture.audit.conftest import AuditStack, eventually
+from tests.factories import envelope, runtime
+
+pytestmark = pytest.mark.stack
+
+D1 = datetime(2026, 7, 14, 9, 0, tzinfo=UTC)
+D2 = D1 + timedelta(days=1)
+RT_A = runtime()
+RT_B = runtime(dtype="float32")
+DIVERGENCE_RATE = """
+    SELECT e.date AS day, e.runtime_sha256, count(*) AS replays,
+           avg(CASE WHEN d.verdict IN ('bitwise', 'token') THEN 0 ELSE 1 END) AS divergence_rate
+    FROM divergences d JOIN envelopes e USING (envelope_id) GROUP BY ALL ORDER BY day, replays DESC, divergence_rate
+"""
+TOP_POSITIONS = """
+    SELECT e.model, d.first_divergence_position AS position, count(*) AS n
+    FROM divergences d JOIN envelopes e USING (envelope_id)
+    WHERE d.first_divergence_position IS NOT NULL GROUP BY ALL ORDER BY e.model, n DESC, position
+"""
+# (request, capture day, runtime, model, verdict, first divergence position)
+CASES = [
+    ("r0", D1, RT_A, "m-a", "bitwise", None),
+    ("r1", D1, RT_A, "m-a", "diverged", 3),
+    ("r2", D1, RT_B, "m-b", "diverged", 3),
+    ("r3", D1, RT_B, "m-b", "diverged", 5),
+    ("r4", D2, RT_A, "m-a", "token", None),
+    ("r5", D2, RT_A, "m-b", "diverged", 3),
+    ("r6", D2, RT_B, "m-b", "numeric", 7),
+]
+
+
+def event_for(env: Envelope, verdict: str, position: int | None) -> DivergenceEvent:
+    lane = runtime(max_num_seqs=1, prefix_caching=False)
+    first = None
+    if position is not None:
+        first = FirstDivergence(position=position, at=StepCandidates(position=position), near_tie=position == 3)
+    return DivergenceEvent(
+        request_id=env.request_id,
+        envelope_id=env.envelope_id(),
+        lane="vllm",
+        lane_fingerprint=lane,
+        lane_fingerprint_sha256=lane.sha256(),
+        verdict=verdict,  # type: ignore[arg-type]
+        levels_held=("bitwise", "token", "numeric") if verdict == "bitwise" else (),
+        target_level="token",
+        target_met=verdict in ("bitwise", "token"),
+        first_divergence=first,
+        token_match_rate=1.0 if position is None else 0.5,
+        recorded_length=3,
+        replayed_length=3,
+        length_diff=0,
+        cause_hint="identical" if position is None else "late_fork_numeric_drift",
+        tenant=env.tenant,
+        replayed_at=datetime.now(UTC),
+        replay_ms=12.5,
+    )
+
+
+async def archive(a: AuditStack, expected_rows: int, consumed: int = 0, **overrides: Any) -> Archiver:
+    """Run the real archiver (consumer group) until `expected_rows` rows are in S3 (and at least `consumed`
+    messages were read), then stop it."""
+    archiver = Archiver(a.lake_settings(**overrides), a.lake())
+    stop = asyncio.Event()
+    task = asyncio.create_task(archiver.run(stop))
+    try:
+        stats = archiver.stats
+        await eventually(
+            lambda: (stats.rows_written >= expected_rows and stats.consumed >= consumed) or task.done(), 60, "archiving"
+        )
+    finally:
+        stop.set()
+        await task
+    return archiver
+
+
+async def test_archiver_writes_parquet_and_duckdb_answers_the_audit_questions(audit_stack: AuditStack) -> None:
+    a = audit_stack
+    tenant = f"acme-{a.suffix}"
+    envs = [
+        envelope(request_id=f"{rid}-{a.suffix}", captured_at=at, runtime=rt, model=model, tenant=tenant)
+        for rid, at, rt, model, _v, _p in CASES
+    ]
+    events = [event_for(env, v, p) for env, (_r, _a, _rt, _m, v, p) in zip(envs, CASES, strict=True)]
+    await a.produce(a.envelope_topic, [e.canonical() for e in envs] + [envs[2].canonical(), b"not json"])
+    await a.produce(a.divergence_topic, [e.model_dump_json().encode() for e in events])
+    archiver = await archive(a, 14, consumed=16)
+    assert archiver.stats.rows_written == 14  # the redelivered envelope inside the same flush: written once
+    assert archiver.stats.skipped == 1
+    # at-least-once across flushes: an envelope and an event delivered again later. The group resumes after the
+    # committed offsets (only what was written was committed), so it reads exactly these two.
+    await a.produce(a.envelope_topic, [envs[2].canonical()])
+    await a.produce(a.divergence_topic, [events[1].model_dump_json().encode()])
+    again = await archive(a, 2)
+    assert again.stats.consumed == 2
+
+    lake = a.lake()
+    parts = lake.partitions("envelopes")
+    assert [(p.day, p.tenant) for p in parts] == [("2026-07-14", tenant), ("2026-07-15", tenant)]
+    assert all(
+        p.startswith(f"{a.bucket}/{a.prefix}/envelopes/date=2026-07-14/tenant={tenant}/part-") for p in parts[0].paths
+    )
+    files = [pq.read_table(p, filesystem=lake.fs) for p in parts[0].paths]
+    assert sum(t.num_rows for t in files) == 5  # r0..r3, and the later copy of r2 in a file of its own
+    assert len(files) >= 2
+    assert all(len(set(t["envelope_id"].to_pylist())) == t.num_rows for t in files)  # each file duplicate-free
+
+    rate = run_query(lake, DIVERGENCE_RATE)
+    assert rate.rows == [
+        ("2026-07-14", RT_A.sha256(), 2, 0.5),
+        ("2026-07-14", RT_B.sha256(), 2, 1.0),
+        ("2026-07-15", RT_A.sha256(), 2, 0.5),
+        ("2026-07-15", RT_B.sha256(), 1, 1.0),
+    ]
+    top = run_query(lake, TOP_POSITIONS)
+    assert top.rows == [("m-a", 3, 1), ("m-b", 3, 2), ("m-b", 5, 1), ("m-b", 7, 1)]
+    counts = run_query(lake, "SELECT (SELECT count(*) FROM envelopes_raw), (SELECT count(*) FROM envelopes), "
+                             "(SELECT count(*) FROM divergences_raw), (SELECT count(*) FROM divergences)")  # fmt: skip
+    assert counts.rows == [(8, 7, 8, 7)]
+    replays = run_query(lake, f"SELECT s3_key FROM replays WHERE request_id = 'r1-{a.suffix}'")
+    assert replays.rows == [(f"replays/date=2026-07-14/{envs[1].envelope_id()}/{events[1].result_id()}.json",)]
+
+    # the CLI: same numbers, as JSON
+    app = typer.Typer()
+    app.command()(query_command)
+    env = {
+        "REPROLANE_ARCHIVER_S3_ENDPOINT": a.info.s3_endpoint,
+        "REPROLANE_ARCHIVER_S3_ACCESS_KEY": a.info.s3_access_key,
+        "REPROLANE_ARCHIVER_S3_SECRET_KEY": a.info.s3_secret_key,
+        "REPROLANE_ARCHIVER_LAKE_BUCKET": a.bucket,
+        "REPROLANE_ARCHIVER_LAKE_PREFIX": a.prefix,
+    }
+    result = CliRunner().invoke(app, [TOP_POSITIONS, "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)[1] == {"model": "m-b", "position": 3, "n": 2}
+    sql = "SELECT request_id, model, output_len FROM envelopes ORDER BY 1"
+    table = CliRunner().invoke(app, [sql, "--date", "2026-07-14"], env=env)  # partitions of that day only
+    assert table.exit_code == 0
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["request_id", "model", "output_len"]
+    assert lines[2].split() == [f"r0-{a.suffix}", "m-a", "3"]
+    assert lines[-1] == "(4 rows)"
+    bad = CliRunner().invoke(app, ["SELECT nope FROM envelopes"], env=env)
+    assert bad.exit_code == 2
+    assert bad.stderr.startswith("error: query: Binder Error")
+
+
+async def test_compaction_merges_small_files_and_drops_duplicates(audit_stack: AuditStack) -> None:
+    a = audit_stack
+    tenant = f"acme-{a.suffix}"
+    envs = [envelope(request_id=f"c{i}-{a.suffix}", captured_at=D1, tenant=tenant) for i in range(5)]
+    for round_ in range(3):  # three archiver runs: three files, the second and third full of duplicates
+        await a.produce(a.envelope_topic, [e.canonical() for e in envs])
+        await archive(a, 5, group_id=f"archiver-{a.suffix}-{round_}" if round_ else f"archiver-{a.suffix}")
+    lake = a.lake()
+    [part] = lake.partitions("envelopes")
+    assert len(part.paths) >= 3
+    before = run_query(lake, "SELECT count(*) FROM envelopes_raw").rows[0][0]
+    assert before >= 15
+
+    report = lake.compact("envelopes")
+    assert (report.partitions, report.files_read, report.files_written) == (1, len(part.paths), 1)
+    assert (report.rows_in, report.rows_out) == (before, 5)
+    [after] = lake.partitions("envelopes")
+    assert len(after.paths) == 1
+    assert not set(after.paths) & set(part.paths)
+    assert run_query(lake, "SELECT count(*), count(DISTINCT envelope_id) FROM envelopes_raw").rows == [(5, 5)]
+    assert lake.compact("envelopes").partitions == 0  # nothing left to merge
+
+
+async def test_rebuild_index_restores_a_lost_index_object(audit_stack: AuditStack, tmp_path: Path) -> None:
+    a = audit_stack
+    now = datetime.now(UTC).replace(microsecond=0)
+    workflow = WorkflowRef(workflow_id=f"wf-{a.suffix}", step=4)
+    envs = [
+        envelope(
+            request_id=f"ix{i}-{a.suffix}", captured_at=now, tenant=f"t-{a.suffix}", workflow=workflow if i else None
+        )
+        for i in range(2)
+    ]
+    settings = CaptureSettings(
+        upstream="http://127.0.0.1:9", spool_dir=tmp_path / "spool", kafka_bootstrap=a.info.kafka_bootstrap,
+        s3_endpoint=a.info.s3_endpoint, s3_access_key=a.info.s3_access_key, s3_secret_key=a.info.s3_secret_key,
+        s3_bucket=a.info.audit_bucket,
+    )  # fmt: skip
+    spool = Spool(settings.spool_dir, max_bytes=1 << 24, group_commit_ms=0)
+    await spool.open()
+    for env in envs:
+        await spool.append(env)
+    publisher = Publisher(spool, settings, sinks=[KafkaSink(settings, topic=a.envelope_topic), S3Sink(settings)])
+    await publisher.start()
+    await eventually(lambda: spool.depth == 0, 30, "publish")
+    await publisher.stop()
+    await spool.close()
+    await archive(a, 2)
+
+    s3 = a.client()
+    store = EnvelopeStore(s3, a.info.audit_bucket)
+    lost = [f"index/request-id/{envs[0].request_id}.json", f"index/request-id/{envs[1].request_id}.json",
+            f"index/workflow/{workflow.workflow_id}/000004-{envs[1].request_id}.json"]  # fmt: skip
+    originals = {k: s3.get_object(Bucket=a.info.audit_bucket, Key=k)["Body"].read() for k in lost}
+    for key in lost:
+        s3.delete_object(Bucket=a.info.audit_bucket, Key=key)
+    with pytest.raises(EnvelopeNotFoundError):
+        store.get_by_request_id(envs[0].request_id)
+
+    written = a.lake().rebuild_index(s3, a.info.audit_bucket, now.strftime("%Y-%m-%d"))
+    assert written == 3
+    for key, body in originals.items():
+        assert s3.get_object(Bucket=a.info.audit_bucket, Key=key)["Body"].read() == body  # byte for byte
+    assert store.get_by_request_id(envs[0].request_id) == envs[0]
+    assert [e.request_id for e in store.list_workflow(workflow.workflow_id)] == [envs[1].request_id]
+    assert a.lake().rebuild_index(s3, a.info.audit_bucket, now.strftime("%Y-%m-%d")) == 0  # nothing missing now

@@ -1,0 +1,250 @@
+"""The Merkle log writer and its place in the publisher (moto S3; the real-stack tests are in *_stack.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from capture.audit.checkpoint import reconcile, write_checkpoint
+from capture.audit.errors import AuditError
+from capture.audit.keys import keygen, load_private, load_public, public_of
+from capture.audit.merkle_log import MerkleLogWriter, append_leaves, leaves_key, log_size, read_leaves
+from capture.audit.store import AuditStore
+from capture.errors import SinkError
+from capture.publisher import Publisher
+from capture.settings import CaptureSettings
+from capture.sinks import Outgoing, S3Sink
+from capture.spool import Spool, SpoolEntry
+from schemas.merkle import decode_checkpoint, leaf_data, merkle_root, verify_checkpoint
+from tests.factories import FIXED_TIME, envelope
+
+DAY = FIXED_TIME.strftime("%Y-%m-%d")
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def bucket(moto_endpoint: str) -> str:
+    name = f"log-{uuid.uuid4().hex[:12]}"
+    client(moto_endpoint).create_bucket(Bucket=name)
+    return name
+
+
+def client(endpoint: str) -> Any:
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    )
+
+
+@pytest.fixture
+def store(moto_endpoint: str, bucket: str) -> AuditStore:
+    return AuditStore(client(moto_endpoint), bucket)
+
+
+@pytest.fixture
+def settings(moto_endpoint: str, bucket: str, tmp_path: Path) -> CaptureSettings:
+    return CaptureSettings(
+        upstream="http://127.0.0.1:9",
+        spool_dir=tmp_path / "spool",
+        s3_endpoint=moto_endpoint,
+        s3_access_key="k",
+        s3_secret_key="s",
+        s3_bucket=bucket,
+        retention_days=0,
+        audit_log=True,
+    )
+
+
+@pytest.fixture
+async def spool(settings: CaptureSettings) -> AsyncIterator[Spool]:
+    s = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes, group_commit_ms=0)
+    await s.open()
+    yield s
+    await s.close()
+
+
+def outgoing(seq: int, **overrides: Any) -> Outgoing:
+    return Outgoing.from_entry(SpoolEntry(seq, envelope(**overrides).canonical()))
+
+
+class Recorder:
+    """A sink that records batches and, while `fail` is set, refuses them."""
+
+    def __init__(self, name: str, events: list[str]) -> None:
+        self.name = name
+        self.events = events
+        self.fail = False
+        self.batches: list[list[str]] = []
+
+    async def publish(self, batch: Sequence[Outgoing]) -> None:
+        self.events.append(self.name)
+        if self.fail:
+            raise SinkError(f"{self.name}: down (fake)")
+        self.batches.append([o.envelope_id for o in batch])
+
+    async def close(self) -> None:
+        pass
+
+
+async def wait_for(condition: Any, within_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_then_sinks_run_after_every_sink_and_before_the_ack(spool: Spool, settings: CaptureSettings) -> None:
+    events: list[str] = []
+    kafka, s3, log = Recorder("kafka", events), Recorder("s3", events), Recorder("audit-log", events)
+    log.fail = True
+    envs = [envelope(request_id=f"req-then-{i}") for i in range(3)]
+    for env in envs:
+        await spool.append(env)
+    publisher = Publisher(spool, settings, sinks=[kafka, s3], then=[log], backoff_initial_s=0.01, backoff_max_s=0.02)
+    await publisher.start()
+    try:
+        await wait_for(lambda: events.count("audit-log") >= 3)
+        assert spool.depth == 3  # the log refused: nothing is acked, the batch stays pending
+        assert events[:3] == ["kafka", "s3", "audit-log"]  # the log only after both sinks confirmed
+        assert events.count("kafka") == 1  # confirmed sinks are not asked again while the log retries
+        log.fail = False
+        await wait_for(lambda: spool.depth == 0)
+    finally:
+        await publisher.stop()
+    assert log.batches == [[e.envelope_id() for e in envs]]
+
+
+def test_the_audit_log_is_a_then_sink_only_when_enabled(settings: CaptureSettings) -> None:
+    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
+    assert [s.name for s in Publisher(spool, settings).then] == ["audit-log"]
+    assert Publisher(spool, settings.model_copy(update={"audit_log": False})).then == []
+
+
+async def test_publisher_appends_each_stored_batch_in_order(
+    spool: Spool, settings: CaptureSettings, store: AuditStore
+) -> None:
+    envs = [envelope(request_id=f"req-log-{i}") for i in range(5)]
+    for env in envs:
+        await spool.append(env)
+    await spool.append(envs[0])  # a duplicate in the spool: logged once by this writer
+    publisher = Publisher(spool, settings, sinks=[S3Sink(settings)], batch_size=2)
+    await publisher.start()
+    try:
+        await wait_for(lambda: spool.depth == 0)
+    finally:
+        await publisher.stop()
+    leaves = read_leaves(store, DAY)
+    assert leaves.ids == [e.envelope_id() for e in envs]
+    assert leaves.problems == []
+    assert [k for k, _ in store.list_keys(f"audit/log/day={DAY}/")] == [
+        leaves_key(DAY, 0),
+        leaves_key(DAY, 2),
+        leaves_key(DAY, 4),
+    ]
+
+
+async def test_writer_groups_by_capture_day_and_skips_what_it_appended(store: AuditStore) -> None:
+    writer = MerkleLogWriter(store, None)
+    other_day = FIXED_TIME + timedelta(days=1)
+    a, b, c = outgoing(1, request_id="req-a"), outgoing(2, request_id="req-b", captured_at=other_day), outgoing(3)
+    await writer.publish([a, b])
+    await writer.publish([a, c])  # a again (a redelivered batch): skipped; c new
+    await writer.close()
+    assert read_leaves(store, DAY).ids == [a.envelope_id, c.envelope_id]
+    assert read_leaves(store, other_day.strftime("%Y-%m-%d")).ids == [b.envelope_id]
+
+
+def test_a_second_writer_racing_for_the_same_index_goes_after_the_winner(store: AuditStore) -> None:
+    ids = [envelope(request_id=f"req-race-{i}").envelope_id() for i in range(3)]
+    assert append_leaves(store, DAY, ids[:2], None) == 0
+    # a writer that believes the log is empty: its conditional create of leaf 0 loses, it relists
+    assert store.put_new(leaves_key(DAY, 0), leaf_data(ids[2]), None) is False
+    assert append_leaves(store, DAY, ids[2:], None) == 2
+    assert log_size(store, DAY) == 3
+    assert read_leaves(store, DAY).ids == ids
+
+
+def test_gaps_and_torn_batches_are_problems(store: AuditStore) -> None:
+    store.put_new(leaves_key(DAY, 0), b"\x01" * 32)
+    store.put_new(leaves_key(DAY, 5), b"\x02" * 40)
+    problems = read_leaves(store, DAY).problems
+    assert any("not a multiple of 32" in p for p in problems)
+    assert any("starts at 5 but the log has 1" in p for p in problems)
+    with pytest.raises(AuditError, match="broken"):
+        write_checkpoint(store, DAY, load_private_fresh(), retention=None)
+
+
+def load_private_fresh() -> bytes:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    return Ed25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+
+
+def test_checkpoint_signs_the_whole_log_once_per_size(store: AuditStore) -> None:
+    private = load_private_fresh()
+    ids = [envelope(request_id=f"req-cp-{i}").envelope_id() for i in range(3)]
+    append_leaves(store, DAY, ids, None)
+    now = datetime(2026, 11, 29, tzinfo=UTC)
+    cp = write_checkpoint(store, DAY, private, retention=None, now=now)
+    assert cp is not None
+    assert cp.tree_size == 3
+    assert cp.root_hash == merkle_root([leaf_data(i) for i in ids]).hex()
+    assert verify_checkpoint(cp, public_of(private))
+    stored = store.get(f"audit/checkpoints/day={DAY}/000000000003.json")
+    assert stored is not None
+    assert decode_checkpoint(stored) == cp
+    assert write_checkpoint(store, DAY, private, retention=None) is None  # nothing new
+
+
+async def test_reconcile_appends_stored_but_unlogged_envelopes(settings: CaptureSettings, store: AuditStore) -> None:
+    sink = S3Sink(settings)  # stored without the log: the crash window between put and append
+    items = [outgoing(1, request_id="req-rec-1"), outgoing(2, request_id="req-rec-2")]
+    await sink.publish(items)
+    await sink.close()
+    append_leaves(store, DAY, [items[0].envelope_id], None)
+    assert reconcile(store, DAY, retention=None, dry_run=True) == [items[1].envelope_id]
+    assert read_leaves(store, DAY).ids == [items[0].envelope_id]
+    assert reconcile(store, DAY, retention=None) == [items[1].envelope_id]
+    assert read_leaves(store, DAY).ids == [items[0].envelope_id, items[1].envelope_id]
+    assert reconcile(store, DAY, retention=None) == []
+
+
+def test_keys_from_pem_files_and_base64(tmp_path: Path) -> None:
+    import base64
+
+    private_path = tmp_path / "signing.pem"
+    public_path, public_b64 = keygen(private_path)
+    assert private_path.stat().st_mode & 0o777 == 0o600
+    private = load_private(str(private_path))
+    assert public_of(private) == load_public(str(public_path)) == base64.b64decode(public_b64)
+    assert load_private(base64.b64encode(private).decode()) == private
+    assert load_public(public_b64) == base64.b64decode(public_b64)
+    with pytest.raises(AuditError, match="cannot create"):
+        keygen(private_path)  # never overwrites a key
+    with pytest.raises(AuditError, match="32"):
+        load_public(base64.b64encode(b"short").decode())
+
+
+def test_per_tenant_retention(settings: CaptureSettings) -> None:
+    sink = S3Sink(settings.model_copy(update={"retention_days": 2, "retention_days_by_tenant": {"long": 30, "off": 0}}))
+    now = datetime.now(UTC)
+    assert sink.retain_until(now, "long") == now + timedelta(days=30)
+    assert sink.retain_until(now, "someone") == now + timedelta(days=2)
+    assert sink.retain_until(now) == now + timedelta(days=2)
+    assert sink.retain_until(now, "off") is None

@@ -1,0 +1,219 @@
+"""Retention per tenant, legal hold and the expiry job on the real SeaweedFS (a fresh Object Lock bucket).
+
+S3 retention is a date, not a duration, so the expiry cases write envelopes whose retain-until is a few
+seconds ahead (the S3 sink's retention set to seconds) and wait for it to pass; SeaweedFS honours it.
+
+All tests (and runs) share one Object Lock bucket, each test with its own uuid tenant: a SeaweedFS bucket takes
+volume slots, and a locked bucket cannot be removed until its retention ends, so a bucket per test would
+exhaust the dev stack's volumes (see test_tamper_stack.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from capture.audit.retention import expire, set_hold
+from capture.audit.store import AuditStore
+from capture.publisher import Publisher
+from capture.settings import CaptureSettings
+from capture.sinks import S3Sink
+from capture.spool import Spool
+from infra.buckets import s3_client
+from infra.state import StackInfo
+from schemas import Envelope, WorkflowRef
+from schemas.layout import envelope_key
+from tests.factories import envelope
+
+pytestmark = pytest.mark.stack
+
+SHORT = timedelta(seconds=15)  # the CLI calls below take ~2 s each (a fresh interpreter)
+
+
+BUCKET = "reprolane-test-audit-lock"
+
+
+@pytest.fixture
+def bucket(stack: StackInfo) -> str:
+    client = s3_client(stack.s3_endpoint, stack.s3_credentials)
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+        client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+    assert (
+        client.get_object_lock_configuration(Bucket=BUCKET)["ObjectLockConfiguration"]["ObjectLockEnabled"] == "Enabled"
+    )
+    return BUCKET
+
+
+@pytest.fixture
+def tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def client(stack: StackInfo) -> Any:
+    return s3_client(stack.s3_endpoint, stack.s3_credentials)
+
+
+@pytest.fixture
+def settings(stack: StackInfo, bucket: str, tenant: str, tmp_path: Path) -> CaptureSettings:
+    return CaptureSettings(
+        upstream="http://127.0.0.1:9",
+        spool_dir=tmp_path / "spool",
+        s3_endpoint=stack.s3_endpoint,
+        s3_access_key=stack.s3_access_key,
+        s3_secret_key=stack.s3_secret_key,
+        s3_bucket=bucket,
+        retention_days=1,
+        retention_days_by_tenant={f"{tenant}-long": 2, f"{tenant}-scratch": 0},
+        audit_log=True,
+    )
+
+
+def key_of(env: Envelope) -> str:
+    return envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+
+
+def fresh(**overrides: Any) -> Envelope:
+    values: dict[str, Any] = {"request_id": f"req-{uuid.uuid4().hex[:10]}", "captured_at": datetime.now(UTC)}
+    values.update(overrides)
+    return envelope(**values)
+
+
+async def publish(settings: CaptureSettings, envs: list[Envelope], retention: timedelta | None = None) -> None:
+    """Through the real publisher (S3 sink, then the Merkle log); `retention` overrides the default days."""
+    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes, group_commit_ms=0)
+    await spool.open()
+    sink = S3Sink(settings)
+    if retention is not None:
+        sink.retention = retention
+    publisher = Publisher(spool, settings, sinks=[sink], idle_poll_s=0.05)
+    try:
+        for env in envs:
+            await spool.append(env)
+        await publisher.start()
+        for _ in range(600):
+            if spool.depth == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert spool.depth == 0
+    finally:
+        await publisher.stop()
+        await spool.close()
+
+
+def cli(stack: StackInfo, bucket: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "REPROLANE_AUDIT_S3_ENDPOINT": stack.s3_endpoint,
+        "REPROLANE_AUDIT_S3_ACCESS_KEY": stack.s3_access_key,
+        "REPROLANE_AUDIT_S3_SECRET_KEY": stack.s3_secret_key,
+        "REPROLANE_AUDIT_S3_BUCKET": bucket,
+        "REPROLANE_AUDIT_LOG_RETENTION_DAYS": "0",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", "from infra.cli import app; app()", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_retention_is_set_per_tenant(settings: CaptureSettings, client: Any, bucket: str, tenant: str) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    default = fresh(captured_at=now, tenant=tenant)
+    long = fresh(captured_at=now, tenant=f"{tenant}-long")
+    scratch = fresh(tenant=f"{tenant}-scratch")
+    await publish(settings, [default, long, scratch])
+    got = [client.head_object(Bucket=bucket, Key=key_of(e)) for e in (default, long, scratch)]
+    assert got[0]["ObjectLockRetainUntilDate"] == now + timedelta(days=1)
+    assert got[1]["ObjectLockRetainUntilDate"] == now + timedelta(days=2)
+    assert got[1]["ObjectLockMode"] == "COMPLIANCE"
+    assert "ObjectLockRetainUntilDate" not in got[2]
+
+
+async def test_compliance_refuses_deleting_a_locked_version(
+    settings: CaptureSettings, client: Any, bucket: str, tenant: str
+) -> None:
+    env = fresh(tenant=tenant)
+    await publish(settings, [env])
+    version = client.head_object(Bucket=bucket, Key=key_of(env))["VersionId"]
+    with pytest.raises(ClientError) as refused:
+        client.delete_object(Bucket=bucket, Key=key_of(env), VersionId=version)
+    assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    with pytest.raises(ClientError):  # shortening a COMPLIANCE retention is refused too
+        client.put_object_retention(
+            Bucket=bucket,
+            Key=key_of(env),
+            VersionId=version,
+            Retention={"Mode": "COMPLIANCE", "RetainUntilDate": datetime.now(UTC) + timedelta(seconds=5)},
+        )
+    assert client.get_object(Bucket=bucket, Key=key_of(env), VersionId=version)["Body"].read() == env.canonical()
+
+
+async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
+    stack: StackInfo, settings: CaptureSettings, client: Any, bucket: str, tenant: str
+) -> None:
+    store = AuditStore(client, bucket)
+    only = f"envelopes/tenant={tenant}/"  # the bucket is shared: expire this test's tenant only
+    workflow = f"wf-{uuid.uuid4().hex[:8]}"
+    held, free = fresh(tenant=tenant), fresh(tenant=tenant)
+    steps = [fresh(tenant=tenant, workflow=WorkflowRef(workflow_id=workflow, step=i)) for i in range(2)]
+    kept = fresh(tenant=tenant)
+    started = time.monotonic()
+    await publish(settings, [held, free, *steps], retention=SHORT)
+    await publish(settings, [kept])
+
+    done = cli(stack, bucket, "hold", "add", held.request_id)
+    assert done.returncode == 0, done.stderr
+    assert f"legal hold ON  {key_of(held)}" in done.stdout
+    assert [h.key for h in set_hold(store, workflow, True)] == [key_of(s) for s in steps]  # every step
+    assert cli(stack, bucket, "hold", "add", "no-such-id").returncode == 2
+
+    early = expire(store, prefix=only)  # nothing is past retention yet
+    assert time.monotonic() < started + SHORT.total_seconds(), "too slow to test 'not yet expired'"
+    assert early.deleted == []
+    assert len(early.retained) == 2  # free and kept
+    assert len(early.held) == 3
+
+    await asyncio.sleep(max(0.0, started + SHORT.total_seconds() + 1.5 - time.monotonic()))
+    dry = expire(store, dry_run=True, prefix=only)
+    assert [d["key"] for d in dry.deleted] == [key_of(free)]
+    assert client.head_object(Bucket=bucket, Key=key_of(free))  # dry run deleted nothing
+
+    done = cli(stack, bucket, "expire", "--tenant", tenant)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0] == "deleted 1; kept held 3, retained 1, unretained 0; refused 0"
+    assert f"deleted: {key_of(free)}" in done.stdout
+    assert f"held: {key_of(held)}" in done.stdout
+    versions = {v.key for v in store.versions(only)}
+    assert key_of(free) not in versions
+    assert {key_of(held), key_of(kept), *(key_of(s) for s in steps)} <= versions
+
+    assert cli(stack, bucket, "hold", "remove", workflow).returncode == 0
+    after = expire(store, prefix=only)
+    assert sorted(d["key"] for d in after.deleted) == sorted(key_of(s) for s in steps)
+    assert [h.split("?")[0] for h in after.held] == [key_of(held)]  # still held, long past its retention
+    assert after.retained == [
+        f"{key_of(kept)}?versionId={client.head_object(Bucket=bucket, Key=key_of(kept))['VersionId']}"
+    ]
+    assert after.report_key is not None
+
+    report = store.get(after.report_key)
+    assert report is not None
+    assert sorted(d["envelope_id"] for d in json.loads(report)["deleted"]) == sorted(e.envelope_id() for e in steps)
+    # the expiry report is what lets `verify --range` call these leaves "expired" (test_tamper_stack.py)
+    set_hold(store, held.request_id, False)  # the shared bucket: leave nothing held forever
