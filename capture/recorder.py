@@ -83,7 +83,7 @@ class EnvelopeRecorder:
             ctx,
             model=prepared.model,
             artifacts=self.artifacts,
-            runtime=self.runtime.fingerprint(collector.system_fingerprint),
+            runtime=self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version()),
             prompt=prompt,
             sampling=prepared.sampling,
             collector=collector,

@@ -88,7 +88,7 @@ class RuntimeProbe:
         self._engine_version: str | None = None
         self._version_known = False
         self._last_probe = float("-inf")
-        self._cache: dict[str | None, RuntimeFingerprint] = {}
+        self._cache: dict[tuple[str | None, str | None], RuntimeFingerprint] = {}
 
     @property
     def needs_probe(self) -> bool:
@@ -111,16 +111,19 @@ class RuntimeProbe:
         else:
             log.warning("upstream /version answered %s without a version; engine_version unknown", status)
 
-    def fingerprint(self, system_fingerprint: str | None) -> RuntimeFingerprint:
-        cached = self._cache.get(system_fingerprint)
+    def fingerprint(self, system_fingerprint: str | None, vendor_version: str | None = None) -> RuntimeFingerprint:
+        """The fingerprint for what one response reported. `vendor_version` (model name + version headers)
+        is kept only for upstreams that are not a known engine: for vLLM the engine version says more."""
+        key = (system_fingerprint, vendor_version)
+        cached = self._cache.get(key)
         if cached is None:
-            cached = self._build(system_fingerprint)
+            cached = self._build(system_fingerprint, vendor_version)
             if len(self._cache) > 64:  # a server that changes its fingerprint per request must not grow us
                 self._cache.clear()
-            self._cache[system_fingerprint] = cached
+            self._cache[key] = cached
         return cached
 
-    def _build(self, system_fingerprint: str | None) -> RuntimeFingerprint:
+    def _build(self, system_fingerprint: str | None, vendor_version: str | None) -> RuntimeFingerprint:
         fields: dict[str, Any] = dict(self._file)
         match = _VLLM_FP_RE.match(system_fingerprint or "")
         if match:
@@ -133,4 +136,6 @@ class RuntimeProbe:
             fields["engine_version"] = version
         if system_fingerprint is not None:
             fields["system_fingerprint"] = system_fingerprint
+        if vendor_version is not None and fields["engine"] == "unknown":
+            fields["vendor_version"] = vendor_version
         return RuntimeFingerprint.model_validate(fields)

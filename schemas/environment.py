@@ -34,8 +34,8 @@ class EnvironmentFingerprint(Record):
     def sha256(self) -> str:
         """Identity of the environment: artifacts and runtime only (not when or where it was taken)."""
         data = {
-            "artifacts": self.artifacts.model_dump(mode="json", exclude={"manifest_source"}),
-            "runtime": self.runtime.model_dump(mode="json", exclude={"system_fingerprint"}),
+            "artifacts": self.artifacts.model_dump(mode="json", exclude={"manifest_source"}, exclude_none=True),
+            "runtime": self.runtime.model_dump(mode="json", exclude={"system_fingerprint"}, exclude_none=True),
         }
         return sha256_hex(canonical_json(data))
 

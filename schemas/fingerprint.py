@@ -22,6 +22,11 @@ class RuntimeFingerprint(Record):
     engine: str = Field(min_length=1, description='"vllm", "transformers", or "unknown" for foreign upstreams')
     engine_version: str | None = None
     system_fingerprint: str | None = Field(default=None, description="as reported by an OpenAI-style server")
+    vendor_version: str | None = Field(
+        default=None,
+        description="for hosted APIs without an engine version: the resolved model name and version headers, "
+        'canonical "key=value;..." sorted by key (e.g. "model=gpt-x-2026-01-01;openai-version=2020-10-01")',
+    )
     torch_version: str | None = None
     cuda_version: str | None = None
     cublas_version: str | None = None

@@ -48,6 +48,8 @@ class Seen:
 class FakeUpstream:
     seen: list[Seen] = field(default_factory=list)
     aborted: int = 0
+    #: Behave like a hosted API: no /version, a dated model name and version headers on every answer.
+    vendor: bool = False
 
     def app(self) -> Starlette:
         return Starlette(
@@ -68,6 +70,8 @@ class FakeUpstream:
 
     async def version(self, request: Request) -> Response:
         await self._note(request)
+        if self.vendor:
+            return JSONResponse({"error": "not found"}, status_code=404)
         return JSONResponse({"version": "0.32.0"})
 
     async def models(self, request: Request) -> Response:
@@ -129,6 +133,10 @@ class FakeUpstream:
         }
         if chat:
             doc["prompt_token_ids"] = PROMPT_IDS if with_ids else None
+        if self.vendor:
+            doc["model"] = f"{body.get('model')}-2026-01-01"
+            doc["system_fingerprint"] = "fp_44709d6fcb"
+            return JSONResponse(doc, headers={"openai-version": "2020-10-01", "x-unrelated": "no"})
         return JSONResponse(doc)
 
     async def _stream(self, body: dict[str, Any], with_ids: bool, chat: bool, *, drip: bool) -> AsyncIterator[bytes]:
@@ -196,7 +204,9 @@ def _logprobs(body: dict[str, Any], steps: Any, chat: bool) -> dict[str, Any] | 
         k = body.get("top_logprobs") or 0
         content = []
         for j in steps:
-            top = [{"token": name(j, a), "logprob": LOGPROBS[j] - a, "bytes": [65]} for a in range(k)]
+            top = [
+                {"token": name(j, a), "logprob": LOGPROBS[j] - a, "bytes": list(f"alt{a}".encode())} for a in range(k)
+            ]
             content.append(
                 {"token": name(j), "logprob": LOGPROBS[j], "bytes": list(OUTPUT_TEXT[j].encode()), "top_logprobs": top}
             )

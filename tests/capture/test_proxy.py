@@ -25,9 +25,9 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_to
 
 @contextlib.asynccontextmanager
 async def sidecar(
-    spool: FakeSpool | None = None, **overrides: Any
+    spool: FakeSpool | None = None, upstream: FakeUpstream | None = None, **overrides: Any
 ) -> AsyncIterator[tuple[httpx.AsyncClient, FakeUpstream, FakeSpool, CaptureMetrics]]:
-    upstream = FakeUpstream()
+    upstream = upstream or FakeUpstream()
     spool = spool or FakeSpool()
     metrics = CaptureMetrics()
     async with serve(upstream.app()) as up_url:
@@ -78,6 +78,8 @@ async def test_chat_non_stream_strips_audit_fields_and_records_them() -> None:
     assert [s.token_id for s in choice.logprobs] == OUTPUT_IDS
     assert choice.logprobs[0].token == "The"
     assert [c.token_id for c in choice.logprobs[1].top] == [3575, 3576, 3577, 3578, 3579]
+    # alternatives keep their text (from `bytes`), not the "token_id:N" form the sidecar asked upstream for
+    assert [c.token for c in choice.logprobs[1].top] == ["alt0", "alt1", "alt2", "alt3", "alt4"]
     assert [c.rank for c in choice.logprobs[1].top] == [1, 2, 3, 4, 5]
     assert env.outcome.usage["completion_tokens"] == 3
     assert env.sampling is not None
@@ -442,3 +444,21 @@ async def test_many_bad_requests_leave_no_state_behind() -> None:
         proxy_in_flight = metrics.value("reprolane_capture_in_flight")
     assert proxy_in_flight == 0.0
     assert len(spool.envelopes) == 200
+
+
+async def test_vendor_upstream_records_model_and_version_headers() -> None:
+    """A hosted API without /version: the resolved model name and version headers become vendor_version."""
+    async with sidecar(upstream=FakeUpstream(vendor=True)) as (client, _, spool, _):
+        resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status_code == 200
+    runtime = only(spool).runtime
+    assert runtime.engine == "unknown"
+    assert runtime.vendor_version == f"model={MODEL}-2026-01-01;openai-version=2020-10-01"
+
+
+async def test_vllm_upstream_has_no_vendor_version() -> None:
+    async with sidecar() as (client, _, spool, _):
+        await client.post("/v1/chat/completions", json=CHAT)
+    runtime = only(spool).runtime
+    assert runtime.engine == "vllm"
+    assert runtime.vendor_version is None

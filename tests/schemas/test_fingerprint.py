@@ -21,3 +21,10 @@ def test_unknown_is_not_a_change_unless_asked() -> None:
     lane = runtime(attention_backend=None)
     assert diff_fingerprints(runtime(), lane) == ()
     assert [d.field for d in diff_fingerprints(runtime(), lane, include_unknown=True)] == ["attention_backend"]
+
+
+def test_vendor_version_is_a_real_change() -> None:
+    """A hosted API that silently swaps the model behind an alias must trigger the gate and the replay diff."""
+    a = runtime(engine="unknown", vendor_version="model=gpt-x-2026-01-01;openai-version=2020-10-01")
+    b = runtime(engine="unknown", vendor_version="model=gpt-x-2026-03-01;openai-version=2020-10-01")
+    assert [d.field for d in diff_fingerprints(a, b)] == ["vendor_version"]

@@ -1,0 +1,299 @@
+"""``reprolane gate``: the release gate (replay mode and statistical vendor mode) and ``gate record-golden``.
+
+    reprolane gate --baseline A.json|golden --candidate B.json|local --golden SET
+                   [--lane vllm|remote|transformers] [--remote-url URL] [--model-dir DIR] [--dtype D]
+                   [--level LEVEL] [--min-pass-rate R] [--always-replay] [--limit N] [--report FILE.json]
+    reprolane gate --statistical --golden CASES --upstream URL [--samples N] [--assertions FILE.json]
+                   [--min-similarity S] [--min-assertion-rate R] [--min-pass-rate P] [--report FILE.json]
+    reprolane gate record-golden --out FILE (--from-s3 SELECTOR | --workload FILE [--lane L] [--tokenize-url URL]
+                   | --vendor --workload FILE --upstream URL)
+
+SET is a JSONL file of envelopes or an S3 selector (``s3:tenant=T``, ``s3:workflow=ID``, ``s3:request-ids=a,b``);
+see `replayer.golden`. The gate logic is `replayer.gate` / `replayer.vendor_gate`, the recording of golden sets
+`infra.gate_record`; this module is the composition root's part: it reads files, takes the local fingerprint
+(``--candidate local`` = the artifacts of the lane's model folder, verified against its manifest, plus the runtime
+fingerprint the started lane reports; the lane defaults to ``REPROLANE_REPLAYER_LANE``) and maps outcomes to exit
+codes: **0** the gate passed, **1** it failed, **2** no verdict (bad input, unreadable
+file, lane or S3 unavailable), always with one line on stderr for 2. ``--report`` gets the JSON report; stdout
+gets the readable summary.
+
+It lives in ``infra`` (not ``replayer``) because ``local`` fingerprints need ``infra.fingerprint``: the
+dependency direction stays infra -> replayer -> schemas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from infra.errors import InfraError
+from infra.gate_record import LaneFactory, lane_artifacts, read_workload, record_lane, record_vendor
+from replayer.cli import build_settings
+from replayer.errors import ReplayerError
+from replayer.gate import render_gate, run_gate
+from replayer.golden import (
+    GoldenSet,
+    golden_environment,
+    load_golden_file,
+    load_golden_s3,
+    parse_s3_selector,
+    write_golden,
+)
+from replayer.lanes.base import Lane
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
+from replayer.vendor_client import HttpSampler
+from replayer.vendor_gate import (
+    Assertion,
+    Sampler,
+    case_from_envelope,
+    load_assertions,
+    load_cases,
+    render_statistical,
+    run_statistical_gate,
+)
+from schemas import (
+    ContractError,
+    EnvironmentFingerprint,
+    ReproLevel,
+    decode_environment,
+)
+from schemas.levels import LEVEL_ORDER
+
+StoreFactory = Callable[[ReplayerSettings], EnvelopeStore]
+SamplerFactory = Callable[[str, str | None], Sampler]
+SimilarityFn = Callable[[str, str], float]
+
+
+def _make_lane(settings: ReplayerSettings) -> Lane:
+    from replayer.lanes import make_lane
+
+    return make_lane(settings)
+
+
+def _similarity(a: str, b: str) -> float:
+    from replayer.semantic import similarity
+
+    return similarity(a, b)
+
+
+def _http_sampler(url: str, model: str | None) -> Sampler:
+    return HttpSampler(url, model=model)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"reprolane: error: {message}".splitlines()[0], err=True)
+    raise typer.Exit(2)
+
+
+def _read_fingerprint(path: Path, what: str) -> EnvironmentFingerprint:
+    try:
+        return decode_environment(path.read_bytes())
+    except OSError as exc:
+        _fail(f"{what} {path}: {exc.strerror}")
+    except ContractError as exc:
+        _fail(f"{what} {path}: {exc}")
+
+
+def _level(value: str | None) -> ReproLevel | None:
+    if value is not None and value not in LEVEL_ORDER:
+        _fail(f"--level must be one of {', '.join(LEVEL_ORDER)}, not {value!r}")
+    return value
+
+
+def _load_golden(spec: str, settings: ReplayerSettings, store_factory: StoreFactory, limit: int | None) -> GoldenSet:
+    if spec.startswith("s3:"):
+        selector = parse_s3_selector(spec)
+        return load_golden_s3(store_factory(settings), selector, limit=limit)
+    return load_golden_file(Path(spec))
+
+
+def _local_fingerprint(settings: ReplayerSettings, lane: Lane) -> EnvironmentFingerprint:
+    name, artifacts = lane_artifacts(settings)
+    return EnvironmentFingerprint(
+        model_name=name,
+        artifacts=artifacts,
+        runtime=lane.fingerprint(),
+        taken_at=datetime.now(UTC),
+        source=f"local lane {lane.name}",
+    )
+
+
+def _write_report(path: Path | None, data: str) -> None:
+    if path is None:
+        return
+    try:
+        path.write_text(data + "\n", encoding="utf-8")
+    except OSError as exc:
+        _fail(f"cannot write report {path}: {exc.strerror}")
+
+
+Opt = typer.Option
+
+
+def build_gate_app(
+    *,
+    lane_factory: LaneFactory = _make_lane,
+    store_factory: StoreFactory = EnvelopeStore.from_settings,
+    sampler_factory: SamplerFactory = _http_sampler,
+    similarity: SimilarityFn = _similarity,
+) -> typer.Typer:
+    """The ``gate`` sub-app; tests inject a fake lane, store, sampler and similarity."""
+    app = typer.Typer(
+        help="Release gate: replay the golden set when the environment fingerprint changes.",
+        invoke_without_command=True,
+        add_completion=False,
+    )
+
+    @app.callback()
+    def gate(
+        ctx: typer.Context,
+        golden: Annotated[
+            str | None, Opt("--golden", help="JSONL of envelopes, or s3:tenant=T|workflow=ID|request-ids=a,b")
+        ] = None,
+        baseline: Annotated[str | None, Opt("--baseline", help="fingerprint JSON, or 'golden'")] = None,
+        candidate: Annotated[
+            str | None, Opt("--candidate", help="fingerprint JSON of the candidate, or 'local'")
+        ] = None,
+        lane: Annotated[str | None, Opt("--lane", help="vllm | remote | transformers: executes the candidate")] = None,
+        remote_url: Annotated[str | None, Opt("--remote-url", help="base URL of the remote lane")] = None,
+        model_dir: Annotated[Path | None, Opt("--model-dir", help="HF model folder of the local lanes")] = None,
+        dtype: Annotated[str | None, Opt("--dtype", help="dtype of the vllm lane")] = None,
+        level: Annotated[str | None, Opt("--level", help="judge every envelope at this level")] = None,
+        min_pass_rate: Annotated[float, Opt("--min-pass-rate", min=0.0, max=1.0)] = 1.0,
+        always_replay: Annotated[bool, Opt("--always-replay", help="replay even when nothing changed")] = False,
+        limit: Annotated[int | None, Opt("--limit", min=1, help="at most N envelopes from an S3 selector")] = None,
+        report: Annotated[Path | None, Opt("--report", help="write the JSON report here")] = None,
+        statistical: Annotated[bool, Opt("--statistical", help="vendor mode: sample, similarity, assertions")] = False,
+        upstream: Annotated[str | None, Opt("--upstream", help="statistical mode: candidate base URL")] = None,
+        model: Annotated[str | None, Opt("--model", help="statistical mode: override the recorded model alias")] = None,
+        samples: Annotated[int, Opt("--samples", min=1, max=100)] = 5,
+        assertions: Annotated[Path | None, Opt("--assertions", help="JSON: request_id -> assertions")] = None,
+        min_similarity: Annotated[float, Opt("--min-similarity", min=-1.0, max=1.0)] = 0.8,
+        min_assertion_rate: Annotated[float, Opt("--min-assertion-rate", min=0.0, max=1.0)] = 1.0,
+    ) -> None:
+        """Gate a candidate environment (exit 0 pass, 1 fail, 2 no verdict)."""
+        if ctx.invoked_subcommand is not None:
+            return
+        if golden is None:
+            _fail("--golden is required")
+        settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)
+        try:
+            if statistical:
+                _statistical(golden, settings, upstream, model, samples, assertions, min_similarity,
+                             min_assertion_rate, min_pass_rate, limit, report)  # fmt: skip
+            if baseline is None or candidate is None:
+                _fail("--baseline and --candidate are required (or --statistical)")
+            judged = _level(level)
+            golden_set = _load_golden(golden, settings, store_factory, limit)
+            base = (
+                golden_environment(golden_set)
+                if baseline == "golden"
+                else _read_fingerprint(Path(baseline), "baseline")
+            )
+            opened: list[Lane] = []
+
+            def open_lane() -> Lane:
+                if opened:
+                    return opened.pop()
+                return lane_factory(settings)
+
+            if candidate == "local":
+                opened.append(lane_factory(settings))
+                try:
+                    cand = _local_fingerprint(settings, opened[0])
+                except (InfraError, ReplayerError):
+                    opened[0].close()
+                    raise
+            else:
+                cand = _read_fingerprint(Path(candidate), "candidate")
+            try:
+                result = run_gate(golden_set, base, cand, open_lane, settings, level=judged,
+                                  min_pass_rate=min_pass_rate, always_replay=always_replay)  # fmt: skip
+            finally:
+                for leftover in opened:  # opened for 'local' but no replay was needed
+                    leftover.close()
+        except (ReplayerError, InfraError, ContractError) as exc:
+            _fail(str(exc))
+        _write_report(report, result.model_dump_json(indent=2))
+        typer.echo(render_gate(result), nl=False)
+        raise typer.Exit(0 if result.gate_passed else 1)
+
+    def _statistical(
+        golden: str, settings: ReplayerSettings, upstream: str | None, model: str | None, samples: int,
+        assertions: Path | None, min_similarity: float, min_assertion_rate: float, min_pass_rate: float,
+        limit: int | None, report: Path | None,
+    ) -> NoReturn:  # fmt: skip
+        if upstream is None:
+            _fail("--statistical needs --upstream URL (the candidate endpoint)")
+        if golden.startswith("s3:"):
+            cases = tuple(case_from_envelope(e) for e in _load_golden(golden, settings, store_factory, limit).envelopes)
+        else:
+            cases = load_cases(Path(golden))[:limit]
+        checks: dict[str, tuple[Assertion, ...]] = load_assertions(assertions) if assertions else {}
+        sampler = sampler_factory(upstream, model)
+        try:
+            result = run_statistical_gate(
+                cases, sampler, similarity, golden=golden, candidate=upstream, assertions=checks, samples=samples,
+                min_similarity=min_similarity, min_assertion_rate=min_assertion_rate, min_pass_rate=min_pass_rate,
+            )  # fmt: skip
+        finally:
+            close = getattr(sampler, "close", None)
+            if callable(close):
+                close()
+        _write_report(report, result.model_dump_json(indent=2))
+        typer.echo(render_statistical(result), nl=False)
+        raise typer.Exit(0 if result.gate_passed else 1)
+
+    @app.command("record-golden")
+    def record_golden(
+        out: Annotated[Path, Opt("--out", help="JSONL file to write")],
+        from_s3: Annotated[
+            str | None, Opt("--from-s3", help="s3:tenant=T | s3:workflow=ID | s3:request-ids=a,b")
+        ] = None,
+        workload: Annotated[Path | None, Opt("--workload", help="JSONL: prompt_token_ids | messages | prompt")] = None,
+        lane: Annotated[str | None, Opt("--lane", help="vllm | remote | transformers")] = None,
+        remote_url: Annotated[str | None, Opt("--remote-url")] = None,
+        model_dir: Annotated[Path | None, Opt("--model-dir")] = None,
+        dtype: Annotated[str | None, Opt("--dtype")] = None,
+        tokenize_url: Annotated[
+            str | None, Opt("--tokenize-url", help="vLLM server whose /tokenize renders text")
+        ] = None,
+        max_tokens: Annotated[int, Opt("--max-tokens", min=1)] = 16,
+        target_level: Annotated[str, Opt("--target-level")] = "token",
+        limit: Annotated[int | None, Opt("--limit", min=1)] = None,
+        vendor: Annotated[bool, Opt("--vendor", help="record statistical cases from --upstream")] = False,
+        upstream: Annotated[str | None, Opt("--upstream", help="vendor mode: the upstream to record from")] = None,
+    ) -> None:
+        """Write a golden set: from S3 envelopes, by running a workload on a lane, or from a vendor upstream."""
+        if sum(x is not None for x in (from_s3, workload)) != 1:
+            _fail("give exactly one of --from-s3 or --workload")
+        settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)
+        level = _level(target_level) or "token"
+        try:
+            if from_s3 is not None:
+                golden_set = load_golden_s3(store_factory(settings), parse_s3_selector(from_s3), limit=limit)
+                write_golden(out, golden_set.envelopes)
+                typer.echo(f"wrote {len(golden_set.envelopes)} envelope(s) to {out}")
+                for rid, why in golden_set.excluded:
+                    typer.echo(f"excluded {rid}: {why}", err=True)
+                return
+            assert workload is not None
+            items = read_workload(workload)[:limit]
+            if vendor:
+                if upstream is None:
+                    _fail("--vendor needs --upstream URL")
+                record_vendor(out, items, sampler_factory(upstream, None), max_tokens)
+                return
+            record_lane(out, items, settings, lane_factory, tokenize_url, max_tokens, level)
+        except (ReplayerError, InfraError, ContractError) as exc:
+            _fail(str(exc))
+
+    return app
+
+
+gate_app = build_gate_app()
