@@ -9,8 +9,9 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.reprolane-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
-.PHONY: install tools model test check lint typecheck unit stack-up stack-down clean
+.PHONY: install tools model test demo check lint typecheck unit stack-up stack-down clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +53,10 @@ unit: install
 
 test: check tools model
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The whole pipeline on the local stack (starts it if needed, stops what it started): see `reprolane demo --help`.
+demo: model
+	$(BIN)/reprolane demo $(DEMO_ARGS)
 
 stack-up: model
 	$(BIN)/reprolane stack up

@@ -135,6 +135,17 @@ def _divergence_lines(first: FirstDivergence, rec: _Recorded | None, result: Rep
     return lines
 
 
+def render_divergence(envelope: Envelope, result: ReplayResult) -> str:
+    """Only the first-divergence block of `render_request` (top-k side by side, texts with the fork marked).
+
+    Empty when the token ids are identical. For summaries that list several divergences (``reprolane demo``).
+    """
+    first = result.event.first_divergence
+    if first is None:
+        return ""
+    return "\n".join(_divergence_lines(first, _recorded(envelope), result)) + "\n"
+
+
 def render_request(envelope: Envelope, result: ReplayResult) -> str:
     """The report for one replayed request (see module docstring)."""
     ev = result.event

@@ -39,6 +39,8 @@ def _prepare_environment(on_gpu: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # ~150 INFO lines per engine start would bury an auditor's report; VLLM_LOGGING_LEVEL=INFO brings them back
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if on_gpu:
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"

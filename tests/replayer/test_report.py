@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from replayer.replay import replay_envelope
-from replayer.report import WorkflowStep, mark_fork, render_request, render_workflow
+from replayer.report import WorkflowStep, mark_fork, render_divergence, render_request, render_workflow
 from replayer.settings import ReplayerSettings
 from schemas import CapturedOutput, Choice, Envelope, ReplayResult, Timings
 from tests import factories
@@ -81,6 +81,18 @@ def test_identical_report_has_no_fork_and_says_so() -> None:
     assert "Token ids: identical" in out
     assert "no known field differs" in out
     assert "⟦" not in out
+
+
+def test_render_divergence_is_the_fork_block_of_the_full_report() -> None:
+    env = near_tie_envelope()
+    result = replayed(env, diverge_at=1)
+    block = render_divergence(env, result)
+    assert block.startswith("First divergence: generated token 1, near tie")
+    assert "replayed: t504⟦t28⟧" in block
+    assert block in render_request(env, result)
+    assert "Verdict" not in block
+    same = make_envelope(2)
+    assert render_divergence(same, replayed(same)) == ""
 
 
 def test_workflow_report_names_the_first_failing_step() -> None:

@@ -1,0 +1,328 @@
+"""``reprolane demo``: the whole product on one machine, end to end, in a few minutes.
+
+1. the local stack (`infra.stack.LocalStack`: SeaweedFS, Tansu, vLLM CPU), reused when it already runs;
+2. the capture sidecar in front of vLLM (the production lane: dynamic batching, bfloat16), guaranteed mode;
+3. the replayer service on the in-process vLLM lane (the deterministic lane: one sequence at a time), in a fresh
+   consumer group whose offsets are committed at the envelope topic's end first, so it replays exactly this run;
+4. the bundled workload (`infra.demo_workload`) through the sidecar with the ``openai`` client;
+5. wait until every flagged envelope has its divergence event (read back from Kafka);
+6. the summary (`infra.demo_summary`) and one replay by request id, run as the auditor would type it.
+
+Everything the demo started is stopped at the end, on an error, and on Ctrl-C or SIGTERM (the services run in
+sessions of their own, so the terminal's Ctrl-C reaches only the demo, which stops them by process group). The
+stack is stopped only when the demo started it. ``keep=True`` leaves everything running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra import paths
+from infra.demo_kafka import Mark, collect, mark, start_group_at
+from infra.demo_services import Service, run_cli, start_capture, start_replayer
+from infra.demo_summary import DemoFacts, auditor_pick, render_summary, worst
+from infra.demo_workload import Sent, count_requests, drive, load_workload
+from infra.errors import DemoError, InfraError
+from infra.ports import allocate_ports
+from infra.stack import LocalStack
+from infra.state import StackInfo
+from replayer.errors import ReplayerError
+from replayer.report import render_divergence
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
+from schemas import ContractError, DivergenceEvent, Envelope, decode_divergence
+from schemas.layout import TOPIC_DIVERGENCES, TOPIC_ENVELOPES
+
+Echo = Callable[[str], None]
+STEPS = 6
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    run_dir: Path | None = None  # None: $REPROLANE_RUN_DIR or ./.reprolane/stack
+    quick: bool = False  # 6 prompts, one workflow of 2 steps, 12 tokens (tests)
+    keep: bool = False  # leave the services (and a stack the demo started) running
+    timeout_s: float = 300.0  # for the replays to arrive
+    sample_rate: float = 0.34
+    flag_tenants: tuple[str, ...] = ("health",)
+    auditor_replay: bool = True
+
+
+@dataclass
+class DemoOutcome:
+    run_id: str
+    sent: list[Sent] = field(default_factory=list)
+    envelopes: dict[str, Envelope] = field(default_factory=dict)
+    events: dict[str, DivergenceEvent] = field(default_factory=dict)
+    expected: frozenset[str] = frozenset()
+    in_s3: int = 0
+    summary: str = ""
+    auditor_request_id: str | None = None
+    auditor_exit: int | None = None
+    services: list[Service] = field(default_factory=list)
+    stack_started: bool = False
+    seconds: float = 0.0
+
+
+def _stack_running(stack: LocalStack) -> bool:
+    """True when any server of the stack in its run dir is alive (then the demo did not start it)."""
+    try:
+        return any(s.health in ("ready", "running") for s in stack.status())
+    except InfraError:
+        return False
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C (KeyboardInterrupt), so the same ``finally`` cleans up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _uninterruptible() -> Iterator[None]:
+    """Ignore Ctrl-C while cleaning up (a second Ctrl-C must not leave processes behind)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _store(info: StackInfo) -> EnvelopeStore:
+    settings = ReplayerSettings(
+        s3_endpoint=info.s3_endpoint, s3_access_key=info.s3_access_key, s3_secret_key=info.s3_secret_key,
+        s3_region=info.s3_region, s3_bucket=info.audit_bucket, kafka_bootstrap=info.kafka_bootstrap,
+    )  # fmt: skip
+    return EnvelopeStore.from_settings(settings)
+
+
+def auditor_command(run_dir: Path, request_id: str) -> str:
+    """The command line an auditor types: no flags when the stack is the default one."""
+    prefix = "" if run_dir == paths.run_dir(None) else f"{paths.RUN_DIR_ENV}={run_dir} "
+    return f"{prefix}reprolane replay request {request_id}"
+
+
+class Demo:
+    """One run of the demo (see module docstring); `run` is the entry point."""
+
+    def __init__(self, options: DemoOptions, echo: Echo) -> None:
+        self.options = options
+        self.echo = echo
+        self.outcome = DemoOutcome(run_id=f"demo-{uuid.uuid4().hex[:8]}")
+        self.stack = LocalStack(options.run_dir, report=lambda m: echo(f"      {m}"))
+
+    def step(self, n: int, text: str) -> None:
+        self.echo(f"[{n}/{STEPS}] {text}")
+
+    def run(self) -> DemoOutcome:
+        started = time.monotonic()
+        with _sigterm_interrupts():
+            try:
+                self._run()
+            finally:
+                with _uninterruptible():
+                    self._cleanup()
+                self.outcome.seconds = time.monotonic() - started
+        self.echo(f"demo finished in {self.outcome.seconds:.0f} s")
+        return self.outcome
+
+    def _run(self) -> None:
+        o, out, echo = self.options, self.outcome, self.echo
+        self.step(1, f"starting the stack (SeaweedFS, Tansu, vLLM CPU) in {self.stack.run_dir} ...")
+        t = time.monotonic()
+        out.stack_started = not _stack_running(self.stack)
+        info = self.stack.up()
+        if info.vllm_url is None:
+            raise DemoError(f"the stack in {info.run_dir} has no vLLM (started with --no-vllm)")
+        how = "started" if out.stack_started else "already running, reused"
+        echo(f"      stack {how} ({time.monotonic() - t:.1f} s)")
+
+        marks = asyncio.run(mark(info.kafka_bootstrap, (TOPIC_ENVELOPES, TOPIC_DIVERGENCES)))
+        group_id = f"reprolane-{out.run_id}"
+        asyncio.run(start_group_at(info.kafka_bootstrap, group_id, marks[TOPIC_ENVELOPES]))
+        capture_port, metrics_port = allocate_ports(2)
+        demo_dir = info.run_dir / "demo"
+
+        self.step(2, f"starting the capture sidecar in front of vLLM ({info.vllm_url}) ...")
+        capture = start_capture(
+            info, port=capture_port, spool_dir=demo_dir / "spool", sample_rate=o.sample_rate,
+            flag_tenants=o.flag_tenants, log=info.run_dir / "logs" / "demo-capture.log",
+        )  # fmt: skip
+        out.services.append(capture)
+        seconds = capture.wait_ready(90.0)
+        echo(
+            f"      ready at http://127.0.0.1:{capture_port}/v1 (pid {capture.ref.pid}, {seconds:.1f} s);"
+            f" flags: header X-Reprolane-Flag, tenant {','.join(o.flag_tenants) or '-'}, sample {o.sample_rate:.0%}"
+        )
+
+        self.step(3, "starting the replayer (in-process vLLM lane, one sequence at a time) ...")
+        replayer = start_replayer(
+            info, group_id=group_id, metrics_port=metrics_port, log=info.run_dir / "logs" / "demo-replayer.log"
+        )
+        out.services.append(replayer)
+        seconds = replayer.wait_ready(60.0)
+        echo(
+            f"      up (pid {replayer.ref.pid}, metrics :{metrics_port}, group {group_id}, {seconds:.1f} s);"
+            " its lane loads while the traffic flows"
+        )
+
+        workload = load_workload(quick=o.quick)
+        total = count_requests(workload, quick=o.quick)
+        self.step(4, f"driving the workload through the sidecar: {total} requests (run id {out.run_id}) ...")
+        t = time.monotonic()
+        base_url = f"http://127.0.0.1:{capture_port}/v1"
+        out.sent = asyncio.run(drive(base_url, info.model_name, out.run_id, workload, quick=o.quick, echo=echo))
+        traffic_s = time.monotonic() - t
+
+        self.step(5, "waiting for the envelopes and the replays ...")
+        t = time.monotonic()
+        store = _store(info)
+        self._read_envelopes(info, store, marks)
+        self._read_events(info, marks)
+        replay_s = time.monotonic() - t
+
+        self.step(6, "summary")
+        if not o.keep:  # free the CPU for the auditor's replay below
+            self._stop_services()
+        out.in_s3 = self._count_in_s3(store)
+        details = {}
+        for ev in worst(out.events, 3):
+            result = store.get_result(out.envelopes[ev.request_id], ev.lane_fingerprint_sha256)
+            if result is not None:
+                details[ev.request_id] = render_divergence(out.envelopes[ev.request_id], result)
+        facts = DemoFacts(
+            out.run_id, out.sent, out.envelopes, out.in_s3, out.events, out.expected, traffic_s, replay_s,
+            details=details,
+        )  # fmt: skip
+        out.summary = render_summary(facts)
+        echo(out.summary.rstrip("\n"))
+        if o.auditor_replay:
+            self._auditor_replay(info)
+
+    def _read_envelopes(self, info: StackInfo, store: EnvelopeStore, marks: dict[str, Mark]) -> None:
+        out = self.outcome
+        ids = {s.request_id for s in out.sent}
+        found = asyncio.run(
+            collect(info.kafka_bootstrap, marks[TOPIC_ENVELOPES], ids.__contains__,
+                    until=lambda f: len(f) >= len(ids), timeout_s=60.0)
+        )  # fmt: skip
+        for rid, body in found.items():
+            try:
+                out.envelopes[rid] = store.decode(body, f"{TOPIC_ENVELOPES} key {rid}")
+            except (ContractError, ReplayerError) as exc:
+                raise DemoError(f"envelope of {rid} on {TOPIC_ENVELOPES} cannot be read: {exc}") from exc
+        out.expected = frozenset(rid for rid, env in out.envelopes.items() if env.flagged and env.replayable)
+        flagged = sum(1 for e in out.envelopes.values() if e.flagged)
+        self.echo(f"      captured {len(found)}/{len(ids)} envelopes; {flagged} flagged for replay")
+
+    def _read_events(self, info: StackInfo, marks: dict[str, Mark]) -> None:
+        out, expected = self.outcome, self.outcome.expected
+        state = {"shown": -1, "at": 0.0}
+        started = time.monotonic()
+
+        def tick(found: dict[str, bytes]) -> bool:
+            for service in out.services:
+                if not service.alive():
+                    raise DemoError(f"{service.name} died; last lines of {service.log}:\n{service.tail()}")
+            now = time.monotonic()
+            changed = len(found) != state["shown"]
+            if (changed and (now - state["at"] >= 5.0 or len(found) >= len(expected))) or now - state["at"] >= 15.0:
+                note = "  (the lane is loading)" if not found else ""
+                self.echo(f"      replayed {len(found)}/{len(expected)}  ({now - started:.0f} s){note}")
+                state["shown"], state["at"] = len(found), now
+            return len(found) >= len(expected)
+
+        found = asyncio.run(
+            collect(info.kafka_bootstrap, marks[TOPIC_DIVERGENCES], expected.__contains__, until=tick,
+                    timeout_s=self.options.timeout_s)
+        )  # fmt: skip
+        for rid, body in found.items():
+            out.events[rid] = decode_divergence(body)
+        if len(found) < len(expected):
+            self.echo(f"      timed out after {self.options.timeout_s:.0f} s: {len(found)}/{len(expected)} replayed")
+
+    def _count_in_s3(self, store: EnvelopeStore) -> int:
+        count = 0
+        for rid in self.outcome.envelopes:
+            try:
+                store.get_by_request_id(rid)
+                count += 1
+            except ReplayerError:
+                pass
+        return count
+
+    def _auditor_replay(self, info: StackInfo) -> None:
+        pick = auditor_pick(self.outcome.events)
+        if pick is None:
+            self.echo("  (nothing was replayed: no auditor replay to show)")
+            return
+        self.outcome.auditor_request_id = pick.request_id
+        self.echo("")
+        self.echo("An auditor replays one request by its id (a fresh process loads the deterministic lane first):")
+        self.echo(f"  $ {auditor_command(info.run_dir, pick.request_id)}")
+        log = info.run_dir / "logs" / "demo-auditor.log"
+        code = run_cli(["replay", "request", pick.request_id], info.run_dir, self.echo, log=log, timeout_s=300.0)
+        self.outcome.auditor_exit = code
+        meaning = {0: "target level held", 1: "target level NOT held", 2: "no verdict"}.get(code, "?")
+        self.echo(f"  (exit code {code}: {meaning})")
+
+    def _stop_services(self) -> None:
+        for service in reversed(self.outcome.services):
+            if service.alive():
+                service.stop()
+
+    def _cleanup(self) -> None:
+        out = self.outcome
+        if self.options.keep:
+            alive = [s for s in out.services if s.alive()]
+            for s in alive:
+                self.echo(f"kept running: {s.name} pid {s.ref.pid} (log {s.log})")
+            if alive:
+                self.echo(f"stop them with: kill {' '.join(str(s.ref.pid) for s in alive)}")
+            if out.stack_started:
+                self.echo(f"stop the stack with: reprolane stack down --run-dir {self.stack.run_dir}")
+            return
+        stopping = [s for s in out.services if s.alive()]
+        if stopping or out.stack_started:
+            self.echo("stopping what the demo started ...")
+        errors = []
+        for service in reversed(out.services):
+            try:
+                service.stop()
+            except InfraError as exc:
+                errors.append(str(exc))
+        if out.stack_started:
+            try:
+                self.stack.down()
+            except InfraError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise DemoError("; ".join(errors))
+
+
+def run_demo(options: DemoOptions, echo: Echo) -> DemoOutcome:
+    """Run the demo (see module docstring); raises `DemoError` (an `InfraError`) when it cannot finish."""
+    return Demo(options, echo).run()

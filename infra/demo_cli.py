@@ -1,0 +1,44 @@
+"""``reprolane demo``: run the whole pipeline on the local stack with a bundled workload (see `infra.demo`).
+
+A single command, registered by infra/cli.py with ``app.command("demo")(demo_command)``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra import paths
+
+RunDirOpt = Annotated[
+    Path | None,
+    typer.Option("--run-dir", help=f"the stack to use or start (default ${paths.RUN_DIR_ENV} or ./.reprolane/stack)"),
+]
+
+
+def demo_command(
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--run-dir", help=f"the stack to use or start (default ${paths.RUN_DIR_ENV} or ./.reprolane/stack)"
+        ),
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="6 prompts, one 2-step workflow, 12 tokens")] = False,
+    keep: Annotated[bool, typer.Option("--keep", help="leave the sidecar, the replayer and the stack running")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="seconds to wait for the replays")] = 300.0,
+    sample_rate: Annotated[
+        float, typer.Option("--sample-rate", min=0.0, max=1.0, help="fraction of requests the sidecar samples")
+    ] = 0.34,
+) -> None:
+    """Start the stack, the capture sidecar and the replayer; drive a workload; print what diverged."""
+    from infra.demo import DemoOptions, run_demo  # imported here: `reprolane --help` stays fast
+
+    options = DemoOptions(run_dir=run_dir, quick=quick, keep=keep, timeout_s=timeout, sample_rate=sample_rate)
+    try:
+        run_demo(options, lambda line: typer.echo(line))
+    except KeyboardInterrupt:
+        typer.echo("reprolane: interrupted; everything the demo started has been stopped", err=True)
+        sys.exit(130)

@@ -1,0 +1,150 @@
+"""The processes the demo starts: the capture sidecar, the replayer service, and the auditor's CLI call.
+
+Each runs the real ``reprolane`` command line in a session of its own (`infra.process.spawn`): Ctrl-C in the
+terminal reaches only the demo, which then stops them by process group (SIGTERM, wait, SIGKILL) in its
+``finally``. Their settings come from the stack's addresses (`infra.stack_env.stack_defaults`, which *replace*
+whatever the demo's own environment holds: the stack named by ``--run-dir`` wins) plus the demo's choices.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from infra import paths, process
+from infra.errors import DemoError
+from infra.process import ProcessRef
+from infra.stack_env import stack_defaults
+from infra.state import StackInfo
+
+Echo = Callable[[str], None]
+_SERVICE_PREFIXES = ("REPROLANE_CAPTURE_", "REPROLANE_REPLAYER_")
+
+
+def reprolane_argv() -> list[str]:
+    """How to run this installation's ``reprolane``: the console script next to the interpreter, if any."""
+    script = Path(sys.executable).parent / "reprolane"
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-c", "from infra.cli import app; app()"]
+
+
+def clean_environment(run_dir: Path) -> dict[str, str]:
+    """This process's environment without any service setting, pointing the CLI at ``run_dir``'s stack."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SERVICE_PREFIXES)}
+    env[paths.RUN_DIR_ENV] = str(run_dir)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+@dataclass
+class Service:
+    """One started service: its name, process, log and the URL that tells it is up."""
+
+    name: str
+    ref: ProcessRef
+    log: Path
+    ready_url: str
+
+    def alive(self) -> bool:
+        return process.is_alive(self.ref)
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Poll ``ready_url`` until it answers 200; raise `DemoError` with the log tail on death or timeout."""
+        started = time.monotonic()
+        while True:
+            if not self.alive():
+                raise DemoError(f"{self.name} exited during start-up; last lines of {self.log}:\n{self.tail()}")
+            try:
+                if httpx.get(self.ready_url, timeout=2.0).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - started > timeout_s:
+                raise DemoError(f"{self.name} not ready after {timeout_s:.0f} s; see {self.log}")
+            time.sleep(0.25)
+
+    def tail(self, lines: int = 15) -> str:
+        return process.log_tail(self.log, lines)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        process.stop(self.ref, timeout_s)
+
+
+def _spawn(name: str, args: Sequence[str], env: Mapping[str, str], log: Path, ready_url: str, cwd: Path) -> Service:
+    ref = process.spawn([*reprolane_argv(), *args], env, log, cwd)
+    return Service(name, ref, log, ready_url)
+
+
+def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: float, flag_tenants: Sequence[str],
+                  log: Path) -> Service:  # fmt: skip
+    """``reprolane capture serve`` in front of the stack's vLLM, guaranteed mode, Kafka + S3 sinks."""
+    env = {**clean_environment(info.run_dir), **stack_defaults(info)}
+    args = [
+        "capture", "serve", "--port", str(port), "--mode", "guaranteed", "--spool-dir", str(spool_dir),
+        "--sample-rate", str(sample_rate), "--sidecar-id", "demo-capture",
+    ]  # fmt: skip
+    for tenant in flag_tenants:
+        args += ["--flag-tenant", tenant]
+    return _spawn("capture sidecar", args, env, log, f"http://127.0.0.1:{port}/v1/models", info.run_dir)
+
+
+def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path) -> Service:
+    """``reprolane replayer serve`` on the in-process vLLM lane (fixed schedule), flagged envelopes only."""
+    env = {
+        **clean_environment(info.run_dir),
+        **stack_defaults(info),
+        "REPROLANE_REPLAYER_AUTO_OFFSET_RESET": "latest",  # the demo commits the group's start offsets itself
+        "REPROLANE_REPLAYER_SESSION_TIMEOUT_MS": "2000",  # Tansu: fast group joins (shared/STACK.md §4)
+        "REPROLANE_REPLAYER_HEARTBEAT_INTERVAL_MS": "500",
+        "REPROLANE_REPLAYER_RETRY_BACKOFF_S": "0.5",
+    }
+    args = [
+        "replayer", "serve", "--lane", "vllm", "--flagged-only", "--group-id", group_id,
+        "--metrics-port", str(metrics_port),
+    ]  # fmt: skip
+    return _spawn("replayer", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
+
+
+def run_cli(args: Sequence[str], run_dir: Path, echo: Echo, *, log: Path, timeout_s: float, indent: str = "  ") -> int:
+    """Run ``reprolane ARGS`` as a user would (env: only ``REPROLANE_RUN_DIR``), echoing its stdout live.
+
+    Its stderr, and vLLM's own logging (turned down to errors: the lane's start-up chatter is ~150 lines), go to
+    ``log``: what is echoed is what the command answers.
+    """
+    env = {**clean_environment(run_dir), "VLLM_LOGGING_LEVEL": "ERROR"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as err:
+        proc = subprocess.Popen(
+            [*reprolane_argv(), *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+            text=True,
+        )
+    ref = ProcessRef(proc.pid, process.start_ticks(proc.pid))
+    deadline = time.monotonic() + timeout_s
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            echo(f"{indent}{line.rstrip()}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"`reprolane {' '.join(args)}` took longer than {timeout_s:.0f} s")
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired as exc:
+        raise DemoError(f"`reprolane {' '.join(args)}` took longer than {timeout_s:.0f} s") from exc
+    finally:
+        if proc.poll() is None:
+            process.stop(ref, 5.0)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -1,0 +1,225 @@
+"""The demo's workload: the bundled prompts and agent workflows, planned into waves and driven through the sidecar.
+
+Chat prompts (``infra/workload/prompts.json``) are shuffled with a fixed seed (each wave mixes short, medium and
+long prompts) and split into waves sent 1, 4 and 12 at once. The requests of one group leave together, so the
+production lane (vLLM with dynamic batching) computes them in one batch: that is what makes outputs differ from
+the deterministic lane, which replays one sequence at a time. Every sixth prompt is a seeded sample
+(temperature 0.8, a per-request seed); the rest are greedy.
+
+Workflows (``infra/workload/workflows.json``) are driven live: step k+1's messages are the whole conversation so
+far, step k's actual answer included. The three workflows run side by side, so their steps are batched too.
+
+Every request carries its own request id in ``X-Request-Id``, which the sidecar records (``<run id>-c07``,
+``<run id>-wf1-s2``), and its tenant; workflow steps also carry the workflow id, the step and
+``X-Reprolane-Flag: 1``. Nothing here reads Kafka or S3: `drive` returns what was sent and what came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Literal
+
+from infra.errors import DemoError
+
+Echo = Callable[[str], None]
+Size = Literal["short", "medium", "long"]
+
+MAX_TOKENS: dict[Size, int] = {"short": 24, "medium": 40, "long": 48}
+QUICK_MAX_TOKENS = 12
+WAVES: tuple[tuple[int, int], ...] = ((1, 6), (4, 12), (12, 18))  # (sent at once, how many prompts)
+QUICK_WAVES: tuple[tuple[int, int], ...] = ((1, 2), (4, 4))
+SEEDED_EVERY = 6
+SAMPLED_TEMPERATURE = 0.8
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    tenant: str
+    size: Size
+    text: str
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    tenant: str
+    system: str
+    steps: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    system: str
+    prompts: tuple[Prompt, ...]
+    workflows: tuple[Workflow, ...]
+
+
+@dataclass
+class Sent:
+    """One request of the demo: how it was sent and what came back."""
+
+    request_id: str
+    group: str  # "alone", "4 at once", "12 at once", "workflow"
+    tenant: str
+    prompt_id: str
+    seed: int | None  # a seeded sample (temperature 0.8) when set, greedy otherwise
+    workflow: str | None = None
+    step: int | None = None
+    answer: str = ""
+    error: str | None = None
+    seconds: float = 0.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _read_json(name: str) -> Any:
+    try:
+        return json.loads(resources.files("infra").joinpath("workload", name).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DemoError(f"cannot read the bundled workload infra/workload/{name}: {exc}") from exc
+
+
+def load_workload(*, quick: bool = False) -> Workload:
+    """The bundled workload; ``quick``: 6 prompts and one workflow of 2 steps (for tests)."""
+    prompts_doc, workflows_doc = _read_json("prompts.json"), _read_json("workflows.json")
+    try:
+        prompts = tuple(Prompt(p["id"], p["tenant"], p["size"], p["text"]) for p in prompts_doc["prompts"])
+        workflows = tuple(
+            Workflow(w["name"], w["tenant"], w["system"], tuple(w["steps"])) for w in workflows_doc["workflows"]
+        )
+        system = str(prompts_doc["system"])
+    except (KeyError, TypeError) as exc:
+        raise DemoError(f"the bundled workload is malformed: missing {exc}") from exc
+    if quick:
+        workflows = (Workflow(workflows[0].name, workflows[0].tenant, workflows[0].system, workflows[0].steps[:2]),)
+    return Workload(system, prompts, workflows)
+
+
+def plan_waves(prompts: tuple[Prompt, ...], *, quick: bool = False) -> list[tuple[int, list[Prompt]]]:
+    """Shuffled prompts (fixed seed) cut into waves of (sent at once, prompts)."""
+    order = list(prompts)
+    random.Random(7).shuffle(order)
+    waves, start = [], 0
+    for at_once, count in QUICK_WAVES if quick else WAVES:
+        waves.append((at_once, order[start : start + count]))
+        start += count
+    return waves
+
+
+def group_name(at_once: int) -> str:
+    return "alone" if at_once == 1 else f"{at_once} at once"
+
+
+def count_requests(workload: Workload, *, quick: bool = False) -> int:
+    chats = sum(len(ps) for _, ps in plan_waves(workload.prompts, quick=quick))
+    return chats + sum(len(w.steps) for w in workload.workflows)
+
+
+class Driver:
+    """Sends the workload through the sidecar with the official ``openai`` client."""
+
+    def __init__(self, base_url: str, model: str, run_id: str, *, quick: bool, echo: Echo) -> None:
+        try:
+            from openai import AsyncOpenAI  # the official client, as a user of the sidecar would
+        except ImportError as exc:
+            raise DemoError("the demo drives its traffic with the openai client: pip install 'openai>=1.40'") from exc
+
+        self.client = AsyncOpenAI(base_url=base_url, api_key="demo", max_retries=0, timeout=120.0)
+        self.model = model
+        self.run_id = run_id
+        self.quick = quick
+        self.echo = echo
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def _chat(self, sent: Sent, messages: list[dict[str, str]], max_tokens: int, headers: dict[str, str]) -> None:
+        from openai import OpenAIError
+
+        kwargs: dict[str, Any] = {"temperature": 0.0}
+        if sent.seed is not None:
+            kwargs = {"temperature": SAMPLED_TEMPERATURE, "seed": sent.seed}
+        started = time.monotonic()
+        try:
+            response = await self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=max_tokens,
+                extra_headers={"X-Request-Id": sent.request_id, "X-Reprolane-Tenant": sent.tenant, **headers},
+                **kwargs,
+            )
+            sent.answer = response.choices[0].message.content or ""
+        except OpenAIError as exc:
+            sent.error = f"{type(exc).__name__}: {exc}"
+        sent.seconds = time.monotonic() - started
+
+    def _max_tokens(self, size: Size) -> int:
+        return QUICK_MAX_TOKENS if self.quick else MAX_TOKENS[size]
+
+    async def chat_waves(self, workload: Workload) -> list[Sent]:
+        """Each wave in groups of ``at_once`` requests that leave together."""
+        out: list[Sent] = []
+        n = 0
+        for at_once, prompts in plan_waves(workload.prompts, quick=self.quick):
+            started = time.monotonic()
+            for i in range(0, len(prompts), at_once):
+                batch = []
+                for prompt in prompts[i : i + at_once]:
+                    n += 1
+                    seed = 1000 + n if n % SEEDED_EVERY == 0 else None
+                    sent = Sent(f"{self.run_id}-c{n:02d}", group_name(at_once), prompt.tenant, prompt.id, seed)
+                    messages = [
+                        {"role": "system", "content": workload.system},
+                        {"role": "user", "content": prompt.text},
+                    ]
+                    batch.append(self._chat(sent, messages, self._max_tokens(prompt.size), {}))
+                    out.append(sent)
+                await asyncio.gather(*batch)
+            failed = sum(1 for s in out[-len(prompts) :] if s.error)
+            self.echo(
+                f"      {len(prompts):>2} prompts sent {group_name(at_once):<10} in {time.monotonic() - started:5.1f} s"
+                + (f"  ({failed} failed)" if failed else "")
+            )
+        return out
+
+    async def _workflow(self, index: int, workflow: Workflow) -> list[Sent]:
+        workflow_id = f"{self.run_id}-wf{index}"
+        messages = [{"role": "system", "content": workflow.system}]
+        out: list[Sent] = []
+        for step, text in enumerate(workflow.steps, start=1):
+            messages.append({"role": "user", "content": text})
+            sent = Sent(f"{workflow_id}-s{step}", "workflow", workflow.tenant, f"{workflow.name}#{step}", None)
+            sent.workflow, sent.step = workflow.name, step
+            headers = {"X-Reprolane-Workflow-Id": workflow_id, "X-Reprolane-Step": str(step), "X-Reprolane-Flag": "1"}
+            await self._chat(sent, messages, self._max_tokens("medium"), headers)
+            out.append(sent)
+            if sent.error:
+                break  # the next step is built from this answer: there is none
+            messages.append({"role": "assistant", "content": sent.answer})
+        return out
+
+    async def workflows(self, workload: Workload) -> list[Sent]:
+        started = time.monotonic()
+        runs = await asyncio.gather(*(self._workflow(i, w) for i, w in enumerate(workload.workflows, start=1)))
+        out = [s for run in runs for s in run]
+        self.echo(
+            f"      {len(workload.workflows)} workflows, {len(out)} steps (each built from the previous answer)"
+            f" in {time.monotonic() - started:5.1f} s"
+        )
+        return out
+
+
+async def drive(base_url: str, model: str, run_id: str, workload: Workload, *, quick: bool, echo: Echo) -> list[Sent]:
+    """Send the whole workload (chat waves, then the workflows); return every request in send order."""
+    driver = Driver(base_url, model, run_id, quick=quick, echo=echo)
+    try:
+        chats = await driver.chat_waves(workload)
+        return chats + await driver.workflows(workload)
+    finally:
+        await driver.close()
