@@ -107,6 +107,10 @@ class SeaweedServer(ServerDef):
             f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}", f"-admin.port={ports['admin']}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
             "-master.telemetry=false",
+            # Every bucket gets volumes of its own and the auto limit (free disk / volume size, as weed mini
+            # measures it) stopped at 68 here: a test session with many uuid buckets ran out of writable
+            # volumes. Volumes are sparse files, so a high cap costs nothing until data is written.
+            "-volume.max=1000",
         ]  # fmt: skip
         env = {
             **os.environ,
