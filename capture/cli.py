@@ -7,7 +7,6 @@ then to the default. `build_settings` and `serve` are the programmatic entry poi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -76,7 +75,7 @@ def serve(settings: CaptureSettings) -> None:
         lifespan="on",
         backlog=2048,
     )
-    asyncio.run(uvicorn.Server(config).serve())
+    uvicorn.Server(config).run()  # run(), not asyncio.run(serve()): only run() applies loop="auto" (uvloop)
 
 
 @capture_app.command("serve")

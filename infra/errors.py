@@ -6,11 +6,12 @@
     ├── ModelError                  the model cache
     │   ├── ModelFetchError         download or conversion failed (network, pip, transformers)
     │   └── ModelCacheError         a cache dir is missing, partial or corrupt: never use it
-    └── StackError                  the local stack of servers
-        ├── PortUnavailableError    a port we need (or its gRPC companion) is taken
-        ├── ServerStartError        a server exited or was not ready in time (message has its log tail)
-        ├── ServerStopError         a process group survived SIGTERM and SIGKILL
-        └── StackNotRunningError    no state file: ``reprolane stack up`` was never run in that dir
+    ├── StackError                  the local stack of servers
+    │   ├── PortUnavailableError    a port we need (or its gRPC companion) is taken
+    │   ├── ServerStartError        a server exited or was not ready in time (message has its log tail)
+    │   ├── ServerStopError         a process group survived SIGTERM and SIGKILL
+    │   └── StackNotRunningError    no state file: ``reprolane stack up`` was never run in that dir
+    └── DemoError                   ``reprolane demo`` could not finish (a service died, a wait timed out)
 
 Errors from libraries below (botocore, subprocess, OSError) are translated where they happen, so a
 caller never needs to import those libraries to handle a failure.
@@ -53,3 +54,7 @@ class ServerStopError(StackError):
 
 class StackNotRunningError(StackError):
     """There is no stack state in the run directory."""
+
+
+class DemoError(InfraError):
+    """``reprolane demo`` could not finish: a service it started died, or a wait ran out of time."""

@@ -122,13 +122,13 @@ def _parse_cli(argv: list[str]) -> dict[str, Any]:
     command = typer.main.get_command(app)
     path = ["reprolane"]
     rest = list(argv)
-    while hasattr(command, "commands"):
-        assert rest, f"`{' '.join(path)}` needs a subcommand; it has {sorted(command.commands)}"
+    while hasattr(command, "commands"):  # a group: ask it (the root loads its commands on demand)
+        ctx = command.make_context(path[-1], [], resilient_parsing=True)
+        names = sorted(command.list_commands(ctx))
+        assert rest, f"`{' '.join(path)}` needs a subcommand; it has {names}"
         name = rest.pop(0)
-        assert name in command.commands, (
-            f"`{' '.join(path)}` has no command {name!r}; it has {sorted(command.commands)}"
-        )
-        command = command.commands[name]
+        assert name in names, f"`{' '.join(path)}` has no command {name!r}; it has {names}"
+        command = command.get_command(ctx, name)
         path.append(name)
     ctx = command.make_context(path[-1], rest)
     return dict(ctx.params)
