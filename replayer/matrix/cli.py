@@ -1,0 +1,261 @@
+"""The ``matrix`` and ``explain`` commands (registered on the root app by `infra.cli`).
+
+    reprolane matrix [--envelopes FILE.jsonl | --request-ids A,B | --from-s3 TENANT/DATE | --workload]
+                     [--cells batch,order,dtype,...] [--max-tokens 32] [--baseline recorded|single]
+                     [--json OUT] [--html OUT] [--include-slow] [--semantic]
+    reprolane explain REQUEST_ID [--envelopes FILE.jsonl] [--window-s 5] [--variations alone,batch,...] [--json]
+
+``matrix`` exit codes: 0 every runnable cell ran, 1 some cell failed, 2 bad arguments or no input.
+``explain`` exit codes: 0 some variation reproduced the recorded output, 1 none did, 2 unknown request id, bad
+arguments, or an envelope that cannot be replayed. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from replayer.cli import S3AccessOpt, S3BucketOpt, S3EndpointOpt, S3SecretOpt, build_settings
+from replayer.errors import ReplayerError
+from replayer.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
+from replayer.matrix.dimensions import parse_dimensions, plan_cells
+from replayer.matrix.inputs import (
+    MatrixItem,
+    Workload,
+    default_workload,
+    items_from_envelopes,
+    load_prompt_file,
+    read_envelopes_jsonl,
+    spread,
+    workload_items,
+)
+from replayer.matrix.report import render_html, render_json, render_table
+from replayer.matrix.results import BaselineMode
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
+from schemas import ContractError, Envelope
+from schemas.layout import envelope_key
+
+#: The shared workload (bundled by infra); the package's DEFAULT_PROMPTS are used when it is absent.
+WORKLOAD_FILE = Path(__file__).resolve().parents[2] / "infra" / "workload" / "prompts.json"
+
+ModelDirOpt = Annotated[Path | None, typer.Option("--model-dir", help="HF model folder (default: the fetched cache)")]
+EnvelopesOpt = Annotated[Path | None, typer.Option("--envelopes", help="JSONL file, one envelope per line")]
+WorkloadFileOpt = Annotated[Path | None, typer.Option("--workload-file", help="JSON prompt list (default: bundled)")]
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _model_dir(settings: ReplayerSettings) -> Path:
+    from replayer.lanes.base import resolve_model_dir
+
+    try:
+        return resolve_model_dir(settings)
+    except ReplayerError as exc:
+        _fail(str(exc))
+
+
+def _prompts(path: Path | None) -> Workload:
+    source = path or (WORKLOAD_FILE if WORKLOAD_FILE.is_file() else None)
+    if source is None:
+        return default_workload()
+    try:
+        return load_prompt_file(source)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _workload(model_dir: Path, workload: Workload, max_tokens: int, prefix: str = "workload") -> list[MatrixItem]:
+    from replayer.lanes.batch import render_chat
+
+    ids = render_chat(model_dir, workload.prompts, workload.system)
+    return workload_items(ids, max_tokens=max_tokens, prefix=prefix, ids=workload.ids)
+
+
+def s3_prefix(spec: str) -> str:
+    """``TENANT/DATE``, ``tenant=T/date=D`` or a raw ``envelopes/...`` prefix -> the key prefix to list."""
+    if spec.startswith("envelopes/"):
+        return spec if spec.endswith("/") else spec + "/"
+    parts = [p.split("=", 1)[-1] for p in spec.strip("/").split("/")]
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"--from-s3 wants TENANT/YYYY-MM-DD, not {spec!r}")
+    tenant, day = parts
+    return f"envelopes/tenant={tenant}/date={day}/"
+
+
+def _store(settings: ReplayerSettings) -> EnvelopeStore:
+    try:
+        return EnvelopeStore.from_settings(settings)
+    except ReplayerError as exc:
+        _fail(str(exc))
+
+
+def matrix_command(
+    envelopes: EnvelopesOpt = None,
+    request_ids: Annotated[str | None, typer.Option("--request-ids", help="comma-separated recorded ids")] = None,
+    from_s3: Annotated[str | None, typer.Option("--from-s3", help="every envelope of TENANT/YYYY-MM-DD")] = None,
+    workload: Annotated[bool, typer.Option("--workload", help="the bundled prompt set (the default input)")] = False,
+    workload_file: WorkloadFileOpt = None,
+    cells: Annotated[str | None, typer.Option("--cells", help="dimensions, comma-separated (default: all)")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096, help="tokens per workload prompt")] = 32,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="at most N requests (workload: spread over the file)")
+    ] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="recorded | single")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the JSON report here")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", help="write the HTML report here")] = None,
+    include_slow: Annotated[bool, typer.Option("--include-slow", help="also run torch.compile cells")] = False,
+    semantic: Annotated[bool, typer.Option("--semantic", help="semantic similarity of final texts")] = False,
+    model_dir: ModelDirOpt = None,
+    s3_endpoint: S3EndpointOpt = None,
+    s3_access_key: S3AccessOpt = None,
+    s3_secret_key: S3SecretOpt = None,
+    s3_bucket: S3BucketOpt = None,
+) -> None:
+    """Replay a set of requests across batch, order, input-length, dtype, threads, prefix-cache, ... cells."""
+    sources = [s for s in (envelopes, request_ids, from_s3, workload or None) if s]
+    if len(sources) > 1:
+        _fail("give one input: --envelopes, --request-ids, --from-s3 or --workload")
+    if baseline not in (None, "recorded", "single"):
+        _fail(f"--baseline must be recorded or single, not {baseline!r}")
+    try:
+        dims = parse_dimensions(cells)
+    except ValueError as exc:
+        _fail(str(exc))
+    settings = build_settings(
+        model_dir=model_dir, s3_endpoint=s3_endpoint, s3_access_key=s3_access_key, s3_secret_key=s3_secret_key,
+        s3_bucket=s3_bucket,
+    )  # fmt: skip
+    mdir = _model_dir(settings)
+    rejected: list[tuple[str, str]] = []
+    try:
+        if envelopes is not None:
+            items, rejected = items_from_envelopes(read_envelopes_jsonl(envelopes))
+            source = str(envelopes)
+        elif request_ids or from_s3:
+            store = _store(settings)
+            if request_ids:
+                envs = [store.get_by_request_id(r.strip()) for r in request_ids.split(",") if r.strip()]
+                source = f"request ids {request_ids}"
+            else:
+                prefix = s3_prefix(from_s3 or "")
+                envs, undecodable = store.scan_envelopes(prefix)
+                source = f"s3://{store.bucket}/{prefix}"
+            items, rejected = items_from_envelopes(envs)
+            if from_s3:
+                rejected += [(key, f"does not decode as an envelope: {why}") for key, why in undecodable]
+        else:
+            wl = spread(_prompts(workload_file), limit)
+            items, source = _workload(mdir, wl, max_tokens), f"the workload ({len(wl.prompts)} prompts)"
+    except (ContractError, ValueError, ReplayerError) as exc:
+        _fail(str(exc))
+    items = items[:limit] if limit else items
+    if not items:
+        _fail("no replayable request in the input")
+    has_recorded = all(i.recorded is not None for i in items)
+    mode: BaselineMode = "recorded" if has_recorded else "single"
+    if baseline == "single":
+        mode = "single"
+    elif baseline == "recorded" and not has_recorded:
+        _fail("--baseline recorded needs recorded envelopes (the workload has no recorded outputs)")
+    from replayer.lanes.batch import probe_platform
+    from replayer.matrix.run import run_matrix
+
+    similarity = None
+    if semantic:
+        from replayer.semantic import similarity as text_similarity
+
+        similarity = text_similarity
+    platform = probe_platform()
+    report = run_matrix(
+        items, plan_cells(platform, dims, include_slow=include_slow), model_dir=mdir, platform=platform,
+        baseline=mode, source=source, rejected=rejected, thresholds=settings.thresholds, similarity=similarity,
+        progress=True,
+    )  # fmt: skip
+    typer.echo(render_table(report))
+    if json_out is not None:
+        json_out.write_text(render_json(report), encoding="utf-8")
+        typer.echo(f"JSON: {json_out}")
+    if html_out is not None:
+        html_out.write_text(render_html(report), encoding="utf-8")
+        typer.echo(f"HTML: {html_out}")
+    raise typer.Exit(1 if any(c.status == "failed" for c in report.cells) else 0)
+
+
+def _find(envelopes: list[Envelope], request_id: str) -> Envelope:
+    for env in envelopes:
+        if env.request_id == request_id:
+            return env
+    _fail(f"no envelope with request id {request_id!r} in the file")
+
+
+def explain_command(
+    request_id: Annotated[str, typer.Argument(help="the recorded request id to explain")],
+    envelopes: EnvelopesOpt = None,
+    window_s: Annotated[
+        float, typer.Option("--window-s", min=0.0, help="companion capture window (s)")
+    ] = DEFAULT_WINDOW_S,
+    as_json: Annotated[bool, typer.Option("--json", help="print the explanation as JSON")] = False,
+    variations: Annotated[str | None, typer.Option("--variations", help="comma-separated subset")] = None,
+    workload_file: WorkloadFileOpt = None,
+    model_dir: ModelDirOpt = None,
+    s3_endpoint: S3EndpointOpt = None,
+    s3_access_key: S3AccessOpt = None,
+    s3_secret_key: S3SecretOpt = None,
+    s3_bucket: S3BucketOpt = None,
+) -> None:
+    """Re-replay one diverged request under targeted variations and name the one that reproduces the capture."""
+    settings = build_settings(
+        model_dir=model_dir, s3_endpoint=s3_endpoint, s3_access_key=s3_access_key, s3_secret_key=s3_secret_key,
+        s3_bucket=s3_bucket,
+    )  # fmt: skip
+    extra_notes: list[str] = []
+    try:
+        if envelopes is not None:
+            candidates = read_envelopes_jsonl(envelopes)
+            target = _find(candidates, request_id)
+        else:
+            store = _store(settings)
+            target = store.get_by_request_id(request_id)
+            day = envelope_key("x", target.tenant, target.captured_at).rsplit("/", 2)[1]  # "date=YYYY-MM-DD"
+            candidates, undecodable = store.scan_envelopes("envelopes/", contains=f"/{day}/")
+            if undecodable:
+                extra_notes.append(
+                    f"{len(undecodable)} stored object(s) of that day do not decode as envelopes (encrypted?) and "
+                    "could not be companions"
+                )
+    except (ContractError, ReplayerError) as exc:
+        _fail(str(exc))
+    if not target.replayable:
+        from replayer.selection import not_replayable_reason
+
+        _fail(f"request {request_id} is not replayable: {not_replayable_reason(target)}")
+    only = [v.strip() for v in variations.split(",") if v.strip()] if variations else None
+    unknown = sorted(set(only or ()) - set(VARIATIONS))
+    if unknown:
+        _fail(f"unknown variation(s) {', '.join(unknown)}; known: {', '.join(VARIATIONS)}")
+    mdir = _model_dir(settings)
+    from replayer.lanes.batch import probe_platform
+
+    max_tokens = (target.sampling.max_tokens if target.sampling else None) or 32
+    prompts = _prompts(workload_file)
+
+    def padding(n: int) -> list[MatrixItem]:
+        picks = [i % len(prompts.prompts) for i in range(n)]
+        chosen = Workload(tuple(prompts.prompts[i] for i in picks), tuple(f"{k:03d}" for k in range(n)), prompts.system)
+        return _workload(mdir, chosen, max_tokens, prefix="padding")
+
+    try:
+        result = explain(
+            target, candidates, model_dir=mdir, platform=probe_platform(), padding_factory=padding,
+            window_s=window_s, thresholds=settings.thresholds, only=only, progress=not as_json, notes=extra_notes,
+        )  # fmt: skip
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(result.model_dump_json(indent=2) if as_json else render_explanation(result))
+    raise typer.Exit(result.exit_code)
