@@ -12,7 +12,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from capture.errors import SinkError
 from capture.metrics import CaptureMetrics
@@ -23,6 +22,7 @@ from capture.spool import Spool
 from schemas import WorkflowRef
 from schemas.layout import envelope_key, request_index_key, workflow_index_key
 from tests.factories import envelope
+from tests.moto_s3 import moto_server
 
 BUCKET = "reprolane-audit-test"
 
@@ -49,16 +49,12 @@ class FakeKafka:
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
-    )
-    client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
-    yield endpoint
-    server.stop()
+    with moto_server() as endpoint:
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+        )
+        client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+        yield endpoint
 
 
 @pytest.fixture

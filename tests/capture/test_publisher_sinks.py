@@ -9,7 +9,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from capture.errors import SinkError
 from capture.settings import CaptureSettings
@@ -17,6 +16,7 @@ from capture.sinks import KafkaSink, Outgoing, S3Sink, default_sinks
 from capture.spool import SpoolEntry
 from schemas.layout import envelope_key
 from tests.factories import envelope
+from tests.moto_s3 import moto_server
 
 BUCKET = "reprolane-sinks-test"
 
@@ -39,15 +39,11 @@ def outgoing(seq: int = 1, **overrides: Any) -> Outgoing:
 
 @pytest.fixture(scope="module")
 def moto_settings() -> Iterator[CaptureSettings]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
-    ).create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
-    yield base_settings(s3_endpoint=endpoint, s3_access_key="k", s3_secret_key="s", s3_bucket=BUCKET)
-    server.stop()
+    with moto_server() as endpoint:
+        boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+        ).create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+        yield base_settings(s3_endpoint=endpoint, s3_access_key="k", s3_secret_key="s", s3_bucket=BUCKET)
 
 
 def test_outgoing_routes_by_the_canonical_json() -> None:

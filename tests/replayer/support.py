@@ -169,17 +169,12 @@ class S3Target:
 @contextmanager
 def moto_s3() -> Iterator[S3Target]:
     """A moto S3 server on 127.0.0.1 with one fresh bucket."""
-    from moto.server import ThreadedMotoServer
+    from tests.moto_s3 import moto_server
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        target = S3Target(f"http://{host}:{port}", "testing", "testing", f"audit-{uuid.uuid4().hex[:8]}")
+    with moto_server() as endpoint:
+        target = S3Target(endpoint, "testing", "testing", f"audit-{uuid.uuid4().hex[:8]}")
         target.client().create_bucket(Bucket=target.bucket)
         yield target
-    finally:
-        server.stop()
 
 
 ARITH_LENGTH = 6

@@ -1,13 +1,22 @@
-"""The canonical-encoding rule, pinned with literal bytes."""
+"""The canonical-encoding rule, pinned with literal bytes; the envelope's fast encoder against the generic one."""
 
 from __future__ import annotations
 
 import math
+import random
+import struct
+import sys
+import warnings
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from schemas import ContractError
-from schemas.canonical import canonical_json
+import schemas.envelope
+from schemas import CapturedError, CapturedOutput, Choice, ContractError, Envelope, StepLogprobs, Timings, TopCandidate
+from schemas.canonical import canonical_json, canonical_object_with, canonical_text
+from schemas.envelope import _steps_text
+from tests.factories import FIXED_TIME, envelope
 
 
 def test_rule_literal_vector() -> None:
@@ -19,3 +28,177 @@ def test_rule_literal_vector() -> None:
 def test_non_finite_refused(bad: float) -> None:
     with pytest.raises(ContractError, match="canonical"):
         canonical_json({"x": bad})
+
+
+# ------------------------------------------------------------------ the envelope's fast encoder
+
+
+def _reference(model: BaseModel) -> bytes:
+    return canonical_json(model.model_dump(mode="json", exclude_none=True))
+
+
+_TEXTS = [
+    "",
+    "a",
+    " the",
+    "café",
+    "海",
+    "🙂",
+    'q"uote',
+    "back\\slash",
+    "\n\t\x00\x1f",
+    "\u2028\u2029",
+    "\x7f",
+    "token_id:3",
+]
+
+
+def _float(rng: random.Random) -> float:
+    kind = rng.randrange(9)
+    if kind == 0:
+        return rng.choice([0.0, -0.0, 1.0, -1.0, 2.0, 1e-7, 1e-5, 1e-4, 1e16, 1e15, 1e22, -1e-300, 5e-324])
+    if kind == 1:
+        return rng.choice([sys.float_info.max, -sys.float_info.max, sys.float_info.min, sys.float_info.epsilon])
+    if kind == 2:
+        return -rng.expovariate(1.0) * 10.0 ** rng.randint(-320, 300)  # tiny to huge, subnormals included
+    if kind == 3:
+        return float(struct.unpack("f", struct.pack("f", -rng.expovariate(0.5)))[0])  # float32, as vLLM returns
+    if kind == 4:
+        return float(rng.randint(-(2**60), 2**60))
+    if kind == 5:
+        return round(-rng.random() * 20, rng.randint(0, 6))
+    return -rng.random() * rng.choice([1.0, 30.0, 1e-6, 1e6])
+
+
+def _opt(rng: random.Random, value: object) -> object:
+    return None if rng.random() < 0.25 else value
+
+
+def _candidate(rng: random.Random, rank: int) -> TopCandidate:
+    return TopCandidate(
+        token=rng.choice(_TEXTS) + rng.choice(_TEXTS),
+        token_id=_opt(rng, rng.choice([0, 1, -3, 2**40, rng.randrange(200_000)])),  # type: ignore[arg-type]
+        logprob=_float(rng),
+        rank=_opt(rng, rank),  # type: ignore[arg-type]
+    )
+
+
+def _choice(rng: random.Random, index: int) -> Choice:
+    n = rng.randint(0, 12)
+    ids = tuple(rng.randrange(200_000) for _ in range(n))
+    logprobs = None
+    if rng.random() < 0.85:
+        logprobs = tuple(
+            StepLogprobs(
+                token_id=tid,
+                token=_opt(rng, rng.choice(_TEXTS)),  # type: ignore[arg-type]
+                logprob=_float(rng),
+                top=tuple(_candidate(rng, r) for r in range(1, rng.randint(0, 6) + 1)),
+            )
+            for tid in ids
+        )
+    return Choice(
+        index=index,
+        token_ids=ids,
+        text="".join(rng.choice(_TEXTS) for _ in range(n)),
+        finish_reason=_opt(rng, rng.choice(["stop", "length"])),  # type: ignore[arg-type]
+        logprobs=logprobs,
+    )
+
+
+def _random_envelope(rng: random.Random) -> Envelope:
+    timings = Timings(received_at=FIXED_TIME, upstream_ms=abs(_float(rng)), first_token_ms=_opt(rng, 1.5))  # type: ignore[arg-type]
+    choices = tuple(_choice(rng, i) for i in range(rng.randint(1, 3)))
+    outcome: CapturedOutput | CapturedError
+    if rng.random() < 0.7:
+        outcome = CapturedOutput(choices=choices, timings=timings, usage={"completion_tokens": rng.randrange(99)})
+    else:
+        outcome = CapturedError(
+            error_type="timeout",
+            status_code=_opt(rng, 504),
+            message=rng.choice(_TEXTS),
+            timings=timings,  # type: ignore[arg-type]
+            partial=choices[: rng.randint(0, 3)],
+        )
+    overrides: dict[str, Any] = {"outcome": outcome, "model": "m" + rng.choice(_TEXTS)}
+    if rng.random() < 0.3:
+        overrides.update(prompt=None, sampling=None, workflow=None, request_body_sha256=None, flag_reason=None)
+    return envelope(**overrides)
+
+
+def test_envelope_fast_encoding_equals_the_reference_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    encoded: list[str] = []
+
+    def spy(steps: tuple[StepLogprobs, ...]) -> str | None:
+        text = _steps_text(steps)
+        if text is not None:
+            encoded.append(text)
+        return text
+
+    monkeypatch.setattr(schemas.envelope, "_steps_text", spy)
+    rng = random.Random(20261129)
+    for _ in range(400):
+        env = _random_envelope(rng)
+        assert env.canonical() == _reference(env)
+    assert len(encoded) > 300  # the specialised encoder did the work, not the fallback
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"logprob": math.nan},
+        {"logprob": math.inf},
+        {"logprob": -math.inf},
+        {"logprob": 0},  # an int where the record holds floats
+        {"token_id": True},
+        {"rank": 1.0},
+        {"token": None},
+    ],
+)
+def test_values_only_model_construct_can_make_take_the_reference_path(bad: dict[str, Any]) -> None:
+    good = _random_envelope(random.Random(1))
+    odd = TopCandidate.model_construct(**{"token": "x", "token_id": 1, "logprob": -0.5, "rank": 1, **bad})
+    step = StepLogprobs(token_id=1, token="x", logprob=-0.5, top=(odd,))  # nested records are not revalidated
+    choice = Choice(index=0, token_ids=(1,), text="x", logprobs=(step,))
+    outcome = CapturedOutput(choices=(choice,), timings=good.outcome.timings)
+    env = envelope(outcome=outcome)
+    assert _steps_text((step,)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydantic's serializer warns about the mistyped value
+        try:
+            expected: bytes | type[Exception] = _reference(env)
+        except ContractError:
+            expected = ContractError
+        if expected is ContractError:
+            with pytest.raises(ContractError):
+                env.canonical()
+        else:
+            assert env.canonical() == expected
+
+
+def test_canonical_object_with_splices_a_member_in_sorted_position() -> None:
+    members = {"b": [1.5, None], "d": {"y": 1, "x": "é"}, "a": True}
+    for key in ("0", "a", "c", "e", "bb"):
+        assert canonical_object_with(members, key, '{"raw":1}') == canonical_text({**members, key: {"raw": 1}})
+    assert canonical_object_with({}, "k", "[]") == '{"k":[]}'
+
+
+@pytest.mark.parametrize(
+    ("field", "digits", "error", "match"),
+    [
+        ("token", 0, UnicodeEncodeError, "surrogates not allowed"),  # a lone surrogate
+        ("token_id", 5000, ContractError, "canonical"),  # an int past Python's digit limit
+    ],
+)
+def test_unencodable_values_fail_the_same_way_on_both_paths(
+    field: str, digits: int, error: type[Exception], match: str
+) -> None:
+    value: Any = 10**digits if digits else "\ud800"
+    cand = TopCandidate.model_construct(**{"token": "x", "token_id": 1, "logprob": -0.5, "rank": 1, field: value})
+    step = StepLogprobs(token_id=1, token="x", logprob=-0.5, top=(cand,))
+    choice = Choice(index=0, token_ids=(1,), text="x", logprobs=(step,))
+    env = envelope(outcome=CapturedOutput(choices=(choice,), timings=envelope().outcome.timings))
+    with pytest.raises(error, match=match):
+        _reference(env)
+    with pytest.raises(error, match=match):
+        env.canonical()

@@ -11,7 +11,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from capture.audit.checkpoint import reconcile, write_checkpoint
 from capture.audit.errors import AuditError
@@ -25,17 +24,15 @@ from capture.sinks import Outgoing, S3Sink
 from capture.spool import Spool, SpoolEntry
 from schemas.merkle import decode_checkpoint, leaf_data, merkle_root, verify_checkpoint
 from tests.factories import FIXED_TIME, envelope
+from tests.moto_s3 import moto_server
 
 DAY = FIXED_TIME.strftime("%Y-%m-%d")
 
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

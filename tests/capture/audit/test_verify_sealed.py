@@ -9,31 +9,28 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from capture.audit.store import AuditStore
 from capture.audit.verify import check_object
 from schemas.layout import envelope_key
 from schemas.sealed import seal_envelope
 from tests.factories import envelope
+from tests.moto_s3 import moto_server
 
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[AuditStore]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    client: Any = boto3.client(
-        "s3",
-        endpoint_url=f"http://{host}:{port}",
-        region_name="us-east-1",
-        aws_access_key_id="k",
-        aws_secret_access_key="s",
-    )
-    bucket = f"sealed-{uuid.uuid4().hex[:8]}"
-    client.create_bucket(Bucket=bucket)
-    yield AuditStore(client, bucket)
-    server.stop()
+    with moto_server() as endpoint:
+        client: Any = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="k",
+            aws_secret_access_key="s",
+        )
+        bucket = f"sealed-{uuid.uuid4().hex[:8]}"
+        client.create_bucket(Bucket=bucket)
+        yield AuditStore(client, bucket)
 
 
 def sealed_bytes(**overrides: Any) -> tuple[str, bytes]:
