@@ -239,8 +239,8 @@ def _token_id(text: str) -> int | None:
 
 def _candidate(token: Any, raw_bytes: Any) -> tuple[str, int | None]:
     """Text and id of one reported token. With ``return_tokens_as_token_ids`` the token reads ``token_id:N``;
-    its text then comes from the ``bytes`` field (chat), or stays empty (completions report no bytes)."""
-    text = token if isinstance(token, str) else ""
+    its text then comes from the ``bytes`` field when that holds the token's own bytes, else stays empty."""
+    text = _clean(token) if isinstance(token, str) else ""
     tid = _token_id(text)
     if tid is None:
         return text, None
@@ -248,12 +248,27 @@ def _candidate(token: Any, raw_bytes: Any) -> tuple[str, int | None]:
 
 
 def _decode_bytes(raw: Any) -> str | None:
+    """The token text from upstream's ``bytes``; None when they are not whole UTF-8, or when they merely spell
+    ``token_id:N`` (vLLM 0.32 sends those for top-k alternatives under ``return_tokens_as_token_ids``)."""
     if not isinstance(raw, list):
         return None
     try:
-        return bytes(raw).decode("utf-8")
+        text = bytes(raw).decode("utf-8")
     except (ValueError, TypeError):
         return None
+    return None if text.startswith(_TOKEN_ID_PREFIX) else text
+
+
+def _clean(text: str) -> str:
+    """Text as it can be stored: a lone surrogate (JSON allows ``"\\ud800"``) cannot be encoded as UTF-8 and
+    would make the envelope unencodable, so it becomes ``?``."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 @dataclass(slots=True)
@@ -336,7 +351,7 @@ class OutputCollector:
         else:
             content = choice.get("text")
         if isinstance(content, str):
-            acc.text.append(content)
+            acc.text.append(_clean(content))
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
             self._add_logprobs(acc, logprobs)
@@ -347,11 +362,11 @@ class OutputCollector:
         if self.endpoint == "chat.completions":
             for item in lp.get("content") or ():
                 token = item.get("token", "")
-                text = _decode_bytes(item.get("bytes")) if _token_id(token) is not None else token
+                text = _decode_bytes(item.get("bytes")) if _token_id(token) is not None else _clean(token)
                 top: list[tuple[str, int | None, Any]] = []
                 for t in item.get("top_logprobs") or ():  # `_candidate` inlined: ~100 alternatives per request
                     tok = t.get("token")
-                    alt_text = tok if isinstance(tok, str) else ""
+                    alt_text = _clean(tok) if isinstance(tok, str) else ""
                     alt_id: int | None = None
                     if alt_text.startswith(_TOKEN_ID_PREFIX):
                         try:
@@ -369,7 +384,7 @@ class OutputCollector:
         for i, token in enumerate(tokens):
             alts = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
             ranked = sorted(alts.items(), key=lambda kv: kv[1], reverse=True)
-            text = None if _token_id(token) is not None else token
+            text = None if _token_id(token) is not None else _clean(token)
             top = [(*_candidate(tok, None), lp) for tok, lp in ranked]
             acc.steps.append(_Steps(text, values[i] if i < len(values) else None, top))
 

@@ -50,6 +50,7 @@ from schemas.layout import (
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from pydantic import SecretStr
 
     from capture.settings import CaptureSettings
 
@@ -290,8 +291,25 @@ def _code(exc: Any) -> str:
     return str(exc.response.get("Error", {}).get("Code", "?"))
 
 
-def make_s3_client(settings: CaptureSettings, workers: int = 8) -> S3Client:
-    """A boto3 S3 client from the settings (TLS verified unless `s3_verify_tls` is off; short timeouts)."""
+class S3Connection(Protocol):
+    """The S3 fields every capture-side settings object has (sidecar, audit jobs, lake, archiver)."""
+
+    @property
+    def s3_endpoint(self) -> str | None: ...
+    @property
+    def s3_region(self) -> str: ...
+    @property
+    def s3_access_key(self) -> str | None: ...
+    @property
+    def s3_secret_key(self) -> SecretStr | None: ...
+    @property
+    def s3_verify_tls(self) -> bool: ...
+
+
+def make_s3_client(settings: S3Connection, workers: int = 8) -> S3Client:
+    """A boto3 S3 client from the settings (TLS verified unless `s3_verify_tls` is off; short timeouts).
+
+    The one place the capture side builds S3 clients, so timeouts, retries and path-style addressing agree."""
     import boto3
     from botocore.config import Config
 

@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
 _Bytes = bytes  # `Spool.bytes` (a property) shadows the builtin inside the class body
 _MAX_BATCH = 4096
+_RECORD_OVERHEAD = len(encode_record(0, b""))  # length, CRC and seq of one record
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class _Pending:
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.size = len(encode_record(0, self.payload))
+        self.size = _RECORD_OVERHEAD + len(self.payload)  # = len(encode_record(seq, payload)), without a CRC pass
 
 
 class Spool:

@@ -17,7 +17,13 @@ from typing import Annotated, Final, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from schemas.base import Record
-from schemas.canonical import canonical_bytes, sha256_hex
+from schemas.canonical import (
+    canonical_bytes,
+    canonical_object_with,
+    canonical_text,
+    encode_string,
+    sha256_hex,
+)
 from schemas.errors import ContractError
 from schemas.fingerprint import RuntimeFingerprint
 from schemas.levels import ReproLevel
@@ -161,7 +167,9 @@ class Envelope(Record):
         return v.astimezone(UTC)
 
     def canonical(self) -> bytes:
-        return canonical_bytes(self)
+        """`canonical_bytes` of this envelope, byte for byte; the per-token logprobs are encoded by a
+        specialised encoder (see `_canonical_envelope`), the rest by the generic one."""
+        return _canonical_envelope(self)
 
     def envelope_id(self) -> str:
         """sha256 (hex) of the canonical encoding: the content address of this record."""
@@ -171,6 +179,111 @@ class Envelope(Record):
     def replayable(self) -> bool:
         """An envelope can be replayed when it has prompt token ids, a contract and a complete output."""
         return self.prompt is not None and self.sampling is not None and isinstance(self.outcome, CapturedOutput)
+
+
+# The fast encoder below writes these records' members itself, in sorted key order. If their fields ever change
+# it steps aside (every envelope then takes the generic path) rather than write a wrong byte.
+_TOP_FIELDS: Final = ("logprob", "rank", "token", "token_id")
+_STEP_FIELDS: Final = ("logprob", "token", "token_id", "top")
+_FAST_LOGPROBS: Final = (
+    tuple(sorted(TopCandidate.model_fields)) == _TOP_FIELDS and tuple(sorted(StepLogprobs.model_fields)) == _STEP_FIELDS
+)
+_INF: Final = float("inf")
+
+
+def _candidate_text(cand: TopCandidate) -> str | None:
+    """A candidate with a rank or token id left out (None), or None for a value this encoder does not handle."""
+    clp, ctok, ctid, rank = cand.logprob, cand.token, cand.token_id, cand.rank
+    if type(clp) is not float or not -_INF < clp < _INF or type(ctok) is not str:
+        return None
+    text = f'{{"logprob":{clp!r}'
+    if rank is not None:
+        if type(rank) is not int:
+            return None
+        text += f',"rank":{rank}'
+    text += f',"token":{encode_string(ctok)}'
+    if ctid is not None:
+        if type(ctid) is not int:
+            return None
+        text += f',"token_id":{ctid}'
+    return text + "}"
+
+
+def _steps_text(steps: tuple[StepLogprobs, ...]) -> str | None:
+    """Canonical text of one choice's logprobs, or None when a value is not exactly what this encoder handles
+    (a float that is not a finite ``float``, an int that is not an ``int``, ...): the caller then uses the
+    generic encoder, which encodes or refuses it as the contract says. Validated records always pass.
+
+    ``f"{x!r}"`` of a ``float`` and ``f"{n}"`` of an ``int`` are what ``json.dumps`` writes for them; keys are
+    written in sorted order (the order of `_TOP_FIELDS` / `_STEP_FIELDS`), None members left out.
+    """
+    out: list[str] = []
+    for step in steps:
+        if type(step) is not StepLogprobs:
+            return None
+        lp, token, tid = step.logprob, step.token, step.token_id
+        if type(lp) is not float or not -_INF < lp < _INF or type(tid) is not int:
+            return None
+        tops: list[str] = []
+        for cand in step.top:
+            if type(cand) is not TopCandidate:
+                return None
+            clp, ctok, ctid, rank = cand.logprob, cand.token, cand.token_id, cand.rank
+            if type(clp) is float and -_INF < clp < _INF and type(ctok) is str and type(rank) is int:
+                if type(ctid) is int:  # the common cases, written in one go
+                    tops.append(f'{{"logprob":{clp!r},"rank":{rank},"token":{encode_string(ctok)},"token_id":{ctid}}}')
+                    continue
+                if ctid is None:  # the client asked for logprobs itself: token text only
+                    tops.append(f'{{"logprob":{clp!r},"rank":{rank},"token":{encode_string(ctok)}}}')
+                    continue
+            text = _candidate_text(cand)
+            if text is None:
+                return None
+            tops.append(text)
+        if token is None:
+            out.append(f'{{"logprob":{lp!r},"token_id":{tid},"top":[{",".join(tops)}]}}')
+        elif type(token) is str:
+            out.append(f'{{"logprob":{lp!r},"token":{encode_string(token)},"token_id":{tid},"top":[{",".join(tops)}]}}')
+        else:
+            return None
+    return "[" + ",".join(out) + "]"
+
+
+def _canonical_envelope(envelope: Envelope) -> bytes:
+    """Exactly `canonical_bytes(envelope)`, faster with per-step logprobs (~1.4x at 16 tokens x top-5).
+
+    The logprobs (one record per generated token and per alternative: most of an envelope's bytes) are
+    written straight from the records by `_steps_text`, without the JSON-mode dump and the generic sorted
+    encoding; everything else is dumped and encoded as `canonical_bytes` does, and the parts are joined with
+    `canonical_object_with`. tests/schemas/test_canonical.py compares both paths byte for byte.
+    """
+    outcome = envelope.outcome
+    if type(outcome) is CapturedOutput:
+        key, choices = "choices", outcome.choices
+    elif type(outcome) is CapturedError:
+        key, choices = "partial", outcome.partial
+    else:  # only a `model_construct`-ed record gets here
+        return canonical_bytes(envelope)
+    if not _FAST_LOGPROBS or not any(type(c) is Choice and c.logprobs for c in choices):
+        return canonical_bytes(envelope)
+    texts: list[str | None] = []
+    for choice in choices:
+        try:
+            text = None if type(choice) is not Choice or choice.logprobs is None else _steps_text(choice.logprobs)
+        except ValueError:  # an int too long to write: the generic encoder refuses it with a ContractError
+            return canonical_bytes(envelope)
+        if text is None and (type(choice) is not Choice or choice.logprobs is not None):
+            return canonical_bytes(envelope)
+        texts.append(text)
+    data = envelope.model_dump(mode="json", exclude_none=True, exclude={"outcome": {key: {"__all__": {"logprobs"}}}})
+    out = data.pop("outcome")
+    dumped = out.pop(key)
+    parts = [
+        canonical_object_with(member, "logprobs", text) if text is not None else canonical_text(member)
+        for member, text in zip(dumped, texts, strict=True)
+    ]
+    outcome_text = canonical_object_with(out, key, "[" + ",".join(parts) + "]")
+    return canonical_object_with(data, "outcome", outcome_text).encode("utf-8")
 
 
 def decode_envelope(data: bytes | str) -> Envelope:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -57,20 +57,10 @@ def _day(value: str | None) -> str | None:
     return value
 
 
-def _s3_client(settings: LakeSettings):  # type: ignore[no-untyped-def]
-    import boto3
-    from botocore.config import Config
+def _s3_client(settings: LakeSettings) -> Any:
+    from capture.sinks import make_s3_client
 
-    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key is not None else None
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint,
-        region_name=settings.s3_region,
-        aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=secret,
-        verify=settings.s3_verify_tls,
-        config=Config(retries={"max_attempts": 3, "mode": "standard"}, s3={"addressing_style": "path"}),
-    )
+    return make_s3_client(settings)
 
 
 def query_command(

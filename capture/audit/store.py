@@ -36,25 +36,9 @@ class AuditStore:
 
     @classmethod
     def from_settings(cls, settings: AuditSettings) -> AuditStore:
-        import boto3
-        from botocore.config import Config
+        from capture.sinks import make_s3_client
 
-        secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key is not None else None
-        client = boto3.client(
-            "s3",
-            endpoint_url=settings.s3_endpoint,
-            region_name=settings.s3_region,
-            aws_access_key_id=settings.s3_access_key,
-            aws_secret_access_key=secret,
-            verify=settings.s3_verify_tls,
-            config=Config(
-                connect_timeout=3,
-                read_timeout=10,
-                retries={"max_attempts": 2, "mode": "standard"},
-                s3={"addressing_style": "path"},
-            ),
-        )
-        return cls(client, settings.s3_bucket, settings.object_lock_mode)
+        return cls(make_s3_client(settings), settings.s3_bucket, settings.object_lock_mode)
 
     def _fail(self, what: str, key: str, exc: Exception) -> AuditStoreError:
         return AuditStoreError(f"s3 {what} {self.bucket}/{key}: {_code(exc)}: {exc}")

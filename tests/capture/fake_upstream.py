@@ -204,8 +204,8 @@ def _logprobs(body: dict[str, Any], steps: Any, chat: bool) -> dict[str, Any] | 
         k = body.get("top_logprobs") or 0
         content = []
         for j in steps:
-            top = [
-                {"token": name(j, a), "logprob": LOGPROBS[j] - a, "bytes": list(f"alt{a}".encode())} for a in range(k)
+            top = [  # like vLLM 0.32: under return_tokens_as_token_ids the alternatives' bytes spell "token_id:N"
+                {"token": name(j, a), "logprob": LOGPROBS[j] - a, "bytes": list(name(j, a).encode())} for a in range(k)
             ]
             content.append(
                 {"token": name(j), "logprob": LOGPROBS[j], "bytes": list(OUTPUT_TEXT[j].encode()), "top_logprobs": top}

@@ -78,8 +78,8 @@ async def test_chat_non_stream_strips_audit_fields_and_records_them() -> None:
     assert [s.token_id for s in choice.logprobs] == OUTPUT_IDS
     assert choice.logprobs[0].token == "The"
     assert [c.token_id for c in choice.logprobs[1].top] == [3575, 3576, 3577, 3578, 3579]
-    # alternatives keep their text (from `bytes`), not the "token_id:N" form the sidecar asked upstream for
-    assert [c.token for c in choice.logprobs[1].top] == ["alt0", "alt1", "alt2", "alt3", "alt4"]
+    # the "token_id:N" form the sidecar asked upstream for is never stored as a token's text
+    assert [c.token for c in choice.logprobs[1].top] == ["", "", "", "", ""]
     assert [c.rank for c in choice.logprobs[1].top] == [1, 2, 3, 4, 5]
     assert env.outcome.usage["completion_tokens"] == 3
     assert env.sampling is not None

@@ -366,3 +366,12 @@ def test_bad_choice_index_fails_both_ways() -> None:
     col = OutputCollector("chat.completions")
     col.add({"choices": [{"index": -1, "message": {"content": "a"}, "token_ids": [1]}]})
     assert _both(col, None) == (ValidationError, ValidationError)
+
+
+def test_lone_surrogates_are_replaced_so_the_envelope_stays_encodable() -> None:
+    """JSON may carry "\\ud800"; UTF-8 cannot. The recorded text replaces it instead of losing the envelope."""
+    from capture.recording import _clean
+
+    assert _clean("ok \ud800 end") == "ok ? end"
+    assert _clean("café") == "café"
+    assert _clean("plain") == "plain"
