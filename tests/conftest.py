@@ -5,8 +5,9 @@ the same :class:`~infra.state.StackInfo`. Tests must isolate themselves inside i
 uuid object key), never by restarting it, except the few stack tests that exercise restarts.
 
 Set ``REPROLANE_TEST_RUN_DIR`` to attach to a stack you keep running (``reprolane stack up --run-dir``):
-the fixture then only makes sure it is up, never takes it down, and the test that calls ``down()``
-skips itself. On a 2-core machine this avoids one vLLM per pytest run.
+the fixture then only makes sure it is up and never takes it down. On a 2-core machine this avoids one vLLM
+per pytest run. No test takes the session's stack down: ``down()`` is tested on a private stack, and the
+fixture itself checks at the end that ``down()`` left no process group of the session's stack alive.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from infra import process
 from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.state import StackInfo, StackState
 
 #: Run dir of an already running stack to reuse instead of starting a private one.
 ATTACH_ENV = "REPROLANE_TEST_RUN_DIR"
@@ -35,7 +37,19 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
         yield stack
     finally:
         if not attached:
-            stack.down()
+            _down_and_check(stack)
+
+
+def _down_and_check(stack: LocalStack) -> None:
+    """Stop the session's stack and fail the session if any of its process groups survived (vLLM's engine
+    core is a child process: the group, not the pid, must be gone)."""
+    try:
+        refs = [rec.process for rec in StackState.load(stack.run_dir).servers.values()]
+    except Exception:  # no state file: nothing was started
+        refs = []
+    stack.down()
+    survivors = [ref.pid for ref in refs if ref is not None and process.group_alive(ref.pid)]
+    assert not survivors, f"stack down left process groups alive: {survivors}"
 
 
 @pytest.fixture(scope="session")
