@@ -39,11 +39,16 @@ def _num(value: float | None, digits: int = 4) -> str:
     return "n/a" if value is None else f"{value:.{digits}g}"
 
 
-def _cand(c: TopCandidate | None) -> str:
+def _cand(c: TopCandidate | None, texts: dict[int, str] | None = None) -> str:
+    """One candidate. A recorded alternative may have been captured by id only (vLLM sends no text for
+    alternatives asked as ids): its text is then taken from `texts` (same id on the other side, same tokenizer)."""
     if c is None:
         return ""
     tid = "?" if c.token_id is None else str(c.token_id)
-    return f"{_tok(c.token)} #{tid} {c.logprob:.4f}"
+    text: str | None = c.token
+    if not text and texts is not None and c.token_id is not None:
+        text = texts.get(c.token_id, text)
+    return f"{_tok(text)} #{tid} {c.logprob:.4f}"
 
 
 def _side_by_side(
@@ -52,8 +57,9 @@ def _side_by_side(
     rows = max(len(recorded), len(replayed))
     if rows == 0:
         return ["    (no top-k alternatives were recorded at this step)"]
-    left = [_cand(c) for c in recorded]
-    right = [_cand(c) for c in replayed]
+    known = {c.token_id: c.token for c in (*replayed, *recorded) if c.token_id is not None and c.token}
+    left = [_cand(c, known) for c in recorded]
+    right = [_cand(c, known) for c in replayed]
     width = max([len("recorded"), *(len(s) + 2 for s in left)])
     lines = [f"    rank  {'recorded'.ljust(width)}  replayed"]
     for i in range(rows):

@@ -111,3 +111,14 @@ def test_workflow_report_names_the_first_failing_step() -> None:
     assert f"First diverging step: 1 (request {steps[1].envelope.request_id})" in out
     assert "skipped: the request ended in an error" in out
     assert out.count("Replay of request") == 1
+
+
+def test_alternatives_recorded_by_id_only_borrow_the_text_of_the_same_id() -> None:
+    from replayer.report import _side_by_side
+    from schemas import TopCandidate
+
+    recorded = (TopCandidate(token="", token_id=7, logprob=-1.0), TopCandidate(token="", token_id=99, logprob=-2.0))
+    replayed = (TopCandidate(token=" party", token_id=7, logprob=-1.1),)
+    lines = _side_by_side(recorded, replayed, (7, 7))
+    assert '" party" #7 -1.0000' in lines[1]
+    assert '"" #99 -2.0000' in lines[2]  # no text anywhere for that id: shown as recorded
