@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from datetime import UTC, datetime
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("must be timezone-aware (UTC)")
+    return value.astimezone(UTC)
+
+
+#: A point in time that records carry: timezone-aware, normalised to UTC (naive datetimes are refused).
+UtcDatetime = Annotated[datetime, AfterValidator(_utc)]
 
 
 class Record(BaseModel):

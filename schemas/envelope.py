@@ -11,12 +11,12 @@ Two deliveries of the same envelope therefore collapse to one id; any change to 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Final, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from schemas.base import Record
+from schemas.base import Record, UtcDatetime
 from schemas.canonical import (
     canonical_bytes,
     canonical_object_with,
@@ -139,7 +139,7 @@ class ExecutionContext(Record):
 class Envelope(Record):
     schema_version: Literal["reprolane.envelope/1"] = ENVELOPE_SCHEMA_VERSION
     request_id: RequestId
-    captured_at: datetime
+    captured_at: UtcDatetime
     tenant: RequestId = "default"
     workflow: WorkflowRef | None = None
     flagged: bool = Field(default=False, description="selected for replay")
@@ -158,13 +158,6 @@ class Envelope(Record):
     runtime: RuntimeFingerprint
     context: ExecutionContext
     outcome: Outcome
-
-    @field_validator("captured_at")
-    @classmethod
-    def _utc(cls, v: datetime) -> datetime:
-        if v.tzinfo is None:
-            raise ValueError("must be timezone-aware (UTC)")
-        return v.astimezone(UTC)
 
     def canonical(self) -> bytes:
         """`canonical_bytes` of this envelope, byte for byte; the per-token logprobs are encoded by a

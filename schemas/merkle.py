@@ -24,12 +24,12 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Final
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError
 
-from schemas.base import Record
+from schemas.base import Record, UtcDatetime
 from schemas.canonical import canonical_bytes
 from schemas.errors import ContractError
 
@@ -172,16 +172,9 @@ class Checkpoint(Record):
     log_id: str = Field(pattern=r"^[A-Za-z0-9=._:\-]{1,128}$")
     tree_size: int = Field(ge=0)
     root_hash: Sha256Hex
-    issued_at: datetime
+    issued_at: UtcDatetime
     key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="first 16 hex of sha256(raw public key)")
     signature: str = Field(default="", description="base64 Ed25519 signature over `signed_body`")
-
-    @field_validator("issued_at")
-    @classmethod
-    def _utc(cls, v: datetime) -> datetime:
-        if v.tzinfo is None:
-            raise ValueError("must be timezone-aware (UTC)")
-        return v.astimezone(UTC)
 
     def signed_body(self) -> bytes:
         """The bytes the signature covers: canonical JSON of every field except the signature."""

@@ -22,14 +22,14 @@ import binascii
 import json
 import os
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Final, Literal, NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError
 
-from schemas.base import Record
+from schemas.base import Record, UtcDatetime
 from schemas.canonical import canonical_bytes, canonical_json, sha256_hex
 from schemas.envelope import RequestId, Sha256, WorkflowRef
 from schemas.errors import ContractError, SealError
@@ -167,19 +167,12 @@ class SealedEnvelope(Record):
     request_id: RequestId
     envelope_id: Sha256 = Field(description="sha256 of the plaintext canonical envelope")
     tenant: RequestId
-    captured_at: datetime
+    captured_at: UtcDatetime
     workflow: WorkflowRef | None = None
     key_id: KeyId
     algorithm: Literal["AES-256-GCM"] = "AES-256-GCM"
     nonce: B64
     ciphertext: B64
-
-    @field_validator("captured_at")
-    @classmethod
-    def _utc(cls, v: datetime) -> datetime:
-        if v.tzinfo is None:
-            raise ValueError("must be timezone-aware (UTC)")
-        return v.astimezone(UTC)
 
     def aad(self) -> bytes:
         """The authenticated metadata: every field but the nonce and the ciphertext, canonically encoded."""
