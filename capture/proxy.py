@@ -37,6 +37,7 @@ from capture.edge import (
     Send,
     Watch,
     consume_disconnect,
+    decode_answer,
     dumps,
     end_stream,
     error_body,
@@ -233,10 +234,10 @@ class CaptureProxy:
         else:
             error = None
             try:
-                obj = json.loads(content)
+                obj, encode = decode_answer(content)
                 collector.add(obj)
                 _strip(obj, prepared)
-                out = dumps(obj)
+                out = encode(obj)
             except (ValueError, AttributeError, TypeError) as exc:
                 error, out = ("upstream_error", 200, f"upstream answered unparsable JSON: {exc}"), content
         extra = [(b"content-type", resp.header("content-type", "application/json").encode("latin-1"))]
@@ -443,7 +444,7 @@ def _rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared)
     if not event.startswith(b"data: "):
         return event, None
     try:
-        obj = json.loads(event[6:])
+        obj, encode = decode_answer(event[6:])
     except ValueError:
         return event, None
     if not isinstance(obj, dict):
@@ -452,4 +453,4 @@ def _rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared)
         return event, f"upstream error in stream: {json.dumps(obj['error'])[:2000]}"
     collector.add(obj)
     _strip(obj, prepared)
-    return b"data: " + dumps(obj) + b"\n\n", None
+    return b"data: " + encode(obj) + b"\n\n", None

@@ -1,4 +1,5 @@
-"""Turns a finished (or refused) request into an envelope and puts it in the spool, per the capture mode.
+"""Turns a finished (or refused) request into an envelope (its canonical bytes: `build_envelope_bytes`) and puts
+it in the spool, per the capture mode.
 
 - ``guaranteed``: the proxy awaits `EnvelopeRecorder.finish` before it releases the response;
   `SpoolFullError` reaches the proxy, which answers 503 instead of serving an unrecorded answer.
@@ -22,10 +23,17 @@ from typing import Any, Protocol
 from capture.edge import dumps
 from capture.errors import SpoolFullError, UpstreamError
 from capture.metrics import CaptureMetrics
-from capture.recording import ErrorType, OutputCollector, Prepared, RequestContext, build_envelope, prompt_record
+from capture.recording import (
+    ErrorType,
+    OutputCollector,
+    Prepared,
+    RequestContext,
+    build_envelope_bytes,
+    prompt_record,
+)
 from capture.runtime import RuntimeProbe
 from capture.upstream import Upstream
-from schemas import ArtifactHashes, Envelope, PromptRecord
+from schemas import ArtifactHashes, PromptRecord
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +44,9 @@ _TOKENIZE_CHAT_KEYS = ("messages", "add_generation_prompt", "continue_final_mess
 class SpoolLike(Protocol):
     """What the sidecar needs of `capture.spool.Spool` on the request path."""
 
-    async def append(self, envelope: Envelope) -> None: ...
+    async def append_payload(self, payload: bytes) -> None:
+        """Append one envelope's canonical bytes; return once they are durable."""
+        ...
 
     @property
     def bytes(self) -> int: ...
@@ -79,7 +89,7 @@ class EnvelopeRecorder:
             prompt = prompt_record(await self._tokenize(prepared), "tokenize", ctx)
         if self.guaranteed:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
-        envelope = build_envelope(
+        payload = build_envelope_bytes(
             ctx,
             model=prepared.model,
             artifacts=self.artifacts,
@@ -91,7 +101,7 @@ class EnvelopeRecorder:
             captured_at=datetime.now(UTC),
             sidecar_id=self.sidecar_id,
         )
-        await self.append(envelope)
+        await self.append(ctx.request_id, payload)
 
     async def record_refused(self, ctx: RequestContext, error: Failure, t0: float) -> None:
         """An attempt the sidecar refused before upstream saw it (413, bad JSON, bad headers).
@@ -99,7 +109,7 @@ class EnvelopeRecorder:
         The response is already decided, so even in guaranteed mode a full spool only logs here.
         """
         ctx.added_ms = (time.perf_counter() - t0) * 1000.0
-        envelope = build_envelope(
+        payload = build_envelope_bytes(
             ctx,
             model="unknown",
             artifacts=self.artifacts,
@@ -112,23 +122,24 @@ class EnvelopeRecorder:
             sidecar_id=self.sidecar_id,
         )
         if not self.guaranteed:
-            self.later(self.append(envelope))
+            self.later(self.append(ctx.request_id, payload))
             return
         try:
-            await self.append(envelope)
+            await self.append(ctx.request_id, payload)
         except SpoolFullError:
             log.error("spool full: envelope of refused request %s not recorded", ctx.request_id)
 
-    async def append(self, envelope: Envelope) -> None:
-        """Guaranteed: raises SpoolFullError. Best effort: counts and logs the drop instead."""
+    async def append(self, request_id: str, payload: bytes) -> None:
+        """Spool one envelope (its canonical bytes). Guaranteed: raises SpoolFullError. Best effort: counts and
+        logs the drop instead."""
         if self.guaranteed:
-            await self.spool.append(envelope)
+            await self.spool.append_payload(payload)
             return
         try:
-            await self.spool.append(envelope)
+            await self.spool.append_payload(payload)
         except SpoolFullError:
             self.metrics.envelopes_dropped_total.inc()
-            log.error("spool full (best_effort): envelope of request %s dropped", envelope.request_id)
+            log.error("spool full (best_effort): envelope of request %s dropped", request_id)
 
     def later(self, work: Awaitable[None]) -> None:
         """Run a recording in the background, tracked until it ends."""

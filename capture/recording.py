@@ -43,6 +43,7 @@ from schemas import (
     WorkflowRef,
 )
 from schemas.canonical import canonical_json
+from schemas.envelope import canonical_with_logprobs, steps_canonical_text
 
 Endpoint = Literal["chat.completions", "completions"]
 ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
@@ -275,7 +276,7 @@ def _clean(text: str) -> str:
 class _Steps:
     token: str | None
     logprob: Any
-    top: list[tuple[str, int | None, Any]]  # (token text, token id when known, logprob), best first
+    top: list[tuple[str, int | None, Any, int]]  # (token text, token id when known, logprob, rank), best first
 
 
 @dataclass(slots=True)
@@ -363,8 +364,10 @@ class OutputCollector:
             for item in lp.get("content") or ():
                 token = item.get("token", "")
                 text = _decode_bytes(item.get("bytes")) if _token_id(token) is not None else _clean(token)
-                top: list[tuple[str, int | None, Any]] = []
+                top: list[tuple[str, int | None, Any, int]] = []
+                rank = 0
                 for t in item.get("top_logprobs") or ():  # `_candidate` inlined: ~100 alternatives per request
+                    rank += 1
                     tok = t.get("token")
                     alt_text = _clean(tok) if isinstance(tok, str) else ""
                     alt_id: int | None = None
@@ -375,7 +378,7 @@ class OutputCollector:
                             alt_id = None
                         else:
                             alt_text = _decode_bytes(t.get("bytes")) or ""
-                    top.append((alt_text, alt_id, t.get("logprob")))
+                    top.append((alt_text, alt_id, t.get("logprob"), rank))
                 acc.steps.append(_Steps(text, item.get("logprob"), top))
             return
         tokens = lp.get("tokens") or []
@@ -385,29 +388,29 @@ class OutputCollector:
             alts = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
             ranked = sorted(alts.items(), key=lambda kv: kv[1], reverse=True)
             text = None if _token_id(token) is not None else _clean(token)
-            top = [(*_candidate(tok, None), lp) for tok, lp in ranked]
+            top = [(*_candidate(tok, None), lp, rank) for rank, (tok, lp) in enumerate(ranked, start=1)]
             acc.steps.append(_Steps(text, values[i] if i < len(values) else None, top))
 
-    def choices_data(self) -> list[dict[str, Any]]:
+    def choices_data(self, *, logprobs: bool = True) -> list[dict[str, Any]]:
         """The collected choices as plain data shaped like `Choice`, by index (validated by the caller).
 
         Logprobs are left out (None) exactly where `choices_record` leaves them out for a shape reason
-        (missing, or not aligned with the token ids); *values* are not checked here: an envelope validated
-        from this data either holds them as they are or fails as a whole (see `build_envelope`).
+        (missing, or not aligned with the token ids), and everywhere without `logprobs`; *values* are not
+        checked here: an envelope validated from this data either holds them as they are or fails as a whole
+        (see `build_envelope`).
         """
         out: list[dict[str, Any]] = []
         for index in sorted(self.choices):
             acc = self.choices[index]
             steps: list[dict[str, Any]] | None = None
-            if not acc.logprobs_missing and acc.steps and len(acc.steps) == len(acc.token_ids):
+            if logprobs and _aligned(acc):
                 steps = [
                     {
                         "token_id": tid,
                         "token": s.token,
                         "logprob": s.logprob,
                         "top": [
-                            {"token": tok, "token_id": alt, "logprob": lp, "rank": rank}
-                            for rank, (tok, alt, lp) in enumerate(s.top, start=1)
+                            {"token": tok, "token_id": alt, "logprob": lp, "rank": rank} for tok, alt, lp, rank in s.top
                         ],
                     }
                     for tid, s in zip(acc.token_ids, acc.steps, strict=True)
@@ -421,6 +424,26 @@ class OutputCollector:
                     "logprobs": steps,
                 }
             )
+        return out
+
+    def logprobs_texts(self) -> list[str | None] | None:
+        """Per choice (by index) the canonical text of its logprobs (None: it has none, as in `choices_data`),
+        or None when some value is not exactly what a validated record holds (see
+        `schemas.envelope.steps_canonical_text`): the caller then takes the model path."""
+        out: list[str | None] = []
+        for index in sorted(self.choices):
+            acc = self.choices[index]
+            if not _aligned(acc):
+                out.append(None)
+                continue
+            try:
+                rows = ((t, s.token, s.logprob, s.top) for t, s in zip(acc.token_ids, acc.steps, strict=True))
+                text = steps_canonical_text(rows)
+            except ValueError:  # an int too long to write as text
+                return None
+            if text is None:
+                return None
+            out.append(text)
         return out
 
     def choices_record(self) -> tuple[Choice, ...]:
@@ -440,8 +463,13 @@ class OutputCollector:
         return tuple(out)
 
 
+def _aligned(acc: _ChoiceAcc) -> bool:
+    """Whether a choice's logprobs can be recorded: none missing, one step per token id."""
+    return not acc.logprobs_missing and bool(acc.steps) and len(acc.steps) == len(acc.token_ids)
+
+
 def _steps_record(acc: _ChoiceAcc) -> tuple[StepLogprobs, ...] | None:
-    if acc.logprobs_missing or not acc.steps or len(acc.steps) != len(acc.token_ids):
+    if not _aligned(acc):
         return None
     try:
         return tuple(
@@ -449,10 +477,7 @@ def _steps_record(acc: _ChoiceAcc) -> tuple[StepLogprobs, ...] | None:
                 token_id=tid,
                 token=s.token,
                 logprob=s.logprob,
-                top=tuple(
-                    TopCandidate(token=tok, token_id=tid, logprob=lp, rank=rank)
-                    for rank, (tok, tid, lp) in enumerate(s.top, start=1)
-                ),
+                top=tuple(TopCandidate(token=tok, token_id=tid, logprob=lp, rank=rank) for tok, tid, lp, rank in s.top),
             )
             for tid, s in zip(acc.token_ids, acc.steps, strict=True)
         )
@@ -512,7 +537,109 @@ def build_envelope(
     `build_envelope_checked` builds it the careful way, which degrades per choice exactly as before
     (logprobs of a choice dropped, token ids kept) or raises the same `ValidationError`.
     """
-    choices = collector.choices_data() if collector is not None else []
+    doc = _envelope_doc(
+        ctx,
+        model=model,
+        artifacts=artifacts,
+        runtime=runtime,
+        prompt=prompt,
+        sampling=sampling,
+        collector=collector,
+        error=error,
+        captured_at=captured_at,
+        sidecar_id=sidecar_id,
+        choices=collector.choices_data() if collector is not None else [],
+    )
+    try:
+        return Envelope.model_validate(doc)
+    except ValidationError:
+        pass  # rare: bad values from upstream; the careful path below decides what survives
+    return build_envelope_checked(
+        ctx,
+        model=model,
+        artifacts=artifacts,
+        runtime=runtime,
+        prompt=prompt,
+        sampling=sampling,
+        collector=collector,
+        error=error,
+        captured_at=captured_at,
+        sidecar_id=sidecar_id,
+    )
+
+
+def build_envelope_bytes(
+    ctx: RequestContext,
+    *,
+    model: str,
+    artifacts: ArtifactHashes,
+    runtime: RuntimeFingerprint,
+    prompt: PromptRecord | None,
+    sampling: SamplingContract | None,
+    collector: OutputCollector | None,
+    error: tuple[ErrorType, int | None, str] | None,
+    captured_at: datetime,
+    sidecar_id: str,
+) -> bytes:
+    """Exactly ``build_envelope(...).canonical()`` (what the spool stores), ~3x cheaper with logprobs.
+
+    The envelope is validated by pydantic without its per-token logprobs (a dozen records instead of ~100),
+    and the logprobs are written as canonical text straight from what the collector holds, each value checked
+    to be exactly what a validated record holds (`OutputCollector.logprobs_texts`). Anything else (a bad or
+    coercible upstream value, an invalid envelope) takes `build_envelope`, so the result is the same in every
+    case (tests/capture/test_recording.py compares them on random answers with bad values planted).
+    No ~100 short-lived records also means less work for the garbage collector while requests are in flight.
+    """
+    texts = collector.logprobs_texts() if collector is not None else None
+    if collector is not None and texts is not None and any(text is not None for text in texts):
+        doc = _envelope_doc(
+            ctx,
+            model=model,
+            artifacts=artifacts,
+            runtime=runtime,
+            prompt=prompt,
+            sampling=sampling,
+            collector=collector,
+            error=error,
+            captured_at=captured_at,
+            sidecar_id=sidecar_id,
+            choices=collector.choices_data(logprobs=False),
+        )
+        try:
+            data = canonical_with_logprobs(Envelope.model_validate(doc), texts)
+        except ValidationError:
+            data = None
+        if data is not None:
+            return data
+    return build_envelope(
+        ctx,
+        model=model,
+        artifacts=artifacts,
+        runtime=runtime,
+        prompt=prompt,
+        sampling=sampling,
+        collector=collector,
+        error=error,
+        captured_at=captured_at,
+        sidecar_id=sidecar_id,
+    ).canonical()
+
+
+def _envelope_doc(
+    ctx: RequestContext,
+    *,
+    model: str,
+    artifacts: ArtifactHashes,
+    runtime: RuntimeFingerprint,
+    prompt: PromptRecord | None,
+    sampling: SamplingContract | None,
+    collector: OutputCollector | None,
+    error: tuple[ErrorType, int | None, str] | None,
+    captured_at: datetime,
+    sidecar_id: str,
+    choices: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The envelope as plain data, for `Envelope.model_validate`."""
     timings: dict[str, Any] = {
         "received_at": ctx.received_at,
         "upstream_ms": max(ctx.upstream_ms, 0.0),
@@ -537,7 +664,7 @@ def build_envelope(
             "timings": timings,
             "partial": choices,
         }
-    doc = {
+    return {
         "request_id": ctx.request_id,
         "captured_at": captured_at,
         "tenant": ctx.tenant,
@@ -559,22 +686,6 @@ def build_envelope(
         },
         "outcome": outcome,
     }
-    try:
-        return Envelope.model_validate(doc)
-    except ValidationError:
-        pass  # rare: bad values from upstream; the careful path below decides what survives
-    return build_envelope_checked(
-        ctx,
-        model=model,
-        artifacts=artifacts,
-        runtime=runtime,
-        prompt=prompt,
-        sampling=sampling,
-        collector=collector,
-        error=error,
-        captured_at=captured_at,
-        sidecar_id=sidecar_id,
-    )
 
 
 _NO_CHOICES: Final[tuple[ErrorType, int | None, str]] = ("proxy_error", None, "upstream answered without choices")

@@ -92,11 +92,12 @@ class _Segment:
     unacked: int = 0
 
 
-@dataclass
-class _Location:
-    segment: _Segment
-    offset: int  # of the record header
-    size: int  # header + payload
+_Location = tuple[int, int, int]
+"""Where a pending record lies: (its segment's first seq, offset of the record header, header + payload size).
+
+A tuple of ints, not an object pointing at its `_Segment`: the index holds one per pending record (hundreds of
+thousands while a sink is down) and the garbage collector stops tracking tuples of ints, while it would walk
+every such object at each full collection (measured: ~0.5 ms of CPU per request at 100k pending records)."""
 
 
 @dataclass
@@ -228,9 +229,9 @@ class Spool:
         if limit <= 0:
             return []
         async with self._reclaim_lock:
-            wanted: list[tuple[int, _Location]] = []
-            for seq, loc in self._index.items():
-                wanted.append((seq, loc))
+            wanted: list[tuple[int, Path, int, int]] = []
+            for seq, (first, offset, size) in self._index.items():
+                wanted.append((seq, self._segments[first].path, offset, size))
                 if len(wanted) >= limit:
                     break
             if not wanted:
@@ -261,10 +262,12 @@ class Spool:
                 loc = self._index.pop(seq, None)
                 if loc is None:
                     continue
-                self._bytes -= loc.size
-                loc.segment.unacked -= 1
-                if loc.segment.unacked == 0 and self._is_sealed(loc.segment):
-                    reclaim.append(loc.segment)
+                first, _, size = loc
+                self._bytes -= size
+                seg = self._segments[first]
+                seg.unacked -= 1
+                if seg.unacked == 0 and self._is_sealed(seg):
+                    reclaim.append(seg)
             self._after_shrink()
             if reclaim:
                 async with self._reclaim_lock:
@@ -336,7 +339,7 @@ class Spool:
             return
         seg.size = offsets[-1]
         for i, p in enumerate(items):
-            self._index[first_seq + i] = _Location(seg, offsets[i], p.size)
+            self._index[first_seq + i] = (seg.first_seq, offsets[i], p.size)
             self._bytes += p.size
         seg.unacked += len(items)
         self.fsync_count += 1
@@ -441,7 +444,7 @@ class Spool:
                 self._segments[first] = seg
                 for seq, offset, size in result.records:
                     if not acked.contains(seq):
-                        self._index[seq] = _Location(seg, offset, size)
+                        self._index[seq] = (first, offset, size)
                         self._bytes += size
                         seg.unacked += 1
                 next_seq = max(next_seq, first, result.last_seq + 1)
@@ -517,15 +520,15 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
-def _read_entries(wanted: list[tuple[int, _Location]]) -> list[SpoolEntry]:
+def _read_entries(wanted: list[tuple[int, Path, int, int]]) -> list[SpoolEntry]:
     out: list[SpoolEntry] = []
     fds: dict[Path, int] = {}
     try:
-        for seq, loc in wanted:
-            fd = fds.get(loc.segment.path)
+        for seq, path, offset, size in wanted:
+            fd = fds.get(path)
             if fd is None:
-                fd = fds[loc.segment.path] = os.open(loc.segment.path, os.O_RDONLY)
-            out.append(SpoolEntry(seq, read_record(fd, loc.segment.path, loc.offset, loc.size, seq)))
+                fd = fds[path] = os.open(path, os.O_RDONLY)
+            out.append(SpoolEntry(seq, read_record(fd, path, offset, size, seq)))
     finally:
         for fd in fds.values():
             os.close(fd)

@@ -11,8 +11,9 @@ Two deliveries of the same envelope therefore collapse to one id; any change to 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -184,55 +185,41 @@ _FAST_LOGPROBS: Final = (
 _INF: Final = float("inf")
 
 
-def _candidate_text(cand: TopCandidate) -> str | None:
-    """A candidate with a rank or token id left out (None), or None for a value this encoder does not handle."""
-    clp, ctok, ctid, rank = cand.logprob, cand.token, cand.token_id, cand.rank
-    if type(clp) is not float or not -_INF < clp < _INF or type(ctok) is not str:
-        return None
-    text = f'{{"logprob":{clp!r}'
-    if rank is not None:
-        if type(rank) is not int:
-            return None
-        text += f',"rank":{rank}'
-    text += f',"token":{encode_string(ctok)}'
-    if ctid is not None:
-        if type(ctid) is not int:
-            return None
-        text += f',"token_id":{ctid}'
-    return text + "}"
+CandidateRow = tuple[Any, Any, Any, Any]
+"""One alternative as plain data: (token, token_id, logprob, rank)."""
+StepRow = tuple[Any, Any, Any, Sequence[CandidateRow]]
+"""One generation step as plain data: (token_id, token, logprob, alternatives)."""
 
 
-def _steps_text(steps: tuple[StepLogprobs, ...]) -> str | None:
-    """Canonical text of one choice's logprobs, or None when a value is not exactly what this encoder handles
-    (a float that is not a finite ``float``, an int that is not an ``int``, ...): the caller then uses the
-    generic encoder, which encodes or refuses it as the contract says. Validated records always pass.
+def steps_canonical_text(rows: Iterable[StepRow]) -> str | None:
+    """Canonical text of one choice's logprobs (a list of `StepLogprobs`) given as plain rows, or None when a
+    value is not exactly one a validated record holds: a float that is not a finite ``float``, an int that is
+    not an ``int`` (``bool`` included), a negative chosen token id, a rank below 1, a token that is not a
+    ``str``. Whoever gets None uses the model path, which validates, coerces or refuses as the contract says.
 
     ``f"{x!r}"`` of a ``float`` and ``f"{n}"`` of an ``int`` are what ``json.dumps`` writes for them; keys are
     written in sorted order (the order of `_TOP_FIELDS` / `_STEP_FIELDS`), None members left out.
     """
     out: list[str] = []
-    for step in steps:
-        if type(step) is not StepLogprobs:
-            return None
-        lp, token, tid = step.logprob, step.token, step.token_id
-        if type(lp) is not float or not -_INF < lp < _INF or type(tid) is not int:
+    for tid, token, lp, top in rows:
+        if type(lp) is not float or not -_INF < lp < _INF or type(tid) is not int or tid < 0:
             return None
         tops: list[str] = []
-        for cand in step.top:
-            if type(cand) is not TopCandidate:
+        for ctok, ctid, clp, rank in top:
+            if type(clp) is not float or not -_INF < clp < _INF or type(ctok) is not str:
                 return None
-            clp, ctok, ctid, rank = cand.logprob, cand.token, cand.token_id, cand.rank
-            if type(clp) is float and -_INF < clp < _INF and type(ctok) is str and type(rank) is int:
+            if type(rank) is int and rank >= 1:
                 if type(ctid) is int:  # the common cases, written in one go
                     tops.append(f'{{"logprob":{clp!r},"rank":{rank},"token":{encode_string(ctok)},"token_id":{ctid}}}')
                     continue
                 if ctid is None:  # the client asked for logprobs itself: token text only
                     tops.append(f'{{"logprob":{clp!r},"rank":{rank},"token":{encode_string(ctok)}}}')
                     continue
-            text = _candidate_text(cand)
-            if text is None:
                 return None
-            tops.append(text)
+            if rank is not None or (ctid is not None and type(ctid) is not int):
+                return None
+            text = f'{{"logprob":{clp!r},"token":{encode_string(ctok)}'
+            tops.append(text + (f',"token_id":{ctid}}}' if ctid is not None else "}"))
         if token is None:
             out.append(f'{{"logprob":{lp!r},"token_id":{tid},"top":[{",".join(tops)}]}}')
         elif type(token) is str:
@@ -242,21 +229,43 @@ def _steps_text(steps: tuple[StepLogprobs, ...]) -> str | None:
     return "[" + ",".join(out) + "]"
 
 
+def _steps_text(steps: tuple[StepLogprobs, ...]) -> str | None:
+    """`steps_canonical_text` of records (None for anything that is not exactly a `StepLogprobs`)."""
+    rows: list[StepRow] = []
+    for step in steps:
+        if type(step) is not StepLogprobs:
+            return None
+        tops: list[CandidateRow] = []
+        for cand in step.top:
+            if type(cand) is not TopCandidate:
+                return None
+            tops.append((cand.token, cand.token_id, cand.logprob, cand.rank))
+        rows.append((step.token_id, step.token, step.logprob, tops))
+    return steps_canonical_text(rows)
+
+
+def _choices_of(envelope: Envelope) -> tuple[str, tuple[Choice, ...]] | None:
+    """The member of the outcome that holds choices, and those choices (None: not a validated outcome)."""
+    outcome = envelope.outcome
+    if type(outcome) is CapturedOutput:
+        return "choices", outcome.choices
+    if type(outcome) is CapturedError:
+        return "partial", outcome.partial
+    return None  # only a `model_construct`-ed record gets here
+
+
 def _canonical_envelope(envelope: Envelope) -> bytes:
     """Exactly `canonical_bytes(envelope)`, faster with per-step logprobs (~1.4x at 16 tokens x top-5).
 
     The logprobs (one record per generated token and per alternative: most of an envelope's bytes) are
     written straight from the records by `_steps_text`, without the JSON-mode dump and the generic sorted
-    encoding; everything else is dumped and encoded as `canonical_bytes` does, and the parts are joined with
-    `canonical_object_with`. tests/schemas/test_canonical.py compares both paths byte for byte.
+    encoding; everything else is dumped and encoded as `canonical_bytes` does, and the parts are joined by
+    `_joined`. tests/schemas/test_canonical.py compares both paths byte for byte.
     """
-    outcome = envelope.outcome
-    if type(outcome) is CapturedOutput:
-        key, choices = "choices", outcome.choices
-    elif type(outcome) is CapturedError:
-        key, choices = "partial", outcome.partial
-    else:  # only a `model_construct`-ed record gets here
+    found = _choices_of(envelope)
+    if found is None:
         return canonical_bytes(envelope)
+    key, choices = found
     if not _FAST_LOGPROBS or not any(type(c) is Choice and c.logprobs for c in choices):
         return canonical_bytes(envelope)
     texts: list[str | None] = []
@@ -268,6 +277,29 @@ def _canonical_envelope(envelope: Envelope) -> bytes:
         if text is None and (type(choice) is not Choice or choice.logprobs is not None):
             return canonical_bytes(envelope)
         texts.append(text)
+    return _joined(envelope, key, texts)
+
+
+def canonical_with_logprobs(envelope: Envelope, logprobs: Sequence[str | None]) -> bytes | None:
+    """The canonical bytes of `envelope` with choice ``i``'s ``logprobs`` set to the record whose canonical
+    text is ``logprobs[i]`` (from `steps_canonical_text`; None: that choice has none), or None when this cannot
+    be done exactly (a choice already holds logprobs, the counts differ, the encoder is disabled).
+
+    Lets the capture sidecar validate an envelope's small part with pydantic and write its large part (the
+    per-token logprobs, already checked value by value by `steps_canonical_text`) without building ~100
+    records: the bytes are those of the envelope with the logprobs validated in (tests/capture compare).
+    """
+    found = _choices_of(envelope)
+    if found is None or not _FAST_LOGPROBS:
+        return None
+    key, choices = found
+    if len(choices) != len(logprobs) or any(type(c) is not Choice or c.logprobs is not None for c in choices):
+        return None
+    return _joined(envelope, key, logprobs)
+
+
+def _joined(envelope: Envelope, key: str, texts: Sequence[str | None]) -> bytes:
+    """The envelope's canonical bytes with choice i's ``logprobs`` written as ``texts[i]`` (None: as in the record)."""
     data = envelope.model_dump(mode="json", exclude_none=True, exclude={"outcome": {key: {"__all__": {"logprobs"}}}})
     out = data.pop("outcome")
     dumped = out.pop(key)

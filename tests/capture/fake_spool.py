@@ -6,6 +6,7 @@ import asyncio
 
 from capture.errors import SpoolFullError
 from schemas import Envelope
+from schemas.envelope import decode_envelope
 
 
 class FakeSpool:
@@ -23,10 +24,11 @@ class FakeSpool:
     async def close(self) -> None:
         self.closed = True
 
-    async def append(self, envelope: Envelope) -> None:
+    async def append_payload(self, payload: bytes) -> None:
         if self.refuse_appends:
             raise SpoolFullError("fake spool is full")
-        envelope.canonical()  # what the real spool writes: must encode
+        envelope = decode_envelope(payload)  # what the sidecar spools must be a valid envelope...
+        assert envelope.canonical() == payload  # ...in its canonical form (its id is the hash of these bytes)
         self.envelopes.append(envelope)
         self._arrived.set()
 

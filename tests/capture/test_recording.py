@@ -15,6 +15,7 @@ from capture.recording import (
     OutputCollector,
     RequestContext,
     build_envelope,
+    build_envelope_bytes,
     build_envelope_checked,
     derive_seed,
     prepare,
@@ -258,7 +259,9 @@ _BAD_VALUES: list[Any] = [math.inf, -math.inf, math.nan, "abc", "0.5", None, Tru
 
 
 def _random_answer(rng: random.Random) -> dict[str, Any]:
-    """A chat answer like vLLM's (return_tokens_as_token_ids), with a bad value planted now and then."""
+    """A chat answer like vLLM's (return_tokens_as_token_ids, or plain token texts as when the client asked for
+    logprobs itself), with a bad value planted now and then."""
+    as_ids = rng.random() < 0.7
 
     def value(good: Any) -> Any:
         return rng.choice(_BAD_VALUES) if rng.random() < 0.03 else good
@@ -271,7 +274,7 @@ def _random_answer(rng: random.Random) -> dict[str, Any]:
         for tid in ids:
             top = [
                 {
-                    "token": f"token_id:{value(rng.randrange(50_000))}",
+                    "token": f"token_id:{value(rng.randrange(50_000))}" if as_ids else rng.choice(["a", "é", '"\\']),
                     "logprob": value(-rng.random() * 9),
                     "bytes": [97],
                 }
@@ -293,7 +296,8 @@ def _random_answer(rng: random.Random) -> dict[str, Any]:
 
 
 def _both(col: OutputCollector, error: Any) -> tuple[Any, Any]:
-    """(fast, careful) envelopes, or the exception type each raised."""
+    """(fast, careful) envelopes, or the exception type each raised; `build_envelope_bytes` (the sidecar's
+    path) must give the careful envelope's canonical bytes, or raise the same."""
     ctx = _ctx()
     kwargs: dict[str, Any] = {
         "model": "m",
@@ -307,12 +311,14 @@ def _both(col: OutputCollector, error: Any) -> tuple[Any, Any]:
         "sidecar_id": "s",
     }
     out: list[Any] = []
-    for build in (build_envelope, build_envelope_checked):
+    for build in (build_envelope, build_envelope_checked, build_envelope_bytes):
         try:
             out.append(build(ctx, **kwargs))
         except ValidationError as exc:
             out.append(type(exc))
-    return out[0], out[1]
+    fast, careful, spooled = out
+    assert spooled == (careful.canonical() if isinstance(careful, Envelope) else careful)
+    return fast, careful
 
 
 def test_fast_build_equals_the_careful_build_on_good_and_bad_upstream_values() -> None:
@@ -375,3 +381,34 @@ def test_lone_surrogates_are_replaced_so_the_envelope_stays_encodable() -> None:
     assert _clean("ok \ud800 end") == "ok ? end"
     assert _clean("café") == "café"
     assert _clean("plain") == "plain"
+
+
+def test_spooled_bytes_of_a_clean_answer_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The equality above would also hold if `build_envelope_bytes` always fell back: prove it does not."""
+    import capture.recording as recording
+
+    col = OutputCollector("chat.completions")
+    steps = [_chat_step(11, "a", -0.25, [(12, -2.0), (13, -3.5)]), _chat_step(14, "é", -0.5, [(15, -1.0)])]
+    choice = {"index": 0, "message": {"content": "aé"}, "token_ids": [11, 14], "logprobs": {"content": steps}}
+    col.add({"choices": [choice]})
+    expected = _both(col, None)[1].canonical()
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("fell back to the model path")
+
+    monkeypatch.setattr(recording, "build_envelope", refuse)
+    ctx = _ctx()
+    data = build_envelope_bytes(
+        ctx,
+        model="m",
+        artifacts=ArtifactHashes(),
+        runtime=RuntimeFingerprint(engine="vllm"),
+        prompt=prompt_record([1, 2], "upstream", ctx),
+        sampling=None,
+        collector=col,
+        error=None,
+        captured_at=datetime(2026, 1, 1, tzinfo=UTC),
+        sidecar_id="s",
+    )
+    assert data == expected
+    assert b'"logprob":-3.5,"rank":2' in data
