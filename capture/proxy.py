@@ -81,6 +81,7 @@ class CaptureProxy:
         self.policy = ReplayPolicy(flag_tenants=settings.flag_tenants, sample_rate=settings.sample_rate)
         self.recent_ids = RecentIds()
         self.in_flight = 0
+        metrics.in_flight.set_function(lambda: self.in_flight)  # read at scrape time: no lock per request
         self._guaranteed = settings.mode == "guaranteed"
         self.recorder = EnvelopeRecorder(
             guaranteed=self._guaranteed,
@@ -109,7 +110,6 @@ class CaptureProxy:
     async def capture(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         self.in_flight += 1
-        self.metrics.in_flight.inc()
         status = 500
         headers = dict(scope["headers"])
         ctx = RequestContext(
@@ -126,7 +126,6 @@ class CaptureProxy:
             status = await self._capture(ctx, scope, headers, receive, send, t0)
         finally:
             self.in_flight -= 1
-            self.metrics.in_flight.dec()
             self._answered(endpoint, status).inc()
             total = time.perf_counter() - t0
             self.metrics.added_latency_seconds.observe(max(total - ctx.upstream_ms / 1000.0, 0.0))

@@ -299,14 +299,35 @@ def canonical_with_logprobs(envelope: Envelope, logprobs: Sequence[str | None]) 
 
 
 def _joined(envelope: Envelope, key: str, texts: Sequence[str | None]) -> bytes:
-    """The envelope's canonical bytes with choice i's ``logprobs`` written as ``texts[i]`` (None: as in the record)."""
+    """The envelope's canonical bytes with choice i's ``logprobs`` written as ``texts[i]`` (None: as in the record).
+
+    One encoding pass: each such ``logprobs`` is dumped as a marker string (``"\\u0000logprobs i\\u0000"`` once
+    encoded), which is then replaced by the text. Exact: an unescaped ``"`` only delimits a JSON string, so that
+    quoted marker occurs in the output only as a whole string equal to the marker; when it occurs more than
+    once (the envelope holds such a string itself) the parts are joined member by member instead.
+    """
     data = envelope.model_dump(mode="json", exclude_none=True, exclude={"outcome": {key: {"__all__": {"logprobs"}}}})
+    members = data["outcome"][key]
+    marks: list[tuple[str, str]] = []
+    for i, (member, text) in enumerate(zip(members, texts, strict=True)):
+        if text is not None:
+            member["logprobs"] = marker = f"\x00logprobs {i}\x00"
+            marks.append((encode_string(marker), text))
+    out = canonical_text(data)
+    if all(out.count(quoted) == 1 for quoted, _ in marks):
+        for quoted, text in marks:
+            out = out.replace(quoted, text)
+        return out.encode("utf-8")
+    return _joined_by_member(data, key, texts)
+
+
+def _joined_by_member(data: dict[str, Any], key: str, texts: Sequence[str | None]) -> bytes:
+    """`_joined` with `canonical_object_with` at each level (no marker; ~1.6x slower)."""
     out = data.pop("outcome")
-    dumped = out.pop(key)
-    parts = [
-        canonical_object_with(member, "logprobs", text) if text is not None else canonical_text(member)
-        for member, text in zip(dumped, texts, strict=True)
-    ]
+    parts = []
+    for member, text in zip(out.pop(key), texts, strict=True):
+        member.pop("logprobs", None)
+        parts.append(canonical_object_with(member, "logprobs", text) if text is not None else canonical_text(member))
     outcome_text = canonical_object_with(out, key, "[" + ",".join(parts) + "]")
     return canonical_object_with(data, "outcome", outcome_text).encode("utf-8")
 

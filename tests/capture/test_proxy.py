@@ -290,6 +290,20 @@ async def test_client_disconnect_mid_stream_is_recorded_and_upstream_aborted() -
     assert upstream.aborted >= 1
 
 
+async def test_in_flight_gauge_counts_a_request_waiting_on_upstream() -> None:
+    body = {**CHAT, "messages": [{"role": "user", "content": "slow"}]}
+    async with sidecar(upstream_timeout_s=1.0) as (client, _upstream, _spool, metrics):
+        waiting = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        for _ in range(100):
+            await client.get("/metrics")
+            if metrics.value("reprolane_capture_in_flight") == 1.0:
+                break
+            await asyncio.sleep(0.01)
+        assert metrics.value("reprolane_capture_in_flight") == 1.0
+        assert (await waiting).status_code == 504
+        assert metrics.value("reprolane_capture_in_flight") == 0.0
+
+
 async def test_client_disconnect_while_waiting_non_stream() -> None:
     body = {**CHAT, "messages": [{"role": "user", "content": "slow"}]}
     async with sidecar() as (client, _upstream, spool, _m):

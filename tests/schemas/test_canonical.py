@@ -50,6 +50,7 @@ _TEXTS = [
     "\u2028\u2029",
     "\x7f",
     "token_id:3",
+    "\x00logprobs 0\x00",  # the marker `schemas.envelope._joined` uses: its exactness guard must catch it
 ]
 
 
@@ -141,6 +142,28 @@ def test_envelope_fast_encoding_equals_the_reference_byte_for_byte(monkeypatch: 
         env = _random_envelope(rng)
         assert env.canonical() == _reference(env)
     assert len(encoded) > 300  # the specialised encoder did the work, not the fallback
+
+
+def test_a_string_equal_to_the_splice_marker_takes_the_member_by_member_join(monkeypatch: pytest.MonkeyPatch) -> None:
+    joined: list[int] = []
+    by_member = schemas.envelope._joined_by_member
+
+    def spy(*args: Any) -> bytes:
+        joined.append(1)
+        return by_member(*args)
+
+    monkeypatch.setattr(schemas.envelope, "_joined_by_member", spy)
+    rng = random.Random(5)
+    plain = _random_envelope(rng)
+    while not isinstance(plain.outcome, CapturedOutput) or not plain.outcome.choices[0].logprobs:
+        plain = _random_envelope(rng)
+    assert plain.canonical() == _reference(plain)
+    assert not joined
+    choices = list(plain.outcome.choices)
+    choices[0] = choices[0].model_copy(update={"text": "\x00logprobs 0\x00"})
+    odd = plain.model_copy(update={"outcome": plain.outcome.model_copy(update={"choices": tuple(choices)})})
+    assert odd.canonical() == _reference(odd)
+    assert joined == [1]
 
 
 @pytest.mark.parametrize(
