@@ -1,6 +1,7 @@
 """Benchmark of the capture sidecar: added latency against calling upstream directly, throughput, memory.
 
-    .venv/bin/python benchmarks/bench_capture.py [--duration 8] [--clients 1,50,200] [--throughput-s 20]
+    .venv/bin/python benchmarks/bench_capture.py [--duration 8] [--clients 1,50,200] [--rates 100,1000]
+        [--throughput-s 20]
         [--memory-requests 100000] [--memory-budget-s 240] [--litellm-venv DIR | --no-litellm] [--sinks N]
         [--markdown] [--json FILE]
 
@@ -14,10 +15,14 @@ back to back for a fixed time, the first second dropped as warm-up).
 Phases, all in one run:
 
 1. latency: for each client count, direct / best_effort / guaranteed / LiteLLM back to back; added latency is
-   pXX(through the proxy) - pXX(direct), percentiles of each distribution subtracted. ``CPU ms/req`` is the CPU
-   time (user + system, all threads and child processes) the target process spent per request: on a shared,
-   loaded machine it is the figure that contention distorts least (latency and req/s mostly measure the
-   scheduler). For ``direct`` it is the fake upstream's own cost.
+   pXX(through the proxy) - pXX(direct), percentiles of each distribution subtracted. One client sends back to
+   back (closed loop). More clients send at a fixed total rate for each of ``--rates`` (open loop: client i of
+   N sends at t0 + i/R + k*N/R; latency is measured from that *scheduled* time, so a target that falls behind
+   is charged for the wait, with no coordinated omission): back-to-back clients would only measure a queue
+   (50 clients / the target's capacity), not what one request pays for going through the proxy.
+   ``CPU ms/req`` is the CPU time (user + system, all threads and child processes) the target process spent
+   per request: on a shared, loaded machine it is the figure that contention distorts least (latency and
+   req/s mostly measure the scheduler). For ``direct`` it is the fake upstream's own cost.
 2. throughput: each mode for ``--throughput-s`` at 50 clients; requests/s overall and the slowest 1-s bucket;
    then the sidecar is stopped cleanly and its spool read back: every request id answered 200 must be there.
 3. memory: a best_effort sidecar whose publisher drains to a null sink (the steady state: spool written, read
@@ -209,9 +214,15 @@ def run_load(args: argparse.Namespace) -> None:
         if rss_proc is not None:
             rss.append((0, rss_proc.memory_info().rss))
 
-        async def client(session: aiohttp.ClientSession) -> None:
+        async def client(session: aiohttp.ClientSession, index: int) -> None:
             nonlocal done
+            interval = args.clients / args.rate if args.rate else 0.0
+            due = start + index / args.rate if args.rate else 0.0
             while True:
+                if interval:  # open loop: wait for this request's slot, charge any lateness to the target
+                    wait = due - time.perf_counter()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
                 now = time.perf_counter()
                 if now >= stop_at:
                     return
@@ -220,7 +231,8 @@ def run_load(args: argparse.Namespace) -> None:
                     return
                 h = dict(headers)
                 h["x-request-id"] = f"{args.prefix}-{i}"
-                t = time.perf_counter()
+                t = due if interval else time.perf_counter()
+                due += interval
                 try:
                     async with session.post(args.url, data=REQUEST, headers=h) as resp:
                         await resp.read()
@@ -243,7 +255,7 @@ def run_load(args: argparse.Namespace) -> None:
                     errors[str(status)] = errors.get(str(status), 0) + 1
 
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            await asyncio.gather(*(client(session) for _ in range(args.clients)))
+            await asyncio.gather(*(client(session, index) for index in range(args.clients)))
         elapsed = time.perf_counter() - (start if args.count else measure_from)
         if rss_proc is not None and (not rss or rss[-1][0] != done):
             rss.append((done, rss_proc.memory_info().rss))
@@ -371,6 +383,7 @@ def load(
     keep_ids: bool = False,
     rss_pid: int = 0,
     rss_every: int = 10_000,
+    rate: float = 0.0,
 ) -> dict[str, Any]:
     out = out_dir / f"load-{prefix}.json"
     cmd = [
@@ -395,6 +408,8 @@ def load(
         str(rss_pid),
         "--rss-every",
         str(rss_every),
+        "--rate",
+        str(rate),
     ]
     if auth:
         cmd += ["--auth", auth]
@@ -496,17 +511,19 @@ def phase_latency(
     args: argparse.Namespace, targets: list[tuple[str, str, str]], pids: dict[str, int], run_id: str, work: Path
 ) -> list[Any]:
     rows = []
-    for clients in args.clients:
+    cells = [(c, 0.0) for c in args.clients if c == 1] + [(c, r) for c in args.clients if c > 1 for r in args.rates]
+    for clients, rate in cells:
         for name, url, auth in targets:
             cpu0 = cpu_s(pids.get(name))
-            with timed(f"latency {name} x{clients}"):
+            with timed(f"latency {name} x{clients} at {f'{rate:.0f} req/s' if rate else 'back to back'}"):
                 r = load(
                     url,
                     clients,
                     duration=args.duration,
-                    prefix=f"lat-{run_id}-{name}-{clients}",
+                    prefix=f"lat-{run_id}-{name}-{clients}-{rate:.0f}",
                     out_dir=work,
                     auth=auth,
+                    rate=rate,
                 )
             lat = r["lat_ms"]
             cpu_ms = (cpu_s(pids.get(name)) - cpu0) * 1000.0 / max(r["done"], 1)
@@ -515,6 +532,7 @@ def phase_latency(
                     "cpu_ms": cpu_ms,
                     "target": name,
                     "clients": clients,
+                    "rate": rate,
                     "n": len(lat),
                     "rps": len(lat) / r["elapsed_s"],
                     "p50": pct(lat, 50),
@@ -527,12 +545,18 @@ def phase_latency(
                 f"p99={rows[-1]['p99']:.2f} ms cpu/req={cpu_ms:.3f} ms errors={r['errors']}",
                 flush=True,
             )
+
+    def cell(row: dict[str, Any], target: str) -> dict[str, Any] | None:
+        key = (target, row["clients"], row["rate"])
+        return next((d for d in rows if (d["target"], d["clients"], d["rate"]) == key), None)
+
     for row in rows:
-        direct = next(d for d in rows if d["target"] == "direct" and d["clients"] == row["clients"])
+        direct = cell(row, "direct")
+        assert direct is not None
         row["added_p50"] = row["p50"] - direct["p50"]
         row["added_p99"] = row["p99"] - direct["p99"]
     for row in rows:
-        peer = next((d for d in rows if d["target"] == "litellm" and d["clients"] == row["clients"]), None)
+        peer = cell(row, "litellm")
         ok = peer is not None and row["target"] not in ("direct", "litellm")
         row["vs_litellm_p50"] = row["added_p50"] / peer["added_p50"] if ok and peer and peer["added_p50"] > 0 else None
         row["vs_litellm_p99"] = row["added_p99"] / peer["added_p99"] if ok and peer and peer["added_p99"] > 0 else None
@@ -636,6 +660,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=8.0, help="measured seconds per latency cell (after 1 s warm-up)")
     ap.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 50, 200])
+    ap.add_argument(
+        "--rates",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[100.0, 1000.0],
+        help="offered req/s (all clients together) of the latency cells with more than one client",
+    )
     ap.add_argument("--throughput-s", type=float, default=20.0)
     ap.add_argument("--throughput-clients", type=int, default=50)
     ap.add_argument("--memory-requests", type=int, default=100_000)
@@ -825,15 +855,16 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
             f"Latency (ms; added = percentile through the proxy minus percentile direct). LiteLLM: {res['litellm']}"
         )
         out.append("")
-        head = ["clients", "target", "req/s", "p50", "p99", "added p50", "added p99", "/LiteLLM p50", "/LiteLLM p99"]
-        row([*head, "CPU ms/req"])
+        head = ["clients", "offered", "target", "req/s", "p50", "p99", "added p50", "added p99", "/LiteLLM p50"]
+        row([*head, "/LiteLLM p99", "CPU ms/req"])
         if md:
-            row(["---"] * 10)
+            row(["---"] * 11)
         for r in res["latency"]:
             direct = r["target"] == "direct"
             row(
                 [
                     str(r["clients"]),
+                    f"{r['rate']:.0f}/s" if r.get("rate") else "max",
                     r["target"],
                     f"{r['rps']:.0f}",
                     _f(r["p50"]),
@@ -940,6 +971,7 @@ if __name__ == "__main__":
             ("--rss-pid", int),
             ("--rss-every", int),
             ("--auth", str),
+            ("--rate", float),
         ):
             lp.add_argument(flag, type=kind, default="" if kind is str else 0)
         lp.add_argument("--keep-ids", action="store_true")
