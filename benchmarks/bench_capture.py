@@ -479,19 +479,24 @@ def timed(label: str) -> Iterator[None]:
     print(f"   {label}: {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-def cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system, threads and children included) a process has used so far."""
+def cpu_s(pid: int | None, *, children: bool = True) -> float:
+    """CPU seconds (user + system, threads and, unless told not to, children included) a process has used so far."""
     import psutil
 
     if not pid:
         return 0.0
     proc = psutil.Process(pid)
     total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in [proc, *(proc.children(recursive=True) if children else [])]:
         with contextlib.suppress(psutil.Error):
             t = p.cpu_times()
             total += t.user + t.system
     return total
+
+
+def cpu_children(pid: int) -> float:
+    """CPU seconds of a process's children (the sidecar's S3 worker processes)."""
+    return cpu_s(pid) - cpu_s(pid, children=False)
 
 
 def rss_mb(proc: subprocess.Popen[bytes] | None) -> float:
@@ -563,8 +568,11 @@ def phase_latency(
     return rows
 
 
-def phase_sinks(args: argparse.Namespace, procs: Procs, upstream: str, run_id: str, work: Path) -> dict[str, Any]:
-    """N requests through a guaranteed sidecar publishing to the dev stack; drain time; Kafka + S3 checked."""
+def phase_sinks(
+    args: argparse.Namespace, procs: Procs, upstream: str, run_id: str, work: Path, s3_processes: int
+) -> dict[str, Any]:
+    """N requests through a guaranteed sidecar publishing to the dev stack; drain time; Kafka + S3 checked; CPU
+    of the sidecar (its S3 worker processes counted apart) and of the stack's servers while it ran."""
     import boto3
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -572,7 +580,8 @@ def phase_sinks(args: argparse.Namespace, procs: Procs, upstream: str, run_id: s
     from schemas.layout import TOPIC_ENVELOPES
 
     info = StackInfo.load(args.stack_dir)
-    prefix = f"sk-{run_id}"
+    prefix = f"sk-{run_id}-{s3_processes}"
+    servers = {name: int((args.stack_dir / "pids" / f"{name}.pid").read_text()) for name in ("kafka", "s3")}
 
     async def end_offsets() -> dict[Any, int]:
         consumer = AIOKafkaConsumer(bootstrap_servers=info.kafka_bootstrap, enable_auto_commit=False)
@@ -606,13 +615,12 @@ def phase_sinks(args: argparse.Namespace, procs: Procs, upstream: str, run_id: s
     before = asyncio.run(end_offsets())
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = procs.start(
-        "sidecar-sinks",
-        sidecar_cmd(port, "guaranteed", work / "spool-sinks", upstream),
-        env=sidecar_env(args.stack_dir),
-    )
+    cmd = sidecar_cmd(port, "guaranteed", work / f"spool-sinks-{s3_processes}", upstream)
+    proc = procs.start("sidecar-sinks", [*cmd, "--s3-processes", str(s3_processes)], env=sidecar_env(args.stack_dir))
     wait_http(base + "/version", proc, 60, procs.logs / "sidecar-sinks.log")
-    with timed(f"sinks: {args.sinks} requests"):
+    cpu0 = {"sidecar": cpu_s(proc.pid, children=False), "s3 workers": cpu_children(proc.pid)}
+    cpu0 |= {name: cpu_s(pid) for name, pid in servers.items()}
+    with timed(f"sinks: {args.sinks} requests, s3 processes {s3_processes}"):
         t0 = time.perf_counter()
         r = load(
             base + "/v1/chat/completions",
@@ -629,6 +637,8 @@ def phase_sinks(args: argparse.Namespace, procs: Procs, upstream: str, run_id: s
             time.sleep(0.5)
         t_drained = time.perf_counter() - t0
         depth = metric(base, "reprolane_capture_spool_depth")
+        cpu1 = {"sidecar": cpu_s(proc.pid, children=False), "s3 workers": cpu_children(proc.pid)}
+        cpu1 |= {name: cpu_s(pid) for name, pid in servers.items()}
     procs.stop("sidecar-sinks")
     in_kafka = asyncio.run(count_keys(before))
     s3 = boto3.client(
@@ -644,6 +654,8 @@ def phase_sinks(args: argparse.Namespace, procs: Procs, upstream: str, run_id: s
     ):
         in_s3 += len(page.get("Contents", []))
     return {
+        "s3_processes": s3_processes,
+        "cpu_ms_per_envelope": {name: (cpu1[name] - cpu0[name]) * 1000.0 / args.sinks for name in cpu0},
         "requests": args.sinks,
         "ok": r["n_ok"],
         "errors": r["errors"],
@@ -674,6 +686,12 @@ def main() -> None:
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--sinks", type=int, default=0, help="requests for the Kafka+S3 phase (0: skip)")
     ap.add_argument("--sinks-timeout-s", type=float, default=300.0)
+    ap.add_argument(
+        "--sinks-s3-processes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[0, 2],
+        help="run the sinks phase once per value of the sidecar's --s3-processes",
+    )
     ap.add_argument("--stack-dir", type=Path, default=Path(os.environ.get("REPROLANE_RUN_DIR", "/work/devstack")))
     ap.add_argument("--skip", default="", help="comma list of phases to skip: latency,throughput,memory")
     ap.add_argument("--markdown", action="store_true", help="also print the BENCHMARKS.md section")
@@ -816,7 +834,7 @@ def main() -> None:
             }
             procs.stop("sidecar-null")
         if args.sinks:
-            res["sinks"] = phase_sinks(args, procs, upstream, run_id, work)
+            res["sinks"] = [phase_sinks(args, procs, upstream, run_id, work, n) for n in args.sinks_s3_processes]
     finally:
         procs.stop_all()
         for spool in work.glob("spool-*"):
@@ -915,15 +933,16 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
             f" ({_f(None if slope is None else slope * 100_000 / 2**20, '{:.1f}')} MiB per 100k)"
         )
         out.append("")
-    if res.get("sinks"):
-        s = res["sinks"]
+    for s in res.get("sinks") or []:
+        cpu = ", ".join(f"{name} {ms:.2f}" for name, ms in s["cpu_ms_per_envelope"].items())
         out.append(
-            f"Sinks (guaranteed, dev stack Kafka + S3): {s['ok']} of {s['requests']} answered 200 in "
-            f"{s['load_s']:.1f} s ({s['ok'] / s['load_s']:.0f} req/s); "
-            f"spool empty {s['drain_after_load_s']:.1f} s after the last answer "
-            f"(depth left {s['depth_left']:.0f}); in Kafka {s['in_kafka']}, S3 request-id index objects "
-            f"{s['in_s3_index']}; errors {s['errors']}"
+            f"Sinks (guaranteed, dev stack Kafka + S3, --s3-processes {s['s3_processes']}): {s['ok']} of "
+            f"{s['requests']} answered 200 in {s['load_s']:.1f} s ({s['ok'] / s['load_s']:.0f} req/s); "
+            f"spool empty {s['drain_after_load_s']:.1f} s after the last answer, {s['drained_s']:.1f} s in all "
+            f"({s['requests'] / s['drained_s']:.0f} envelopes/s published; depth left {s['depth_left']:.0f}); "
+            f"in Kafka {s['in_kafka']}, S3 request-id index objects {s['in_s3_index']}; errors {s['errors']}"
         )
+        out.append(f"  CPU ms per envelope (capture + publish): {cpu}")
         out.append("")
     for key in ("rss_start_mb", "rss_after_latency_mb", "rss_after_throughput_mb"):
         if key in res:

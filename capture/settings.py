@@ -63,6 +63,13 @@ class CaptureSettings(BaseSettings):
     s3_secret_key: SecretStr | None = None
     s3_bucket: str = "reprolane-audit"
     s3_verify_tls: bool = True
+    s3_processes: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="worker processes for S3 PUTs (0: threads of the sidecar process); boto3 costs ~1.2 ms of CPU "
+        "per PUT, two per envelope: above a few hundred envelopes/s give it processes (capture/s3_workers.py)",
+    )
     retention_days: int = Field(default=1, ge=0, description="Object Lock retention; 0 = no retention header")
     retention_days_by_tenant: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict, description="per-tenant Object Lock retention (days), overrides retention_days"

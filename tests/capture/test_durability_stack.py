@@ -132,8 +132,9 @@ async def spool(tmp_path: Path) -> AsyncIterator[Spool]:
     await s.close()
 
 
+@pytest.mark.parametrize("s3_processes", [0, 2], ids=["s3-threads", "s3-processes"])
 async def test_envelopes_reach_kafka_and_s3_with_retention_and_indexes(
-    stack: StackInfo, spool: Spool, tmp_path: Path
+    stack: StackInfo, spool: Spool, tmp_path: Path, s3_processes: int
 ) -> None:
     settings = settings_for(stack, tmp_path / "spool")
     topic, tenant, workflow = unique("envelopes"), unique("tenant"), unique("wf")
@@ -144,7 +145,8 @@ async def test_envelopes_reach_kafka_and_s3_with_retention_and_indexes(
         )
         for i in range(20)
     ]
-    publisher = Publisher(spool, settings, sinks=[KafkaSink(settings, topic=topic), S3Sink(settings)])
+    s3 = S3Sink(settings, processes=s3_processes)
+    publisher = Publisher(spool, settings, sinks=[KafkaSink(settings, topic=topic), s3])
     await publisher.start()
     try:
         await asyncio.gather(*(spool.append(e) for e in envs))

@@ -135,3 +135,58 @@ def test_default_sinks_are_the_configured_ones() -> None:
     assert [s.name for s in default_sinks(base_settings(s3_endpoint="http://127.0.0.1:9"))] == ["s3"]
     with pytest.raises(SinkError, match="no sink configured"):
         default_sinks(base_settings())
+
+
+# ------------------------------------------------------------------ S3 PUTs in worker processes (s3_processes)
+
+
+async def test_s3_worker_processes_store_objects_indexes_and_retention(moto_settings: CaptureSettings) -> None:
+    sink = S3Sink(moto_settings, processes=2)
+    try:
+        items = [outgoing(seq=i, request_id=f"req-proc-{i}") for i in range(1, 6)]
+        await sink.publish(items)
+        await sink.publish(items)  # all 412 now (same content addresses), which is success
+    finally:
+        await sink.close()
+    s3: Any = boto3.client(
+        "s3",
+        endpoint_url=moto_settings.s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+    for item in items:
+        head = s3.head_object(Bucket=BUCKET, Key=item.object_key)
+        assert head["ObjectLockMode"] == "COMPLIANCE"
+        assert head["Metadata"]["envelope-id"] == item.envelope_id
+        index = s3.get_object(Bucket=BUCKET, Key=item.index_keys()[0])["Body"].read()
+        assert item.envelope_id.encode() in index
+
+
+async def test_s3_worker_process_refusal_is_a_sink_error_naming_the_key(moto_settings: CaptureSettings) -> None:
+    sink = S3Sink(moto_settings.model_copy(update={"s3_bucket": "no-such-bucket"}), processes=1)
+    item = outgoing(request_id="req-proc-missing")
+    try:
+        with pytest.raises(SinkError, match="no-such-bucket/envelopes/"):
+            await sink.publish([item])
+    finally:
+        await sink.close()
+
+
+async def test_a_dead_s3_worker_process_fails_its_batch_and_the_next_one_goes_through(
+    moto_settings: CaptureSettings,
+) -> None:
+    import os
+    import signal
+
+    sink = S3Sink(moto_settings, processes=1)
+    try:
+        await sink.publish([outgoing(seq=1, request_id="req-proc-before")])  # the worker is up
+        assert sink._processes is not None
+        (pid,) = list(sink._processes._pool._processes)  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SinkError, match="worker process died"):
+            await sink.publish([outgoing(seq=2, request_id="req-proc-during")])
+        await sink.publish([outgoing(seq=2, request_id="req-proc-during")])  # a new worker, same batch
+    finally:
+        await sink.close()

@@ -1,0 +1,35 @@
+"""`capture.cli`: settings from flags, and the process-wide tuning `serve` applies before serving."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from capture.cli import GC_GEN0_THRESHOLD, build_settings, tune_gc
+from capture.errors import CaptureError
+
+
+@pytest.fixture
+def restored_gc() -> Iterator[None]:
+    before = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*before)
+
+
+def test_tune_gc_freezes_start_up_objects_and_enlarges_the_young_generation(restored_gc: None) -> None:
+    gc.unfreeze()
+    made_at_start_up = [{"setting": i} for i in range(1000)]  # stands for modules, settings, the app
+    tune_gc()
+    assert gc.get_freeze_count() >= len(made_at_start_up)
+    assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD > 700
+
+
+def test_s3_processes_flag_reaches_the_settings() -> None:
+    settings = build_settings(upstream="http://127.0.0.1:9", spool_dir=Path("x"), s3_processes=3)
+    assert settings.s3_processes == 3
+    with pytest.raises(CaptureError, match="s3_processes"):
+        build_settings(upstream="http://127.0.0.1:9", s3_processes=-1)
