@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/bench_capture.py [--duration 8] [--clients 1,50,200] [--rates 100,1000]
         [--throughput-s 20]
-        [--memory-requests 100000] [--memory-budget-s 240] [--litellm-venv DIR | --no-litellm] [--sinks N]
+        [--memory-requests 200000] [--memory-fit-from 100000] [--memory-budget-s 240] [--no-pin]
+        [--litellm-venv DIR | --no-litellm] [--sinks N] [--sinks-s3-processes 0,2]
         [--markdown] [--json FILE]
 
 Every piece runs in its own process on 127.0.0.1: a fast OpenAI-shaped upstream (raw asyncio + httptools +
@@ -27,7 +28,13 @@ Phases, all in one run:
    then the sidecar is stopped cleanly and its spool read back: every request id answered 200 must be there.
 3. memory: a best_effort sidecar whose publisher drains to a null sink (the steady state: spool written, read
    back, acked and reclaimed, as with real sinks) takes ``--memory-requests`` requests (capped by
-   ``--memory-budget-s``); its RSS is sampled every 10k requests and a slope fitted.
+   ``--memory-budget-s``); its RSS is sampled every 10k requests and a slope fitted from ``--memory-fit-from``
+   on: the first 100k requests fill the sidecar's bounded window of recent request ids (``RecentIds``, 11 MiB
+   at its 100k capacity, by design), so "flat" is judged over the 100k requests after that.
+
+Pinning (on unless ``--no-pin``, with 2 or more cores): the proxies (sidecars, LiteLLM) run on the last core,
+the upstream and the load generator on the others, so "req/s per sidecar process" is what one process does on
+one core, and the load generator does not steal that core.
 4. ``--sinks N`` (optional): N requests through a guaranteed sidecar publishing to the dev stack's Kafka and S3
    (``$REPROLANE_RUN_DIR`` or /work/devstack), timed until the spool is empty, then checked in Kafka (by key)
    and S3 (request-id index objects).
@@ -56,6 +63,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = ROOT / ".reprolane" / "bench"
+# Cores for the proxies under test and for the upstream + load generator (empty: no pinning). Set by main().
+PROXY_CORES: set[int] = set()
+CLIENT_CORES: set[int] = set()
 MODEL = "bench-model"
 PROMPT = "Write one short sentence about the sea."
 REQUEST = json.dumps(
@@ -325,7 +335,15 @@ class Procs:
 
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=ROOT)
+        cores = PROXY_CORES if name != "upstream" else CLIENT_CORES
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+        )
         self.procs[name] = proc
         return proc
 
@@ -415,7 +433,8 @@ def load(
         cmd += ["--auth", auth]
     if keep_ids:
         cmd.append("--keep-ids")
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    pin = (lambda: os.sched_setaffinity(0, CLIENT_CORES)) if CLIENT_CORES else None
+    subprocess.run(cmd, check=True, cwd=ROOT, preexec_fn=pin)
     result: dict[str, Any] = json.loads(out.read_text())
     out.unlink()
     return result
@@ -680,7 +699,9 @@ def main() -> None:
     )
     ap.add_argument("--throughput-s", type=float, default=20.0)
     ap.add_argument("--throughput-clients", type=int, default=50)
-    ap.add_argument("--memory-requests", type=int, default=100_000)
+    ap.add_argument("--memory-requests", type=int, default=200_000)
+    ap.add_argument("--memory-fit-from", type=int, default=100_000, help="fit the RSS slope from this request on")
+    ap.add_argument("--no-pin", action="store_true", help="let the OS place every process on any core")
     ap.add_argument("--memory-budget-s", type=float, default=240.0)
     ap.add_argument("--litellm-venv", type=Path, default=BENCH_DIR / "litellm-venv")
     ap.add_argument("--no-litellm", action="store_true")
@@ -697,6 +718,10 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="also print the BENCHMARKS.md section")
     ap.add_argument("--json", type=Path, help="write every figure here")
     args = ap.parse_args()
+    global PROXY_CORES, CLIENT_CORES
+    cores = sorted(os.sched_getaffinity(0))
+    if not args.no_pin and len(cores) >= 2:
+        PROXY_CORES, CLIENT_CORES = {cores[-1]}, set(cores[:-1])
     skip = set(filter(None, args.skip.split(",")))
 
     run_id = uuid.uuid4().hex[:8]
@@ -707,6 +732,7 @@ def main() -> None:
         "run_id": run_id,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpus": os.cpu_count(),
+        "pinned": {"proxies": sorted(PROXY_CORES), "upstream and load": sorted(CLIENT_CORES)},
         "load_avg_start": os.getloadavg(),
         "args": " ".join(sys.argv[1:]),
     }
@@ -831,6 +857,7 @@ def main() -> None:
                 "published": published,
                 "depth_after": depth,
                 "rss_end_mb": rss_mb(p),
+                "fit_from": args.memory_fit_from,
             }
             procs.stop("sidecar-null")
         if args.sinks:
@@ -847,11 +874,11 @@ def main() -> None:
         args.json.write_text(json.dumps(res, indent=1))
 
 
-def memory_slope(rss: list[list[int]]) -> float | None:
+def memory_slope(rss: list[list[int]], fit_from: int) -> float | None:
     """Bytes of RSS per request, fitted from the 20k-request sample on (before it: pools, caches, allocator warm-up)."""
     import numpy as np
 
-    pts = [p for p in rss if p[0] >= 20_000]
+    pts = [p for p in rss if p[0] >= fit_from]
     if len(pts) < 2:
         return None
     return float(np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)[0])
@@ -920,7 +947,7 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
         out.append("")
     if res.get("memory"):
         m = res["memory"]
-        slope = memory_slope(m["rss"])
+        slope = memory_slope(m["rss"], m["fit_from"])
         series = ", ".join(f"{n // 1000}k: {b / 2**20:.1f}" for n, b in m["rss"])
         out.append(
             f"Memory (best_effort, publisher draining to a null sink): {m['done']} requests in "
@@ -929,7 +956,7 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
         )
         out.append(f"  RSS MiB by requests served: {series}")
         out.append(
-            f"  slope from 20k requests on: {_f(slope, '{:.1f}')} bytes/request"
+            f"  slope from {m['fit_from'] // 1000}k requests on: {_f(slope, '{:.1f}')} bytes/request"
             f" ({_f(None if slope is None else slope * 100_000 / 2**20, '{:.1f}')} MiB per 100k)"
         )
         out.append("")
@@ -964,8 +991,8 @@ def render_markdown(res: dict[str, Any]) -> str:
         "",
         f"`.venv/bin/python benchmarks/bench_capture.py {res['args']}`".replace(" `", "`"),
         "",
-        f"Machine: {res['cpus']} cores, shared with other jobs, noisy; {res['date']}. Load generator, upstream, "
-        "sidecar and LiteLLM all share these cores.",
+        f"Machine: {res['cpus']} cores, shared with other jobs, noisy; {res['date']}. Cores pinned: "
+        f"{res.get('pinned') or 'none'} (empty lists: not pinned; every process shares every core).",
         "",
     ]
     return "\n".join(head + lines(res, md=True))
