@@ -5,12 +5,15 @@
 For each shape (16 tokens x top-5: the capture benchmark's; 256 tokens x top-20: a long answer at the highest
 audit k) it times, per request, in one process and one run:
 
-- ``parse+collect``: ``json.loads`` of upstream's body and `OutputCollector.add` (the same on both paths);
-- ``build``: reference `capture.recording.build_envelope_checked` (one pydantic model per record, ~100 for
+- ``parse+collect``: `capture.edge.decode_answer` of upstream's body (msgspec) and `OutputCollector.add` (the
+  same on both paths);
+- ``build``: reference `capture.assembly.build_envelope_checked` (one pydantic model per record, ~100 for
   16 x 5) against `build_envelope` (the whole envelope validated once from plain data);
 - ``encode``: reference ``canonical_json(model_dump(mode="json", exclude_none=True))`` (= the generic
   `schemas.canonical.canonical_bytes`) against `Envelope.canonical()` (logprobs written by the specialised
   encoder);
+- ``sidecar bytes``: reference build + encode against `build_envelope_bytes` (what the sidecar runs: no
+  logprob records at all, see `capture.assembly`);
 
 and asserts that both paths give the same envelope and the same bytes. Figures are the best of ``--rounds``
 rounds (the machine is shared: the minimum is the least disturbed). Logprobs are float32 values widened to
@@ -30,19 +33,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capture.policy import NOT_FLAGGED
-from capture.recording import (
-    OutputCollector,
-    RequestContext,
+from capture.assembly import (
+    EnvelopeInputs,
     build_envelope,
+    build_envelope_bytes,
     build_envelope_checked,
-    prepare,
     prompt_record,
 )
+from capture.edge import decode_answer
+from capture.policy import NOT_FLAGGED
+from capture.recording import OutputCollector, RequestContext, prepare
 from schemas import ArtifactHashes, Envelope, RuntimeFingerprint
 from schemas.canonical import canonical_json
 
@@ -98,23 +101,24 @@ def upstream_body(rng: random.Random, n: int, k: int) -> bytes:
 
 def collect(raw: bytes) -> OutputCollector:
     col = OutputCollector("chat.completions")
-    col.add(json.loads(raw))
+    col.add(decode_answer(raw)[0])  # as the sidecar reads upstream's answer
     return col
 
 
-def build_kwargs(col: OutputCollector, ctx: RequestContext) -> dict[str, Any]:
+def build_inputs(col: OutputCollector, ctx: RequestContext) -> EnvelopeInputs:
     prepared = prepare("chat.completions", CLIENT_BODY, request_id=ctx.request_id, audit_k=5, inject_seed=True)
-    return {
-        "model": prepared.model,
-        "artifacts": ARTIFACTS,
-        "runtime": RUNTIME,
-        "prompt": prompt_record(col.prompt_token_ids, "upstream", ctx),
-        "sampling": prepared.sampling,
-        "collector": col,
-        "error": None,
-        "captured_at": datetime.now(UTC),
-        "sidecar_id": "bench",
-    }
+    return EnvelopeInputs(
+        ctx,
+        model=prepared.model,
+        artifacts=ARTIFACTS,
+        runtime=RUNTIME,
+        prompt=prompt_record(col.prompt_token_ids, "upstream"),
+        sampling=prepared.sampling,
+        collector=col,
+        error=None,
+        captured_at=datetime.now(UTC),
+        sidecar_id="bench",
+    )
 
 
 def per_call_us(fn: Callable[[], object], calls: int, rounds: int) -> float:
@@ -154,18 +158,19 @@ def main() -> None:
             upstream_ms=12.5,
         )
         col = collect(raw)
-        kw = build_kwargs(col, ctx)
-        ref_env, fast_env = build_envelope_checked(ctx, **kw), build_envelope(ctx, **kw)
+        inputs = build_inputs(col, ctx)
+        ref_env, fast_env = build_envelope_checked(inputs), build_envelope(inputs)
         assert ref_env == fast_env, "fast build differs from the reference"
         payload = reference_encode(ref_env)
         assert fast_env.canonical() == payload, "fast encoding differs from the reference"
+        assert build_envelope_bytes(inputs) == payload, "the sidecar's bytes differ from the reference"
         calls = max(10, 3000 // (n * k))
         collect_us = per_call_us(partial(collect, raw), calls, args.rounds)
         rows = [
             (
                 "build",
-                per_call_us(partial(build_envelope_checked, ctx, **kw), calls, args.rounds),
-                per_call_us(partial(build_envelope, ctx, **kw), calls, args.rounds),
+                per_call_us(partial(build_envelope_checked, inputs), calls, args.rounds),
+                per_call_us(partial(build_envelope, inputs), calls, args.rounds),
             ),
             (
                 "encode",
@@ -175,6 +180,9 @@ def main() -> None:
         ]
         rows.append(("build+encode", rows[0][1] + rows[1][1], rows[0][2] + rows[1][2]))
         rows.append(("+parse+collect", rows[2][1] + collect_us, rows[2][2] + collect_us))
+        sidecar_us = per_call_us(partial(build_envelope_bytes, inputs), calls, args.rounds)
+        rows.append(("sidecar bytes", rows[2][1], sidecar_us))
+        rows.append(("+parse+collect", rows[2][1] + collect_us, sidecar_us + collect_us))
         shape = f"{n}x{k}"
         print(f"{shape:>10} {len(payload):>8} {'parse+collect':>14} {collect_us:>13.1f} {collect_us:>9.1f} {'':>9}")
         for name, ref_us, fast_us in rows:

@@ -27,6 +27,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from capture.assembly import Failure
 from capture.edge import (
     SSE_DONE,
     ASGIApp,
@@ -52,7 +53,7 @@ from capture.edge import (
 from capture.errors import SpoolFullError, UpstreamError, UpstreamTimeoutError
 from capture.metrics import CaptureMetrics
 from capture.policy import NOT_FLAGGED, ReplayPolicy
-from capture.recorder import EnvelopeRecorder, Failure, SpoolLike
+from capture.recorder import EnvelopeRecorder, SpoolLike
 from capture.recording import Endpoint, ErrorType, OutputCollector, Prepared, RequestContext, prepare, strip
 from capture.runtime import RuntimeProbe
 from capture.settings import CaptureSettings

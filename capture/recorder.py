@@ -20,24 +20,17 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from capture.assembly import EnvelopeInputs, Failure, build_envelope_bytes, prompt_record
 from capture.edge import dumps
 from capture.errors import SpoolFullError, UpstreamError
 from capture.metrics import CaptureMetrics
-from capture.recording import (
-    ErrorType,
-    OutputCollector,
-    Prepared,
-    RequestContext,
-    build_envelope_bytes,
-    prompt_record,
-)
+from capture.recording import OutputCollector, Prepared, RequestContext
 from capture.runtime import RuntimeProbe
 from capture.upstream import Upstream
 from schemas import ArtifactHashes, PromptRecord
 
 log = logging.getLogger(__name__)
 
-Failure = tuple[ErrorType, int | None, str]
 _TOKENIZE_CHAT_KEYS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template", "tools")
 
 
@@ -84,22 +77,24 @@ class EnvelopeRecorder:
         """Build the envelope of a request that reached upstream and spool it."""
         if self.runtime.needs_probe:
             await self.runtime.probe(self.upstream)
-        prompt: PromptRecord | None = prompt_record(collector.prompt_token_ids, "upstream", ctx)
+        prompt: PromptRecord | None = prompt_record(collector.prompt_token_ids, "upstream")
         if prompt is None:
-            prompt = prompt_record(await self._tokenize(prepared), "tokenize", ctx)
+            prompt = prompt_record(await self._tokenize(prepared), "tokenize")
         if self.guaranteed:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
         payload = build_envelope_bytes(
-            ctx,
-            model=prepared.model,
-            artifacts=self.artifacts,
-            runtime=self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version()),
-            prompt=prompt,
-            sampling=prepared.sampling,
-            collector=collector,
-            error=error,
-            captured_at=datetime.now(UTC),
-            sidecar_id=self.sidecar_id,
+            EnvelopeInputs(
+                ctx,
+                model=prepared.model,
+                artifacts=self.artifacts,
+                runtime=self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version()),
+                prompt=prompt,
+                sampling=prepared.sampling,
+                collector=collector,
+                error=error,
+                captured_at=datetime.now(UTC),
+                sidecar_id=self.sidecar_id,
+            )
         )
         await self.append(ctx.request_id, payload)
 
@@ -110,16 +105,18 @@ class EnvelopeRecorder:
         """
         ctx.added_ms = (time.perf_counter() - t0) * 1000.0
         payload = build_envelope_bytes(
-            ctx,
-            model="unknown",
-            artifacts=self.artifacts,
-            runtime=self.runtime.fingerprint(None),
-            prompt=None,
-            sampling=None,
-            collector=None,
-            error=error,
-            captured_at=datetime.now(UTC),
-            sidecar_id=self.sidecar_id,
+            EnvelopeInputs(
+                ctx,
+                model="unknown",
+                artifacts=self.artifacts,
+                runtime=self.runtime.fingerprint(None),
+                prompt=None,
+                sampling=None,
+                collector=None,
+                error=error,
+                captured_at=datetime.now(UTC),
+                sidecar_id=self.sidecar_id,
+            )
         )
         if not self.guaranteed:
             self.later(self.append(ctx.request_id, payload))

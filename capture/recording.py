@@ -1,6 +1,6 @@
-"""From a client request and upstream's answer to a `schemas.Envelope` (pure: no IO, no clock).
+"""From a client request and upstream's answer to what an envelope is made of (pure: no IO, no clock).
 
-Three steps, in the order the proxy uses them:
+Three steps, in the order the proxy uses them (the third in `capture.assembly`):
 
 1. `prepare`: parse what the client asked for, add the audit fields to the upstream request
    (``return_token_ids``; ``logprobs``/``top_logprobs`` at the audit k with ``return_tokens_as_token_ids`` when
@@ -9,7 +9,8 @@ Three steps, in the order the proxy uses them:
 2. `strip` + `OutputCollector`: each response object (a whole body, or one SSE chunk) is first recorded, then
    stripped of what the client did not ask for. vLLM writes an unrequested field as ``null`` (it does not omit
    it), so stripping sets the field to ``None``: the client gets the same shape it gets without the sidecar.
-3. `build_envelope`: assemble the envelope from the request context and what was collected.
+3. `capture.assembly.build_envelope_bytes`: assemble the envelope from the `RequestContext` and what was
+   collected.
 
 When the client asked for logprobs itself its request is left as it is (its k, its token strings): the
 envelope then records what the client gets, with ``token_id`` None for the alternatives.
@@ -28,22 +29,14 @@ from pydantic import ValidationError
 
 from capture.policy import FlagDecision
 from schemas import (
-    ArtifactHashes,
-    CapturedError,
-    CapturedOutput,
     Choice,
-    Envelope,
-    ExecutionContext,
-    PromptRecord,
-    RuntimeFingerprint,
     SamplingContract,
     StepLogprobs,
-    Timings,
     TopCandidate,
     WorkflowRef,
 )
 from schemas.canonical import canonical_json
-from schemas.envelope import canonical_with_logprobs, steps_canonical_text
+from schemas.envelope import steps_canonical_text
 
 Endpoint = Literal["chat.completions", "completions"]
 ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
@@ -502,242 +495,3 @@ class RequestContext:
     upstream_ms: float = 0.0
     first_token_ms: float | None = None
     added_ms: float | None = None
-
-
-def prompt_record(
-    token_ids: list[int] | None, source: Literal["upstream", "tokenize"], ctx: RequestContext
-) -> PromptRecord | None:
-    if not token_ids:
-        return None
-    try:
-        return PromptRecord(token_ids=tuple(token_ids), source=source)
-    except ValidationError:
-        return None
-
-
-def build_envelope(
-    ctx: RequestContext,
-    *,
-    model: str,
-    artifacts: ArtifactHashes,
-    runtime: RuntimeFingerprint,
-    prompt: PromptRecord | None,
-    sampling: SamplingContract | None,
-    collector: OutputCollector | None,
-    error: tuple[ErrorType, int | None, str] | None,
-    captured_at: datetime,
-    sidecar_id: str,
-) -> Envelope:
-    """The envelope of one request: an output when upstream completed it, else an error with what was partial.
-
-    Fast path: the whole envelope is validated once, by pydantic-core, from plain data (one pass in Rust
-    instead of ~100 model constructors in Python: ~1.7x faster at 16 tokens x top-5, see
-    benchmarks/bench_envelope.py). Nothing is validated less: the same field rules apply to every value. When
-    that validation fails (an infinite logprob, a negative token id, a value of the wrong type from upstream),
-    `build_envelope_checked` builds it the careful way, which degrades per choice exactly as before
-    (logprobs of a choice dropped, token ids kept) or raises the same `ValidationError`.
-    """
-    doc = _envelope_doc(
-        ctx,
-        model=model,
-        artifacts=artifacts,
-        runtime=runtime,
-        prompt=prompt,
-        sampling=sampling,
-        collector=collector,
-        error=error,
-        captured_at=captured_at,
-        sidecar_id=sidecar_id,
-        choices=collector.choices_data() if collector is not None else [],
-    )
-    try:
-        return Envelope.model_validate(doc)
-    except ValidationError:
-        pass  # rare: bad values from upstream; the careful path below decides what survives
-    return build_envelope_checked(
-        ctx,
-        model=model,
-        artifacts=artifacts,
-        runtime=runtime,
-        prompt=prompt,
-        sampling=sampling,
-        collector=collector,
-        error=error,
-        captured_at=captured_at,
-        sidecar_id=sidecar_id,
-    )
-
-
-def build_envelope_bytes(
-    ctx: RequestContext,
-    *,
-    model: str,
-    artifacts: ArtifactHashes,
-    runtime: RuntimeFingerprint,
-    prompt: PromptRecord | None,
-    sampling: SamplingContract | None,
-    collector: OutputCollector | None,
-    error: tuple[ErrorType, int | None, str] | None,
-    captured_at: datetime,
-    sidecar_id: str,
-) -> bytes:
-    """Exactly ``build_envelope(...).canonical()`` (what the spool stores), ~3x cheaper with logprobs.
-
-    The envelope is validated by pydantic without its per-token logprobs (a dozen records instead of ~100),
-    and the logprobs are written as canonical text straight from what the collector holds, each value checked
-    to be exactly what a validated record holds (`OutputCollector.logprobs_texts`). Anything else (a bad or
-    coercible upstream value, an invalid envelope) takes `build_envelope`, so the result is the same in every
-    case (tests/capture/test_recording.py compares them on random answers with bad values planted).
-    No ~100 short-lived records also means less work for the garbage collector while requests are in flight.
-    """
-    texts = collector.logprobs_texts() if collector is not None else None
-    if collector is not None and texts is not None and any(text is not None for text in texts):
-        doc = _envelope_doc(
-            ctx,
-            model=model,
-            artifacts=artifacts,
-            runtime=runtime,
-            prompt=prompt,
-            sampling=sampling,
-            collector=collector,
-            error=error,
-            captured_at=captured_at,
-            sidecar_id=sidecar_id,
-            choices=collector.choices_data(logprobs=False),
-        )
-        try:
-            data = canonical_with_logprobs(Envelope.model_validate(doc), texts)
-        except ValidationError:
-            data = None
-        if data is not None:
-            return data
-    return build_envelope(
-        ctx,
-        model=model,
-        artifacts=artifacts,
-        runtime=runtime,
-        prompt=prompt,
-        sampling=sampling,
-        collector=collector,
-        error=error,
-        captured_at=captured_at,
-        sidecar_id=sidecar_id,
-    ).canonical()
-
-
-def _envelope_doc(
-    ctx: RequestContext,
-    *,
-    model: str,
-    artifacts: ArtifactHashes,
-    runtime: RuntimeFingerprint,
-    prompt: PromptRecord | None,
-    sampling: SamplingContract | None,
-    collector: OutputCollector | None,
-    error: tuple[ErrorType, int | None, str] | None,
-    captured_at: datetime,
-    sidecar_id: str,
-    choices: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The envelope as plain data, for `Envelope.model_validate`."""
-    timings: dict[str, Any] = {
-        "received_at": ctx.received_at,
-        "upstream_ms": max(ctx.upstream_ms, 0.0),
-        "first_token_ms": ctx.first_token_ms,
-        "added_ms": ctx.added_ms,
-    }
-    outcome: dict[str, Any]
-    if error is None and choices:
-        outcome = {
-            "kind": "output",
-            "choices": choices,
-            "timings": timings,
-            "usage": collector.usage if collector else {},
-        }
-    else:
-        kind, status, message = error or _NO_CHOICES
-        outcome = {
-            "kind": "error",
-            "error_type": kind,
-            "status_code": status,
-            "message": message,
-            "timings": timings,
-            "partial": choices,
-        }
-    return {
-        "request_id": ctx.request_id,
-        "captured_at": captured_at,
-        "tenant": ctx.tenant,
-        "workflow": ctx.workflow,
-        "flagged": ctx.flag.flagged,
-        "flag_reason": ctx.flag.reason,
-        "endpoint": ctx.endpoint,
-        "model": model,
-        "artifacts": artifacts,
-        "request_body_sha256": ctx.body_sha256,
-        "prompt": prompt,
-        "sampling": sampling,
-        "runtime": runtime,
-        "context": {
-            "in_flight_at_start": ctx.in_flight_at_start,
-            "in_flight_at_end": ctx.in_flight_at_end,
-            "stream": ctx.stream,
-            "sidecar_id": sidecar_id,
-        },
-        "outcome": outcome,
-    }
-
-
-_NO_CHOICES: Final[tuple[ErrorType, int | None, str]] = ("proxy_error", None, "upstream answered without choices")
-
-
-def build_envelope_checked(
-    ctx: RequestContext,
-    *,
-    model: str,
-    artifacts: ArtifactHashes,
-    runtime: RuntimeFingerprint,
-    prompt: PromptRecord | None,
-    sampling: SamplingContract | None,
-    collector: OutputCollector | None,
-    error: tuple[ErrorType, int | None, str] | None,
-    captured_at: datetime,
-    sidecar_id: str,
-) -> Envelope:
-    """`build_envelope` one model at a time: a choice whose logprobs do not validate keeps its token ids
-    without logprobs; anything else invalid raises `ValidationError`. The reference the fast path must equal."""
-    timings = Timings(
-        received_at=ctx.received_at,
-        upstream_ms=max(ctx.upstream_ms, 0.0),
-        first_token_ms=ctx.first_token_ms,
-        added_ms=ctx.added_ms,
-    )
-    choices = collector.choices_record() if collector is not None else ()
-    outcome: CapturedOutput | CapturedError
-    if error is None and choices:
-        outcome = CapturedOutput(choices=choices, timings=timings, usage=collector.usage if collector else {})
-    else:
-        kind, status, message = error or _NO_CHOICES
-        outcome = CapturedError(error_type=kind, status_code=status, message=message, timings=timings, partial=choices)
-    return Envelope(
-        request_id=ctx.request_id,
-        captured_at=captured_at,
-        tenant=ctx.tenant,
-        workflow=ctx.workflow,
-        flagged=ctx.flag.flagged,
-        flag_reason=ctx.flag.reason,
-        endpoint=ctx.endpoint,
-        model=model,
-        artifacts=artifacts,
-        request_body_sha256=ctx.body_sha256,
-        prompt=prompt,
-        sampling=sampling,
-        runtime=runtime,
-        context=ExecutionContext(
-            in_flight_at_start=ctx.in_flight_at_start,
-            in_flight_at_end=ctx.in_flight_at_end,
-            stream=ctx.stream,
-            sidecar_id=sidecar_id,
-        ),
-        outcome=outcome,
-    )
