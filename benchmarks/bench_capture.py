@@ -513,6 +513,16 @@ def cpu_s(pid: int | None, *, children: bool = True) -> float:
     return total
 
 
+def wait_idle(pid: int | None, *, below: float = 0.05, within_s: float = 60.0) -> None:
+    """Wait until a target uses less than ``below`` of a core (work queued in it must not run into the next cell)."""
+    deadline = time.monotonic() + within_s
+    while pid and time.monotonic() < deadline:
+        before = cpu_s(pid)
+        time.sleep(0.5)
+        if cpu_s(pid) - before < below * 0.5:
+            return
+
+
 def cpu_children(pid: int) -> float:
     """CPU seconds of a process's children (the sidecar's S3 worker processes)."""
     return cpu_s(pid) - cpu_s(pid, children=False)
@@ -533,11 +543,19 @@ def sidecar_env(run_dir: Path) -> dict[str, str]:
 
 def phase_latency(
     args: argparse.Namespace, targets: list[tuple[str, str, str]], pids: dict[str, int], run_id: str, work: Path
-) -> list[Any]:
-    rows = []
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The latency rows, and the cells not offered to a target (more than it can serve)."""
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
     cells = [(c, 0.0) for c in args.clients if c == 1] + [(c, r) for c in args.clients if c > 1 for r in args.rates]
     for clients, rate in cells:
         for name, url, auth in targets:
+            # A target offered more than it serves queues without bound and keeps working (and taking the proxies'
+            # core) long after the cell: offer it at most 90% of what it served back to back with one client.
+            alone = next((d["rps"] for d in rows if d["target"] == name and d["rate"] == 0.0), None)
+            if rate and alone is not None and rate > 0.9 * alone:
+                skipped.append(f"{name} x{clients} at {rate:.0f} req/s (it served {alone:.0f} req/s back to back)")
+                continue
             cpu0 = cpu_s(pids.get(name))
             with timed(f"latency {name} x{clients} at {f'{rate:.0f} req/s' if rate else 'back to back'}"):
                 r = load(
@@ -569,6 +587,9 @@ def phase_latency(
                 f"p99={rows[-1]['p99']:.2f} ms cpu/req={cpu_ms:.3f} ms errors={r['errors']}",
                 flush=True,
             )
+            wait_idle(pids.get(name))
+    for line in skipped:
+        print(f"   not offered: {line}", flush=True)
 
     def cell(row: dict[str, Any], target: str) -> dict[str, Any] | None:
         key = (target, row["clients"], row["rate"])
@@ -584,7 +605,7 @@ def phase_latency(
         ok = peer is not None and row["target"] not in ("direct", "litellm")
         row["vs_litellm_p50"] = row["added_p50"] / peer["added_p50"] if ok and peer and peer["added_p50"] > 0 else None
         row["vs_litellm_p99"] = row["added_p99"] / peer["added_p99"] if ok and peer and peer["added_p99"] > 0 else None
-    return rows
+    return rows, skipped
 
 
 def phase_sinks(
@@ -791,7 +812,7 @@ def main() -> None:
             pids = {"direct": procs.procs["upstream"].pid, **{m: p.pid for m, (_, p) in sidecars.items()}}
             if "litellm" in procs.procs:
                 pids["litellm"] = procs.procs["litellm"].pid
-            res["latency"] = phase_latency(args, targets, pids, run_id, work)
+            res["latency"], res["latency_not_offered"] = phase_latency(args, targets, pids, run_id, work)
             res["rss_after_latency_mb"] = {m: rss_mb(p) for m, (_, p) in sidecars.items()}
         procs.stop("litellm")
         if "throughput" not in skip:
@@ -924,6 +945,8 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
             errs = r["errors"]
             if errs:
                 out.append(f"  ({r['target']} x{r['clients']}: errors {errs})")
+        for line in res.get("latency_not_offered") or []:
+            out.append(f"Not offered (over 90% of what it served back to back): {line}")
         out.append("")
     if res.get("throughput"):
         out.append("Throughput (spool on disk, no sinks; spool read back after a clean stop):")
