@@ -1,6 +1,6 @@
 """Benchmark of the capture sidecar: added latency against calling upstream directly, throughput, memory.
 
-    .venv/bin/python benchmarks/bench_capture.py [--duration 8] [--clients 1,50,200] [--rates 100,1000]
+    .venv/bin/python benchmarks/bench_capture.py [--duration 8] [--clients 1,50,200] [--rates 50,1000]
         [--throughput-s 20]
         [--memory-requests 200000] [--memory-fit-from 100000] [--memory-budget-s 240] [--no-pin]
         [--litellm-venv DIR | --no-litellm] [--sinks N] [--sinks-s3-processes 0,2]
@@ -550,10 +550,10 @@ def phase_latency(
     cells = [(c, 0.0) for c in args.clients if c == 1] + [(c, r) for c in args.clients if c > 1 for r in args.rates]
     for clients, rate in cells:
         for name, url, auth in targets:
-            # A target offered more than it serves queues without bound and keeps working (and taking the proxies'
-            # core) long after the cell: offer it at most 90% of what it served back to back with one client.
+            # LiteLLM is CPU-bound at ~100 req/s here: offered more, it queues without bound and keeps working (on
+            # the proxies' core) long after the cell. Offer it at most 90% of what it served back to back.
             alone = next((d["rps"] for d in rows if d["target"] == name and d["rate"] == 0.0), None)
-            if rate and alone is not None and rate > 0.9 * alone:
+            if name == "litellm" and rate and alone is not None and rate > 0.9 * alone:
                 skipped.append(f"{name} x{clients} at {rate:.0f} req/s (it served {alone:.0f} req/s back to back)")
                 continue
             cpu0 = cpu_s(pids.get(name))
@@ -715,7 +715,7 @@ def main() -> None:
     ap.add_argument(
         "--rates",
         type=lambda s: [float(x) for x in s.split(",")],
-        default=[100.0, 1000.0],
+        default=[50.0, 1000.0],
         help="offered req/s (all clients together) of the latency cells with more than one client",
     )
     ap.add_argument("--throughput-s", type=float, default=20.0)
@@ -946,7 +946,7 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
             if errs:
                 out.append(f"  ({r['target']} x{r['clients']}: errors {errs})")
         for line in res.get("latency_not_offered") or []:
-            out.append(f"Not offered (over 90% of what it served back to back): {line}")
+            out.append(f"Not offered (over 90% of what it served back to back with one client): {line}")
         out.append("")
     if res.get("throughput"):
         out.append("Throughput (spool on disk, no sinks; spool read back after a clean stop):")
