@@ -40,12 +40,7 @@ def load_artifacts(manifest_path: Path | None) -> ArtifactHashes:
     """Artifact hashes from a deployment manifest; all ``None`` when there is no manifest."""
     if manifest_path is None:
         return ArtifactHashes()
-    try:
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CaptureError(f"cannot read manifest {manifest_path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CaptureError(f"manifest {manifest_path}: expected a JSON object")
+    data = _json_object(manifest_path, "manifest")
     values: dict[str, str] = {}
     for key in _ARTIFACT_KEYS:
         value = data.get(key)
@@ -61,18 +56,24 @@ def load_runtime_file(runtime_path: Path | None) -> dict[str, Any]:
     """Fields of `RuntimeFingerprint` from a JSON file, validated (unknown or ill-typed fields are errors)."""
     if runtime_path is None:
         return {}
-    try:
-        data = json.loads(runtime_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CaptureError(f"cannot read runtime file {runtime_path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CaptureError(f"runtime file {runtime_path}: expected a JSON object")
+    data = _json_object(runtime_path, "runtime file")
     probe = {"engine": "unknown", **data}
     try:
         RuntimeFingerprint.model_validate(probe)
     except ValidationError as exc:
         fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
         raise CaptureError(f"runtime file {runtime_path}: invalid field(s): {fields}") from exc
+    return data
+
+
+def _json_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path``; `CaptureError` naming ``what`` and the path when it is not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CaptureError(f"cannot read {what} {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CaptureError(f"{what} {path}: expected a JSON object")
     return data
 
 
