@@ -2,8 +2,8 @@
 
 `build_app` wires what `capture.cli.serve` (or a test) built. The two capture paths are dispatched by
 `CaptureApp` straight to the raw ASGI handlers of `capture.proxy.CaptureProxy`; everything else (``/metrics``,
-pass-through, lifespan) goes through a Starlette app. Starlette's router and its two always-on middlewares cost
-~15 us per request, ~3% of the sidecar's CPU at 2,000 requests/s (benchmarks/bench_capture.py).
+pass-through, lifespan) goes through a Starlette app. Starlette's router and its two always-on middlewares took
+~2-3% of the sidecar's CPU on the capture paths (py-spy, BENCHMARKS.md "Capture sidecar").
 
 Startup opens the spool, starts the publisher and asks upstream ``/version``; shutdown waits for background
 recordings, stops the publisher, closes the spool and the upstream pool, in that order, so nothing accepted is

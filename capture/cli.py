@@ -75,7 +75,7 @@ def serve(settings: CaptureSettings) -> None:
         access_log=False,
         lifespan="on",
         backlog=2048,
-        proxy_headers=False,  # the sidecar never reads the client address; the middleware costs ~5 us a request
+        proxy_headers=False,  # the sidecar never reads the client address: no middleware call per request
     )
     tune_gc()
     uvicorn.Server(config).run()  # run(), not asyncio.run(serve()): only run() applies loop="auto" (uvloop)
@@ -88,8 +88,8 @@ GC_GEN0_THRESHOLD = 20_000
 def tune_gc() -> None:
     """Garbage-collector settings for serving (measured, see BENCHMARKS.md "Capture sidecar").
 
-    A request allocates ~1,000 container objects (upstream's parsed answer, the collected logprobs) and dozens
-    of requests are in flight at once. With the default thresholds the collector ran a young collection every
+    A request allocates hundreds of container objects (upstream's parsed answer, the collected logprobs) and
+    dozens of requests are in flight at once. With the default thresholds the collector ran a young collection every
     request and a full one every ~200, each walking everything alive: ~0.3-0.5 ms of CPU per request at 50
     clients, a third of the sidecar's cost. Freezing what exists at start-up (modules, settings, the app) takes
     it out of every collection for good, and a larger young generation makes collections rarer (each costs about

@@ -243,9 +243,15 @@ class S3Sink:
             for tenant, days in settings.retention_days_by_tenant.items()
         }
         self.lock_mode = settings.object_lock_mode
-        self._processes = S3Processes(settings, processes, threads=workers) if processes > 0 else None
-        self._client = client if client is not None or processes > 0 else make_s3_client(settings, workers)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="capture-s3")
+        self._processes: S3Processes | None = None
+        self._threads: tuple[S3Client, ThreadPoolExecutor] | None = None
+        if processes > 0:
+            self._processes = S3Processes(settings, processes, threads=workers)
+        else:
+            self._threads = (
+                client if client is not None else make_s3_client(settings, workers),
+                ThreadPoolExecutor(max_workers=workers, thread_name_prefix="capture-s3"),
+            )
 
     def retain_until(self, captured_at: datetime, tenant: str | None = None) -> datetime | None:
         retention = self.retention_by_tenant.get(tenant, self.retention) if tenant is not None else self.retention
@@ -262,14 +268,13 @@ class S3Sink:
             for key in item.index_keys():
                 newest[key] = item
         puts += [Put(key, item.index_body(), {"ContentType": "application/json"}) for key, item in newest.items()]
-        if self._processes is not None:
+        if self._threads is None:
+            assert self._processes is not None  # one of the two modes, chosen in __init__
             await self._processes.run(self.bucket, puts)
             return
-        loop = asyncio.get_running_loop()
-        client = self._client
-        assert client is not None
+        loop, (client, pool) = asyncio.get_running_loop(), self._threads
         results = await asyncio.gather(
-            *(loop.run_in_executor(self._pool, run_put, client, self.bucket, put) for put in puts),
+            *(loop.run_in_executor(pool, run_put, client, self.bucket, put) for put in puts),
             return_exceptions=True,
         )
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -291,7 +296,8 @@ class S3Sink:
         return Put(item.object_key, item.payload, params, created_is_enough=True)
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._threads is not None:
+            self._threads[1].shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             await self._processes.close()
 

@@ -120,7 +120,8 @@ def test_kafka_security_settings_pass_through() -> None:
 
 def test_s3_client_verifies_tls_unless_told_not_to() -> None:
     def verify_of(settings: CaptureSettings) -> Any:
-        client: Any = S3Sink(settings)._client
+        threads: Any = S3Sink(settings)._threads
+        client = threads[0]
         return client._endpoint.http_session._verify
 
     common = {"s3_endpoint": "https://s3.example.invalid", "s3_access_key": "k", "s3_secret_key": "s"}
