@@ -14,22 +14,13 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 
+from replayer.golden import record_envelope
 from replayer.lanes import make_lane
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
-from schemas import (
-    ArtifactHashes,
-    CapturedOutput,
-    Choice,
-    Envelope,
-    ExecutionContext,
-    PromptRecord,
-    SamplingContract,
-    Timings,
-)
+from schemas import ArtifactHashes, SamplingContract
 
 # "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n" in SmolLM2's vocabulary
 PROMPT = (1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198)
@@ -50,30 +41,16 @@ def main() -> None:
     try:
         sampling = SamplingContract(temperature=0.0, max_tokens=args.max_tokens, seed_scope="none", logprobs=5)
         first = lane.replay(PROMPT, sampling, max_tokens=args.max_tokens, top_k_logprobs=5)
-        now = datetime.now(UTC)
-        env = Envelope(
+        env = record_envelope(
             request_id="bench-lanes-1",
-            captured_at=now,
-            target_level="bitwise",
-            endpoint="completions",
-            model=settings.served_model_name,
-            artifacts=ArtifactHashes(),
-            prompt=PromptRecord(token_ids=PROMPT, source="lane"),
+            prompt_token_ids=PROMPT,
+            prompt_text=None,
             sampling=sampling,
+            output=first,
             runtime=lane.fingerprint(),
-            context=ExecutionContext(in_flight_at_start=0, in_flight_at_end=0),
-            outcome=CapturedOutput(
-                choices=(
-                    Choice(
-                        index=0,
-                        token_ids=first.token_ids,
-                        text=first.text,
-                        finish_reason=first.finish_reason,
-                        logprobs=first.logprobs,
-                    ),
-                ),
-                timings=Timings(received_at=now, upstream_ms=0.0),
-            ),
+            artifacts=ArtifactHashes(),
+            model=settings.served_model_name,
+            target_level="bitwise",
         )
         verdicts: Counter[str] = Counter()
         tokens = 0
