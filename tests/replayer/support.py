@@ -7,23 +7,29 @@ objects exactly as the capture side lays them out (`schemas.layout`), without im
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import boto3
 
+from replayer.lanes.remote import steps_from_completion
 from replayer.settings import ReplayerSettings
 from schemas import (
+    ArtifactHashes,
     CapturedOutput,
     Choice,
     Envelope,
+    ExecutionContext,
     PromptRecord,
     ReplayedOutput,
+    ReproLevel,
     RuntimeFingerprint,
     SamplingContract,
     StepLogprobs,
@@ -236,4 +242,55 @@ def arithmetic_envelope(n: int, prefix: str, *, flagged: bool = True, diverge_at
         flagged=flagged,
         prompt=PromptRecord(token_ids=prompt, source="upstream"),
         outcome=CapturedOutput(choices=(choice,), timings=Timings(received_at=factories.FIXED_TIME, upstream_ms=1.0)),
+    )
+
+
+def envelope_from_completion(
+    *,
+    request_id: str,
+    prompt_ids: Sequence[int],
+    body: dict[str, Any],
+    answer: dict[str, Any],
+    received_at: datetime,
+    engine_version: str,
+    target_level: ReproLevel,
+    in_flight: int,
+    top_k: int,
+) -> Envelope:
+    """The envelope of one greedy ``/v1/completions`` call made straight to the stack's vLLM server (token ids in,
+    ``return_token_ids`` and ``return_tokens_as_token_ids`` on), as the capture sidecar would have recorded it."""
+    choice = answer["choices"][0]
+    token_ids = tuple(choice["token_ids"])
+    return Envelope(
+        request_id=request_id,
+        captured_at=received_at,
+        target_level=target_level,
+        endpoint="completions",
+        model=body["model"],
+        artifacts=ArtifactHashes(),
+        request_body_sha256=hashlib.sha256(json.dumps(body).encode()).hexdigest(),
+        prompt=PromptRecord(token_ids=tuple(prompt_ids), source="upstream"),
+        sampling=SamplingContract(temperature=0.0, max_tokens=body["max_tokens"], seed_scope="none", logprobs=top_k),
+        runtime=RuntimeFingerprint(
+            engine="vllm",
+            engine_version=engine_version,
+            system_fingerprint=answer.get("system_fingerprint"),
+            device="cpu",
+            dtype="bfloat16",
+            cuda_graphs=False,
+            prefix_caching=True,
+        ),
+        context=ExecutionContext(in_flight_at_start=in_flight, in_flight_at_end=in_flight),
+        outcome=CapturedOutput(
+            choices=(
+                Choice(
+                    index=0,
+                    token_ids=token_ids,
+                    text=choice["text"],
+                    finish_reason=choice["finish_reason"],
+                    logprobs=steps_from_completion(choice, token_ids, top_k),
+                ),
+            ),
+            timings=Timings(received_at=received_at, upstream_ms=1.0),
+        ),
     )

@@ -13,8 +13,6 @@ One engine per lane for the whole module (vLLM takes ~15-25 s to start on this C
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -24,20 +22,13 @@ import pytest
 
 from infra.state import StackInfo
 from replayer.lanes import Lane, make_lane
-from replayer.lanes.remote import steps_from_completion
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
 from schemas import (
-    ArtifactHashes,
-    CapturedOutput,
-    Choice,
     Envelope,
-    ExecutionContext,
-    PromptRecord,
-    RuntimeFingerprint,
     SamplingContract,
-    Timings,
 )
+from tests.replayer.support import envelope_from_completion
 
 pytestmark = pytest.mark.stack
 
@@ -68,41 +59,17 @@ def recorded(stack: StackInfo) -> Envelope:
         resp.raise_for_status()
         data: dict[str, Any] = resp.json()
         version = client.get("/version").json()["version"]
-    choice = data["choices"][0]
-    token_ids = tuple(choice["token_ids"])
-    assert len(token_ids) == MAX_TOKENS, "the prompt must not stop early: pick another one"
-    return Envelope(
+    assert len(data["choices"][0]["token_ids"]) == MAX_TOKENS, "the prompt must not stop early: pick another one"
+    return envelope_from_completion(
         request_id="lanes-stack-001",
-        captured_at=received,
+        prompt_ids=ids,
+        body=body,
+        answer=data,
+        received_at=received,
+        engine_version=version,
         target_level="bitwise",
-        endpoint="completions",
-        model=stack.model_name,
-        artifacts=ArtifactHashes(),
-        request_body_sha256=hashlib.sha256(json.dumps(body).encode()).hexdigest(),
-        prompt=PromptRecord(token_ids=tuple(ids), source="upstream"),
-        sampling=SamplingContract(temperature=0.0, max_tokens=MAX_TOKENS, seed_scope="none", logprobs=TOP_K),
-        runtime=RuntimeFingerprint(
-            engine="vllm",
-            engine_version=version,
-            system_fingerprint=data.get("system_fingerprint"),
-            device="cpu",
-            dtype="bfloat16",
-            cuda_graphs=False,
-            prefix_caching=True,
-        ),
-        context=ExecutionContext(in_flight_at_start=0, in_flight_at_end=0),
-        outcome=CapturedOutput(
-            choices=(
-                Choice(
-                    index=0,
-                    token_ids=token_ids,
-                    text=choice["text"],
-                    finish_reason=choice["finish_reason"],
-                    logprobs=steps_from_completion(choice, token_ids, TOP_K),
-                ),
-            ),
-            timings=Timings(received_at=received, upstream_ms=1.0),
-        ),
+        in_flight=0,
+        top_k=TOP_K,
     )
 
 

@@ -16,8 +16,6 @@ Each engine configuration starts in its own process (~10-30 s each on this 2-cor
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +27,6 @@ from infra.state import StackInfo
 from replayer.compare import compare
 from replayer.explain import explain
 from replayer.lanes.batch import probe_platform, render_chat
-from replayer.lanes.remote import steps_from_completion
 from replayer.matrix.dimensions import BASELINE_CELL, plan_cells
 from replayer.matrix.inputs import DEFAULT_PROMPTS, item_from_envelope, workload_items
 from replayer.matrix.report import render_html, render_table
@@ -37,16 +34,9 @@ from replayer.matrix.run import run_matrix
 from replayer.matrix.runner import CellJob, run_jobs
 from replayer.settings import Thresholds
 from schemas import (
-    ArtifactHashes,
-    CapturedOutput,
-    Choice,
     Envelope,
-    ExecutionContext,
-    PromptRecord,
-    RuntimeFingerprint,
-    SamplingContract,
-    Timings,
 )
+from tests.replayer.support import envelope_from_completion
 
 pytestmark = pytest.mark.stack
 
@@ -93,46 +83,6 @@ def test_small_matrix_for_real(stack: StackInfo) -> None:
 # -- explain --------------------------------------------------------------------------------------------------------
 
 
-def _envelope(
-    rid: str, ids: list[int], body: dict[str, Any], data: dict[str, Any], at: datetime, version: str
-) -> Envelope:
-    choice = data["choices"][0]
-    token_ids = tuple(choice["token_ids"])
-    return Envelope(
-        request_id=rid,
-        captured_at=at,
-        target_level="token",
-        endpoint="completions",
-        model=body["model"],
-        artifacts=ArtifactHashes(),
-        request_body_sha256=hashlib.sha256(json.dumps(body).encode()).hexdigest(),
-        prompt=PromptRecord(token_ids=tuple(ids), source="upstream"),
-        sampling=SamplingContract(temperature=0.0, max_tokens=MAX_TOKENS, seed_scope="none", logprobs=TOP_K),
-        runtime=RuntimeFingerprint(
-            engine="vllm",
-            engine_version=version,
-            system_fingerprint=data.get("system_fingerprint"),
-            device="cpu",
-            dtype="bfloat16",
-            cuda_graphs=False,
-            prefix_caching=True,
-        ),
-        context=ExecutionContext(in_flight_at_start=N_CONCURRENT, in_flight_at_end=N_CONCURRENT),
-        outcome=CapturedOutput(
-            choices=(
-                Choice(
-                    index=0,
-                    token_ids=token_ids,
-                    text=choice["text"],
-                    finish_reason=choice["finish_reason"],
-                    logprobs=steps_from_completion(choice, token_ids, TOP_K),
-                ),
-            ),
-            timings=Timings(received_at=at, upstream_ms=1.0),
-        ),
-    )
-
-
 async def _capture_concurrently(stack: StackInfo) -> list[Envelope]:
     assert stack.vllm_url is not None
     prompts = render_chat(stack.model_dir, DEFAULT_PROMPTS[:N_CONCURRENT])
@@ -156,7 +106,19 @@ async def _capture_concurrently(stack: StackInfo) -> list[Envelope]:
     tag = at.strftime("%H%M%S%f")
     for i, (ids, body, resp) in enumerate(zip(prompts, bodies, responses, strict=True)):
         resp.raise_for_status()
-        envs.append(_envelope(f"explain-{tag}-{i}", list(ids), body, resp.json(), at, version))
+        envs.append(
+            envelope_from_completion(
+                request_id=f"explain-{tag}-{i}",
+                prompt_ids=list(ids),
+                body=body,
+                answer=resp.json(),
+                received_at=at,
+                engine_version=version,
+                target_level="token",
+                in_flight=N_CONCURRENT,
+                top_k=TOP_K,
+            )
+        )
     return envs
 
 
