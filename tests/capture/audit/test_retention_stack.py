@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -27,14 +24,13 @@ from botocore.exceptions import ClientError
 
 from capture.audit.retention import expire, set_hold
 from capture.audit.store import AuditStore
-from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.sinks import S3Sink
-from capture.spool import Spool
 from infra.buckets import s3_client
 from infra.state import StackInfo
 from schemas import Envelope, WorkflowRef
 from schemas.layout import envelope_key
+from tests.capture.audit.support import audit_cli, publish_through_s3
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -92,44 +88,11 @@ def fresh(**overrides: Any) -> Envelope:
 
 
 async def publish(settings: CaptureSettings, envs: list[Envelope], retention: timedelta | None = None) -> None:
-    """Through the real publisher (S3 sink, then the Merkle log); `retention` overrides the default days."""
-    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes, group_commit_ms=0)
-    await spool.open()
+    """`publish_through_s3` into the settings' spool; `retention` overrides the sink's default days."""
     sink = S3Sink(settings)
     if retention is not None:
         sink.retention = retention
-    publisher = Publisher(spool, settings, sinks=[sink], idle_poll_s=0.05)
-    try:
-        for env in envs:
-            await spool.append(env)
-        await publisher.start()
-        for _ in range(600):
-            if spool.depth == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert spool.depth == 0
-    finally:
-        await publisher.stop()
-        await spool.close()
-
-
-def cli(stack: StackInfo, bucket: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "REPROLANE_AUDIT_S3_ENDPOINT": stack.s3_endpoint,
-        "REPROLANE_AUDIT_S3_ACCESS_KEY": stack.s3_access_key,
-        "REPROLANE_AUDIT_S3_SECRET_KEY": stack.s3_secret_key,
-        "REPROLANE_AUDIT_S3_BUCKET": bucket,
-        "REPROLANE_AUDIT_LOG_RETENTION_DAYS": "0",
-    }
-    return subprocess.run(
-        [sys.executable, "-c", "from infra.cli import app; app()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    await publish_through_s3(settings, envs, settings.spool_dir, sink=sink)
 
 
 async def test_retention_is_set_per_tenant(settings: CaptureSettings, client: Any, bucket: str, tenant: str) -> None:
@@ -177,11 +140,11 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     await publish(settings, [held, free, *steps], retention=SHORT)
     await publish(settings, [kept])
 
-    done = cli(stack, bucket, "hold", "add", held.request_id)
+    done = audit_cli(stack, bucket, "hold", "add", held.request_id)
     assert done.returncode == 0, done.stderr
     assert f"legal hold ON  {key_of(held)}" in done.stdout
     assert [h.key for h in set_hold(store, workflow, True)] == [key_of(s) for s in steps]  # every step
-    assert cli(stack, bucket, "hold", "add", "no-such-id").returncode == 2
+    assert audit_cli(stack, bucket, "hold", "add", "no-such-id").returncode == 2
 
     early = expire(store, prefix=only)  # nothing is past retention yet
     assert time.monotonic() < started + SHORT.total_seconds(), "too slow to test 'not yet expired'"
@@ -194,7 +157,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert [d["key"] for d in dry.deleted] == [key_of(free)]
     assert client.head_object(Bucket=bucket, Key=key_of(free))  # dry run deleted nothing
 
-    done = cli(stack, bucket, "expire", "--tenant", tenant)
+    done = audit_cli(stack, bucket, "expire", "--tenant", tenant)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[0] == "deleted 1; kept held 3, retained 1, unretained 0; refused 0"
     assert f"deleted: {key_of(free)}" in done.stdout
@@ -203,7 +166,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert key_of(free) not in versions
     assert {key_of(held), key_of(kept), *(key_of(s) for s in steps)} <= versions
 
-    assert cli(stack, bucket, "hold", "remove", workflow).returncode == 0
+    assert audit_cli(stack, bucket, "hold", "remove", workflow).returncode == 0
     after = expire(store, prefix=only)
     assert sorted(d["key"] for d in after.deleted) == sorted(key_of(s) for s in steps)
     assert [h.split("?")[0] for h in after.held] == [key_of(held)]  # still held, long past its retention

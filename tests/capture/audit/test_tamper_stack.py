@@ -10,10 +10,8 @@ real code: Spool -> Publisher (S3 sink, then the Merkle log writer) -> checkpoin
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,15 +24,15 @@ from capture.audit.checkpoint import reconcile, write_checkpoint
 from capture.audit.merkle_log import checkpoint_key, leaves_key, read_leaves
 from capture.audit.store import AuditStore
 from capture.audit.verify import verify_range, verify_request
-from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.sinks import Outgoing, S3Sink
-from capture.spool import Spool, SpoolEntry
+from capture.spool import SpoolEntry
 from infra.buckets import s3_client
 from infra.state import StackInfo
 from schemas import Envelope
 from schemas.layout import envelope_key
 from schemas.merkle import merkle_root, sign_checkpoint
+from tests.capture.audit.support import audit_cli, publish_through_s3
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -74,44 +72,13 @@ class Log:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         import base64
 
-        env = {
-            **os.environ,
-            "REPROLANE_AUDIT_S3_ENDPOINT": self.stack.s3_endpoint,
-            "REPROLANE_AUDIT_S3_ACCESS_KEY": self.stack.s3_access_key,
-            "REPROLANE_AUDIT_S3_SECRET_KEY": self.stack.s3_secret_key,
-            "REPROLANE_AUDIT_S3_BUCKET": self.bucket,
-            "REPROLANE_AUDIT_PUBLIC_KEY": base64.b64encode(self.public).decode(),
-            "REPROLANE_AUDIT_SIGNING_KEY": base64.b64encode(self.private).decode(),
-            "REPROLANE_AUDIT_LOG_RETENTION_DAYS": "0",
-        }
-        return subprocess.run(
-            [sys.executable, "-c", "from infra.cli import app; app()", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        return audit_cli(
+            self.stack,
+            self.bucket,
+            *args,
+            public_key=base64.b64encode(self.public).decode(),
+            signing_key=base64.b64encode(self.private).decode(),
         )
-
-
-async def publish(settings: CaptureSettings, envs: list[Envelope], spool_dir: Path) -> None:
-    spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes, group_commit_ms=0)
-    await spool.open()
-    publisher = Publisher(spool, settings, sinks=[S3Sink(settings)], batch_size=2, idle_poll_s=0.05)
-    try:
-        for env in envs:
-            await spool.append(env)
-        await publisher.start()
-        for _ in range(600):
-            if spool.depth == 0:
-                break
-            import asyncio
-
-            await asyncio.sleep(0.05)
-        assert spool.depth == 0, "publisher did not drain"
-    finally:
-        await publisher.stop()
-        await spool.close()
 
 
 def random_day() -> datetime:
@@ -141,7 +108,7 @@ async def log(stack: StackInfo, tmp_path: Path) -> Log:
         envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=captured + timedelta(seconds=i))
         for i in range(N)
     ]
-    await publish(settings, envs, tmp_path / "spool")
+    await publish_through_s3(settings, envs, tmp_path / "spool", batch_size=2)
     store = AuditStore(client, bucket)
     private, public = new_key()
     assert write_checkpoint(store, day, private, retention=None) is not None
