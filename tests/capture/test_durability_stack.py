@@ -21,7 +21,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from aiokafka import AIOKafkaConsumer
 
@@ -30,6 +29,7 @@ from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
+from infra.buckets import s3_client
 from infra.stack import LocalStack
 from infra.state import StackInfo
 from schemas import Envelope
@@ -62,16 +62,6 @@ def settings_for(stack: StackInfo, spool_dir: Path) -> CaptureSettings:
         s3_secret_key=stack.s3_secret_key,
         s3_region=stack.s3_region,
         s3_bucket=stack.audit_bucket,
-    )
-
-
-def s3_client(stack: StackInfo) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=stack.s3_endpoint,
-        region_name=stack.s3_region,
-        aws_access_key_id=stack.s3_access_key,
-        aws_secret_access_key=stack.s3_secret_key,
     )
 
 
@@ -157,7 +147,7 @@ async def test_envelopes_reach_kafka_and_s3_with_retention_and_indexes(
     ids = {e.envelope_id() for e in envs}
     seen = await kafka_envelope_ids(stack, topic, ids)
     assert ids <= seen.keys()
-    client = s3_client(stack)
+    client = s3_client(stack.s3_endpoint, stack.s3_credentials)
     assert s3_envelope_ids(client, stack.audit_bucket, tenant) == ids
     for env in envs[:3]:
         key = envelope_key(env.envelope_id(), tenant, now)
@@ -217,7 +207,7 @@ async def test_kafka_outage_mid_run_loses_nothing(
     ids = {e.envelope_id() for e in envs}
     seen = await kafka_envelope_ids(stack, topic, ids)
     assert ids - seen.keys() == set(), f"{len(ids - seen.keys())} envelopes missing from Kafka"
-    assert s3_envelope_ids(s3_client(stack), stack.audit_bucket, tenant) == ids
+    assert s3_envelope_ids(s3_client(stack.s3_endpoint, stack.s3_credentials), stack.audit_bucket, tenant) == ids
 
 
 def start_worker(
@@ -272,4 +262,4 @@ async def test_sigkill_mid_run_loses_no_appended_envelope(stack: StackInfo, tmp_
 
     seen = await kafka_envelope_ids(stack, topic, printed)
     assert printed - seen.keys() == set(), f"{len(printed - seen.keys())} acknowledged envelopes missing from Kafka"
-    assert printed <= s3_envelope_ids(s3_client(stack), stack.audit_bucket, prefix)
+    assert printed <= s3_envelope_ids(s3_client(stack.s3_endpoint, stack.s3_credentials), stack.audit_bucket, prefix)
