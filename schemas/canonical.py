@@ -15,6 +15,8 @@ The reference implementation is `canonical_bytes` (``json.dumps`` of ``model_dum
 encoders were measured and not used because their float text differs: pydantic-core's JSON writes
 ``[1e-7,0.00001,1e+16]`` and msgspec/orjson ``[1e-7,0.00001,1e16]`` where the rule says ``[1e-07,1e-05,1e+16]``
 (re-parsing pydantic's JSON and re-encoding it gives the right bytes, but is ~1.5x slower than the reference).
+They differ only in *how* they write the digits, never in which digits: both write the shortest decimal that
+reads back as the same double. `float_texts` uses that to write many floats at once (see there).
 `canonical_object_with` lets a record encode one large member itself (see `schemas.envelope`), exactly.
 """
 
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Final
 
+import msgspec
 from pydantic import BaseModel
 
 from schemas.errors import ContractError
@@ -31,6 +35,41 @@ from schemas.errors import ContractError
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 encode_string = json.encoder.encode_basestring
 """Canonical text of one string (quoted, escaped as `json.dumps` with ``ensure_ascii=False`` escapes it)."""
+
+
+_FLOAT_LIST = msgspec.json.Encoder()
+# Values whose text must be checked at start-up: the edges of the plain-decimal range and digit-heavy values.
+_PROBES: Final = (0.0, -0.0, 1e-4, -1e-4, 0.00010000000000000002, 9999999999999998.0, -9999999999999998.0, 0.1, 0.2)
+_PROBES_MORE: Final = (-0.0013790050288662314, -1.3609765531356006, 123456.789, 2.5, 1 / 3, -2 / 3, 1e15 + 0.3)
+
+
+def _plain_is_repr() -> bool:
+    """Whether msgspec writes plain-decimal floats exactly as ``repr`` (checked once at import: a msgspec that
+    ever writes them differently is simply not used)."""
+    values = [*_PROBES, *_PROBES_MORE]
+    return _FLOAT_LIST.encode(values).decode("ascii")[1:-1].split(",") == [repr(v) for v in values]
+
+
+_MSGSPEC_PLAIN: Final = _plain_is_repr()
+
+
+def float_texts(values: Sequence[float], slow: Sequence[int] = ()) -> list[str]:
+    """``repr(v)`` of each finite float of `values` (its canonical text), ~5x faster than ``repr`` one by one.
+
+    msgspec writes a list of floats in one C call. It and ``repr`` choose the same digits (the shortest that read
+    back as the same double) and, for 0 and for magnitudes in [1e-4, 1e16), the same plain-decimal spelling;
+    elsewhere ``repr`` writes an exponent (``1e-05``, ``1e+16``) where msgspec writes ``0.00001`` / ``1e16``.
+    `slow` lists the indexes of the values outside that range: those are written by ``repr``.
+    tests/schemas/test_canonical.py compares both on a million random doubles.
+    """
+    if not values:
+        return []
+    if not _MSGSPEC_PLAIN:
+        return [repr(v) for v in values]
+    texts = _FLOAT_LIST.encode(values).decode("ascii")[1:-1].split(",")
+    for i in slow:
+        texts[i] = repr(values[i])
+    return texts
 
 
 def canonical_text(data: Any) -> str:

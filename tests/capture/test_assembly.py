@@ -20,6 +20,7 @@ from capture.assembly import (
 from capture.policy import NOT_FLAGGED
 from capture.recording import OutputCollector, RequestContext
 from schemas import ArtifactHashes, CapturedError, CapturedOutput, Envelope, RuntimeFingerprint, decode_envelope
+from schemas.canonical import canonical_bytes
 from tests.capture.test_recording import _chat_step
 
 
@@ -81,6 +82,16 @@ def test_no_prompt_record_without_valid_ids() -> None:
 _BAD_VALUES: list[Any] = [math.inf, -math.inf, math.nan, "abc", "0.5", None, True, [1], 0, -1, 2**70, 1e308 * 10]
 
 
+def _logprob(rng: random.Random) -> float:
+    """Mostly like a model's, sometimes ~0 (a near-certain token: ``-1.1920928955078125e-07``), 0, or huge."""
+    kind = rng.randrange(6)
+    if kind == 0:
+        return -rng.random() * 10.0 ** rng.randint(-12, -4)
+    if kind == 1:
+        return rng.choice([0.0, -0.0, -1e-4, -9.999999999999999e-05, -1e16, -1.1920928955078125e-07])
+    return -rng.random() * 9
+
+
 def _random_answer(rng: random.Random) -> dict[str, Any]:
     """A chat answer like vLLM's (return_tokens_as_token_ids, or plain token texts as when the client asked for
     logprobs itself), with a bad value planted now and then."""
@@ -98,13 +109,13 @@ def _random_answer(rng: random.Random) -> dict[str, Any]:
             top = [
                 {
                     "token": f"token_id:{value(rng.randrange(50_000))}" if as_ids else rng.choice(["a", "é", '"\\']),
-                    "logprob": value(-rng.random() * 9),
+                    "logprob": value(_logprob(rng)),
                     "bytes": [97],
                 }
                 for _ in range(rng.randint(0, 4))
             ]
             content.append(
-                {"token": f"token_id:{tid}", "logprob": value(-rng.random()), "bytes": [98], "top_logprobs": top}
+                {"token": f"token_id:{tid}", "logprob": value(_logprob(rng)), "bytes": [98], "top_logprobs": top}
             )
         choices.append(
             {
@@ -128,7 +139,10 @@ def _both(col: OutputCollector, error: Any) -> tuple[Any, Any]:
         except ValidationError as exc:
             out.append(type(exc))
     fast, careful, spooled = out
-    assert spooled == (careful.canonical() if isinstance(careful, Envelope) else careful)
+    if isinstance(careful, Envelope):  # against the reference encoder (json.dumps), not only the fast one
+        assert spooled == careful.canonical() == canonical_bytes(careful)
+    else:
+        assert spooled == careful
     return fast, careful
 
 

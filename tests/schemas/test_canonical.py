@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+import schemas.canonical
 import schemas.envelope
 from schemas import CapturedError, CapturedOutput, Choice, ContractError, Envelope, StepLogprobs, Timings, TopCandidate
-from schemas.canonical import canonical_json, canonical_object_with, canonical_text
+from schemas.canonical import canonical_json, canonical_object_with, canonical_text, float_texts
 from schemas.envelope import _steps_text
 from tests.factories import FIXED_TIME, envelope
 
@@ -69,6 +70,27 @@ def _float(rng: random.Random) -> float:
     if kind == 5:
         return round(-rng.random() * 20, rng.randint(0, 6))
     return -rng.random() * rng.choice([1.0, 30.0, 1e-6, 1e6])
+
+
+def test_float_texts_equal_repr_on_random_doubles() -> None:
+    """msgspec's plain-decimal text is ``repr``'s for 0 and magnitudes in [1e-4, 1e16); the rest go to ``repr``."""
+    assert schemas.canonical._MSGSPEC_PLAIN  # else float_texts never uses msgspec and this proves nothing
+    rng = random.Random(11)
+    values: list[float] = []
+    while len(values) < 200_000:
+        bits = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+        for v in (bits, -(10.0 ** rng.uniform(-12, 18)) * rng.random(), _float(rng)):
+            if math.isfinite(v):
+                values.append(v)
+    values += [0.0, -0.0, 1e-4, -1e-4, 9.999999999999999e-05, 1e16, 9999999999999998.0, 5e-324, sys.float_info.max]
+    slow = [i for i, v in enumerate(values) if not (v == 0 or 1e-4 <= abs(v) < 1e16)]
+    assert 0 < len(slow) < len(values)
+    assert float_texts(values, slow) == [repr(v) for v in values]
+
+
+def test_float_texts_without_msgspec_is_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schemas.canonical, "_MSGSPEC_PLAIN", False)
+    assert float_texts([1e-05, -0.5, 1e16]) == ["1e-05", "-0.5", "1e+16"]
 
 
 def _opt(rng: random.Random, value: object) -> object:
