@@ -5,7 +5,7 @@
 For each shape (16 tokens x top-5: the capture benchmark's; 256 tokens x top-20: a long answer at the highest
 audit k) it times, per request, in one process and one run:
 
-- ``parse+collect``: `capture.edge.decode_answer` of upstream's body (msgspec) and `OutputCollector.add` (the
+- ``parse+collect``: `capture.edge.decode_json` of upstream's body (msgspec) and `OutputCollector.add` (the
   same on both paths);
 - ``build``: reference `capture.assembly.build_envelope_checked` (one pydantic model per record, ~100 for
   16 x 5) against `build_envelope` (the whole envelope validated once from plain data);
@@ -43,7 +43,7 @@ from capture.assembly import (
     build_envelope_checked,
     prompt_record,
 )
-from capture.edge import decode_answer
+from capture.edge import decode_json
 from capture.policy import NOT_FLAGGED
 from capture.recording import OutputCollector, RequestContext, prepare
 from schemas import ArtifactHashes, Envelope, RuntimeFingerprint
@@ -101,7 +101,7 @@ def upstream_body(rng: random.Random, n: int, k: int) -> bytes:
 
 def collect(raw: bytes) -> OutputCollector:
     col = OutputCollector("chat.completions")
-    col.add(decode_answer(raw)[0])  # as the sidecar reads upstream's answer
+    col.add(decode_json(raw)[0])  # as the sidecar reads upstream's answer
     return col
 
 

@@ -6,9 +6,9 @@ Three steps, in the order the proxy uses them (the third in `capture.assembly`):
    (``return_token_ids``; ``logprobs``/``top_logprobs`` at the audit k with ``return_tokens_as_token_ids`` when
    the client asked for no logprobs; a seed when the policy injects one) and freeze the sampling contract with
    vLLM's defaults made explicit.
-2. `strip` + `OutputCollector`: each response object (a whole body, or one SSE chunk) is first recorded, then
-   stripped of what the client did not ask for. vLLM writes an unrequested field as ``null`` (it does not omit
-   it), so stripping sets the field to ``None``: the client gets the same shape it gets without the sidecar.
+2. `OutputCollector` + `strip`: each response object (a whole body, or one SSE chunk) is recorded, and the
+   client gets a copy stripped of what it did not ask for. vLLM writes an unrequested field as ``null`` (it
+   does not omit it), so stripping sets the field to ``None``: the client gets the shape it gets without us.
 3. `capture.assembly.build_envelope_bytes`: assemble the envelope from the `RequestContext` and what was
    collected.
 
@@ -18,6 +18,7 @@ envelope then records what the client gets, with ``token_id`` None for the alter
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable
@@ -203,29 +204,48 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
     )
 
 
-def strip(obj: dict[str, Any], prepared: Prepared) -> None:
-    """Remove in place what the sidecar asked for and the client did not (a whole body or one SSE chunk)."""
+def strip(obj: Any, prepared: Prepared) -> Any:
+    """What the client gets of one response object (a whole body or one SSE chunk): `obj` without what the
+    sidecar asked for and the client did not. `obj` itself is left as it is (it is recorded after the answer
+    is kept for the envelope): changed objects are copies, everything else is shared."""
+    if not isinstance(obj, dict):
+        return obj
+    out = obj
     if not prepared.client_token_ids and obj.get("prompt_token_ids") is not None:
-        obj["prompt_token_ids"] = None
+        out = {**obj, "prompt_token_ids": None}
     choices = obj.get("choices")
     if not isinstance(choices, list):
-        return
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        if not prepared.client_token_ids:
-            if choice.get("token_ids") is not None:
-                choice["token_ids"] = None
-            if choice.get("prompt_token_ids") is not None:
-                choice["prompt_token_ids"] = None
-        if not prepared.client_logprobs and choice.get("logprobs") is not None:
-            choice["logprobs"] = None
+        return out
+    kept = [_stripped_choice(choice, prepared) for choice in choices]
+    if any(new is not old for new, old in zip(kept, choices, strict=True)):
+        out = {**out, "choices": kept}
+    return out
+
+
+def _stripped_choice(choice: Any, prepared: Prepared) -> Any:
+    if not isinstance(choice, dict):
+        return choice
+    drop = []
+    if not prepared.client_token_ids:
+        drop += [key for key in ("token_ids", "prompt_token_ids") if choice.get(key) is not None]
+    if not prepared.client_logprobs and choice.get("logprobs") is not None:
+        drop.append("logprobs")
+    return {**choice, **dict.fromkeys(drop)} if drop else choice
 
 
 def _token_id(text: str) -> int | None:
+    spelled = _id_spelling(text)
+    return None if spelled is None else spelled[0]
+
+
+@functools.lru_cache(maxsize=16_384)  # at most ~6 MiB
+def _id_spelling(text: str) -> tuple[int, list[int]] | None:
+    """For ``token_id:N`` (how upstream spells a token under ``return_tokens_as_token_ids``): N and the UTF-8
+    bytes of that spelling as upstream lists them; None for any other text. Cached: the same few thousand
+    token ids come back in every answer (parsing them was a third of collecting a 16 x top-5 answer)."""
     if text.startswith(_TOKEN_ID_PREFIX):
         try:
-            return int(text[len(_TOKEN_ID_PREFIX) :])
+            return int(text[_PREFIX_LEN:]), list(text.encode("utf-8"))
         except ValueError:
             return None
     return None
@@ -356,22 +376,23 @@ class OutputCollector:
         if self.endpoint == "chat.completions":
             for item in lp.get("content") or ():
                 token = item.get("token", "")
-                text = _decode_bytes(item.get("bytes")) if _token_id(token) is not None else _clean(token)
+                spelled = _id_spelling(token) if type(token) is str else None
+                text = _decode_bytes(item.get("bytes")) if spelled is not None else _clean(token)
                 top: list[tuple[str, int | None, Any, int]] = []
                 rank = 0
                 for t in item.get("top_logprobs") or ():  # `_candidate` inlined: ~100 alternatives per request
                     rank += 1
                     tok = t.get("token")
-                    alt_text = _clean(tok) if isinstance(tok, str) else ""
-                    alt_id: int | None = None
-                    if alt_text.startswith(_TOKEN_ID_PREFIX):
-                        try:
-                            alt_id = int(alt_text[_PREFIX_LEN:])
-                        except ValueError:
-                            alt_id = None
-                        else:
-                            alt_text = _decode_bytes(t.get("bytes")) or ""
-                    top.append((alt_text, alt_id, t.get("logprob"), rank))
+                    if type(tok) is not str:
+                        top.append(("", None, t.get("logprob"), rank))
+                        continue
+                    spelled = _id_spelling(tok)
+                    if spelled is None:
+                        top.append((_clean(tok), None, t.get("logprob"), rank))
+                        continue
+                    raw = t.get("bytes")  # vLLM 0.32: the bytes of "token_id:N" itself, i.e. no text
+                    alt_text = "" if raw == spelled[1] else _decode_bytes(raw) or ""
+                    top.append((alt_text, spelled[0], t.get("logprob"), rank))
                 acc.steps.append(_Steps(text, item.get("logprob"), top))
             return
         tokens = lp.get("tokens") or []

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -48,8 +49,9 @@ def only(spool: FakeSpool) -> Envelope:
     return spool.envelopes[0]
 
 
-async def test_chat_non_stream_strips_audit_fields_and_records_them() -> None:
-    async with sidecar() as (client, upstream, spool, _):
+@pytest.mark.parametrize("mode", ["guaranteed", "best_effort"])  # best_effort collects after the answer is sent
+async def test_chat_non_stream_strips_audit_fields_and_records_them(mode: str) -> None:
+    async with sidecar(mode=mode) as (client, upstream, spool, _):
         resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status_code == 200
     doc = resp.json()
@@ -476,3 +478,15 @@ async def test_vllm_upstream_has_no_vendor_version() -> None:
     runtime = only(spool).runtime
     assert runtime.engine == "vllm"
     assert runtime.vendor_version is None
+
+
+async def test_a_request_only_the_standard_library_reads_goes_upstream_as_it_came() -> None:
+    """msgspec refuses NaN; the standard library reads it, and writes it back the same way for upstream."""
+    body = json.dumps({**CHAT, "temperature": math.nan, "messages": [{"role": "user", "content": "h\u00e9"}]})
+    async with sidecar() as (client, upstream, spool, _):
+        resp = await client.post("/v1/chat/completions", content=body.encode())
+    assert resp.status_code == 200
+    sent = upstream_calls(upstream, "/v1/chat/completions")[0]
+    assert math.isnan(sent["temperature"])
+    assert sent["messages"][0]["content"] == "h\u00e9"
+    assert only(spool).request_body_sha256 == hashlib.sha256(body.encode()).hexdigest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from capture.recording import (
@@ -94,11 +95,16 @@ def test_seed_injection_only_for_sampled_requests_without_seed() -> None:
 def test_strip_sets_unrequested_fields_to_null_like_vllm() -> None:
     p = prepare("chat.completions", CHAT, request_id="r", audit_k=5, inject_seed=False)
     obj = {"prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": [3], "logprobs": {"content": []}}]}
-    strip(obj, p)
-    assert obj == {"prompt_token_ids": None, "choices": [{"index": 0, "token_ids": None, "logprobs": None}]}
+    original = copy.deepcopy(obj)
+    assert strip(obj, p) == {"prompt_token_ids": None, "choices": [{"index": 0, "token_ids": None, "logprobs": None}]}
+    assert obj == original  # recorded after the answer is sent: strip must not touch it
     no_key = {"choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None}]}
-    strip(no_key, p)
+    assert strip(no_key, p) is no_key  # nothing to strip: no copy
     assert "token_ids" not in no_key["choices"][0]  # a key vLLM did not send stays absent
+    assert strip([1], p) == [1]
+    body = {**CHAT, "logprobs": True, "return_token_ids": True}
+    asked = prepare("chat.completions", body, request_id="r", audit_k=5, inject_seed=False)
+    assert strip(obj, asked) is obj
 
 
 def _chat_step(tid: int, text: str, lp: float, alts: list[tuple[int, float]]) -> dict[str, Any]:
