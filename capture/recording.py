@@ -206,8 +206,8 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
 
 def strip(obj: Any, prepared: Prepared) -> Any:
     """What the client gets of one response object (a whole body or one SSE chunk): `obj` without what the
-    sidecar asked for and the client did not. `obj` itself is left as it is (it is recorded after the answer
-    is kept for the envelope): changed objects are copies, everything else is shared."""
+    sidecar asked for and the client did not. `obj` itself is left as it is (what was recorded from it stays
+    true): changed objects are copies, everything else is shared."""
     if not isinstance(obj, dict):
         return obj
     out = obj
