@@ -1014,7 +1014,7 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
             f"{s['requests']} answered 200 in {s['load_s']:.1f} s ({s['ok'] / s['load_s']:.0f} req/s); "
             f"spool empty {s['drain_after_load_s']:.1f} s after the last answer, {s['drained_s']:.1f} s in all "
             f"({s['requests'] / s['drained_s']:.0f} envelopes/s published; depth left {s['depth_left']:.0f}); "
-            f"in Kafka {s['in_kafka']} (all counted within {s.get('kafka_counted_s', 0.0):.0f} s of the drain), "
+            f"in Kafka {s['in_kafka']} (last count {s.get('kafka_counted_s', 0.0):.0f} s after the drain), "
             f"S3 request-id index objects {s['in_s3_index']}; errors {s['errors']}"
         )
         out.append(f"  CPU ms per envelope (capture + publish): {cpu}")
