@@ -60,7 +60,7 @@ def float_texts(values: Sequence[float], slow: Sequence[int] = ()) -> list[str]:
     back as the same double) and, for 0 and for magnitudes in [1e-4, 1e16), the same plain-decimal spelling;
     elsewhere ``repr`` writes an exponent (``1e-05``, ``1e+16``) where msgspec writes ``0.00001`` / ``1e16``.
     `slow` lists the indexes of the values outside that range: those are written by ``repr``.
-    tests/schemas/test_canonical.py compares both on a million random doubles.
+    tests/schemas/test_canonical.py compares both on 200k random doubles.
     """
     if not values:
         return []

@@ -203,3 +203,40 @@ def test_lone_surrogates_are_replaced_so_the_envelope_stays_encodable() -> None:
     assert _clean("ok \ud800 end") == "ok ? end"
     assert _clean("café") == "café"
     assert _clean("plain") == "plain"
+
+
+def test_token_id_spellings_are_parsed_and_only_short_ones_are_cached() -> None:
+    """Upstream's token strings are cached by text: a long one (a broken or hostile upstream) must not be."""
+    import capture.recording as recording
+
+    assert recording._id_spelling("token_id:42") == (42, list(b"token_id:42"))
+    assert recording._id_spelling("token_id:x") is None
+    assert recording._id_spelling("The") is None
+    before = recording._parsed_spelling.cache_info().currsize
+    huge = "token_id:" + "7" * 10_000
+    assert recording._id_spelling(huge) is None
+    col = OutputCollector("chat.completions")
+    col.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": [7],
+                    "logprobs": {
+                        "content": [
+                            {
+                                "token": "token_id:7",
+                                "logprob": -0.5,
+                                "bytes": [97],
+                                "top_logprobs": [{"token": huge, "logprob": -0.5, "bytes": [97]}],
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
+    )
+    assert recording._parsed_spelling.cache_info().currsize <= before + 1  # "token_id:7" at most
+    step = col.choices[0].steps[0]
+    assert step.token == "a"
+    assert step.top == [(huge, None, -0.5, 1)]  # kept as text, as any text that is not a token id
