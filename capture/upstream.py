@@ -13,9 +13,8 @@ an abandoned generation is aborted upstream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 
 import aiohttp
 
@@ -50,6 +49,33 @@ class UpstreamResponse:
             raise _translate(exc) from exc
 
 
+class UpstreamCall:
+    """The async context manager of one upstream request (a class rather than ``asynccontextmanager``: on the
+    hot path the generator machinery measured ~10% of the call's own cost)."""
+
+    __slots__ = ("_pending", "_resp")
+
+    def __init__(self, pending: Awaitable[aiohttp.ClientResponse]) -> None:
+        self._pending = pending
+        self._resp: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> UpstreamResponse:
+        try:
+            self._resp = await self._pending
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _translate(exc) from exc
+        return UpstreamResponse(self._resp)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        resp = self._resp
+        if resp is None:
+            return
+        if resp.content.at_eof():
+            resp.release()  # fully read: the connection goes back to the pool
+        else:
+            resp.close()  # abandoned mid-body (client gone, timeout): drop it so upstream stops generating
+
+
 class Upstream:
     """A pooled connection to one upstream base URL (start inside the event loop, close at shutdown)."""
 
@@ -75,29 +101,17 @@ class Upstream:
             await self._session.close()
             self._session = None
 
-    @contextlib.asynccontextmanager
-    async def request(
+    def request(
         self, method: str, target: str, *, body: bytes = b"", headers: HeaderList = (), timeout_s: float | None = None
-    ) -> AsyncIterator[UpstreamResponse]:
-        """Send one request; the response (headers received) is valid inside the block."""
+    ) -> UpstreamCall:
+        """One request: ``async with upstream.request(...) as resp`` (headers received inside the block)."""
         if self._session is None:
             raise UpstreamError("upstream client is not started")
         hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
-        try:
-            ctx = self._session.request(
-                method, self.base_url + target, data=body or None, headers=hdrs, timeout=timeout
-            )
-            resp = await ctx.__aenter__()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _translate(exc) from exc
-        try:
-            yield UpstreamResponse(resp)
-        finally:
-            if resp.content.at_eof():
-                resp.release()  # fully read: the connection goes back to the pool
-            else:
-                resp.close()  # abandoned mid-body (client gone, timeout): drop it so upstream stops generating
+        return UpstreamCall(
+            self._session.request(method, self.base_url + target, data=body or None, headers=hdrs, timeout=timeout)
+        )
 
     async def get_json(self, target: str, *, timeout_s: float = 5.0) -> tuple[int, object]:
         """GET a small JSON document (``/version``): status and parsed body (None when not JSON)."""
