@@ -395,11 +395,7 @@ class OutputCollector:
                     if type(tok) is not str:
                         top.append(("", None, t.get("logprob"), rank))
                         continue
-                    # `_id_spelling` inlined: ~100 alternatives per request
-                    if len(tok) > _MAX_SPELLING or not tok.startswith(_TOKEN_ID_PREFIX):
-                        spelled = None
-                    else:
-                        spelled = _parsed_spelling(tok)
+                    spelled = _id_spelling(tok)
                     if spelled is None:
                         top.append((_clean(tok), None, t.get("logprob"), rank))
                         continue
