@@ -39,14 +39,16 @@ encode_string = json.encoder.encode_basestring
 
 _FLOAT_LIST = msgspec.json.Encoder()
 # Values whose text must be checked at start-up: the edges of the plain-decimal range and digit-heavy values.
-_PROBES: Final = (0.0, -0.0, 1e-4, -1e-4, 0.00010000000000000002, 9999999999999998.0, -9999999999999998.0, 0.1, 0.2)
-_PROBES_MORE: Final = (-0.0013790050288662314, -1.3609765531356006, 123456.789, 2.5, 1 / 3, -2 / 3, 1e15 + 0.3)
+_PROBES: Final = (
+    *(0.0, -0.0, 1e-4, -1e-4, 0.00010000000000000002, 9999999999999998.0, -9999999999999998.0, 0.1, 0.2),
+    *(-0.0013790050288662314, -1.3609765531356006, 123456.789, 2.5, 1 / 3, -2 / 3, 1e15 + 0.3),
+)
 
 
 def _plain_is_repr() -> bool:
     """Whether msgspec writes plain-decimal floats exactly as ``repr`` (checked once at import: a msgspec that
     ever writes them differently is simply not used)."""
-    values = [*_PROBES, *_PROBES_MORE]
+    values = list(_PROBES)
     return _FLOAT_LIST.encode(values).decode("ascii")[1:-1].split(",") == [repr(v) for v in values]
 
 
