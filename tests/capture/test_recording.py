@@ -209,10 +209,11 @@ def test_token_id_spellings_are_parsed_and_only_short_ones_are_cached() -> None:
     """Upstream's token strings are cached by text: a long one (a broken or hostile upstream) must not be."""
     import capture.recording as recording
 
+    recording._parsed_spelling.cache_clear()
     assert recording._id_spelling("token_id:42") == (42, list(b"token_id:42"))
     assert recording._id_spelling("token_id:x") is None
     assert recording._id_spelling("The") is None
-    before = recording._parsed_spelling.cache_info().currsize
+    before = recording._parsed_spelling.cache_info().currsize  # "token_id:42" and "token_id:x"
     huge = "token_id:" + "7" * 10_000
     assert recording._id_spelling(huge) is None
     col = OutputCollector("chat.completions")
@@ -236,7 +237,7 @@ def test_token_id_spellings_are_parsed_and_only_short_ones_are_cached() -> None:
             ]
         }
     )
-    assert recording._parsed_spelling.cache_info().currsize <= before + 1  # "token_id:7" at most
+    assert recording._parsed_spelling.cache_info().currsize == before + 1  # "token_id:7" only
     step = col.choices[0].steps[0]
     assert step.token == "a"
     assert step.top == [(huge, None, -0.5, 1)]  # kept as text, as any text that is not a token id
