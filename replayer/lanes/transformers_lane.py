@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import cpu_model_name, effective_seed, quiet_imports, resolve_model_dir
+from replayer.lanes.base import cpu_model_name, cublas_version, effective_seed, quiet_imports, resolve_model_dir
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
 
@@ -86,6 +86,7 @@ class TransformersLane:
             engine_version=transformers.__version__,
             torch_version=torch.__version__,
             cuda_version=torch.version.cuda if on_gpu else None,
+            cublas_version=cublas_version() if on_gpu else None,
             device=self._device,
             device_name=torch.cuda.get_device_name(0) if on_gpu else cpu_model_name(),
             compute_capability=capability,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import cpu_model_name, effective_seed, quiet_imports, resolve_model_dir
+from replayer.lanes.base import cpu_model_name, cublas_version, effective_seed, quiet_imports, resolve_model_dir
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
 
@@ -190,6 +190,7 @@ class VllmLane:
             engine_version=version,
             torch_version=torch.__version__,
             cuda_version=torch.version.cuda if on_gpu else None,
+            cublas_version=cublas_version() if on_gpu else None,
             device="cuda" if on_gpu else "cpu",
             device_name=device_name,
             compute_capability=capability,
