@@ -5,9 +5,9 @@ machine kind (sequential 1 KB chat requests to a local ASGI upstream, uvloop): h
 per call, aiohttp 0.34 ms, a raw socket 0.25 ms. The 1 ms p50 added-latency budget does not fit httpx.
 
 Callers never see an aiohttp exception: connection failures become `UpstreamError`, read timeouts
-`UpstreamTimeoutError`. Responses are not decompressed (pass-through forwards bytes and Content-Encoding
-as they are; capture requests ask for ``identity``). Cancelling a caller closes its connection, which is how
-an abandoned generation is aborted upstream.
+`UpstreamTimeoutError`. No cookie jar: the one session serves all clients. Responses are not decompressed
+(pass-through forwards bytes and Content-Encoding as they are; capture requests ask for ``identity``).
+Cancelling a caller closes its connection, which is how an abandoned generation is aborted upstream.
 """
 
 from __future__ import annotations
@@ -93,7 +93,13 @@ class Upstream:
                 total=None, sock_connect=min(10.0, self.timeout_s), sock_read=self.timeout_s
             )
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+                connector=connector,
+                timeout=timeout,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+                # One session serves every client: a cookie upstream sets for one client must never ride along on
+                # another's request. Clients' own Cookie headers and upstream's Set-Cookie pass through untouched.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
 
     async def close(self) -> None:

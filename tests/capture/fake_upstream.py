@@ -50,6 +50,8 @@ class FakeUpstream:
     aborted: int = 0
     #: Behave like a hosted API: no /version, a dated model name and version headers on every answer.
     vendor: bool = False
+    #: A ``Set-Cookie`` value sent with every ``/v1/models`` answer (a load balancer's sticky-session cookie).
+    set_cookie: str | None = None
 
     def app(self) -> Starlette:
         return Starlette(
@@ -76,9 +78,10 @@ class FakeUpstream:
 
     async def models(self, request: Request) -> Response:
         await self._note(request)
-        return JSONResponse(
-            {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}, headers={"x-upstream": "yes"}
-        )
+        headers = {"x-upstream": "yes"}
+        if self.set_cookie:
+            headers["set-cookie"] = self.set_cookie
+        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model"}]}, headers=headers)
 
     async def tokenize(self, request: Request) -> Response:
         await self._note(request)

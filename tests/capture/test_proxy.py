@@ -355,6 +355,25 @@ async def test_secret_headers_forwarded_not_recorded_and_reprolane_headers_strip
     assert env.flag_reason == "header"
 
 
+async def test_upstream_cookies_are_never_kept_for_other_clients() -> None:
+    """The sidecar's one upstream session serves every client: a cookie upstream sets for one client (say a load
+    balancer's sticky session) must reach that client only, never ride along on another client's request."""
+    upstream = FakeUpstream(set_cookie="lb=tenant-a-node; Path=/")
+    async with serve(upstream.app()) as up_url:
+        # A host name, not an IP: cookie jars keep cookies only for names.
+        settings = CaptureSettings(upstream=up_url.replace("127.0.0.1", "localhost"), spool_max_bytes=1 << 20)
+        app = build_app(settings, spool=FakeSpool(), metrics=CaptureMetrics())
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10.0) as client:
+            first = await client.get("/v1/models")
+            assert first.headers["set-cookie"] == "lb=tenant-a-node; Path=/"  # the asking client gets it
+            client.cookies.clear()
+            await client.post("/v1/chat/completions", json=CHAT)
+            await client.get("/v1/models", headers={"Cookie": "own=1"})
+    chat = next(s for s in upstream.seen if s.path == "/v1/chat/completions")
+    assert "cookie" not in chat.headers
+    assert upstream.seen[-1].headers["cookie"] == "own=1"  # a client's own cookies still go through, alone
+
+
 async def test_invalid_reprolane_header_is_400() -> None:
     async with sidecar() as (client, upstream, spool, _m):
         resp = await client.post(
