@@ -323,3 +323,58 @@ async def test_io_error_stops_appends_instead_of_hanging(spool: Spool, monkeypat
     with pytest.raises(SpoolCorruptError, match="stopped accepting appends"):
         await spool.append(envelope(request_id="eio-again"))
     assert spool.depth == 0
+
+
+async def test_submitted_records_are_committed_without_a_waiter(make_spool: Callable[..., Spool]) -> None:
+    items = envelopes(5, prefix="sub")
+    spool = make_spool()
+    await spool.open()
+    for env in items:
+        spool.submit(env.canonical())  # returns at once: nobody waits for the fsync
+    await spool.append(envelope(request_id="waited"))  # queued after them, so committed after them
+    assert spool.depth == 6
+    await spool.close()
+    again = make_spool()
+    await again.open()
+    try:
+        assert [e.payload for e in await again.pending(10)][:5] == [env.canonical() for env in items]
+    finally:
+        await again.close()
+
+
+async def test_submit_refuses_at_the_bound_at_once(make_spool: Callable[..., Spool]) -> None:
+    payload = envelope(request_id="big").canonical()
+    spool = make_spool(max_bytes=len(payload) + 100)
+    await spool.open()
+    try:
+        spool.submit(payload)
+        with pytest.raises(SpoolFullError):
+            spool.submit(payload)
+    finally:
+        await spool.close()
+    again = make_spool(max_bytes=len(payload) + 100)
+    await again.open()
+    try:
+        assert [e.payload for e in await again.pending(10)] == [payload]
+    finally:
+        await again.close()
+
+
+async def test_submitted_records_lost_in_a_failed_write_are_counted(
+    make_spool: Callable[..., Spool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = CaptureMetrics()
+    spool = make_spool(metrics=metrics)
+    await spool.open()
+
+    def full_disk(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    for env in envelopes(3, prefix="lost"):
+        spool.submit(env.canonical())
+    with pytest.raises(SpoolFullError, match="no space"):  # queued behind them: the same failed batch
+        await spool.append(envelope(request_id="waited"))
+    monkeypatch.undo()
+    await spool.close()
+    assert metrics.value("reprolane_capture_envelopes_dropped_total") == 3.0
