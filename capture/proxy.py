@@ -252,7 +252,7 @@ class CaptureProxy:
             await send_json(send, resp.status, out, rid, extra)
         else:
             await send_json(send, resp.status, out, rid, extra)
-            self._finish_later(ctx, prepared, collector, error, t0)
+            self.recorder.later(self._finish(ctx, prepared, collector, error, t0))
         return resp.status
 
     async def _stream(
@@ -320,7 +320,7 @@ class CaptureProxy:
             await end_stream(send, SSE_DONE if done else b"")
         else:
             await end_stream(send, SSE_DONE if done else b"")
-            self._finish_later(ctx, prepared, collector, error, t0)
+            self.recorder.later(self._finish(ctx, prepared, collector, error, t0))
         return 200
 
     async def _stream_refused(
@@ -347,7 +347,7 @@ class CaptureProxy:
             await send_json(send, resp.status, content, rid, extra)
         else:
             await send_json(send, resp.status, content, rid, extra)
-            self._finish_later(ctx, prepared, collector, err, t0)
+            self.recorder.later(self._finish(ctx, prepared, collector, err, t0))
         return resp.status
 
     async def _upstream_failed(
@@ -369,7 +369,7 @@ class CaptureProxy:
             await send_json(send, status, body, rid)
         else:
             await send_json(send, status, body, rid)
-            self._finish_later(ctx, prepared, collector, (kind, None, message), t0)
+            self.recorder.later(self._finish(ctx, prepared, collector, (kind, None, message), t0))
         return status
 
     def _finish(
@@ -380,21 +380,9 @@ class CaptureProxy:
         error: Failure | None,
         t0: float,
     ) -> Coroutine[Any, Any, None]:
-        """The recording of this request (awaited: guaranteed mode, and client disconnects); notes in-flight now."""
+        """The recording of this request (await it, or hand it to ``recorder.later``); notes in-flight now."""
         ctx.in_flight_at_end = self.in_flight
         return self.recorder.finish(ctx, prepared, collector, error, t0)
-
-    def _finish_later(
-        self,
-        ctx: RequestContext,
-        prepared: Prepared,
-        collector: OutputCollector,
-        error: Failure | None,
-        t0: float,
-    ) -> None:
-        """``best_effort``: record this request after its response was released; notes in-flight now."""
-        ctx.in_flight_at_end = self.in_flight
-        self.recorder.finish_later(ctx, prepared, collector, error, t0)
 
     async def drain(self) -> None:
         await self.recorder.drain()

@@ -3,11 +3,9 @@ it in the spool, per the capture mode.
 
 - ``guaranteed``: the proxy awaits `EnvelopeRecorder.finish` before it releases the response;
   `SpoolFullError` reaches the proxy, which answers 503 instead of serving an unrecorded answer.
-- ``best_effort``: after the response is released the proxy calls `finish_later`. When nothing needs upstream
-  (the runtime was probed, the answer held the prompt's token ids: the common case) the envelope is built and
-  queued in the spool right there (`Spool.submit`): no task and no future per request, ~10% of the sidecar's CPU
-  at saturation (BENCHMARKS.md). Otherwise `finish` runs as a background task kept in a set (so shutdown can
-  `drain` it). A full spool counts ``envelopes_dropped_total`` and logs one line per lost envelope.
+- ``best_effort``: the proxy hands the same coroutine to `later` after the response is released; it runs as a
+  background task kept in a set (so shutdown can `drain` it); a full spool counts
+  ``envelopes_dropped_total`` and logs one line per lost envelope.
 
 When upstream did not return ``prompt_token_ids`` the prompt is tokenized through upstream's ``/tokenize``
 and the record says so (``source="tokenize"``).
@@ -24,7 +22,7 @@ from typing import Any, Protocol
 
 from capture.assembly import EnvelopeInputs, Failure, build_envelope_bytes, prompt_record
 from capture.edge import dumps
-from capture.errors import SpoolCorruptError, SpoolFullError, UpstreamError
+from capture.errors import SpoolFullError, UpstreamError
 from capture.metrics import CaptureMetrics
 from capture.recording import OutputCollector, Prepared, RequestContext
 from capture.runtime import RuntimeProbe
@@ -41,10 +39,6 @@ class SpoolLike(Protocol):
 
     async def append_payload(self, payload: bytes) -> None:
         """Append one envelope's canonical bytes; return once they are durable."""
-        ...
-
-    def submit(self, payload: bytes) -> None:
-        """Queue one envelope's canonical bytes for the next group commit, without waiting for it."""
         ...
 
     @property
@@ -88,42 +82,7 @@ class EnvelopeRecorder:
             prompt = prompt_record(await self._tokenize(prepared), "tokenize")
         if self.guaranteed:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
-        await self.append(ctx.request_id, self._payload(ctx, prepared, collector, error, prompt))
-
-    def finish_later(
-        self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, error: Failure | None, t0: float
-    ) -> None:
-        """``best_effort``: record a request whose response is already released (see the module docstring)."""
-        prompt = prompt_record(collector.prompt_token_ids, "upstream")
-        if prompt is None or self.runtime.needs_probe:
-            self.later(self.finish(ctx, prepared, collector, error, t0))
-            return
-        try:
-            payload = self._payload(ctx, prepared, collector, error, prompt)
-        except Exception as exc:  # as `_done` treats a background recording: the response is already out
-            log.error("recording an envelope failed: %s: %s", type(exc).__name__, exc)
-            return
-        self._submit(ctx.request_id, payload)
-
-    def _submit(self, request_id: str, payload: bytes) -> None:
-        """``best_effort``: queue the envelope; a full or failed spool counts and logs the loss."""
-        try:
-            self.spool.submit(payload)
-        except SpoolFullError:
-            self._dropped(request_id)
-        except SpoolCorruptError as exc:
-            self.metrics.envelopes_dropped_total.inc()
-            log.error("spool failed (best_effort): envelope of request %s dropped: %s", request_id, exc)
-
-    def _payload(
-        self,
-        ctx: RequestContext,
-        prepared: Prepared,
-        collector: OutputCollector,
-        error: Failure | None,
-        prompt: PromptRecord | None,
-    ) -> bytes:
-        return build_envelope_bytes(
+        payload = build_envelope_bytes(
             EnvelopeInputs(
                 ctx,
                 model=prepared.model,
@@ -137,6 +96,7 @@ class EnvelopeRecorder:
                 sidecar_id=self.sidecar_id,
             )
         )
+        await self.append(ctx.request_id, payload)
 
     async def record_refused(self, ctx: RequestContext, error: Failure, t0: float) -> None:
         """An attempt the sidecar refused before upstream saw it (413, bad JSON, bad headers).
@@ -159,7 +119,7 @@ class EnvelopeRecorder:
             )
         )
         if not self.guaranteed:
-            self._submit(ctx.request_id, payload)
+            self.later(self.append(ctx.request_id, payload))
             return
         try:
             await self.append(ctx.request_id, payload)
@@ -175,11 +135,8 @@ class EnvelopeRecorder:
         try:
             await self.spool.append_payload(payload)
         except SpoolFullError:
-            self._dropped(request_id)
-
-    def _dropped(self, request_id: str) -> None:
-        self.metrics.envelopes_dropped_total.inc()
-        log.error("spool full (best_effort): envelope of request %s dropped", request_id)
+            self.metrics.envelopes_dropped_total.inc()
+            log.error("spool full (best_effort): envelope of request %s dropped", request_id)
 
     def later(self, work: Awaitable[None]) -> None:
         """Run a recording in the background, tracked until it ends."""

@@ -103,7 +103,7 @@ every such object at each full collection. (No difference measured at ~40k pendi
 @dataclass
 class _Pending:
     payload: bytes
-    future: asyncio.Future[None] | None  # None: submitted, nobody waits for it (`Spool.submit`)
+    future: asyncio.Future[None]
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -198,22 +198,11 @@ class Spool:
 
     async def append_payload(self, payload: _Bytes) -> None:
         """`append` for bytes already encoded canonically."""
-        future = asyncio.get_running_loop().create_future()
-        self._enqueue(_Pending(payload, future))
-        await future
-
-    def submit(self, payload: _Bytes) -> None:
-        """Queue bytes for the next group commit without waiting for it (``best_effort``): no future per record,
-        so nobody is told when it is durable; a failed write is logged by the writer. Raises `SpoolFullError` at
-        the bound, `SpoolCorruptError` after a failed write, like `append_payload`; a record lost in a failed
-        write is counted in ``envelopes_dropped_total``."""
-        self._enqueue(_Pending(payload, None))
-
-    def _enqueue(self, item: _Pending) -> None:
         if self._writer is None:
             raise RuntimeError("spool is not open")
         if self._failed is not None:
             raise SpoolCorruptError(f"spool {self.directory} stopped accepting appends: {self._failed}")
+        item = _Pending(payload, asyncio.get_running_loop().create_future())
         total = self._bytes + self._reserved + item.size
         if total > self.max_bytes:
             if not self._full_logged:
@@ -231,6 +220,7 @@ class Spool:
             )
         self._reserved += item.size
         self._queue.put_nowait(item)
+        await item.future
 
     # ------------------------------------------------------------------ publisher side
 
@@ -324,7 +314,6 @@ class Spool:
         if self._failed is not None:
             for p in items:
                 _settle(p.future, SpoolCorruptError(f"spool {self.directory} stopped accepting appends"))
-            self._count_unwaited_lost(items)
             return
         first_seq = self._next_seq
         self._next_seq += len(items)
@@ -347,7 +336,6 @@ class Spool:
             log.error("spool %s: write of %d records failed: %s", self.directory, len(items), exc)
             for p in items:
                 _settle(p.future, error)
-            self._count_unwaited_lost(items)
             return
         seg.size = offsets[-1]
         for i, p in enumerate(items):
@@ -517,20 +505,14 @@ class Spool:
             self._full_logged = False
         self._update_metrics()
 
-    def _count_unwaited_lost(self, items: list[_Pending]) -> None:
-        """Submitted records (nobody awaits them) that a failed write lost: counted as dropped envelopes."""
-        lost = sum(p.future is None for p in items)
-        if lost and self._metrics is not None:
-            self._metrics.envelopes_dropped_total.inc(lost)
-
     def _update_metrics(self) -> None:
         if self._metrics is not None:
             self._metrics.spool_depth.set(self.depth)
             self._metrics.spool_bytes.set(self._bytes)
 
 
-def _settle(future: asyncio.Future[None] | None, error: BaseException | None) -> None:
-    if future is None or future.done():
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
         return
     if error is None:
         future.set_result(None)

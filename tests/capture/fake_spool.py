@@ -25,9 +25,6 @@ class FakeSpool:
         self.closed = True
 
     async def append_payload(self, payload: bytes) -> None:
-        self.submit(payload)
-
-    def submit(self, payload: bytes) -> None:
         if self.refuse_appends:
             raise SpoolFullError("fake spool is full")
         envelope = decode_envelope(payload)  # what the sidecar spools must be a valid envelope...

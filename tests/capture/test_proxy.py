@@ -15,7 +15,6 @@ import pytest
 
 from capture.app import build_app
 from capture.metrics import CaptureMetrics
-from capture.recorder import EnvelopeRecorder
 from capture.settings import CaptureSettings
 from schemas import CapturedError, CapturedOutput, Envelope
 from tests.capture.fake_spool import FakeSpool
@@ -459,31 +458,6 @@ async def test_best_effort_records_after_response_and_shutdown_awaits_it() -> No
         for _ in range(5):
             await client.post("/v1/chat/completions", json=CHAT)
     assert len(spool.envelopes) == 5
-
-
-async def test_best_effort_spools_in_the_request_without_a_background_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The common case (prompt ids in the answer, runtime probed) is queued in the spool before the request ends:
-    no task per request. Without prompt ids (the /tokenize fallback needs upstream) it is a background task."""
-    tasks: list[str] = []
-    real_later = EnvelopeRecorder.later
-
-    def later(self: EnvelopeRecorder, work: Any) -> None:
-        tasks.append(work.__qualname__)
-        real_later(self, work)
-
-    monkeypatch.setattr(EnvelopeRecorder, "later", later)
-    spool = FakeSpool()
-    async with sidecar(spool, mode="best_effort") as (client, _, _s, _m):
-        for _ in range(3):
-            await client.post("/v1/chat/completions", json=CHAT)
-        assert len(spool.envelopes) == 3
-        assert tasks == []
-        noids = {**CHAT, "messages": [{"role": "user", "content": "noids"}]}
-        await client.post("/v1/chat/completions", json=noids)
-        await spool.wait_for(4)
-    assert tasks == ["EnvelopeRecorder.finish"]
-    assert spool.envelopes[3].prompt is not None
-    assert spool.envelopes[3].prompt.source == "tokenize"
 
 
 async def test_metrics_endpoint_counts_requests() -> None:
