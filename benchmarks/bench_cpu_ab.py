@@ -33,8 +33,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_capture as bc
 
@@ -83,12 +81,6 @@ def switch_off(parts: list[str]) -> None:
             raise SystemExit(f"switch_off: unknown part {part!r} (known: {', '.join(PARTS)})")
 
 
-def cpu_seconds(pid: int) -> float:
-    proc = psutil.Process(pid)
-    times = [proc.cpu_times(), *(c.cpu_times() for c in proc.children(recursive=True))]
-    return sum(t.user + t.system for t in times)
-
-
 def one_run(procs: bc.Procs, spec: str, upstream: str, args: argparse.Namespace, work: Path, n: int) -> float:
     tree, _, off = spec.partition(":")
     port = bc.free_port()
@@ -105,9 +97,9 @@ def one_run(procs: bc.Procs, spec: str, upstream: str, args: argparse.Namespace,
     proc = procs.start("sidecar", [sys.executable, "-c", code])
     base = f"http://127.0.0.1:{port}"
     bc.wait_http(base + "/metrics", proc, 60.0, work / "sidecar.log")
-    before = cpu_seconds(proc.pid)
+    before = bc.cpu_s(proc.pid)
     res = bc.load(base + "/v1/chat/completions", args.clients, duration=args.duration, prefix=f"ab{n}", out_dir=work)
-    used = cpu_seconds(proc.pid) - before
+    used = bc.cpu_s(proc.pid) - before
     procs.stop("sidecar")
     per_request_ms = used * 1000.0 / max(res["done"], 1)
     rps = res["n_ok"] / res["elapsed_s"]

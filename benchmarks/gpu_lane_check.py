@@ -296,7 +296,7 @@ def lane_check(
 ) -> dict[str, Any]:
     from replayer.compare import compare
     from replayer.settings import Thresholds
-    from schemas import Choice, ReplayedOutput, diff_fingerprints
+    from schemas import Choice, ReplayedOutput, RuntimeFingerprint, diff_fingerprints
 
     lane, first, tps = lane_outputs(model_dir, ids, max_tokens)
     _, second, _ = lane_outputs(model_dir, ids, max_tokens)  # a second lane: a fresh model, same process
@@ -313,8 +313,6 @@ def lane_check(
         "run_to_run": summarize(pairs),
     }
     if ref is not None:
-        from schemas import RuntimeFingerprint
-
         ref_fp = RuntimeFingerprint.model_validate(ref["fingerprint"])
         diffs = diff_fingerprints(ref_fp, lane.fingerprint())
         verdicts = []
@@ -397,14 +395,13 @@ def run(model_dir: Path, ref_path: Path | None, out: Path, limit: int, max_token
     t0 = time.perf_counter()
     cells = batch_variance(model_dir, ids, max_tokens, device)
     lane = lane_check(model_dir, ids, max_tokens, ref)
-    probe = load_model(model_dir, "float32", "cpu")
     doc = {
         "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "attention": getattr(probe.config, "_attn_implementation", None),
+        "attention": lane["fingerprint"]["attention_backend"],
         "prompts": len(ids),
         "prompt_ids": names,
         "max_tokens": max_tokens,
