@@ -18,6 +18,14 @@ Parts: ``finish`` (no envelope at all), ``build`` (a fixed payload spooled inste
 (the envelope built, not spooled), ``collect`` (upstream's answer not collected), ``decode`` (upstream's answer
 forwarded as it came: neither parsed nor stripped).
 
+``--together``: the trees' sidecars run *at the same time* on the same core, each loaded by its own share of the
+clients, and each round prints every tree's CPU per request relative to the first's. Whatever the host does to
+that core in a round it does to all of them, so the ratios vary by a few % where one-at-a-time runs drift by
+20%: the way to judge a change of 3-10%. (Two sidecars share the core's caches, so the absolute figures are
+higher than alone; compare ratios.)
+
+    .venv/bin/python benchmarks/bench_cpu_ab.py /tmp/before . --together [--rounds 6]
+
 Pieces (from `bench_capture`): its fast vLLM-shaped upstream and its load generator (N clients back to back) on
 the other cores, the sidecar alone on the last core, started as ``capture.cli.serve`` of each tree with a real
 spool on disk and no sinks. Prints one line per run and the median and mean per tree.
@@ -30,8 +38,10 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_capture as bc
@@ -82,29 +92,67 @@ def switch_off(parts: list[str]) -> None:
 
 
 def one_run(procs: bc.Procs, spec: str, upstream: str, args: argparse.Namespace, work: Path, n: int) -> float:
+    pid, port = start_sidecar(procs, "sidecar", spec, upstream, args.mode, work / f"spool-{n}")
+    before = bc.cpu_s(pid)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    res = bc.load(url, args.clients, duration=args.duration, prefix=f"ab{n}", out_dir=work)
+    used = bc.cpu_s(pid) - before
+    procs.stop("sidecar")
+    per_request_ms = used * 1000.0 / max(res["done"], 1)
+    rps = res["n_ok"] / res["elapsed_s"]
+    print(f"{spec:<40} {rps:8.0f} req/s  {per_request_ms:6.3f} ms CPU/request  errors {res['errors']}", flush=True)
+    return per_request_ms
+
+
+def start_sidecar(procs: bc.Procs, name: str, spec: str, upstream: str, mode: str, spool: Path) -> tuple[int, int]:
+    """Serve `spec` (``TREE`` or ``TREE:PART+PART``) as sidecar `name`: its pid and port once it answers."""
     tree, _, off = spec.partition(":")
     port = bc.free_port()
-    spool = work / f"spool-{n}"
     code = SERVE.format(
         tree=tree,
         here=str(Path(__file__).resolve().parent),
         parts=[p for p in off.split("+") if p],
         upstream=upstream,
         port=port,
-        mode=args.mode,
+        mode=mode,
         spool=str(spool),
     )
-    proc = procs.start("sidecar", [sys.executable, "-c", code])
-    base = f"http://127.0.0.1:{port}"
-    bc.wait_http(base + "/metrics", proc, 60.0, work / "sidecar.log")
-    before = bc.cpu_s(proc.pid)
-    res = bc.load(base + "/v1/chat/completions", args.clients, duration=args.duration, prefix=f"ab{n}", out_dir=work)
-    used = bc.cpu_s(proc.pid) - before
-    procs.stop("sidecar")
-    per_request_ms = used * 1000.0 / max(res["done"], 1)
-    rps = res["n_ok"] / res["elapsed_s"]
-    print(f"{spec:<40} {rps:8.0f} req/s  {per_request_ms:6.3f} ms CPU/request  errors {res['errors']}", flush=True)
-    return per_request_ms
+    proc = procs.start(name, [sys.executable, "-c", code])
+    bc.wait_http(f"http://127.0.0.1:{port}/metrics", proc, 60.0, spool.parent / f"{name}.log")
+    return proc.pid, port
+
+
+def together_round(
+    procs: bc.Procs, specs: list[str], upstream: str, args: argparse.Namespace, work: Path, n: int
+) -> list[float]:
+    """One round of ``--together``: every spec's sidecar on the one core at once, clients split evenly; CPU ms
+    per request of each, in the order of `specs` (started in a rotating order, so no tree always starts first)."""
+    order = specs[n % len(specs) :] + specs[: n % len(specs)]
+    started = {
+        spec: start_sidecar(procs, f"sidecar{i}", spec, upstream, args.mode, work / f"spool-{n}-{i}")
+        for i, spec in enumerate(order)
+    }
+    pids = {spec: pid for spec, (pid, _) in started.items()}
+    ports = {spec: port for spec, (_, port) in started.items()}
+    before = {spec: bc.cpu_s(pids[spec]) for spec in specs}
+    results: dict[str, dict[str, Any]] = {}
+
+    def run(spec: str) -> None:
+        url = f"http://127.0.0.1:{ports[spec]}/v1/chat/completions"
+        share = max(args.clients // len(specs), 1)
+        results[spec] = bc.load(url, share, duration=args.duration, prefix=f"t{n}-{ports[spec]}", out_dir=work)
+
+    threads = [threading.Thread(target=run, args=(spec,)) for spec in order]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    per_request = [(bc.cpu_s(pids[spec]) - before[spec]) * 1000.0 / max(results[spec]["done"], 1) for spec in specs]
+    for i in range(len(order)):
+        procs.stop(f"sidecar{i}")
+    cells = "  ".join(f"{v:.3f} ms ({v / per_request[0]:.3f})" for v in per_request)
+    print(f"round {n + 1}: {cells}", flush=True)
+    return per_request
 
 
 def main() -> None:
@@ -114,6 +162,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--mode", choices=("best_effort", "guaranteed"), default="best_effort")
+    ap.add_argument("--together", action="store_true", help="all trees at once on one core; ratios per round")
     args = ap.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -135,18 +184,29 @@ def main() -> None:
             upstream = procs.start("upstream", [sys.executable, bc.__file__, "_upstream", str(up_port)])
             bc.wait_http(f"http://127.0.0.1:{up_port}/version", upstream, 30.0, work / "upstream.log")
             n = 0
-            for _ in range(args.rounds):
+            for r in range(args.rounds):
+                if args.together:
+                    values = together_round(procs, specs, f"http://127.0.0.1:{up_port}", args, work, r)
+                    for spec, value in zip(specs, values, strict=True):
+                        results[spec].append(value)
+                    continue
                 for spec in specs:
                     n += 1
                     results[spec].append(one_run(procs, spec, f"http://127.0.0.1:{up_port}", args, work, n))
                     time.sleep(0.5)
         finally:
             procs.stop_all()
-    print(f"\nCPU per request, {args.mode}, {args.clients} clients, {args.rounds} rounds of {args.duration:.0f} s:")
+    how = "together on one core" if args.together else "one at a time"
+    print(
+        f"\nCPU per request, {args.mode}, {args.clients} clients, {how}, {args.rounds} rounds of {args.duration:.0f} s:"
+    )
+    first = results[specs[0]]
     for spec, values in results.items():
+        ratios = [v / f for v, f in zip(values, first, strict=True)]
         print(
             f"{spec:<40} median {statistics.median(values):.3f} ms  mean {statistics.mean(values):.3f} ms  "
-            f"({', '.join(f'{v:.3f}' for v in values)})"
+            f"({', '.join(f'{v:.3f}' for v in values)})  ratio to the first: median {statistics.median(ratios):.3f}"
+            f" ({min(ratios):.3f}-{max(ratios):.3f})"
         )
 
 
