@@ -6,8 +6,9 @@ failure if any, the capture time and the sidecar id. Three builders, one result:
 
 - `build_envelope_bytes`: the canonical bytes, what the spool stores, on the sidecar's hot path. The envelope
   is validated by pydantic without its per-token logprobs (a dozen records instead of ~100) and the logprobs
-  are written as canonical text straight from the collector, each value checked to be exactly what a validated
-  record holds (`OutputCollector.logprobs_texts`). Anything else takes `build_envelope`.
+  are checked value by value and written as canonical text by msgspec straight from the collector's rows
+  (`OutputCollector.logprobs_texts`, `schemas.envelope.steps_canonical_text`). Anything else takes
+  `build_envelope`.
 - `build_envelope`: the `schemas.Envelope`, validated once by pydantic-core from plain data; when that fails
   (an infinite logprob, a negative token id, a value of the wrong type from upstream) it takes
   `build_envelope_checked`.

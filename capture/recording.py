@@ -18,7 +18,6 @@ envelope then records what the client gets, with ``token_id`` None for the alter
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable
@@ -37,7 +36,7 @@ from schemas import (
     WorkflowRef,
 )
 from schemas.canonical import canonical_json
-from schemas.envelope import steps_canonical_text
+from schemas.envelope import StepRow, TopRow, steps_canonical_text
 
 Endpoint = Literal["chat.completions", "completions"]
 ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
@@ -240,24 +239,30 @@ def _token_id(text: str) -> int | None:
 
 def _id_spelling(text: str) -> tuple[int, list[int]] | None:
     """For ``token_id:N`` (how upstream spells a token under ``return_tokens_as_token_ids``): N and the UTF-8
-    bytes of that spelling as upstream lists them; None for any other text."""
+    bytes of that spelling as upstream lists them; None for any other text.
+
+    Spellings are kept in `_SPELLINGS` (the same few thousand token ids come back in every answer: parsing them
+    was more than half of collecting a vLLM 16 x top-5 answer); the hot loop of `OutputCollector` looks there
+    first itself."""
+    spelled = _SPELLINGS.get(text)
+    if spelled is not None:
+        return spelled
     if len(text) > _MAX_SPELLING or not text.startswith(_TOKEN_ID_PREFIX):
         return None
-    return _parsed_spelling(text)
+    try:
+        spelled = int(text[_PREFIX_LEN:]), list(text.encode("utf-8"))
+    except ValueError:
+        return None
+    if len(_SPELLINGS) >= _MAX_SPELLINGS:
+        _SPELLINGS.clear()  # a bound, not a policy: a vocabulary's hot ids are back within one answer
+    _SPELLINGS[text] = spelled
+    return spelled
 
 
 # "token_id:" and up to 20 digits: longer is no vocabulary's id, and the cache below keeps only short keys.
 _MAX_SPELLING: Final = _PREFIX_LEN + 20
-
-
-@functools.lru_cache(maxsize=16_384)  # keys of <= 29 characters: ~6.4 MiB when full (tracemalloc)
-def _parsed_spelling(text: str) -> tuple[int, list[int]] | None:
-    """`_id_spelling` of a short text that starts with the prefix. Cached: the same few thousand token ids come
-    back in every answer (parsing them was more than half of collecting a vLLM 16 x top-5 answer)."""
-    try:
-        return int(text[_PREFIX_LEN:]), list(text.encode("utf-8"))
-    except ValueError:
-        return None
+_MAX_SPELLINGS: Final = 16_384  # keys of <= 29 characters: ~6.4 MiB when full (tracemalloc, as an lru_cache)
+_SPELLINGS: dict[str, tuple[int, list[int]]] = {}
 
 
 def _candidate(token: Any, raw_bytes: Any) -> tuple[str, int | None]:
@@ -295,18 +300,11 @@ def _clean(text: str) -> str:
 
 
 @dataclass(slots=True)
-class _Steps:
-    token: str | None
-    logprob: Any
-    top: list[tuple[str, int | None, Any, int]]  # (token text, token id when known, logprob, rank), best first
-
-
-@dataclass(slots=True)
 class _ChoiceAcc:
     token_ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
-    steps: list[_Steps] = field(default_factory=list)
+    steps: list[StepRow] = field(default_factory=list)  # token_id set once aligned with token_ids
     logprobs_missing: bool = False
 
 
@@ -383,26 +381,27 @@ class OutputCollector:
 
     def _add_logprobs(self, acc: _ChoiceAcc, lp: dict[str, Any]) -> None:
         if self.endpoint == "chat.completions":
+            spellings = _SPELLINGS
             for item in lp.get("content") or ():
                 token = item.get("token", "")
                 spelled = _id_spelling(token) if type(token) is str else None
                 text = _decode_bytes(item.get("bytes")) if spelled is not None else _clean(token)
-                top: list[tuple[str, int | None, Any, int]] = []
+                top: list[TopRow] = []
                 rank = 0
                 for t in item.get("top_logprobs") or ():  # `_candidate` inlined: ~100 alternatives per request
                     rank += 1
                     tok = t.get("token")
                     if type(tok) is not str:
-                        top.append(("", None, t.get("logprob"), rank))
+                        top.append(TopRow(t.get("logprob"), rank, ""))
                         continue
-                    spelled = _id_spelling(tok)
+                    spelled = spellings.get(tok) or _id_spelling(tok)
                     if spelled is None:
-                        top.append((_clean(tok), None, t.get("logprob"), rank))
+                        top.append(TopRow(t.get("logprob"), rank, _clean(tok)))
                         continue
                     raw = t.get("bytes")  # vLLM 0.32: the bytes of "token_id:N" itself, i.e. no text
                     alt_text = "" if raw == spelled[1] else _decode_bytes(raw) or ""
-                    top.append((alt_text, spelled[0], t.get("logprob"), rank))
-                acc.steps.append(_Steps(text, item.get("logprob"), top))
+                    top.append(TopRow(t.get("logprob"), rank, alt_text, spelled[0]))
+                acc.steps.append(StepRow(item.get("logprob"), text, None, top))
             return
         tokens = lp.get("tokens") or []
         values = lp.get("token_logprobs") or []
@@ -411,8 +410,8 @@ class OutputCollector:
             alts = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
             ranked = sorted(alts.items(), key=lambda kv: kv[1], reverse=True)
             text = None if _token_id(token) is not None else _clean(token)
-            top = [(*_candidate(tok, None), lp, rank) for rank, (tok, lp) in enumerate(ranked, start=1)]
-            acc.steps.append(_Steps(text, values[i] if i < len(values) else None, top))
+            top = [TopRow(value, rank, *_candidate(tok, None)) for rank, (tok, value) in enumerate(ranked, start=1)]
+            acc.steps.append(StepRow(values[i] if i < len(values) else None, text, None, top))
 
     def choices_data(self, *, logprobs: bool = True) -> list[dict[str, Any]]:
         """The collected choices as plain data shaped like `Choice`, by index (validated by the caller).
@@ -422,48 +421,28 @@ class OutputCollector:
         checked here: an envelope validated from this data either holds them as they are or fails as a whole
         (see `build_envelope`).
         """
-        out: list[dict[str, Any]] = []
-        for index in sorted(self.choices):
-            acc = self.choices[index]
-            steps: list[dict[str, Any]] | None = None
-            if logprobs and _aligned(acc):
-                steps = [
-                    {
-                        "token_id": tid,
-                        "token": s.token,
-                        "logprob": s.logprob,
-                        "top": [
-                            {"token": tok, "token_id": alt, "logprob": lp, "rank": rank} for tok, alt, lp, rank in s.top
-                        ],
-                    }
-                    for tid, s in zip(acc.token_ids, acc.steps, strict=True)
-                ]
-            out.append(
-                {
-                    "index": index,
-                    "token_ids": acc.token_ids,
-                    "text": "".join(acc.text),
-                    "finish_reason": acc.finish_reason,
-                    "logprobs": steps,
-                }
-            )
-        return out
+        return [
+            {
+                "index": index,
+                "token_ids": acc.token_ids,
+                "text": "".join(acc.text),
+                "finish_reason": acc.finish_reason,
+                "logprobs": _steps_data(acc) if logprobs else None,
+            }
+            for index, acc in sorted(self.choices.items())
+        ]
 
     def logprobs_texts(self) -> list[str | None] | None:
         """Per choice (by index) the canonical text of its logprobs (None: it has none, as in `choices_data`),
         or None when some value is not exactly what a validated record holds (see
         `schemas.envelope.steps_canonical_text`): the caller then takes the model path."""
         out: list[str | None] = []
-        for index in sorted(self.choices):
-            acc = self.choices[index]
-            if not _aligned(acc):
+        for _, acc in sorted(self.choices.items()):
+            steps = _aligned_steps(acc)
+            if steps is None:
                 out.append(None)
                 continue
-            try:
-                rows = ((t, s.token, s.logprob, s.top) for t, s in zip(acc.token_ids, acc.steps, strict=True))
-                text = steps_canonical_text(rows)
-            except ValueError:  # an int too long to write as text
-                return None
+            text = steps_canonical_text(steps)
             if text is None:
                 return None
             out.append(text)
@@ -472,8 +451,7 @@ class OutputCollector:
     def choices_record(self) -> tuple[Choice, ...]:
         """The collected choices as contract records, by index (one model per value: the slow, careful path)."""
         out: list[Choice] = []
-        for index in sorted(self.choices):
-            acc = self.choices[index]
+        for index, acc in sorted(self.choices.items()):
             out.append(
                 Choice(
                     index=index,
@@ -486,23 +464,47 @@ class OutputCollector:
         return tuple(out)
 
 
-def _aligned(acc: _ChoiceAcc) -> bool:
-    """Whether a choice's logprobs can be recorded: none missing, one step per token id."""
-    return not acc.logprobs_missing and bool(acc.steps) and len(acc.steps) == len(acc.token_ids)
+def _aligned_steps(acc: _ChoiceAcc) -> list[StepRow] | None:
+    """A choice's steps with each ``token_id`` set, or None when its logprobs cannot be recorded: some are
+    missing, or there is not one step per token id."""
+    if acc.logprobs_missing or not acc.steps or len(acc.steps) != len(acc.token_ids):
+        return None
+    for tid, step in zip(acc.token_ids, acc.steps, strict=True):
+        step.token_id = tid
+    return acc.steps
+
+
+def _steps_data(acc: _ChoiceAcc) -> list[dict[str, Any]] | None:
+    """A choice's steps as plain data shaped like `StepLogprobs` (None: as `_aligned_steps`)."""
+    steps = _aligned_steps(acc)
+    if steps is None:
+        return None
+    return [
+        {
+            "logprob": s.logprob,
+            "token": s.token,
+            "token_id": s.token_id,
+            "top": [{"logprob": c.logprob, "rank": c.rank, "token": c.token, "token_id": c.token_id} for c in s.top],
+        }
+        for s in steps
+    ]
 
 
 def _steps_record(acc: _ChoiceAcc) -> tuple[StepLogprobs, ...] | None:
-    if not _aligned(acc):
+    steps = _aligned_steps(acc)
+    if steps is None:
         return None
     try:
         return tuple(
             StepLogprobs(
-                token_id=tid,
+                token_id=s.token_id,
                 token=s.token,
                 logprob=s.logprob,
-                top=tuple(TopCandidate(token=tok, token_id=tid, logprob=lp, rank=rank) for tok, tid, lp, rank in s.top),
+                top=tuple(
+                    TopCandidate(token=c.token, token_id=c.token_id, logprob=c.logprob, rank=c.rank) for c in s.top
+                ),
             )
-            for tid, s in zip(acc.token_ids, acc.steps, strict=True)
+            for s in steps
         )
     except (ValidationError, TypeError):
         return None  # e.g. an infinite logprob: the token ids still stand

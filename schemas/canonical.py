@@ -16,7 +16,8 @@ encoders were measured and not used because their float text differs: pydantic-c
 ``[1e-7,0.00001,1e+16]`` and msgspec/orjson ``[1e-7,0.00001,1e16]`` where the rule says ``[1e-07,1e-05,1e+16]``
 (re-parsing pydantic's JSON and re-encoding it gives the right bytes, but is ~1.5x slower than the reference).
 They differ only in *how* they write the digits, never in which digits: both write the shortest decimal that
-reads back as the same double. `float_texts` uses that to write many floats at once (see there).
+reads back as the same double, and msgspec escapes strings exactly as ``json.dumps`` does; the per-token
+logprobs, most of an envelope, are written by msgspec on that basis (see `MSGSPEC_TEXT_IS_CANONICAL`).
 `canonical_object_with` lets a record encode one large member itself (see `schemas.envelope`), exactly.
 """
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -37,41 +37,32 @@ encode_string = json.encoder.encode_basestring
 """Canonical text of one string (quoted, escaped as `json.dumps` with ``ensure_ascii=False`` escapes it)."""
 
 
-_FLOAT_LIST = msgspec.json.Encoder()
 # Values whose text must be checked at start-up: the edges of the plain-decimal range and digit-heavy values.
 _PROBES: Final = (
     *(0.0, -0.0, 1e-4, -1e-4, 0.00010000000000000002, 9999999999999998.0, -9999999999999998.0, 0.1, 0.2),
     *(-0.0013790050288662314, -1.3609765531356006, 123456.789, 2.5, 1 / 3, -2 / 3, 1e15 + 0.3),
 )
+# Every ASCII character, the ones JSON encoders are tempted to escape, and characters outside the BMP.
+_PROBE_TEXT: Final = "".join(map(chr, range(128))) + "\u00e9\u2028\u2029\ufeff\uffff\u4e2d\U0001f600\U0010ffff"
 
 
-def _plain_is_repr() -> bool:
-    """Whether msgspec writes plain-decimal floats exactly as ``repr`` (checked once at import: a msgspec that
-    ever writes them differently is simply not used)."""
+def _msgspec_text_is_canonical() -> bool:
+    """Whether msgspec writes strings exactly as `encode_string` and plain-decimal floats exactly as ``repr``
+    (checked once at import: a msgspec that ever writes them differently is simply not used)."""
+    encode = msgspec.json.Encoder().encode
     values = list(_PROBES)
-    return _FLOAT_LIST.encode(values).decode("ascii")[1:-1].split(",") == [repr(v) for v in values]
+    floats_alike = encode(values).decode("ascii")[1:-1].split(",") == [repr(v) for v in values]
+    return floats_alike and encode(_PROBE_TEXT).decode("utf-8") == encode_string(_PROBE_TEXT)
 
 
-_MSGSPEC_PLAIN: Final = _plain_is_repr()
+MSGSPEC_TEXT_IS_CANONICAL: Final = _msgspec_text_is_canonical()
+"""msgspec's JSON text of strings, and of 0 and floats of magnitude in [1e-4, 1e16), is the canonical text.
 
-
-def float_texts(values: Sequence[float], slow: Sequence[int] = ()) -> list[str]:
-    """``repr(v)`` of each finite float of `values` (its canonical text), ~5x faster than ``repr`` one by one.
-
-    msgspec writes a list of floats in one C call. It and ``repr`` choose the same digits (the shortest that read
-    back as the same double) and, for 0 and for magnitudes in [1e-4, 1e16), the same plain-decimal spelling;
-    elsewhere ``repr`` writes an exponent (``1e-05``, ``1e+16``) where msgspec writes ``0.00001`` / ``1e16``.
-    `slow` lists the indexes of the values outside that range: those are written by ``repr``.
-    tests/schemas/test_canonical.py compares both on 200k random doubles.
-    """
-    if not values:
-        return []
-    if not _MSGSPEC_PLAIN:
-        return [repr(v) for v in values]
-    texts = _FLOAT_LIST.encode(values).decode("ascii")[1:-1].split(",")
-    for i in slow:
-        texts[i] = repr(values[i])
-    return texts
+Both it and ``repr`` write the shortest digits that read back as the same double; they spell them alike in that
+range, while elsewhere ``repr`` writes an exponent (``1e-05``, ``1e+16``) where msgspec writes ``0.00001`` /
+``1e16``. Its string escaping is `encode_string`'s for every code point (tests/schemas/test_canonical.py checks
+both on 200k random doubles and on all of Unicode). `schemas.envelope.steps_canonical_text` relies on it.
+"""
 
 
 def canonical_text(data: Any) -> str:

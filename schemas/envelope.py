@@ -11,19 +11,20 @@ Two deliveries of the same envelope therefore collapse to one id; any change to 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
+import msgspec
 from pydantic import Field, ValidationError, field_validator
 
 from schemas.base import Record, UtcDatetime
 from schemas.canonical import (
+    MSGSPEC_TEXT_IS_CANONICAL,
     canonical_bytes,
     canonical_object_with,
     canonical_text,
     encode_string,
-    float_texts,
     sha256_hex,
 )
 from schemas.errors import ContractError
@@ -176,80 +177,86 @@ class Envelope(Record):
         return self.prompt is not None and self.sampling is not None and isinstance(self.outcome, CapturedOutput)
 
 
-# The fast encoder below writes these records' members itself, in sorted key order. If their fields ever change
-# it steps aside (every envelope then takes the generic path) rather than write a wrong byte.
-_TOP_FIELDS: Final = ("logprob", "rank", "token", "token_id")
-_STEP_FIELDS: Final = ("logprob", "token", "token_id", "top")
+class TopRow(msgspec.Struct, omit_defaults=True, gc=False):
+    """One alternative (a `TopCandidate`) as plain, unchecked data for `steps_canonical_text`: compact (a slotted
+    record, no dict per alternative) and written by msgspec with its fields in canonical (sorted) order, None
+    members left out."""
+
+    logprob: Any = None
+    rank: Any = None
+    token: Any = None
+    token_id: Any = None
+
+
+class StepRow(msgspec.Struct, omit_defaults=True):
+    """One generation step (a `StepLogprobs`) as plain, unchecked data, like `TopRow`; ``top`` is a list of them."""
+
+    logprob: Any = None
+    token: Any = None
+    token_id: Any = None
+    top: Any = None
+
+
+# If the records' fields ever change, the rows no longer mirror them and every envelope takes the generic path
+# rather than be written wrong.
 _FAST_LOGPROBS: Final = (
-    tuple(sorted(TopCandidate.model_fields)) == _TOP_FIELDS and tuple(sorted(StepLogprobs.model_fields)) == _STEP_FIELDS
+    tuple(sorted(TopCandidate.model_fields)) == TopRow.__struct_fields__
+    and tuple(sorted(StepLogprobs.model_fields)) == StepRow.__struct_fields__
+    and MSGSPEC_TEXT_IS_CANONICAL
 )
+_ENCODE: Final = msgspec.json.Encoder().encode
 _INF: Final = float("inf")
 
 
-CandidateRow = tuple[Any, Any, Any, Any]
-"""One alternative as plain data: (token, token_id, logprob, rank)."""
-StepRow = tuple[Any, Any, Any, Sequence[CandidateRow]]
-"""One generation step as plain data: (token_id, token, logprob, alternatives)."""
+def steps_canonical_text(steps: Sequence[StepRow]) -> str | None:
+    """Canonical text of one choice's logprobs given as rows, or None when a value is not exactly one a validated
+    record holds: a float that is not a finite ``float``, an int that is not an ``int`` (``bool`` included), a
+    negative chosen token id, a rank below 1, a token that is not a ``str``, a ``top`` that is not a list of
+    `TopRow`. Whoever gets None uses the model path, which validates, coerces or refuses as the contract says.
 
-
-def steps_canonical_text(rows: Iterable[StepRow]) -> str | None:
-    """Canonical text of one choice's logprobs (a list of `StepLogprobs`) given as plain rows, or None when a
-    value is not exactly one a validated record holds: a float that is not a finite ``float``, an int that is
-    not an ``int`` (``bool`` included), a negative chosen token id, a rank below 1, a token that is not a
-    ``str``. Whoever gets None uses the model path, which validates, coerces or refuses as the contract says.
-
-    Two passes: the first checks the logprobs and gathers them for `float_texts` (their ``repr``, what
-    ``json.dumps`` writes, in one call: the float text was half of this function's cost); the second writes
-    ``f"{n}"`` for ints (as ``json.dumps`` does) and keys in sorted order (the order of `_TOP_FIELDS` /
-    `_STEP_FIELDS`), None members left out.
+    The values are checked here, in one pass; msgspec then writes the rows in one C call. Its text is the
+    canonical one (strings escaped alike, same digits for every float, same spelling for 0 and magnitudes in
+    [1e-4, 1e16); see `schemas.canonical`) except for the other logprobs (a near-certain token's
+    ``-1.1920928955078125e-07``), which msgspec writes ``0.00001`` / ``1e-7`` / ``1e16`` where ``repr`` writes
+    ``1e-05`` / ``1e-07`` / ``1e+16``: the check notes those few and they are rewritten. Exact: ``"logprob":``
+    then a number then ``,`` occurs in the text only as a row's member (``logprob`` is each row's first member
+    and never its last, and a ``"`` inside a string is written ``\\"``), and msgspec's text of a float reads back
+    as that float.
     """
-    rows = rows if isinstance(rows, list) else list(rows)
-    floats: list[float] = []
-    slow: list[int] = []  # indexes of the floats outside msgspec's plain-decimal range (see `float_texts`)
-    for tid, _, lp, top in rows:
-        if type(lp) is not float or type(tid) is not int or tid < 0:
+    if not _FAST_LOGPROBS:
+        return None
+    odd: set[float] = set()
+    for step in steps:
+        lp, tid, token, top = step.logprob, step.token_id, step.token, step.top
+        if type(lp) is not float or type(tid) is not int or tid < 0 or type(top) is not list:
+            return None
+        if token is not None and type(token) is not str:
             return None
         if not (-1e16 < lp <= -1e-4 or lp == 0 or 1e-4 <= lp < 1e16):
             if not -_INF < lp < _INF:  # also false for NaN
                 return None
-            slow.append(len(floats))
-        floats.append(lp)
-        for _, _, clp, _ in top:
-            if type(clp) is not float:
+            odd.add(lp)
+        for cand in top:
+            if type(cand) is not TopRow:
+                return None
+            clp, rank, ctid = cand.logprob, cand.rank, cand.token_id
+            if type(clp) is not float or type(cand.token) is not str:
+                return None
+            if (rank is not None and (type(rank) is not int or rank < 1)) or (
+                ctid is not None and type(ctid) is not int
+            ):
                 return None
             if not (-1e16 < clp <= -1e-4 or clp == 0 or 1e-4 <= clp < 1e16):
                 if not -_INF < clp < _INF:
                     return None
-                slow.append(len(floats))
-            floats.append(clp)
-    text_of = iter(float_texts(floats, slow)).__next__
-    out: list[str] = []
-    for tid, token, _, top in rows:
-        lpt = text_of()
-        tops: list[str] = []
-        for ctok, ctid, _, rank in top:
-            clpt = text_of()
-            if type(ctok) is not str:
-                return None
-            if type(rank) is int and rank >= 1:
-                if type(ctid) is int:  # the common cases, written in one go
-                    tops.append(f'{{"logprob":{clpt},"rank":{rank},"token":{encode_string(ctok)},"token_id":{ctid}}}')
-                    continue
-                if ctid is None:  # the client asked for logprobs itself: token text only
-                    tops.append(f'{{"logprob":{clpt},"rank":{rank},"token":{encode_string(ctok)}}}')
-                    continue
-                return None
-            if rank is not None or (ctid is not None and type(ctid) is not int):
-                return None
-            text = f'{{"logprob":{clpt},"token":{encode_string(ctok)}'
-            tops.append(text + (f',"token_id":{ctid}}}' if ctid is not None else "}"))
-        if token is None:
-            out.append(f'{{"logprob":{lpt},"token_id":{tid},"top":[{",".join(tops)}]}}')
-        elif type(token) is str:
-            out.append(f'{{"logprob":{lpt},"token":{encode_string(token)},"token_id":{tid},"top":[{",".join(tops)}]}}')
-        else:
-            return None
-    return "[" + ",".join(out) + "]"
+                odd.add(clp)
+    try:
+        text = _ENCODE(steps).decode("utf-8")
+    except (msgspec.EncodeError, ValueError, TypeError, OverflowError):
+        return None  # a lone surrogate (UnicodeEncodeError is a ValueError), an int too long to write
+    for value in odd:
+        text = text.replace(f'"logprob":{_ENCODE(value).decode()},', f'"logprob":{value!r},')
+    return text
 
 
 def _steps_text(steps: tuple[StepLogprobs, ...]) -> str | None:
@@ -258,12 +265,12 @@ def _steps_text(steps: tuple[StepLogprobs, ...]) -> str | None:
     for step in steps:
         if type(step) is not StepLogprobs:
             return None
-        tops: list[CandidateRow] = []
+        tops: list[TopRow] = []
         for cand in step.top:
             if type(cand) is not TopCandidate:
                 return None
-            tops.append((cand.token, cand.token_id, cand.logprob, cand.rank))
-        rows.append((step.token_id, step.token, step.logprob, tops))
+            tops.append(TopRow(cand.logprob, cand.rank, cand.token, cand.token_id))
+        rows.append(StepRow(step.logprob, step.token, step.token_id, tops))
     return steps_canonical_text(rows)
 
 

@@ -199,12 +199,15 @@ def test_bad_choice_index_fails_both_ways() -> None:
     assert _both(col, None) == (ValidationError, ValidationError)
 
 
-def test_spooled_bytes_of_a_clean_answer_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The equality above would also hold if `build_envelope_bytes` always fell back: prove it does not."""
+@pytest.mark.parametrize("near_zero", [-0.25, -1.1920928955078125e-07, -5e-05, 0.0, -1e-4, -1e16, -2.5e300])
+def test_spooled_bytes_of_a_clean_answer_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, near_zero: float) -> None:
+    """The equality above would also hold if `build_envelope_bytes` always fell back: prove it does not, for
+    logprobs msgspec writes as ``repr`` does and for those it spells otherwise (rewritten: ``1.1920928955078125e-07``
+    where msgspec writes ``...e-7``, ``-5e-05`` for ``-0.00005``, ``-1e+16`` for ``-1e16``)."""
     import capture.assembly as assembly
 
     col = OutputCollector("chat.completions")
-    steps = [_chat_step(11, "a", -0.25, [(12, -2.0), (13, -3.5)]), _chat_step(14, "é", -0.5, [(15, -1.0)])]
+    steps = [_chat_step(11, "a", near_zero, [(12, -2.0), (13, -3.5)]), _chat_step(14, "é", -0.5, [(15, near_zero)])]
     choice = {"index": 0, "message": {"content": "aé"}, "token_ids": [11, 14], "logprobs": {"content": steps}}
     col.add({"choices": [choice]})
     expected = _both(col, None)[1].canonical()
@@ -216,3 +219,4 @@ def test_spooled_bytes_of_a_clean_answer_take_the_fast_path(monkeypatch: pytest.
     data = build_envelope_bytes(inputs(col))
     assert data == expected
     assert b'"logprob":-3.5,"rank":2' in data
+    assert f'"logprob":{near_zero!r},"token":"a"'.encode() in data

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from capture.recording import (
     OutputCollector,
     derive_seed,
@@ -12,6 +14,7 @@ from capture.recording import (
     sampling_contract,
     strip,
 )
+from schemas.envelope import TopRow
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
 
@@ -205,15 +208,16 @@ def test_lone_surrogates_are_replaced_so_the_envelope_stays_encodable() -> None:
     assert _clean("plain") == "plain"
 
 
-def test_token_id_spellings_are_parsed_and_only_short_ones_are_cached() -> None:
-    """Upstream's token strings are cached by text: a long one (a broken or hostile upstream) must not be."""
+def test_token_id_spellings_are_parsed_and_only_short_ones_are_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upstream's token strings are cached by text: a long one (a broken or hostile upstream) must not be, and
+    the cache stays bounded."""
     import capture.recording as recording
 
-    recording._parsed_spelling.cache_clear()
+    recording._SPELLINGS.clear()
     assert recording._id_spelling("token_id:42") == (42, list(b"token_id:42"))
     assert recording._id_spelling("token_id:x") is None
     assert recording._id_spelling("The") is None
-    before = recording._parsed_spelling.cache_info().currsize  # "token_id:42" and "token_id:x"
+    assert list(recording._SPELLINGS) == ["token_id:42"]
     huge = "token_id:" + "7" * 10_000
     assert recording._id_spelling(huge) is None
     col = OutputCollector("chat.completions")
@@ -237,7 +241,11 @@ def test_token_id_spellings_are_parsed_and_only_short_ones_are_cached() -> None:
             ]
         }
     )
-    assert recording._parsed_spelling.cache_info().currsize == before + 1  # "token_id:7" only
+    assert list(recording._SPELLINGS) == ["token_id:42", "token_id:7"]  # the long one is not kept
+    monkeypatch.setattr(recording, "_MAX_SPELLINGS", 3)
+    for n in range(10):
+        assert recording._id_spelling(f"token_id:{n}") == (n, list(f"token_id:{n}".encode()))
+        assert len(recording._SPELLINGS) <= 3
     step = col.choices[0].steps[0]
     assert step.token == "a"
-    assert step.top == [(huge, None, -0.5, 1)]  # kept as text, as any text that is not a token id
+    assert step.top == [TopRow(-0.5, 1, huge, None)]  # kept as text, as any text that is not a token id

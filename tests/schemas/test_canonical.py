@@ -9,13 +9,14 @@ import sys
 import warnings
 from typing import Any
 
+import msgspec
 import pytest
 from pydantic import BaseModel
 
 import schemas.canonical
 import schemas.envelope
 from schemas import CapturedError, CapturedOutput, Choice, ContractError, Envelope, StepLogprobs, Timings, TopCandidate
-from schemas.canonical import canonical_json, canonical_object_with, canonical_text, float_texts
+from schemas.canonical import canonical_json, canonical_object_with, canonical_text, encode_string
 from schemas.envelope import _steps_text
 from tests.factories import FIXED_TIME, envelope
 
@@ -72,9 +73,10 @@ def _float(rng: random.Random) -> float:
     return -rng.random() * rng.choice([1.0, 30.0, 1e-6, 1e6])
 
 
-def test_float_texts_equal_repr_on_random_doubles() -> None:
-    """msgspec's plain-decimal text is ``repr``'s for 0 and magnitudes in [1e-4, 1e16); the rest go to ``repr``."""
-    assert schemas.canonical._MSGSPEC_PLAIN  # else float_texts never uses msgspec and this proves nothing
+def test_msgspec_writes_repr_in_the_plain_range_and_the_same_double_elsewhere() -> None:
+    """What `steps_canonical_text` relies on: msgspec's float text is ``repr``'s for 0 and magnitudes in
+    [1e-4, 1e16); any other finite float's text reads back as the same double (so ``repr`` can replace it)."""
+    assert schemas.canonical.MSGSPEC_TEXT_IS_CANONICAL  # else msgspec is never used and this proves nothing
     rng = random.Random(11)
     values: list[float] = []
     while len(values) < 200_000:
@@ -83,14 +85,28 @@ def test_float_texts_equal_repr_on_random_doubles() -> None:
             if math.isfinite(v):
                 values.append(v)
     values += [0.0, -0.0, 1e-4, -1e-4, 9.999999999999999e-05, 1e16, 9999999999999998.0, 5e-324, sys.float_info.max]
-    slow = [i for i, v in enumerate(values) if not (v == 0 or 1e-4 <= abs(v) < 1e16)]
-    assert 0 < len(slow) < len(values)
-    assert float_texts(values, slow) == [repr(v) for v in values]
+    texts = msgspec.json.encode(values).decode("ascii")[1:-1].split(",")
+    plain = [(t, v) for t, v in zip(texts, values, strict=True) if v == 0 or 1e-4 <= abs(v) < 1e16]
+    assert 0 < len(plain) < len(values)
+    assert [t for t, _ in plain] == [repr(v) for _, v in plain]
+    back = [float(t) for t in texts]
+    assert back == values
+    assert [math.copysign(1, b) for b in back] == [math.copysign(1, v) for v in values]
 
 
-def test_float_texts_without_msgspec_is_repr(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schemas.canonical, "_MSGSPEC_PLAIN", False)
-    assert float_texts([1e-05, -0.5, 1e16]) == ["1e-05", "-0.5", "1e+16"]
+def test_msgspec_escapes_every_code_point_as_the_canonical_encoder() -> None:
+    text = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    assert msgspec.json.encode(text).decode("utf-8") == encode_string(text)
+
+
+def test_without_a_canonical_msgspec_every_envelope_takes_the_generic_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    step = StepLogprobs(token_id=1, token="x", logprob=-1e-05, top=(TopCandidate(token="x", logprob=-0.5, rank=1),))
+    expected = '[{"logprob":-1e-05,"token":"x","token_id":1,"top":[{"logprob":-0.5,"rank":1,"token":"x"}]}]'
+    assert _steps_text((step,)) == expected  # msgspec alone would write -0.00001
+    monkeypatch.setattr(schemas.envelope, "_FAST_LOGPROBS", False)
+    assert _steps_text((step,)) is None
+    env = _random_envelope(random.Random(3))
+    assert env.canonical() == _reference(env)
 
 
 def _opt(rng: random.Random, value: object) -> object:
