@@ -46,13 +46,19 @@ _PROBES: Final = (
 _PROBE_TEXT: Final = "".join(map(chr, range(128))) + "\u00e9\u2028\u2029\ufeff\uffff\u4e2d\U0001f600\U0010ffff"
 
 
+_SORTED: Final = msgspec.json.Encoder(order="sorted").encode
+_PROBE_DOC: Final = {"b": [1, {"z": None, "y": 2.5, "\u00e9": "x"}], "a": {"\U0001f600": 1, "Z": -0.0, "e\x00": 2**70}}
+
+
 def _msgspec_text_is_canonical() -> bool:
-    """Whether msgspec writes strings exactly as `encode_string` and plain-decimal floats exactly as ``repr``
-    (checked once at import: a msgspec that ever writes them differently is simply not used)."""
+    """Whether msgspec writes strings exactly as `encode_string`, plain-decimal floats exactly as ``repr``, and
+    objects with sorted keys exactly as the canonical encoder (checked once at import: a msgspec that ever
+    writes them differently is simply not used)."""
     encode = msgspec.json.Encoder().encode
     values = list(_PROBES)
     floats_alike = encode(values).decode("ascii")[1:-1].split(",") == [repr(v) for v in values]
-    return floats_alike and encode(_PROBE_TEXT).decode("utf-8") == encode_string(_PROBE_TEXT)
+    strings_alike = encode(_PROBE_TEXT).decode("utf-8") == encode_string(_PROBE_TEXT)
+    return floats_alike and strings_alike and _SORTED(_PROBE_DOC).decode("utf-8") == _ENCODER.encode(_PROBE_DOC)
 
 
 MSGSPEC_TEXT_IS_CANONICAL: Final = _msgspec_text_is_canonical()
@@ -63,6 +69,19 @@ range, while elsewhere ``repr`` writes an exponent (``1e-05``, ``1e+16``) where 
 ``1e16``. Its string escaping is `encode_string`'s for every code point (tests/schemas/test_canonical.py checks
 both on 200k random doubles and on all of Unicode). `schemas.envelope.steps_canonical_text` relies on it.
 """
+
+
+def is_plain_float(value: float) -> bool:
+    """Whether msgspec writes `value` as ``repr`` does: 0, or a magnitude in [1e-4, 1e16) (False for NaN, inf)."""
+    return -1e16 < value <= -1e-4 or value == 0 or 1e-4 <= value < 1e16
+
+
+def canonical_text_of_plain(data: Any) -> str:
+    """`canonical_text` of JSON-mode data whose every float `is_plain_float` (the caller knows it: nothing here
+    checks), written by msgspec with sorted keys in one C call, ~6x faster than the stdlib encoder."""
+    if not MSGSPEC_TEXT_IS_CANONICAL:
+        return canonical_text(data)
+    return _SORTED(data).decode("utf-8")
 
 
 def canonical_text(data: Any) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 import msgspec
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from schemas.base import Record, UtcDatetime
 from schemas.canonical import (
@@ -24,7 +24,9 @@ from schemas.canonical import (
     canonical_bytes,
     canonical_object_with,
     canonical_text,
+    canonical_text_of_plain,
     encode_string,
+    is_plain_float,
     sha256_hex,
 )
 from schemas.errors import ContractError
@@ -328,6 +330,50 @@ def canonical_with_logprobs(envelope: Envelope, logprobs: Sequence[str | None]) 
     return _joined(envelope, key, logprobs)
 
 
+def _float_fields(model: type[BaseModel], prefix: str = "", within: frozenset[type] = frozenset()) -> set[str]:
+    """Dotted paths of the fields of `model` and its nested records whose annotation mentions ``float``
+    (``Any`` counts: it may hold one); a record nested in itself is reported as ``<path>.*``."""
+    out: set[str] = set()
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        if re.search(r"\b(float|Any)\b", str(info.annotation)):
+            out.add(path)
+        stack: list[Any] = [info.annotation]
+        while stack:
+            kind = stack.pop()
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                nested = within | {model}
+                out |= {f"{path}.*"} if kind in nested else _float_fields(kind, path + ".", nested)
+            stack.extend(get_args(kind))
+    return out
+
+
+# The floats of an envelope outside its logprobs, which `_other_floats_plain` reads one by one. If the records
+# ever hold others, the set differs and `_joined` always takes the stdlib encoder rather than miss one.
+_OTHER_FLOATS: Final = frozenset(
+    {f"sampling.{name}" for name in ("temperature", "top_p", "min_p", "logit_bias")}
+    | {f"sampling.{name}_penalty" for name in ("repetition", "presence", "frequency")}
+    | {f"outcome.timings.{name}" for name in ("upstream_ms", "first_token_ms", "added_ms")}
+)
+_LOGPROB_FLOATS: Final = frozenset(
+    f"outcome.{key}.logprobs.{name}" for key in ("choices", "partial") for name in ("logprob", "top.logprob")
+)
+_KNOWN_FLOATS: Final = _float_fields(Envelope) == _OTHER_FLOATS | _LOGPROB_FLOATS
+
+
+def _other_floats_plain(envelope: Envelope) -> bool:
+    """Whether msgspec writes every float of `envelope` outside its logprobs as ``repr`` does."""
+    if not _KNOWN_FLOATS:
+        return False
+    t = envelope.outcome.timings
+    values = [t.upstream_ms, t.first_token_ms or 0.0, t.added_ms or 0.0]
+    s = envelope.sampling
+    if s is not None:
+        values += (s.temperature, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty)
+        values += s.logit_bias.values()
+    return all(type(v) is not float or is_plain_float(v) for v in values)
+
+
 def _joined(envelope: Envelope, key: str, texts: Sequence[str | None]) -> bytes:
     """The envelope's canonical bytes with choice i's ``logprobs`` written as ``texts[i]`` (None: as in the record).
 
@@ -343,7 +389,7 @@ def _joined(envelope: Envelope, key: str, texts: Sequence[str | None]) -> bytes:
         if text is not None:
             member["logprobs"] = marker = f"\x00logprobs {i}\x00"
             marks.append((encode_string(marker), text))
-    out = canonical_text(data)
+    out = canonical_text_of_plain(data) if _other_floats_plain(envelope) else canonical_text(data)
     if all(out.count(quoted) == 1 for quoted, _ in marks):
         for quoted, text in marks:
             out = out.replace(quoted, text)

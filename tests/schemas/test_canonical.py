@@ -15,7 +15,17 @@ from pydantic import BaseModel
 
 import schemas.canonical
 import schemas.envelope
-from schemas import CapturedError, CapturedOutput, Choice, ContractError, Envelope, StepLogprobs, Timings, TopCandidate
+from schemas import (
+    CapturedError,
+    CapturedOutput,
+    Choice,
+    ContractError,
+    Envelope,
+    SamplingContract,
+    StepLogprobs,
+    Timings,
+    TopCandidate,
+)
 from schemas.canonical import canonical_json, canonical_object_with, canonical_text, encode_string
 from schemas.envelope import _steps_text
 from tests.factories import FIXED_TIME, envelope
@@ -33,6 +43,9 @@ def test_non_finite_refused(bad: float) -> None:
 
 
 # ------------------------------------------------------------------ the envelope's fast encoder
+
+
+_TIMING_FLOATS = {"nested.first_token_ms", "nested.added_ms"}
 
 
 def _reference(model: BaseModel) -> bytes:
@@ -160,6 +173,12 @@ def _random_envelope(rng: random.Random) -> Envelope:
             partial=choices[: rng.randint(0, 3)],
         )
     overrides: dict[str, Any] = {"outcome": outcome, "model": "m" + rng.choice(_TEXTS)}
+    if rng.random() < 0.5:  # sampling floats msgspec writes as repr, or not (tiny, huge)
+        small = rng.choice([0.7, 0.0, 1e-05, 1.1920928955078125e-07, 0.5 * rng.random() ** 8])  # [0, 1)
+        bias = {str(rng.randrange(50_000)): _float(rng) for _ in range(rng.randint(0, 3))}  # any finite float
+        overrides["sampling"] = SamplingContract(
+            temperature=small, min_p=small, repetition_penalty=1 + small, seed_scope="none", logit_bias=bias
+        )
     if rng.random() < 0.3:
         overrides.update(prompt=None, sampling=None, workflow=None, request_body_sha256=None, flag_reason=None)
     return envelope(**overrides)
@@ -167,6 +186,14 @@ def _random_envelope(rng: random.Random) -> Envelope:
 
 def test_envelope_fast_encoding_equals_the_reference_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
     encoded: list[str] = []
+    by_msgspec: list[bool] = []
+    other_floats_plain = schemas.envelope._other_floats_plain
+
+    def spy_floats(env: Envelope) -> bool:
+        by_msgspec.append(other_floats_plain(env))
+        return by_msgspec[-1]
+
+    monkeypatch.setattr(schemas.envelope, "_other_floats_plain", spy_floats)
 
     def spy(steps: tuple[StepLogprobs, ...]) -> str | None:
         text = _steps_text(steps)
@@ -180,6 +207,20 @@ def test_envelope_fast_encoding_equals_the_reference_byte_for_byte(monkeypatch: 
         env = _random_envelope(rng)
         assert env.canonical() == _reference(env)
     assert len(encoded) > 300  # the specialised encoder did the work, not the fallback
+    assert by_msgspec.count(False) > 50  # odd floats: the stdlib encoder wrote the rest
+    assert by_msgspec.count(True) > 50  # msgspec did, and agreed byte for byte
+
+
+def test_the_floats_outside_logprobs_are_the_ones_checked() -> None:
+    """`_other_floats_plain` reads known fields; if a record gains a float field, the fast text must step aside."""
+    assert schemas.envelope._KNOWN_FLOATS
+
+    class Odd(BaseModel):
+        ratio: float | None = None
+        extra: dict[str, Any] = {}
+        nested: Timings | None = None
+
+    assert schemas.envelope._float_fields(Odd) == {"ratio", "extra", "nested.upstream_ms", *_TIMING_FLOATS}
 
 
 def test_a_string_equal_to_the_splice_marker_takes_the_member_by_member_join(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,7 +234,11 @@ def test_a_string_equal_to_the_splice_marker_takes_the_member_by_member_join(mon
     monkeypatch.setattr(schemas.envelope, "_joined_by_member", spy)
     rng = random.Random(5)
     plain = _random_envelope(rng)
-    while not isinstance(plain.outcome, CapturedOutput) or not plain.outcome.choices[0].logprobs:
+    while (
+        not isinstance(plain.outcome, CapturedOutput)
+        or not plain.outcome.choices[0].logprobs
+        or "\\u0000logprobs" in plain.model_dump_json()  # _TEXTS holds the marker: it must not be there yet
+    ):
         plain = _random_envelope(rng)
     assert plain.canonical() == _reference(plain)
     assert not joined
