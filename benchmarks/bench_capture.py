@@ -842,7 +842,8 @@ def main() -> None:
         procs.stop("litellm")
         if "throughput" not in skip:
             res["throughput"] = {}
-            for mode, (base, _p) in sidecars.items():
+            for mode, (base, proc) in sidecars.items():
+                cpu_before = cpu_s(proc.pid)
                 with timed(f"throughput {mode} x{args.throughput_clients} for {args.throughput_s:.0f} s"):
                     r = load(
                         base + "/v1/chat/completions",
@@ -852,9 +853,11 @@ def main() -> None:
                         out_dir=work,
                         keep_ids=True,
                     )
+                cpu_ms = (cpu_s(proc.pid) - cpu_before) * 1000.0 / max(r["done"], 1)
                 res["throughput"][mode] = {
                     "ok": r["n_ok"],
                     "rps": r["n_ok"] / r["elapsed_s"],
+                    "cpu_ms": cpu_ms,
                     "min_1s": r["min_bucket"],
                     "errors": r["errors"],
                     "p50": pct(r["lat_ms"], 50),
@@ -974,17 +977,35 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
             out.append(f"Not offered (over 90% of what it served back to back with one client): {line}")
         out.append("")
     if res.get("throughput"):
-        out.append("Throughput (spool on disk, no sinks; spool read back after a clean stop):")
+        out.append(
+            "Throughput (spool on disk, no sinks; spool read back after a clean stop; CPU ms/req: the sidecar's user +"
+            " system CPU per request during the run; 1000/CPU: the requests/s one core gives at that cost):"
+        )
         out.append("")
-        row(["mode", "answered 200", "req/s", "slowest 1 s", "p50 ms", "p99 ms", "in spool", "lost"])
+        row(
+            [
+                "mode",
+                "answered 200",
+                "req/s",
+                "CPU ms/req",
+                "1000/CPU",
+                "slowest 1 s",
+                "p50 ms",
+                "p99 ms",
+                "in spool",
+                "lost",
+            ]
+        )
         if md:
-            row(["---"] * 8)
+            row(["---"] * 10)
         for mode, t in res["throughput"].items():
             row(
                 [
                     mode,
                     str(t["ok"]),
                     f"{t['rps']:.0f}",
+                    _f(t.get("cpu_ms"), "{:.3f}"),
+                    f"{1000.0 / t['cpu_ms']:.0f}" if t.get("cpu_ms") else "-",
                     str(t["min_1s"]),
                     _f(t["p50"]),
                     _f(t["p99"]),
