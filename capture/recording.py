@@ -384,7 +384,7 @@ class OutputCollector:
             spellings = _SPELLINGS
             for item in lp.get("content") or ():
                 token = item.get("token", "")
-                spelled = _id_spelling(token) if type(token) is str else None
+                spelled = (spellings.get(token) or _id_spelling(token)) if type(token) is str else None
                 text = _decode_bytes(item.get("bytes")) if spelled is not None else _clean(token)
                 top: list[TopRow] = []
                 rank = 0

@@ -71,7 +71,7 @@ class PromptRecord(Record):
     @field_validator("token_ids")
     @classmethod
     def _non_negative(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if any(t < 0 for t in v):
+        if v and min(v) < 0:
             raise ValueError("token ids must be >= 0")
         return v
 
