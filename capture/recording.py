@@ -185,12 +185,7 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
     if inject_seed and body.get("seed") is None and (temperature is None or temperature != 0):
         up["seed"] = derive_seed(request_id)
         seed_injected = True
-    try:
-        sampling: SamplingContract | None = sampling_contract(
-            endpoint, up, recorded_k=recorded_k if isinstance(recorded_k, int) else None, seed_injected=seed_injected
-        )
-    except (ValueError, TypeError, AttributeError):
-        sampling = None  # upstream will refuse it with a 400, or the envelope says the contract is unknown
+    sampling = _frozen_contract(endpoint, up, recorded_k if isinstance(recorded_k, int) else None, seed_injected)
     model = body.get("model")
     return Prepared(
         endpoint=endpoint,
@@ -201,6 +196,51 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
         client_logprobs=client_logprobs,
         sampling=sampling,
     )
+
+
+# Contracts already frozen, by what they are made of (`_contract_key`): an application sends the same sampling
+# fields request after request, and validating a contract is ~2/3 of `prepare`. Bounded; records are immutable.
+_CONTRACTS: dict[tuple[Any, ...], SamplingContract | None] = {}
+_MAX_CONTRACTS: Final = 256
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+_MISSING: Final = object()
+_NOT_IN_CONTRACT: Final = frozenset({"messages", "prompt"})  # the prompt is recorded as token ids, not here
+
+
+def _contract_key(endpoint: Endpoint, up: dict[str, Any], recorded_k: int | None, injected: bool) -> tuple[Any, ...]:
+    """What `sampling_contract` reads, as a hashable key (each value with its type: ``1``, ``1.0`` and ``true``
+    are equal in Python but not in a contract's ``extra``); () when a field holds a list or an object."""
+    key: list[Any] = [endpoint, recorded_k, injected]
+    for name, value in up.items():
+        if name in _NOT_IN_CONTRACT:
+            continue
+        kind = type(value)
+        if kind not in _SCALARS:
+            return ()
+        key += (name, kind, value)
+    return tuple(key)
+
+
+def _frozen_contract(
+    endpoint: Endpoint, up: dict[str, Any], recorded_k: int | None, injected: bool
+) -> SamplingContract | None:
+    """`sampling_contract` of the upstream body, or None when it is invalid (upstream will refuse it with a 400, or
+    the envelope says the contract is unknown); the same record for the same fields (`_CONTRACTS`)."""
+    key = _contract_key(endpoint, up, recorded_k, injected)
+    hit = _CONTRACTS.get(key, _MISSING) if key else _MISSING
+    if hit is not _MISSING:
+        return hit  # type: ignore[return-value]
+    try:
+        contract: SamplingContract | None = sampling_contract(
+            endpoint, up, recorded_k=recorded_k, seed_injected=injected
+        )
+    except (ValueError, TypeError, AttributeError):
+        contract = None
+    if key:
+        if len(_CONTRACTS) >= _MAX_CONTRACTS:
+            _CONTRACTS.clear()
+        _CONTRACTS[key] = contract
+    return contract
 
 
 def strip(obj: Any, prepared: Prepared) -> Any:

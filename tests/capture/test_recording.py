@@ -80,6 +80,38 @@ def test_invalid_sampling_value_gives_no_contract() -> None:
     assert p.sampling is None
 
 
+def test_contracts_are_reused_for_the_same_fields_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import capture.recording as recording
+
+    def contract(body: dict[str, Any], prompt: str = "hi") -> Any:
+        return prepare(
+            "chat.completions",
+            {**body, "messages": [{"role": "user", "content": prompt}]},
+            request_id="r",
+            audit_k=5,
+            inject_seed=False,
+        ).sampling
+
+    same = contract({**CHAT, "temperature": 0.5, "foo": 1})
+    assert contract({**CHAT, "temperature": 0.5, "foo": 1}, prompt="another prompt") is same  # cached
+    # 1, 1.0 and true are equal in Python, not in a contract: each its own
+    assert [contract({**CHAT, "temperature": 0.5, "foo": v}).extra["foo"] for v in (1, 1.0, True)] == [
+        "1",
+        "1.0",
+        "true",
+    ]
+    assert contract({**CHAT, "temperature": 0.7, "foo": 1}).temperature == 0.7
+    assert contract({**CHAT, "temperature": -1}) is None  # invalid, cached as such
+    assert contract({**CHAT, "temperature": -1}) is None
+    listed = contract({**CHAT, "stop": ["a"]})
+    assert contract({**CHAT, "stop": ["a"]}) is not listed  # lists and objects are not keys: validated each time
+    assert contract({**CHAT, "stop": ["b"]}).stop == ("b",)
+    monkeypatch.setattr(recording, "_MAX_CONTRACTS", 3)
+    for t in range(10):
+        assert contract({**CHAT, "temperature": t / 10}).temperature == t / 10
+        assert len(recording._CONTRACTS) <= 3
+
+
 def test_seed_injection_only_for_sampled_requests_without_seed() -> None:
     sampled = prepare("chat.completions", {**CHAT, "temperature": 0.8}, request_id="r1", audit_k=5, inject_seed=True)
     assert sampled.upstream_body["seed"] == derive_seed("r1")
