@@ -16,8 +16,8 @@ encoders were measured and not used because their float text differs: pydantic-c
 ``[1e-7,0.00001,1e+16]`` and msgspec/orjson ``[1e-7,0.00001,1e16]`` where the rule says ``[1e-07,1e-05,1e+16]``
 (re-parsing pydantic's JSON and re-encoding it gives the right bytes, but is ~1.5x slower than the reference).
 They differ only in *how* they write the digits, never in which digits: both write the shortest decimal that
-reads back as the same double, and msgspec escapes strings exactly as ``json.dumps`` does; the per-token
-logprobs, most of an envelope, are written by msgspec on that basis (see `MSGSPEC_TEXT_IS_CANONICAL`).
+reads back as the same double, and msgspec escapes strings and sorts keys exactly as ``json.dumps`` does; an
+envelope is written by msgspec on that basis wherever its floats allow (see `MSGSPEC_TEXT_IS_CANONICAL`).
 `canonical_object_with` lets a record encode one large member itself (see `schemas.envelope`), exactly.
 """
 
@@ -62,12 +62,14 @@ def _msgspec_text_is_canonical() -> bool:
 
 
 MSGSPEC_TEXT_IS_CANONICAL: Final = _msgspec_text_is_canonical()
-"""msgspec's JSON text of strings, and of 0 and floats of magnitude in [1e-4, 1e16), is the canonical text.
+"""msgspec's JSON text of strings, of 0 and floats of magnitude in [1e-4, 1e16), and of objects with sorted keys
+is the canonical text.
 
 Both it and ``repr`` write the shortest digits that read back as the same double; they spell them alike in that
 range, while elsewhere ``repr`` writes an exponent (``1e-05``, ``1e+16``) where msgspec writes ``0.00001`` /
 ``1e16``. Its string escaping is `encode_string`'s for every code point (tests/schemas/test_canonical.py checks
-both on 200k random doubles and on all of Unicode). `schemas.envelope.steps_canonical_text` relies on it.
+both on 200k random doubles and on all of Unicode). `canonical_text_of_plain` and
+`schemas.envelope.steps_canonical_text` rely on it.
 """
 
 
@@ -78,7 +80,8 @@ def is_plain_float(value: float) -> bool:
 
 def canonical_text_of_plain(data: Any) -> str:
     """`canonical_text` of JSON-mode data whose every float `is_plain_float` (the caller knows it: nothing here
-    checks), written by msgspec with sorted keys in one C call, ~6x faster than the stdlib encoder."""
+    checks), written by msgspec with sorted keys in one C call: 3.5 instead of 17.8 us for an envelope without
+    its logprobs."""
     if not MSGSPEC_TEXT_IS_CANONICAL:
         return canonical_text(data)
     return _SORTED(data).decode("utf-8")

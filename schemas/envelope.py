@@ -371,7 +371,7 @@ def _other_floats_plain(envelope: Envelope) -> bool:
     if s is not None:
         values += (s.temperature, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty)
         values += s.logit_bias.values()
-    return all(type(v) is not float or is_plain_float(v) for v in values)
+    return all(type(v) is int or (type(v) is float and is_plain_float(v)) for v in values)
 
 
 def _joined(envelope: Envelope, key: str, texts: Sequence[str | None]) -> bytes:
