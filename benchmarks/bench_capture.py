@@ -530,6 +530,11 @@ def cpu_s(pid: int | None, *, children: bool = True) -> float:
     return total
 
 
+def cpu_ms_per_request(pid: int | None, cpu_before: float, requests: int) -> float:
+    """CPU milliseconds (as `cpu_s` counts them) the process used per request since it had used `cpu_before` s."""
+    return (cpu_s(pid) - cpu_before) * 1000.0 / max(requests, 1)
+
+
 def wait_idle(pid: int | None, *, below: float = 0.05, within_s: float = 60.0) -> None:
     """Wait until a target uses less than ``below`` of a core (work queued in it must not run into the next cell)."""
     deadline = time.monotonic() + within_s
@@ -585,7 +590,7 @@ def phase_latency(
                     rate=rate,
                 )
             lat = r["lat_ms"]
-            cpu_ms = (cpu_s(pids.get(name)) - cpu0) * 1000.0 / max(r["done"], 1)
+            cpu_ms = cpu_ms_per_request(pids.get(name), cpu0, r["done"])
             rows.append(
                 {
                     "cpu_ms": cpu_ms,
@@ -853,7 +858,7 @@ def main() -> None:
                         out_dir=work,
                         keep_ids=True,
                     )
-                cpu_ms = (cpu_s(proc.pid) - cpu_before) * 1000.0 / max(r["done"], 1)
+                cpu_ms = cpu_ms_per_request(proc.pid, cpu_before, r["done"])
                 res["throughput"][mode] = {
                     "ok": r["n_ok"],
                     "rps": r["n_ok"] / r["elapsed_s"],

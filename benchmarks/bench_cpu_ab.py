@@ -96,9 +96,8 @@ def one_run(procs: bc.Procs, spec: str, upstream: str, args: argparse.Namespace,
     before = bc.cpu_s(pid)
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     res = bc.load(url, args.clients, duration=args.duration, prefix=f"ab{n}", out_dir=work)
-    used = bc.cpu_s(pid) - before
+    per_request_ms = bc.cpu_ms_per_request(pid, before, res["done"])
     procs.stop("sidecar")
-    per_request_ms = used * 1000.0 / max(res["done"], 1)
     rps = res["n_ok"] / res["elapsed_s"]
     print(f"{spec:<40} {rps:8.0f} req/s  {per_request_ms:6.3f} ms CPU/request  errors {res['errors']}", flush=True)
     return per_request_ms
@@ -126,29 +125,27 @@ def together_round(
     procs: bc.Procs, specs: list[str], upstream: str, args: argparse.Namespace, work: Path, n: int
 ) -> list[float]:
     """One round of ``--together``: every spec's sidecar on the one core at once, clients split evenly; CPU ms
-    per request of each, in the order of `specs` (started in a rotating order, so no tree always starts first)."""
-    order = specs[n % len(specs) :] + specs[: n % len(specs)]
+    per request of each, in the order of `specs` (started in a rotating order, so no tree always starts first;
+    the same tree may be given twice, to see the harness's own spread)."""
+    order = [(i + n) % len(specs) for i in range(len(specs))]
     started = {
-        spec: start_sidecar(procs, f"sidecar{i}", spec, upstream, args.mode, work / f"spool-{n}-{i}")
-        for i, spec in enumerate(order)
+        i: start_sidecar(procs, f"sidecar{i}", specs[i], upstream, args.mode, work / f"spool-{n}-{i}") for i in order
     }
-    pids = {spec: pid for spec, (pid, _) in started.items()}
-    ports = {spec: port for spec, (_, port) in started.items()}
-    before = {spec: bc.cpu_s(pids[spec]) for spec in specs}
-    results: dict[str, dict[str, Any]] = {}
+    before = {i: bc.cpu_s(pid) for i, (pid, _) in started.items()}
+    results: dict[int, dict[str, Any]] = {}
 
-    def run(spec: str) -> None:
-        url = f"http://127.0.0.1:{ports[spec]}/v1/chat/completions"
+    def run(i: int) -> None:
+        url = f"http://127.0.0.1:{started[i][1]}/v1/chat/completions"
         share = max(args.clients // len(specs), 1)
-        results[spec] = bc.load(url, share, duration=args.duration, prefix=f"t{n}-{ports[spec]}", out_dir=work)
+        results[i] = bc.load(url, share, duration=args.duration, prefix=f"t{n}-{i}", out_dir=work)
 
-    threads = [threading.Thread(target=run, args=(spec,)) for spec in order]
+    threads = [threading.Thread(target=run, args=(i,)) for i in order]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    per_request = [(bc.cpu_s(pids[spec]) - before[spec]) * 1000.0 / max(results[spec]["done"], 1) for spec in specs]
-    for i in range(len(order)):
+    per_request = [bc.cpu_ms_per_request(started[i][0], before[i], results[i]["done"]) for i in range(len(specs))]
+    for i in order:
         procs.stop(f"sidecar{i}")
     cells = "  ".join(f"{v:.3f} ms ({v / per_request[0]:.3f})" for v in per_request)
     print(f"round {n + 1}: {cells}", flush=True)
@@ -175,7 +172,7 @@ def main() -> None:
         if unknown or not (Path(tree) / "capture").is_dir():
             raise SystemExit(f"{spec}: not a checkout of reprolane, or unknown parts {unknown}")
         specs.append(f"{Path(tree).resolve()}{sep}{off}")
-    results: dict[str, list[float]] = {s: [] for s in specs}
+    results: list[list[float]] = [[] for _ in specs]  # by position: the same tree may be given twice
     with tempfile.TemporaryDirectory(prefix="bench-cpu-ab-") as tmp:
         work = Path(tmp)
         procs = bc.Procs(work)
@@ -187,12 +184,12 @@ def main() -> None:
             for r in range(args.rounds):
                 if args.together:
                     values = together_round(procs, specs, f"http://127.0.0.1:{up_port}", args, work, r)
-                    for spec, value in zip(specs, values, strict=True):
-                        results[spec].append(value)
+                    for result, value in zip(results, values, strict=True):
+                        result.append(value)
                     continue
-                for spec in specs:
+                for spec, result in zip(specs, results, strict=True):
                     n += 1
-                    results[spec].append(one_run(procs, spec, f"http://127.0.0.1:{up_port}", args, work, n))
+                    result.append(one_run(procs, spec, f"http://127.0.0.1:{up_port}", args, work, n))
                     time.sleep(0.5)
         finally:
             procs.stop_all()
@@ -200,8 +197,8 @@ def main() -> None:
     print(
         f"\nCPU per request, {args.mode}, {args.clients} clients, {how}, {args.rounds} rounds of {args.duration:.0f} s:"
     )
-    first = results[specs[0]]
-    for spec, values in results.items():
+    first = results[0]
+    for spec, values in zip(specs, results, strict=True):
         ratios = [v / f for v, f in zip(values, first, strict=True)]
         print(
             f"{spec:<40} median {statistics.median(values):.3f} ms  mean {statistics.mean(values):.3f} ms  "
