@@ -228,6 +228,7 @@ def steps_canonical_text(steps: Sequence[StepRow]) -> str | None:
     if not _FAST_LOGPROBS:
         return None
     odd: set[float] = set()
+    # The range tests below are `is_plain_float`, written out: its ~110 calls per 16 x top-5 answer cost ~2.5 us.
     for step in steps:
         lp, tid, token, top = step.logprob, step.token_id, step.token, step.top
         if type(lp) is not float or type(tid) is not int or tid < 0 or type(top) is not list:
