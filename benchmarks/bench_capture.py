@@ -405,6 +405,14 @@ def metric(base: str, name: str) -> float:
     return total
 
 
+def own_added(base: str | None) -> tuple[float, float]:
+    """Sum (s) and count of a sidecar's own ``added_latency_seconds`` histogram; zeros for other targets."""
+    if base is None:
+        return 0.0, 0.0
+    name = "reprolane_capture_added_latency_seconds"
+    return metric(base, name + "_sum"), metric(base, name + "_count")
+
+
 def load(
     url: str,
     clients: int,
@@ -579,6 +587,8 @@ def phase_latency(
                 skipped.append(f"{name} x{clients} at {rate:.0f} req/s (it served {alone:.0f} req/s back to back)")
                 continue
             cpu0 = cpu_s(pids.get(name))
+            base = url.removesuffix("/v1/chat/completions") if name in ("best_effort", "guaranteed") else None
+            own0 = own_added(base)
             with timed(f"latency {name} x{clients} at {f'{rate:.0f} req/s' if rate else 'back to back'}"):
                 r = load(
                     url,
@@ -591,9 +601,11 @@ def phase_latency(
                 )
             lat = r["lat_ms"]
             cpu_ms = cpu_ms_per_request(pids.get(name), cpu0, r["done"])
+            own1 = own_added(base)
             rows.append(
                 {
                     "cpu_ms": cpu_ms,
+                    "own_ms": 1000.0 * (own1[0] - own0[0]) / (own1[1] - own0[1]) if own1[1] > own0[1] else None,
                     "target": name,
                     "clients": clients,
                     "rate": rate,
@@ -951,13 +963,16 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
 
     if res.get("latency"):
         out.append(
-            f"Latency (ms; added = percentile through the proxy minus percentile direct). LiteLLM: {res['litellm']}"
+            f"Latency (ms; added = percentile through the proxy minus percentile direct; own mean = the sidecar's own"
+            f" measure of what it adds, the mean of its added_latency_seconds histogram over the cell: time in its"
+            f" handler minus the upstream call, so without its HTTP server and client and the network hops)."
+            f" LiteLLM: {res['litellm']}"
         )
         out.append("")
-        head = ["clients", "offered", "target", "req/s", "p50", "p99", "added p50", "added p99", "/LiteLLM p50"]
-        row([*head, "/LiteLLM p99", "CPU ms/req"])
+        head = ["clients", "offered", "target", "req/s", "p50", "p99", "added p50", "added p99", "own mean"]
+        row([*head, "/LiteLLM p50", "/LiteLLM p99", "CPU ms/req"])
         if md:
-            row(["---"] * 11)
+            row(["---"] * 12)
         for r in res["latency"]:
             direct = r["target"] == "direct"
             row(
@@ -970,6 +985,7 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
                     _f(r["p99"]),
                     "-" if direct else _f(r["added_p50"]),
                     "-" if direct else _f(r["added_p99"]),
+                    _f(r.get("own_ms")),
                     _f(r["vs_litellm_p50"], "{:.3f}"),
                     _f(r["vs_litellm_p99"], "{:.3f}"),
                     _f(r.get("cpu_ms"), "{:.3f}"),

@@ -50,7 +50,11 @@ def build_settings(**flags: Any) -> CaptureSettings:
 
 
 def serve(settings: CaptureSettings) -> None:
-    """Run the sidecar until interrupted (uvloop + httptools when installed)."""
+    """Run the sidecar until interrupted (uvloop + httptools when installed).
+
+    uvicorn, because nothing measured cheaper for this app: granian 2.8.9 (ASGI, one worker, uvloop, pinned to the
+    same core) spent 0.49-0.57 ms of CPU per captured request where uvicorn spent 0.45 (BENCHMARKS.md).
+    """
     metrics = CaptureMetrics()
     spool = Spool(
         settings.spool_dir,
