@@ -310,10 +310,9 @@ def run_sidecar_null_sink(argv: list[str]) -> None:
     import uvicorn
 
     from capture.app import build_app
-    from capture.cli import build_settings
+    from capture.cli import build_settings, build_spool
     from capture.metrics import CaptureMetrics
     from capture.publisher import Publisher
-    from capture.spool import Spool
 
     class NullSink:
         name = "null"
@@ -327,7 +326,7 @@ def run_sidecar_null_sink(argv: list[str]) -> None:
     port, spool_dir, upstream = int(argv[0]), Path(argv[1]), argv[2]
     settings = build_settings(upstream=upstream, port=port, mode="best_effort", spool_dir=spool_dir)
     metrics = CaptureMetrics()
-    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes, group_commit_ms=2.0, metrics=metrics)
+    spool = build_spool(settings, metrics)
     publisher = Publisher(spool, settings, metrics, sinks=[NullSink()])
     app = build_app(settings, spool=spool, metrics=metrics, publisher=publisher)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, backlog=2048)

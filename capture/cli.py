@@ -49,6 +49,18 @@ def build_settings(**flags: Any) -> CaptureSettings:
         raise CaptureError(f"invalid capture settings: {parts}") from exc
 
 
+def build_spool(settings: CaptureSettings, metrics: CaptureMetrics | None = None) -> Spool:
+    """The sidecar's spool, per its settings (best_effort lingers before each fsync; guaranteed does not)."""
+    return Spool(
+        settings.spool_dir,
+        max_bytes=settings.spool_max_bytes,
+        warn_ratio=settings.spool_warn_ratio,
+        group_commit_ms=settings.group_commit_ms,
+        linger_ms=settings.best_effort_linger_ms if settings.mode == "best_effort" else 0.0,
+        metrics=metrics,
+    )
+
+
 def serve(settings: CaptureSettings) -> None:
     """Run the sidecar until interrupted (uvloop + httptools when installed).
 
@@ -56,13 +68,7 @@ def serve(settings: CaptureSettings) -> None:
     same core) spent 0.49-0.57 ms of CPU per captured request where uvicorn spent 0.45 (BENCHMARKS.md).
     """
     metrics = CaptureMetrics()
-    spool = Spool(
-        settings.spool_dir,
-        max_bytes=settings.spool_max_bytes,
-        warn_ratio=settings.spool_warn_ratio,
-        group_commit_ms=settings.group_commit_ms,
-        metrics=metrics,
-    )
+    spool = build_spool(settings, metrics)
     publisher: Publisher | None = None
     if settings.kafka_bootstrap or settings.s3_endpoint:
         publisher = Publisher(spool, settings, metrics)

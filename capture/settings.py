@@ -50,6 +50,13 @@ class CaptureSettings(BaseSettings):
     spool_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     spool_warn_ratio: float = Field(default=0.8, gt=0.0, le=1.0)
     group_commit_ms: float = Field(default=2.0, ge=0.0)
+    best_effort_linger_ms: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=1000.0,
+        description="best_effort only: the spool writes and fsyncs what arrived every this many ms (the client never "
+        "waits for it; a crash loses at most this much more); 0: as in guaranteed mode, no wait",
+    )
 
     # --- sinks
     kafka_bootstrap: str | None = None

@@ -15,7 +15,11 @@ Invariants (what makes it correct):
 
 1. `append` returns only after the record's bytes *and* their file's growth are fsynced. Records of concurrent
    appends are written by one writer task in one `write` + one `fsync` (group commit); the HTTP response is
-   released after that, so an envelope a client was answered for is on disk.
+   released after that, so an envelope a client was answered for is on disk. Which appends share a write: by
+   default those that arrive while the loop keeps adding to the queue (at most ``group_commit_ms``), so a lone
+   appender does not wait; with ``linger_ms`` (best_effort, where no client waits for the spool) every
+   ``linger_ms`` after the first: at 400-1000 requests/s an fsync per envelope cost the best_effort sidecar
+   14-17% more CPU per request than one per 10 ms (BENCHMARKS.md); under a full load both form large batches.
 2. Seqs increase by one per record, across segments and restarts. The last segment is never deleted, so its
    name (or its last record) always tells the next seq: an old ack can never match a new record.
 3. A record is pending until its seq is in the ack log, and the ack log is fsynced before `ack` returns.
@@ -120,6 +124,7 @@ class Spool:
         max_bytes: int,
         warn_ratio: float = 0.8,
         group_commit_ms: float = 2.0,
+        linger_ms: float = 0.0,
         metrics: CaptureMetrics | None = None,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     ) -> None:
@@ -127,6 +132,8 @@ class Spool:
         self.max_bytes = max_bytes
         self.warn_ratio = warn_ratio
         self.group_commit_s = group_commit_ms / 1000.0
+        #: > 0: the writer waits this long after a batch's first append before writing it (see invariant 1).
+        self.linger_s = linger_ms / 1000.0
         self.segment_bytes = segment_bytes
         self._metrics = metrics
         #: Called after every fsync of a segment (tests count group commits with it).
@@ -283,7 +290,9 @@ class Spool:
         while True:
             first = await self._queue.get()
             batch = [first]
-            if self.group_commit_s > 0:
+            if self.linger_s > 0 and first.payload:  # (an empty payload is close()'s wake-up: no waiting)
+                await asyncio.sleep(self.linger_s)
+            elif self.group_commit_s > 0:
                 await self._gather_window()
             while len(batch) < _MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.cli import GC_GEN0_THRESHOLD, build_settings, tune_gc
+from capture.cli import GC_GEN0_THRESHOLD, build_settings, build_spool, tune_gc
 from capture.errors import CaptureError
 
 
@@ -33,3 +33,12 @@ def test_s3_processes_flag_reaches_the_settings() -> None:
     assert settings.s3_processes == 3
     with pytest.raises(CaptureError, match="s3_processes"):
         build_settings(upstream="http://127.0.0.1:9", s3_processes=-1)
+
+
+def test_only_best_effort_spools_linger(tmp_path: Path) -> None:
+    def spool(**flags: object) -> float:
+        return build_spool(build_settings(upstream="http://127.0.0.1:9", spool_dir=tmp_path, **flags)).linger_s
+
+    assert spool(mode="best_effort") == 0.010  # the default: one fsync per 10 ms, whatever the rate
+    assert spool(mode="guaranteed") == 0.0  # clients wait for the fsync: never an added wait
+    assert spool(mode="best_effort", best_effort_linger_ms=0) == 0.0

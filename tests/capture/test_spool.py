@@ -90,6 +90,48 @@ async def test_concurrent_appends_share_fsyncs(
         await spool.close()
 
 
+async def test_linger_writes_spaced_appends_together_and_each_returns_after_the_fsync(
+    make_spool: Callable[..., Spool],
+) -> None:
+    spool = make_spool(linger_ms=300.0)
+    await spool.open()
+    synced: list[int] = []
+    spool.on_fsync = lambda: synced.append(spool.depth)
+    try:
+        appends = []
+        for env in envelopes(10):  # 2 ms apart, as best_effort recordings at ~500 requests/s
+            appends.append(asyncio.create_task(spool.append(env)))
+            await asyncio.sleep(0.002)
+        assert not any(task.done() for task in appends)  # nothing returns before its fsync
+        await asyncio.gather(*appends)
+        assert synced == [10]  # one write and one fsync for the ten
+    finally:
+        await spool.close()
+
+
+async def test_close_writes_what_is_queued_and_an_idle_close_does_not_linger(make_spool: Callable[..., Spool]) -> None:
+    loop = asyncio.get_running_loop()
+    spool = make_spool(linger_ms=200.0)
+    await spool.open()
+    started = loop.time()
+    await spool.close()  # nothing queued: the close wake-up itself does not wait out the linger
+    assert loop.time() - started < 0.15
+
+    spool = make_spool(linger_ms=200.0)
+    await spool.open()
+    append = asyncio.create_task(spool.append(envelope(request_id="last")))
+    await asyncio.sleep(0)
+    await spool.close()
+    assert append.done()
+    assert append.exception() is None
+    again = make_spool()
+    await again.open()
+    try:
+        assert [e.payload for e in await again.pending(10)] == [envelope(request_id="last").canonical()]
+    finally:
+        await again.close()
+
+
 async def test_append_returns_only_after_fsync(spool: Spool) -> None:
     synced_depths: list[int] = []
     spool.on_fsync = lambda: synced_depths.append(spool.depth)
