@@ -26,6 +26,12 @@ higher than alone; compare ratios.)
 
     .venv/bin/python benchmarks/bench_cpu_ab.py /tmp/before . --together [--rounds 6]
 
+``--rate R`` (with ``--together``): each sidecar is offered R requests/s (open loop) instead of its clients back
+to back, and each round also prints every tree's p50 and p99 latency. Below saturation a sidecar spends more CPU
+per request (fewer requests share each loop turn and each fsync), so a change can pay there and not at full load:
+
+    .venv/bin/python benchmarks/bench_cpu_ab.py /tmp/before . --together --rate 400 --clients 200
+
 Pieces (from `bench_capture`): its fast vLLM-shaped upstream and its load generator (N clients back to back) on
 the other cores, the sidecar alone on the last core, started as ``capture.cli.serve`` of each tree with a real
 spool on disk and no sinks. Prints one line per run and the median and mean per tree.
@@ -123,10 +129,10 @@ def start_sidecar(procs: bc.Procs, name: str, spec: str, upstream: str, mode: st
 
 def together_round(
     procs: bc.Procs, specs: list[str], upstream: str, args: argparse.Namespace, work: Path, n: int
-) -> list[float]:
+) -> list[tuple[float, float, float]]:
     """One round of ``--together``: every spec's sidecar on the one core at once, clients split evenly; CPU ms
-    per request of each, in the order of `specs` (started in a rotating order, so no tree always starts first;
-    the same tree may be given twice, to see the harness's own spread)."""
+    per request, p50 and p99 latency (ms) of each, in the order of `specs` (started in a rotating order, so no
+    tree always starts first; the same tree may be given twice, to see the harness's own spread)."""
     order = [(i + n) % len(specs) for i in range(len(specs))]
     started = {
         i: start_sidecar(procs, f"sidecar{i}", specs[i], upstream, args.mode, work / f"spool-{n}-{i}") for i in order
@@ -137,7 +143,7 @@ def together_round(
     def run(i: int) -> None:
         url = f"http://127.0.0.1:{started[i][1]}/v1/chat/completions"
         share = max(args.clients // len(specs), 1)
-        results[i] = bc.load(url, share, duration=args.duration, prefix=f"t{n}-{i}", out_dir=work)
+        results[i] = bc.load(url, share, duration=args.duration, prefix=f"t{n}-{i}", out_dir=work, rate=args.rate)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in order]
     for thread in threads:
@@ -145,11 +151,15 @@ def together_round(
     for thread in threads:
         thread.join()
     per_request = [bc.cpu_ms_per_request(started[i][0], before[i], results[i]["done"]) for i in range(len(specs))]
+    p50 = [bc.pct(results[i]["lat_ms"], 50) for i in range(len(specs))]
+    p99 = [bc.pct(results[i]["lat_ms"], 99) for i in range(len(specs))]
     for i in order:
         procs.stop(f"sidecar{i}")
     cells = "  ".join(f"{v:.3f} ms ({v / per_request[0]:.3f})" for v in per_request)
+    if args.rate:
+        cells += "  p50/p99 ms " + "  ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(p50, p99, strict=True))
     print(f"round {n + 1}: {cells}", flush=True)
-    return per_request
+    return list(zip(per_request, p50, p99, strict=True))
 
 
 def main() -> None:
@@ -160,7 +170,10 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--mode", choices=("best_effort", "guaranteed"), default="best_effort")
     ap.add_argument("--together", action="store_true", help="all trees at once on one core; ratios per round")
+    ap.add_argument("--rate", type=float, default=0.0, help="with --together: req/s offered to each sidecar (0: max)")
     args = ap.parse_args()
+    if args.rate and not args.together:
+        raise SystemExit("--rate needs --together")
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("needs 2 cores: the sidecar alone on one, upstream and load on the others")
@@ -173,6 +186,7 @@ def main() -> None:
             raise SystemExit(f"{spec}: not a checkout of reprolane, or unknown parts {unknown}")
         specs.append(f"{Path(tree).resolve()}{sep}{off}")
     results: list[list[float]] = [[] for _ in specs]  # by position: the same tree may be given twice
+    latencies: list[list[tuple[float, float]]] = [[] for _ in specs]
     with tempfile.TemporaryDirectory(prefix="bench-cpu-ab-") as tmp:
         work = Path(tmp)
         procs = bc.Procs(work)
@@ -184,8 +198,9 @@ def main() -> None:
             for r in range(args.rounds):
                 if args.together:
                     values = together_round(procs, specs, f"http://127.0.0.1:{up_port}", args, work, r)
-                    for result, value in zip(results, values, strict=True):
-                        result.append(value)
+                    for result, latency, (cpu, p50, p99) in zip(results, latencies, values, strict=True):
+                        result.append(cpu)
+                        latency.append((p50, p99))
                     continue
                 for spec, result in zip(specs, results, strict=True):
                     n += 1
@@ -194,6 +209,8 @@ def main() -> None:
         finally:
             procs.stop_all()
     how = "together on one core" if args.together else "one at a time"
+    if args.rate:
+        how += f", {args.rate:g} req/s offered to each"
     print(
         f"\nCPU per request, {args.mode}, {args.clients} clients, {how}, {args.rounds} rounds of {args.duration:.0f} s:"
     )
@@ -205,6 +222,11 @@ def main() -> None:
             f"({', '.join(f'{v:.3f}' for v in values)})  ratio to the first: median {statistics.median(ratios):.3f}"
             f" ({min(ratios):.3f}-{max(ratios):.3f})"
         )
+    if args.rate:
+        print("\nlatency, median of the rounds' p50 and p99:")
+        for spec, latency in zip(specs, latencies, strict=True):
+            p50s, p99s = [a for a, _ in latency], [b for _, b in latency]
+            print(f"{spec:<40} p50 {statistics.median(p50s):.2f} ms  p99 {statistics.median(p99s):.2f} ms")
 
 
 if __name__ == "__main__":
