@@ -3,8 +3,8 @@
 Why aiohttp and not httpx: on the hot path the upstream call *is* the sidecar's overhead. Measured on this
 machine kind (sequential 1 KB chat requests to a local ASGI upstream, uvloop): httpx.AsyncClient p50 0.84 ms
 per call, aiohttp 0.34 ms, a raw socket 0.25 ms. The 1 ms p50 added-latency budget does not fit httpx. aiosonic
-1.3.3, which advertises itself as faster, spent more CPU per call than aiohttp (71 vs 63 us, 50 calls in flight
-against the benchmark's fast upstream, 2026-11-30, BENCHMARKS.md).
+1.3.3, which advertises itself as faster, spent more CPU per call than aiohttp (medians 73 vs 64 us, 50 calls in
+flight against the benchmark's fast upstream, 2026-11-30, BENCHMARKS.md).
 
 Callers never see an aiohttp exception: connection failures become `UpstreamError`, read timeouts
 `UpstreamTimeoutError`. No cookie jar: the one session serves all clients. Responses are not decompressed
