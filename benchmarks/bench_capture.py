@@ -395,13 +395,19 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path
 
 
 def metric(base: str, name: str) -> float:
+    return metrics(base, name)[0]
+
+
+def metrics(base: str, *names: str) -> list[float]:
+    """Each named metric of a sidecar's ``/metrics`` (summed over its labels), from one scrape."""
     with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    total = 0.0
+    totals = [0.0] * len(names)
     for line in text.splitlines():
-        if line.startswith(name) and (line[len(name)] in " {"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        for i, name in enumerate(names):
+            if line.startswith(name) and (line[len(name)] in " {"):
+                totals[i] += float(line.rsplit(" ", 1)[1])
+    return totals
 
 
 def own_added(base: str | None) -> tuple[float, float]:
@@ -409,7 +415,8 @@ def own_added(base: str | None) -> tuple[float, float]:
     if base is None:
         return 0.0, 0.0
     name = "reprolane_capture_added_latency_seconds"
-    return metric(base, name + "_sum"), metric(base, name + "_count")
+    total, count = metrics(base, name + "_sum", name + "_count")
+    return total, count
 
 
 def load(
@@ -585,9 +592,9 @@ def phase_latency(
             if name == "litellm" and rate and alone is not None and rate > 0.9 * alone:
                 skipped.append(f"{name} x{clients} at {rate:.0f} req/s (it served {alone:.0f} req/s back to back)")
                 continue
-            cpu0 = cpu_s(pids.get(name))
             base = url.removesuffix("/v1/chat/completions") if name in ("best_effort", "guaranteed") else None
-            own0 = own_added(base)
+            own0 = own_added(base)  # scraped before the CPU count starts (and after it ends): not charged to the cell
+            cpu0 = cpu_s(pids.get(name))
             with timed(f"latency {name} x{clients} at {f'{rate:.0f} req/s' if rate else 'back to back'}"):
                 r = load(
                     url,
