@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_capture.py [--duration 8] [--clients 1,50,200] [--rates 50,1000]
         [--throughput-s 20]
-        [--memory-requests 200000] [--memory-fit-from 100000] [--memory-budget-s 240] [--no-pin]
+        [--memory-requests 200000] [--memory-fit-from 100000] [--memory-budget-s 240] [--no-pin] [--no-floor]
         [--litellm-venv DIR | --no-litellm] [--sinks N] [--sinks-s3-processes 0,2]
         [--markdown] [--json FILE]
 
@@ -16,8 +16,11 @@ back to back for a fixed time, the first second dropped as warm-up).
 
 Phases, all in one run:
 
-1. latency: for each client count, direct / best_effort / guaranteed / LiteLLM back to back; added latency is
-   pXX(through the proxy) - pXX(direct), percentiles of each distribution subtracted. One client sends back to
+1. latency: for each client count, direct / floor / best_effort / guaranteed / LiteLLM back to back; added
+   latency is pXX(through the proxy) - pXX(direct), percentiles of each distribution subtracted. The floor
+   (``--no-floor`` skips it) is a forwarder built from the sidecar's own parts (uvicorn, uvloop, httptools,
+   ``capture.upstream``) that captures nothing, on the proxies' core: what it adds is this machine's price for
+   any proxy on that stack, and the sidecar's added latency minus the floor's is what capturing costs. One client sends back to
    back (closed loop). More clients send at a fixed total rate for each of ``--rates`` (open loop: client i of
    N sends at t0 + i/R + k*N/R; latency is measured from that *scheduled* time, so a target that falls behind
    is charged for the wait, with no coordinated omission): back-to-back clients would only measure a queue
@@ -331,6 +334,48 @@ def run_sidecar_null_sink(argv: list[str]) -> None:
     app = build_app(settings, spool=spool, metrics=metrics, publisher=publisher)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, backlog=2048)
     uvicorn.Server(config).run()  # run() applies loop="auto" (uvloop), as capture.cli.serve does
+
+
+# ---------------------------------------------------------------------------------------------- floor forwarder
+
+
+def run_forwarder(argv: list[str]) -> None:
+    """The floor: a proxy on the sidecar's own stack (uvicorn + uvloop + httptools, `capture.upstream.Upstream`
+    over aiohttp) that forwards the client's body as is and answers upstream's bytes, capturing nothing. What it
+    adds is what any proxy built from these parts adds on this machine, before a byte of capture work."""
+    import uvicorn
+
+    from capture.upstream import Upstream
+
+    port, base = int(argv[0]), argv[1]
+    upstream = Upstream(base, timeout_s=60.0)
+    json_type = [(b"content-type", b"application/json")]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await upstream.start()
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await upstream.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        async with upstream.request(scope["method"], scope["path"], body=body, headers=json_type) as resp:
+            answer = await resp.read()
+            status = resp.status
+        await send({"type": "http.response.start", "status": status, "headers": json_type})
+        await send({"type": "http.response.body", "body": answer})
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, backlog=2048)
+    uvicorn.Server(config).run()
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
@@ -771,6 +816,7 @@ def main() -> None:
     ap.add_argument("--memory-requests", type=int, default=200_000)
     ap.add_argument("--memory-fit-from", type=int, default=100_000, help="fit the RSS slope from this request on")
     ap.add_argument("--no-pin", action="store_true", help="let the OS place every process on any core")
+    ap.add_argument("--no-floor", action="store_true", help="skip the floor forwarder's latency cells")
     ap.add_argument("--memory-budget-s", type=float, default=240.0)
     ap.add_argument("--litellm-venv", type=Path, default=BENCH_DIR / "litellm-venv")
     ap.add_argument("--no-litellm", action="store_true")
@@ -820,6 +866,11 @@ def main() -> None:
             wait_http(base + "/version", p, 60, procs.logs / f"{mode}.log")
         res["rss_start_mb"] = {m: rss_mb(p) for m, (_, p) in sidecars.items()}
         targets = [("direct", upstream + "/v1/chat/completions", "")]
+        if not args.no_floor and "latency" not in skip:
+            port = free_port()
+            p = procs.start("floor", [sys.executable, __file__, "_forwarder", str(port), upstream])
+            wait_http(f"http://127.0.0.1:{port}/version", p, 60, procs.logs / "floor.log")
+            targets.append(("floor", f"http://127.0.0.1:{port}/v1/chat/completions", ""))
         targets += [(m, b + "/v1/chat/completions", "") for m, (b, _) in sidecars.items()]
         res["litellm"] = "skipped (--no-litellm)"
         if not args.no_litellm and "latency" not in skip:
@@ -858,11 +909,14 @@ def main() -> None:
                     res["litellm"] = f"skipped: {exc}"
         if "latency" not in skip:
             pids = {"direct": procs.procs["upstream"].pid, **{m: p.pid for m, (_, p) in sidecars.items()}}
+            if "floor" in procs.procs:
+                pids["floor"] = procs.procs["floor"].pid
             if "litellm" in procs.procs:
                 pids["litellm"] = procs.procs["litellm"].pid
             res["latency"], res["latency_not_offered"] = phase_latency(args, targets, pids, run_id, work)
             res["rss_after_latency_mb"] = {m: rss_mb(p) for m, (_, p) in sidecars.items()}
         procs.stop("litellm")
+        procs.stop("floor")
         if "throughput" not in skip:
             res["throughput"] = {}
             for mode, (base, proc) in sidecars.items():
@@ -971,7 +1025,9 @@ def lines(res: dict[str, Any], md: bool) -> list[str]:
         out.append(
             f"Latency (ms; added = percentile through the proxy minus percentile direct; own mean = the sidecar's own"
             f" measure of what it adds, the mean of its added_latency_seconds histogram over the cell: time in its"
-            f" handler minus the upstream call, so without its HTTP server and client and the network hops)."
+            f" handler minus the upstream call, so without its HTTP server and client and the network hops; floor = a"
+            f" forwarder on the sidecar's stack, uvicorn + aiohttp, that captures nothing: what any proxy built"
+            f" from these parts adds here)."
             f" LiteLLM: {res['litellm']}"
         )
         out.append("")
@@ -1096,7 +1152,10 @@ def render_markdown(res: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "_upstream":
+    if len(sys.argv) > 1 and sys.argv[1] == "_forwarder":
+        sys.path.insert(0, str(ROOT))
+        run_forwarder(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_upstream":
         run_upstream(int(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sidecar_null":
         sys.path.insert(0, str(ROOT))
