@@ -16,18 +16,18 @@ back to back for a fixed time, the first second dropped as warm-up).
 
 Phases, all in one run:
 
-1. latency: for each client count, direct / floor / best_effort / guaranteed / LiteLLM back to back; added
-   latency is pXX(through the proxy) - pXX(direct), percentiles of each distribution subtracted. The floor
-   (``--no-floor`` skips it) is a forwarder built from the sidecar's own parts (uvicorn, uvloop, httptools,
-   ``capture.upstream``) that captures nothing, on the proxies' core: what it adds is this machine's price for
-   any proxy on that stack, and the sidecar's added latency minus the floor's is what capturing costs. One client sends back to
-   back (closed loop). More clients send at a fixed total rate for each of ``--rates`` (open loop: client i of
-   N sends at t0 + i/R + k*N/R; latency is measured from that *scheduled* time, so a target that falls behind
-   is charged for the wait, with no coordinated omission): back-to-back clients would only measure a queue
-   (50 clients / the target's capacity), not what one request pays for going through the proxy.
-   ``CPU ms/req`` is the CPU time (user + system, all threads and child processes) the target process spent
-   per request: on a shared, loaded machine it is the figure that contention distorts least (latency and
-   req/s mostly measure the scheduler). For ``direct`` it is the fake upstream's own cost.
+1. latency: for each client count, direct / floor / best_effort / guaranteed / LiteLLM back to back; added latency
+   is pXX(through the proxy) - pXX(direct), percentiles of each distribution subtracted. The floor (``--no-floor``
+   skips it) is a forwarder built from the sidecar's own parts (uvicorn, uvloop, httptools, ``capture.upstream``)
+   that captures nothing, on the proxies' core: what it adds is this machine's price for any proxy on that stack,
+   and the sidecar's added latency minus the floor's is what capturing costs. One client sends back to back (closed
+   loop). More clients send at a fixed total rate for each of ``--rates`` (open loop: client i of N sends at t0 +
+   i/R + k*N/R; latency is measured from that *scheduled* time, so a target that falls behind is charged for the
+   wait, with no coordinated omission): back-to-back clients would only measure a queue (50 clients / the target's
+   capacity), not what one request pays for going through the proxy. ``CPU ms/req`` is the CPU time (user + system,
+   all threads and child processes) the target process spent per request: on a shared, loaded machine it is the
+   figure that contention distorts least (latency and req/s mostly measure the scheduler). For ``direct`` it is the
+   fake upstream's own cost.
 2. throughput: each mode for ``--throughput-s`` at 50 clients; requests/s overall and the slowest 1-s bucket;
    then the sidecar is stopped cleanly and its spool read back: every request id answered 200 must be there.
 3. memory: a best_effort sidecar whose publisher drains to a null sink (the steady state: spool written, read
