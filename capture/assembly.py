@@ -62,6 +62,7 @@ class EnvelopeInputs:
     error: Failure | None
     captured_at: datetime
     sidecar_id: str
+    more_prompts: tuple[PromptRecord, ...] | None = None
 
 
 def prompt_record(token_ids: list[int] | None, source: Literal["upstream", "tokenize"]) -> PromptRecord | None:
@@ -137,6 +138,7 @@ def build_envelope_checked(inputs: EnvelopeInputs) -> Envelope:
         request_body_sha256=ctx.body_sha256,
         prompt=inputs.prompt,
         sampling=inputs.sampling,
+        more_prompts=inputs.more_prompts,
         runtime=inputs.runtime,
         context=ExecutionContext(
             in_flight_at_start=ctx.in_flight_at_start,
@@ -188,6 +190,7 @@ def _envelope_doc(inputs: EnvelopeInputs, choices: list[dict[str, Any]]) -> dict
         "request_body_sha256": ctx.body_sha256,
         "prompt": inputs.prompt,
         "sampling": inputs.sampling,
+        "more_prompts": inputs.more_prompts,
         "runtime": inputs.runtime,
         "context": {
             "in_flight_at_start": ctx.in_flight_at_start,

@@ -39,6 +39,7 @@ from capture.edge import (
     Watch,
     consume_disconnect,
     decode_json,
+    dumps,
     end_stream,
     error_body,
     forward_headers,
@@ -184,6 +185,8 @@ class CaptureProxy:
         if self._guaranteed and self.spool.bytes >= self.settings.spool_max_bytes:
             await send_json(send, 503, _SPOOL_FULL, rid)
             return 503
+        if prepared.echo is not None and prepared.echo.pending():
+            await self._echo_texts(prepared)
         watch = Watch(task=asyncio.current_task())
         watcher = asyncio.create_task(watch_disconnect(receive, watch))
         try:
@@ -193,6 +196,25 @@ class CaptureProxy:
             return await self._unary(ctx, prepared, upstream_body, headers, send, watch, t0)
         finally:
             watcher.cancel()
+
+    async def _echo_texts(self, prepared: Prepared) -> None:
+        """The text upstream echoes for prompts given as token ids (its ``/detokenize``, the same decoding), so
+        `capture.recording.Echo` can put it back; when upstream cannot say, the sidecar does not ask for token
+        ids (the client's answer comes first) and this request's envelope has none."""
+        echo = prepared.echo
+        assert echo is not None
+        for position, ids in echo.pending():
+            doc = {"model": prepared.model, "tokens": ids}
+            try:
+                status, answer = await self.upstream.post_json("/detokenize", dumps(doc))
+            except UpstreamError:
+                status, answer = 0, None
+            text = answer.get("prompt") if isinstance(answer, dict) and status == 200 else None
+            if not isinstance(text, str):
+                prepared.upstream_body.pop("return_token_ids", None)
+                echo.abandon()
+                return
+            echo.resolve(position, text)
 
     async def _unary(
         self,
@@ -205,7 +227,7 @@ class CaptureProxy:
         t0: float,
     ) -> int:
         rid = ctx.request_id.encode("ascii")
-        collector = OutputCollector(ctx.endpoint)
+        collector = OutputCollector(ctx.endpoint, echo=prepared.echo)
         t_up = time.perf_counter()
         try:
             try:
@@ -266,7 +288,7 @@ class CaptureProxy:
         t0: float,
     ) -> int:
         rid = ctx.request_id.encode("ascii")
-        collector = OutputCollector(ctx.endpoint)
+        collector = OutputCollector(ctx.endpoint, echo=prepared.echo)
         t_up = time.perf_counter()
         started = False
         error: tuple[ErrorType, int | None, str] | None = None

@@ -78,7 +78,16 @@ class EnvelopeRecorder:
         if self.runtime.needs_probe:
             await self.runtime.probe(self.upstream)
         prompt: PromptRecord | None = prompt_record(collector.prompt_token_ids, "upstream")
-        if prompt is None:
+        more: tuple[PromptRecord, ...] | None = None
+        if prepared.prompts > 1:
+            found = [
+                prompt_record(collector.choice_prompts.get(i * prepared.n), "upstream")
+                for i in range(1, prepared.prompts)
+            ]
+            more = tuple(p for p in found if p is not None)
+            if len(more) != len(found):  # a later prompt's ids are unknown: no prompt is recorded as if alone
+                prompt, more = None, None
+        elif prompt is None:
             prompt = prompt_record(await self._tokenize(prepared), "tokenize")
         if self.guaranteed:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
@@ -89,6 +98,7 @@ class EnvelopeRecorder:
                 artifacts=self.artifacts,
                 runtime=self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version()),
                 prompt=prompt,
+                more_prompts=more,
                 sampling=prepared.sampling,
                 collector=collector,
                 error=error,

@@ -81,6 +81,66 @@ def _without_credentials(value: Any) -> Any:
     return value
 
 
+class Echo:
+    """The prompt text of an echoed completion, put back where upstream leaves it out.
+
+    vLLM (0.32) does not detokenize the prompt of an ``echo`` request that also asks for ``return_token_ids``:
+    its answer's text starts with the generated text instead of the prompt. The sidecar needs the token ids, so
+    it asks for them and puts each prompt's text back in front of its choices' text (in a stream: in each
+    choice's first chunk), so the client reads what upstream answers to the client's own request. A prompt
+    given as text is echoed as that text; one given as token ids is echoed as upstream's decoding of them
+    (``/detokenize``, `resolve`). Choice ``i`` answers prompt ``i // n``, as vLLM numbers them.
+    """
+
+    __slots__ = ("_echoed", "generates", "n", "prompts", "texts")
+
+    def __init__(self, prompts: list[str | list[int]], n: int, *, generates: bool = True) -> None:
+        self.prompts = prompts
+        self.n = max(n, 1)
+        self.generates = generates  # False for max_tokens=0: the answer is the prompt alone, scored
+        self.texts: list[str | None] = [p if isinstance(p, str) else None for p in prompts]
+        self._echoed: set[int] = set()
+
+    def pending(self) -> list[tuple[int, list[int]]]:
+        """The prompts given as token ids whose text is not known yet, by position."""
+        return [(i, p) for i, p in enumerate(self.prompts) if not isinstance(p, str) and self.texts[i] is None]
+
+    def resolve(self, position: int, text: str) -> None:
+        self.texts[position] = text
+
+    def abandon(self) -> None:
+        """Upstream will echo the prompts itself (the sidecar did not ask for token ids): put nothing back."""
+        self.texts = [None] * len(self.prompts)
+
+    @property
+    def complete(self) -> bool:
+        return all(t is not None for t in self.texts)
+
+    def prefix(self, index: int, *, stream: bool) -> str:
+        """What goes in front of choice `index`'s text ("" after its first chunk in a stream)."""
+        if stream:
+            if index in self._echoed:
+                return ""
+            self._echoed.add(index)
+        position = index // self.n
+        text = self.texts[position] if 0 <= position < len(self.texts) else None
+        return text or ""
+
+
+def completion_prompts(prompt: Any) -> list[str | list[int]] | None:
+    """The prompts of a completions request (a text, token ids, or a list of either), or None for another shape."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(type(t) is int for t in prompt):
+            return [prompt]
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and all(type(t) is int for t in p) for p in prompt):
+            return list(prompt)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A parsed capture request: what goes upstream, what the client asked for, the frozen contract."""
@@ -92,6 +152,9 @@ class Prepared:
     client_token_ids: bool
     client_logprobs: bool
     sampling: SamplingContract | None
+    echo: Echo | None = None
+    prompts: int = 1  # a completions request may send several; choice i answers prompt i // n
+    n: int = 1
 
 
 def _opt(body: dict[str, Any], name: str) -> Any:
@@ -163,6 +226,14 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
     up = dict(body)
     client_token_ids = bool(body.get("return_token_ids"))
     up["return_token_ids"] = True
+    echo: Echo | None = None
+    if endpoint == "completions" and body.get("echo") and not client_token_ids:
+        prompts = completion_prompts(body.get("prompt"))
+        n = body.get("n")
+        if prompts is None or (n is not None and type(n) is not int):
+            del up["return_token_ids"]  # no text to put back: the client's answer comes first, ids are lost
+        else:
+            echo = Echo(prompts, n or 1, generates=body.get("max_tokens") != 0)
     if endpoint == "chat.completions":
         client_logprobs = bool(body.get("logprobs"))
         if client_logprobs:
@@ -176,6 +247,10 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
         client_logprobs = body.get("logprobs") is not None
         if client_logprobs:
             recorded_k = body.get("logprobs")
+        elif body.get("echo"):
+            # Under echo, logprobs make vLLM compute and return the prompt's logprobs too (a pass over the
+            # whole vocabulary per prompt token, work the client did not ask for): token ids only.
+            recorded_k = None
         else:
             up["logprobs"] = audit_k
             up["return_tokens_as_token_ids"] = True
@@ -195,7 +270,17 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
         client_token_ids=client_token_ids,
         client_logprobs=client_logprobs,
         sampling=sampling,
+        echo=echo,
+        prompts=_prompt_count(endpoint, body),
+        n=n_value if type(n_value := body.get("n")) is int and n_value > 0 else 1,
     )
+
+
+def _prompt_count(endpoint: Endpoint, body: dict[str, Any]) -> int:
+    if endpoint != "completions" or type(body.get("prompt")) is str:
+        return 1
+    prompts = completion_prompts(body.get("prompt"))
+    return len(prompts) if prompts else 1
 
 
 # Contracts already frozen, by what they are made of (`_contract_key`): an application sends the same sampling
@@ -265,10 +350,19 @@ def _stripped_choice(choice: Any, prepared: Prepared) -> Any:
     if not isinstance(choice, dict):
         return choice
     drop = []
+    echo = prepared.echo
     if not prepared.client_token_ids:
-        drop += [key for key in ("token_ids", "prompt_token_ids") if choice.get(key) is not None]
+        if choice.get("token_ids") is not None:
+            drop.append("token_ids")
+        # An echoed stream's first chunk of a choice carries the prompt's ids whether or not they were asked for.
+        if choice.get("prompt_token_ids") is not None and not (echo is not None and prepared.stream):
+            drop.append("prompt_token_ids")
     if not prepared.client_logprobs and choice.get("logprobs") is not None:
         drop.append("logprobs")
+    if echo is not None and isinstance(choice.get("text"), str):
+        prefix = echo.prefix(choice.get("index", 0), stream=prepared.stream)
+        if prefix:
+            return {**choice, **dict.fromkeys(drop), "text": prefix + choice["text"]}
     return {**choice, **dict.fromkeys(drop)} if drop else choice
 
 
@@ -351,10 +445,12 @@ class _ChoiceAcc:
 class OutputCollector:
     """Accumulates what upstream produced, per choice index, from a whole body or from stream chunks."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, *, echo: Echo | None = None) -> None:
         self.endpoint = endpoint
+        self.echo = echo
         self.choices: dict[int, _ChoiceAcc] = {}
         self.prompt_token_ids: list[int] | None = None
+        self.choice_prompts: dict[int, list[int]] = {}  # by choice index, for requests with several prompts
         self.system_fingerprint: str | None = None
         self.resolved_model: str | None = None
         self.version_headers: dict[str, str] = {}
@@ -399,8 +495,11 @@ class OutputCollector:
         acc = self.choices.get(index)
         if acc is None:
             acc = self.choices[index] = _ChoiceAcc()
-        if index == 0 and self.prompt_token_ids is None and isinstance(choice.get("prompt_token_ids"), list):
-            self.prompt_token_ids = choice["prompt_token_ids"]
+        prompt_ids = choice.get("prompt_token_ids")
+        if isinstance(prompt_ids, list):
+            if index == 0 and self.prompt_token_ids is None:
+                self.prompt_token_ids = prompt_ids
+            self.choice_prompts.setdefault(index, prompt_ids)
         ids = choice.get("token_ids")
         if isinstance(ids, list):
             acc.token_ids.extend(ids)
@@ -453,6 +552,17 @@ class OutputCollector:
             top = [TopRow(value, rank, *_candidate(tok, None)) for rank, (tok, value) in enumerate(ranked, start=1)]
             acc.steps.append(StepRow(values[i] if i < len(values) else None, text, None, top))
 
+    def _echo_steps_dropped(self) -> None:
+        """Under echo, upstream's logprobs cover the prompt's tokens, then the generated ones: keep the latter
+        (none at all when nothing was generated for the client: ``max_tokens=0`` scores the prompt)."""
+        if self.echo is None:
+            return
+        for acc in self.choices.values():
+            if not self.echo.generates:
+                acc.steps = []
+            elif len(acc.steps) > len(acc.token_ids):
+                acc.steps = acc.steps[len(acc.steps) - len(acc.token_ids) :]
+
     def choices_data(self, *, logprobs: bool = True) -> list[dict[str, Any]]:
         """The collected choices as plain data shaped like `Choice`, by index (validated by the caller).
 
@@ -461,6 +571,7 @@ class OutputCollector:
         checked here: an envelope validated from this data either holds them as they are or fails as a whole
         (see `build_envelope`).
         """
+        self._echo_steps_dropped()
         return [
             {
                 "index": index,
@@ -476,6 +587,7 @@ class OutputCollector:
         """Per choice (by index) the canonical text of its logprobs (None: it has none, as in `choices_data`),
         or None when some value is not exactly what a validated record holds (see
         `schemas.envelope.steps_canonical_text`): the caller then takes the model path."""
+        self._echo_steps_dropped()
         out: list[str | None] = []
         for _, acc in sorted(self.choices.items()):
             steps = _aligned_steps(acc)
@@ -490,6 +602,7 @@ class OutputCollector:
 
     def choices_record(self) -> tuple[Choice, ...]:
         """The collected choices as contract records, by index (one model per value: the slow, careful path)."""
+        self._echo_steps_dropped()
         out: list[Choice] = []
         for index, acc in sorted(self.choices.items()):
             out.append(

@@ -160,6 +160,12 @@ class Envelope(Record):
         default=None, description="None only when the request never reached a tokenizer"
     )
     sampling: SamplingContract | None = Field(default=None, description="None only for requests rejected as invalid")
+    more_prompts: tuple[PromptRecord, ...] | None = Field(
+        default=None,
+        min_length=1,
+        description="a completions request with several prompts: the second and later ones in order (`prompt` is"
+        " the first); choice i answers prompt i // n",
+    )
     runtime: RuntimeFingerprint
     context: ExecutionContext
     outcome: Outcome
@@ -175,8 +181,14 @@ class Envelope(Record):
 
     @property
     def replayable(self) -> bool:
-        """An envelope can be replayed when it has prompt token ids, a contract and a complete output."""
-        return self.prompt is not None and self.sampling is not None and isinstance(self.outcome, CapturedOutput)
+        """An envelope can be replayed when it has prompt token ids, a contract and a complete output, and is one
+        prompt's (the lanes replay one prompt per request)."""
+        return (
+            self.prompt is not None
+            and self.more_prompts is None
+            and self.sampling is not None
+            and isinstance(self.outcome, CapturedOutput)
+        )
 
 
 class TopRow(msgspec.Struct, omit_defaults=True, gc=False):

@@ -175,3 +175,57 @@ async def test_streaming_is_transparent_and_recorded(stack: StackInfo, tmp_path:
     assert env.outcome.choices[0].text == text
     assert env.outcome.choices[0].logprobs is not None
     assert len(env.outcome.choices[0].logprobs) == len(env.outcome.choices[0].token_ids) > 0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "stream"),
+    [(PROMPT, False), (PROMPT, True), ([504, 3575, 282], False)],
+    ids=["text", "text-stream", "token-ids"],
+)
+async def test_completions_echo_is_transparent_and_recorded(
+    stack: StackInfo, tmp_path: Path, prompt: Any, stream: bool
+) -> None:
+    """vLLM leaves the prompt's text out of an echoed answer when token ids are asked for: the sidecar asks
+    for them anyway and puts the text back, so the client reads what vLLM answers to its own request."""
+    params: dict[str, Any] = {"model": stack.model_name, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    ref_client = direct(stack)
+
+    async def answer(client: openai.AsyncOpenAI) -> Any:
+        if not stream:
+            return visible(await client.completions.create(**params, echo=True))
+        return [visible(c) async for c in await client.completions.create(**params, echo=True, stream=True)]
+
+    async with through_sidecar(stack, tmp_path) as (client, spool):
+        via = await answer(client)
+        plain = await answer(ref_client)
+        (entry,) = await spool.pending(10)
+        env = decode_envelope(entry.payload)
+    audit = await ref_client.completions.create(**params, extra_body={"return_token_ids": True})
+    await ref_client.close()
+    assert via == plain
+    want = audit.model_dump()["choices"][0]
+    assert isinstance(env.outcome, CapturedOutput)
+    assert list(env.outcome.choices[0].token_ids) == want["token_ids"]
+    assert env.prompt is not None
+    assert list(env.prompt.token_ids) == want["prompt_token_ids"]
+
+
+async def test_completions_with_several_prompts_record_each_prompt(stack: StackInfo, tmp_path: Path) -> None:
+    prompts = [PROMPT, "Water boils at"]
+    params: dict[str, Any] = {"model": stack.model_name, "prompt": prompts, "max_tokens": 4, "temperature": 0}
+    ref_client = direct(stack)
+    async with through_sidecar(stack, tmp_path) as (client, spool):
+        raw = await client.completions.with_raw_response.create(**params)
+        via = raw.parse()
+        plain = await ref_client.completions.create(**params)
+        env = await envelope_of(spool, raw.headers["x-reprolane-request-id"])
+    audit = await ref_client.completions.create(**params, extra_body={"return_token_ids": True})
+    await ref_client.close()
+    assert visible(via) == visible(plain)
+    want = [c["prompt_token_ids"] for c in audit.model_dump()["choices"]]
+    assert env.prompt is not None
+    assert env.more_prompts is not None
+    assert [list(env.prompt.token_ids)] + [list(p.token_ids) for p in env.more_prompts] == want
+    assert isinstance(env.outcome, CapturedOutput)
+    assert [c.index for c in env.outcome.choices] == [0, 1]
+    assert not env.replayable  # recorded whole; the lanes replay one prompt per request

@@ -18,7 +18,15 @@ from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
 from schemas import CapturedError, CapturedOutput, Envelope
 from tests.capture.fake_spool import FakeSpool
-from tests.capture.fake_upstream import ERROR_400, FINGERPRINT, OUTPUT_IDS, PROMPT_IDS, FakeUpstream, serve
+from tests.capture.fake_upstream import (
+    ERROR_400,
+    FINGERPRINT,
+    OUTPUT_IDS,
+    OUTPUT_TEXT,
+    PROMPT_IDS,
+    FakeUpstream,
+    serve,
+)
 
 MODEL = "fake-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
@@ -509,3 +517,26 @@ async def test_a_request_only_the_standard_library_reads_goes_upstream_as_it_cam
     assert math.isnan(sent["temperature"])
     assert sent["messages"][0]["content"] == "h\u00e9"
     assert only(spool).request_body_sha256 == hashlib.sha256(body.encode()).hexdigest()
+
+
+async def test_several_prompts_without_each_prompts_ids_record_no_prompt() -> None:
+    """The fake upstream gives prompt ids for choice 0 only: recording them as the request's prompt would
+    have a replay compare the second prompt's answer with the first prompt's."""
+    body = {"model": MODEL, "prompt": ["The capital of France is", "Water boils at"], "max_tokens": 3}
+    async with sidecar() as (client, _upstream, spool, _):
+        resp = await client.post("/v1/completions", json=body)
+    assert resp.status_code == 200
+    env = only(spool)
+    assert env.prompt is None
+    assert env.more_prompts is None
+    assert not env.replayable
+
+
+async def test_echo_of_token_ids_upstream_cannot_detokenize_asks_for_no_token_ids() -> None:
+    body = {"model": MODEL, "prompt": [504, 6376, 314], "max_tokens": 3, "echo": True}
+    async with sidecar() as (client, upstream, _spool, _):
+        resp = await client.post("/v1/completions", json=body)
+    assert resp.status_code == 200
+    (sent,) = upstream_calls(upstream, "/v1/completions")
+    assert "return_token_ids" not in sent  # upstream echoes the prompt itself: nothing to put back
+    assert resp.json()["choices"][0]["text"] == "".join(OUTPUT_TEXT)  # as upstream wrote it, nothing added

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from replayer.cli import build_replay_app, build_replayer_app
 from replayer.settings import ReplayerSettings
-from schemas import CapturedError, Timings, decode_replay_result
+from schemas import CapturedError, PromptRecord, Timings, decode_replay_result
 from tests import factories
 from tests.replayer.support import FakeLane, S3Target, make_envelope, moto_s3, seed_envelope
 
@@ -120,6 +120,14 @@ def test_unreplayable_request_exits_2(cli: Cli) -> None:
     )
     line = _one_line_error(cli.invoke("request", env.request_id))
     assert "not replayable" in line
+
+
+def test_request_with_several_prompts_exits_2_saying_why(cli: Cli) -> None:
+    more = (PromptRecord(token_ids=(7, 8), source="upstream"),)
+    env = cli.seed(5, more_prompts=more)
+    line = _one_line_error(cli.invoke("request", env.request_id))
+    assert "not replayable: a completions request with 2 prompts" in line
+    assert cli.settings_seen == []  # no lane was started
 
 
 def test_workflow_reports_the_first_diverging_step(cli: Cli) -> None:

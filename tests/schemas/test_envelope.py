@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from schemas import CapturedError, ContractError, Envelope, Timings, canonical_bytes, decode_envelope
+from schemas import CapturedError, ContractError, Envelope, PromptRecord, Timings, canonical_bytes, decode_envelope
 from tests.factories import FIXED_TIME, envelope
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -145,3 +145,15 @@ def test_nulls_are_omitted_so_new_optional_fields_keep_old_ids() -> None:
     assert env.context.sidecar_id is None
     data["context"]["sidecar_id"] = None  # an explicit null decodes to the same record and id
     assert decode_envelope(json.dumps(data)).envelope_id() == GOLDEN_ENVELOPE_ID
+
+
+def test_several_prompts_are_recorded_not_replayed_and_leave_other_ids_alone() -> None:
+    single = envelope()
+    several = envelope(more_prompts=(PromptRecord(token_ids=(7, 8), source="upstream"),))
+    assert decode_envelope(several.canonical()) == several
+    assert not several.replayable
+    # an optional field left unset is not written: envelopes of one prompt keep their ids
+    assert b"more_prompts" not in single.canonical()
+    assert envelope(more_prompts=None).envelope_id() == single.envelope_id()
+    with pytest.raises(ValidationError, match="more_prompts"):
+        envelope(more_prompts=())
