@@ -236,8 +236,13 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
             echo = Echo(prompts, n or 1, generates=body.get("max_tokens") != 0)
     if endpoint == "chat.completions":
         client_logprobs = bool(body.get("logprobs"))
+        asked_top = body.get("top_logprobs")
         if client_logprobs:
-            recorded_k: int | None = body.get("top_logprobs") or 0
+            recorded_k: int | None = asked_top or 0
+        elif body.get("echo") or not (asked_top is None or (type(asked_top) is int and asked_top == 0)):
+            # echo: vLLM scores the prompt with top_logprobs alternatives (prompt_logprobs in the answer); a
+            # top_logprobs without logprobs is upstream's to refuse (vLLM: 400): either way, nothing asked
+            recorded_k = None
         else:
             up["logprobs"] = True
             up["top_logprobs"] = audit_k

@@ -229,3 +229,24 @@ async def test_completions_with_several_prompts_record_each_prompt(stack: StackI
     assert isinstance(env.outcome, CapturedOutput)
     assert [c.index for c in env.outcome.choices] == [0, 1]
     assert not env.replayable  # recorded whole; the lanes replay one prompt per request
+
+
+async def test_chat_echo_and_a_refused_top_logprobs_are_as_upstream_answers(stack: StackInfo, tmp_path: Path) -> None:
+    """Asking upstream for logprobs on the client's behalf must not change what it answers: under echo vLLM
+    scores the prompt with top_logprobs alternatives, and top_logprobs without logprobs is a 400."""
+    echo: list[Any] = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    params: dict[str, Any] = {"model": stack.model_name, "max_tokens": 3, "temperature": 0}
+    ref_client = direct(stack)
+    async with through_sidecar(stack, tmp_path) as (client, spool):
+        via = await client.chat.completions.create(**params, messages=echo, extra_body={"echo": True})
+        plain = await ref_client.chat.completions.create(**params, messages=echo, extra_body={"echo": True})
+        refused = []
+        for c in (client, ref_client):
+            with pytest.raises(openai.BadRequestError) as err:
+                await c.chat.completions.create(**params, messages=MESSAGES, top_logprobs=3)
+            refused.append((err.value.status_code, err.value.body))
+        recorded = [decode_envelope(e.payload) for e in await spool.pending(10)]
+    await ref_client.close()
+    assert visible(via) == visible(plain)
+    assert refused[0] == refused[1]
+    assert [e.outcome.kind for e in recorded] == ["output", "error"]

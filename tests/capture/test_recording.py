@@ -403,3 +403,23 @@ def test_several_prompts_are_counted_and_collected_per_choice() -> None:
     )
     assert collector.prompt_token_ids == [10]
     assert {i: collector.choice_prompts[i] for i in (0, 2, 4)} == {0: [10], 2: [11], 4: [12]}
+
+
+@pytest.mark.parametrize("extra", [{"top_logprobs": 3}, {"logprobs": False, "top_logprobs": 3}, {"top_logprobs": "x"}])
+def test_chat_top_logprobs_without_logprobs_is_left_for_upstream_to_refuse(extra: dict[str, Any]) -> None:
+    """vLLM answers 400 to these; asking for logprobs on the client's behalf would turn that into a 200."""
+    p = prepare("chat.completions", {**CHAT, **extra}, request_id="r", audit_k=5, inject_seed=False)
+    assert p.upstream_body == {**CHAT, **extra, "return_token_ids": True}
+    assert (
+        prepare(
+            "chat.completions", {**CHAT, "top_logprobs": 0}, request_id="r", audit_k=5, inject_seed=False
+        ).upstream_body["top_logprobs"]
+        == 5
+    )  # 0 is valid without logprobs: audited as usual
+
+
+def test_chat_echo_asks_for_no_logprobs() -> None:
+    """Under echo vLLM returns the prompt's logprobs with top_logprobs alternatives: audit k would show there."""
+    p = prepare("chat.completions", {**CHAT, "echo": True}, request_id="r", audit_k=5, inject_seed=False)
+    assert p.upstream_body == {**CHAT, "echo": True, "return_token_ids": True}
+    assert p.echo is None  # chat's echo keeps its text with token ids
