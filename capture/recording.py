@@ -112,10 +112,6 @@ class Echo:
         """Upstream will echo the prompts itself (the sidecar did not ask for token ids): put nothing back."""
         self.texts = [None] * len(self.prompts)
 
-    @property
-    def complete(self) -> bool:
-        return all(t is not None for t in self.texts)
-
     def prefix(self, index: int, *, stream: bool) -> str:
         """What goes in front of choice `index`'s text ("" after its first chunk in a stream)."""
         if stream:
