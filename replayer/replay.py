@@ -16,7 +16,8 @@ Choices made here:
   ``worker_global`` randomness cannot be replayed token for token: the lane samples without a seed and a
   sampled (non-greedy) replay of such a request is reported with ``target_met = False`` and a note in
   ``cause_detail``, whatever the outputs.
-- **Only choice 0** is replayed; for ``n > 1`` the detail says so.
+- **Only choice 0** is replayed (it answers the first prompt); for ``n > 1`` and for a completions request with
+  several prompts (``more_prompts``) the detail says so.
 - **Semantic similarity** is computed only when ``settings.semantic`` is on and the texts differ (identical
   texts score 1.0 without a model); see `replayer.semantic`.
 """
@@ -131,6 +132,8 @@ def replay_envelope(
         )
     if sampling.n > 1:
         notes.append(f"n={sampling.n}: only choice 0 was replayed")
+    if envelope.more_prompts:
+        notes.append(f"{1 + len(envelope.more_prompts)} prompts: only the first prompt's choice 0 was replayed")
     detail = "; ".join([result.cause_detail, *notes]) if notes else result.cause_detail
 
     workflow = envelope.workflow

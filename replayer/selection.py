@@ -30,11 +30,6 @@ def not_replayable_reason(envelope: Envelope) -> str:
         return "no prompt token ids were recorded"
     if envelope.sampling is None:
         return "no sampling contract was recorded (request rejected as invalid)"
-    if envelope.more_prompts is not None:
-        return (
-            f"a completions request with {1 + len(envelope.more_prompts)} prompts: every prompt and choice is"
-            " recorded, but a lane replays one prompt per request"
-        )
     if envelope.outcome.kind == "error":
         return f"the request ended in an error ({envelope.outcome.error_type}), not a complete output"
     return "replayable"

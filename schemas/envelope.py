@@ -181,14 +181,9 @@ class Envelope(Record):
 
     @property
     def replayable(self) -> bool:
-        """An envelope can be replayed when it has prompt token ids, a contract and a complete output, and is one
-        prompt's (the lanes replay one prompt per request)."""
-        return (
-            self.prompt is not None
-            and self.more_prompts is None
-            and self.sampling is not None
-            and isinstance(self.outcome, CapturedOutput)
-        )
+        """An envelope can be replayed when it has prompt token ids, a contract and a complete output (its choice 0
+        answers `prompt`, also when the request had `more_prompts`)."""
+        return self.prompt is not None and self.sampling is not None and isinstance(self.outcome, CapturedOutput)
 
 
 class TopRow(msgspec.Struct, omit_defaults=True, gc=False):

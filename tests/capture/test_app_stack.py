@@ -228,7 +228,7 @@ async def test_completions_with_several_prompts_record_each_prompt(stack: StackI
     assert [list(env.prompt.token_ids)] + [list(p.token_ids) for p in env.more_prompts] == want
     assert isinstance(env.outcome, CapturedOutput)
     assert [c.index for c in env.outcome.choices] == [0, 1]
-    assert not env.replayable  # recorded whole; the lanes replay one prompt per request
+    assert env.replayable  # choice 0 answers the first prompt: the replayer replays that one
 
 
 async def test_chat_echo_and_a_refused_top_logprobs_are_as_upstream_answers(stack: StackInfo, tmp_path: Path) -> None:

@@ -122,12 +122,13 @@ def test_unreplayable_request_exits_2(cli: Cli) -> None:
     assert "not replayable" in line
 
 
-def test_request_with_several_prompts_exits_2_saying_why(cli: Cli) -> None:
-    more = (PromptRecord(token_ids=(7, 8), source="upstream"),)
-    env = cli.seed(5, more_prompts=more)
-    line = _one_line_error(cli.invoke("request", env.request_id))
-    assert "not replayable: a completions request with 2 prompts" in line
-    assert cli.settings_seen == []  # no lane was started
+def test_request_with_several_prompts_replays_the_first_prompts_choice_0_and_says_so(cli: Cli) -> None:
+    env = cli.seed(5, more_prompts=(PromptRecord(token_ids=(7, 8), source="upstream"),))
+    result = cli.invoke("request", env.request_id, "--json")
+    assert result.exit_code == 0, result.output
+    parsed = decode_replay_result(result.stdout)
+    assert parsed.event.verdict == "bitwise"
+    assert "2 prompts: only the first prompt's choice 0 was replayed" in parsed.event.cause_detail
 
 
 def test_workflow_reports_the_first_diverging_step(cli: Cli) -> None:

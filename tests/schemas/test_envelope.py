@@ -147,11 +147,11 @@ def test_nulls_are_omitted_so_new_optional_fields_keep_old_ids() -> None:
     assert decode_envelope(json.dumps(data)).envelope_id() == GOLDEN_ENVELOPE_ID
 
 
-def test_several_prompts_are_recorded_not_replayed_and_leave_other_ids_alone() -> None:
+def test_several_prompts_round_trip_and_leave_other_envelopes_ids_alone() -> None:
     single = envelope()
     several = envelope(more_prompts=(PromptRecord(token_ids=(7, 8), source="upstream"),))
     assert decode_envelope(several.canonical()) == several
-    assert not several.replayable
+    assert several.replayable  # its choice 0 answers `prompt`, as for one prompt
     # an optional field left unset is not written: envelopes of one prompt keep their ids
     assert b"more_prompts" not in single.canonical()
     assert envelope(more_prompts=None).envelope_id() == single.envelope_id()
