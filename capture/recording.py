@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from capture.policy import FlagDecision
 from schemas import (
@@ -222,14 +222,14 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
     up = dict(body)
     client_token_ids = bool(body.get("return_token_ids"))
     up["return_token_ids"] = True
+    n = _choices_per_prompt(body.get("n"))
+    prompts = completion_prompts(body.get("prompt")) if endpoint == "completions" else None
     echo: Echo | None = None
     if endpoint == "completions" and body.get("echo") and not client_token_ids:
-        prompts = completion_prompts(body.get("prompt"))
-        n = body.get("n")
-        if prompts is None or (n is not None and type(n) is not int):
+        if prompts is None or n is None:
             del up["return_token_ids"]  # no text to put back: the client's answer comes first, ids are lost
         else:
-            echo = Echo(prompts, n or 1, generates=body.get("max_tokens") != 0)
+            echo = Echo(prompts, n, generates=body.get("max_tokens") != 0)
     if endpoint == "chat.completions":
         client_logprobs = bool(body.get("logprobs"))
         asked_top = body.get("top_logprobs")
@@ -272,16 +272,22 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
         client_logprobs=client_logprobs,
         sampling=sampling,
         echo=echo,
-        prompts=_prompt_count(endpoint, body),
-        n=n_value if type(n_value := body.get("n")) is int and n_value > 0 else 1,
+        prompts=len(prompts) if prompts else 1,
+        n=n or 1,
     )
 
 
-def _prompt_count(endpoint: Endpoint, body: dict[str, Any]) -> int:
-    if endpoint != "completions" or type(body.get("prompt")) is str:
+_INT: Final = TypeAdapter(int)  # lax, as upstream's own pydantic models read `n`: 2, 2.0, "2" and true all count
+
+
+def _choices_per_prompt(value: Any) -> int | None:
+    """``n`` as upstream reads it (at least 1), or None when it reads none (upstream refuses the request)."""
+    if value is None:
         return 1
-    prompts = completion_prompts(body.get("prompt"))
-    return len(prompts) if prompts else 1
+    try:
+        return max(_INT.validate_python(value), 1)
+    except ValidationError:
+        return None
 
 
 # Contracts already frozen, by what they are made of (`_contract_key`): an application sends the same sampling

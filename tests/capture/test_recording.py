@@ -391,6 +391,9 @@ def test_several_prompts_are_counted_and_collected_per_choice() -> None:
         "completions", {"model": "m", "prompt": ["a", "b", "c"], "n": 2}, request_id="r", audit_k=5, inject_seed=False
     )
     assert (p.prompts, p.n) == (3, 2)
+    for spelled in (2.0, "2"):  # vLLM reads these as 2 too: choice i still answers prompt i // 2
+        body = {"model": "m", "prompt": ["a", "b"], "n": spelled}
+        assert prepare("completions", body, request_id="r", audit_k=5, inject_seed=False).n == 2
     assert (
         prepare(
             "completions", {"model": "m", "prompt": [1, 2, 3]}, request_id="r", audit_k=5, inject_seed=False
