@@ -73,8 +73,13 @@ class RecentIds:
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact JSON, as vLLM writes it."""
-    return json.dumps(obj, separators=_JSON_SEP, ensure_ascii=False).encode("utf-8")
+    """Compact JSON, as vLLM writes it. A string with a lone surrogate (which JSON may spell, ``"\\ud800"``, and
+    UTF-8 cannot) is written escaped, as it came."""
+    text = json.dumps(obj, separators=_JSON_SEP, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=_JSON_SEP).encode("ascii")
 
 
 _DECODER = msgspec.json.Decoder()
@@ -131,8 +136,6 @@ def forward_headers(headers: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:
     """Client headers for a captured request upstream: secrets forwarded (never recorded), ours removed."""
     out = [(k, v) for k, v in headers.items() if k not in _HOP_BY_HOP and not k.startswith(b"x-reprolane-")]
     out.append((b"accept-encoding", b"identity"))
-    if b"content-type" not in headers:
-        out.append((b"content-type", b"application/json"))
     return out
 
 
@@ -190,7 +193,10 @@ def consume_disconnect(watch: Watch) -> bool:
 
 
 def passthrough(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
-    """Any other path: forwarded as it is, answered as upstream answers (no envelope)."""
+    """Any other path: forwarded as it is, answered as upstream answers (no envelope); a redirect to upstream's
+    own address is pointed back at the sidecar (`_through_sidecar`)."""
+
+    upstream_base = upstream.base_url.encode("latin-1")
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -211,6 +217,11 @@ def passthrough(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
         try:
             async with upstream.request(scope["method"], target, body=body, headers=fwd) as resp:
                 out_headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _PASS_DROP]
+                if 300 <= resp.status < 400:
+                    out_headers = [
+                        (k, _through_sidecar(v, upstream_base, scope, headers) if k == b"location" else v)
+                        for k, v in out_headers
+                    ]
                 await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
                 started = True
                 async for chunk in resp.chunks():
@@ -225,3 +236,19 @@ def passthrough(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
             await send_json(send, status, error_body(str(exc), type_="upstream_error", code=status), None)
 
     return app
+
+
+def _through_sidecar(location: bytes, upstream_base: bytes, scope: Scope, headers: dict[bytes, bytes]) -> bytes:
+    """A redirect's Location that names upstream, made to name the sidecar as the client reached it (what nginx's
+    ``proxy_redirect default`` does): vLLM answers ``POST /v1/chat/completions/`` with a 307 to its own address,
+    and a client that followed that would generate uncaptured."""
+    if not location.startswith(upstream_base):
+        return location
+    rest = location[len(upstream_base) :]
+    if rest[:1] not in (b"", b"/", b"?", b"#"):
+        return location  # http://host:80 is not http://host:8000
+    host = headers.get(b"host")
+    if host is None:
+        return rest or b"/"
+    scheme: str = scope.get("scheme", "http")
+    return scheme.encode("ascii") + b"://" + host + rest

@@ -17,8 +17,10 @@ upstream works, cancels the upstream call (so the server stops generating) and r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Coroutine
@@ -60,6 +62,8 @@ from capture.settings import CaptureSettings
 from capture.upstream import Upstream, UpstreamResponse
 from schemas import ArtifactHashes, WorkflowRef
 from schemas.envelope import is_valid_request_id
+
+log = logging.getLogger(__name__)
 
 
 class CaptureProxy:
@@ -125,6 +129,9 @@ class CaptureProxy:
         )
         try:
             status = await self._capture(ctx, scope, headers, receive, send, t0)
+        except Exception as exc:  # a bug of the sidecar's: the client gets a 500, the attempt is still recorded
+            log.exception("request %s: the sidecar failed", ctx.request_id)
+            status = await self._internal_error(ctx, send, exc, t0)
         finally:
             self.in_flight -= 1
             self._answered(endpoint, status).inc()
@@ -132,6 +139,23 @@ class CaptureProxy:
             self.metrics.added_latency_seconds.observe(max(total - ctx.upstream_ms / 1000.0, 0.0))
             if ctx.upstream_ms:
                 self._upstream_time(endpoint).observe(ctx.upstream_ms / 1000.0)
+
+    async def _internal_error(self, ctx: RequestContext, send: Send, exc: Exception, t0: float) -> int:
+        """After an unexpected exception: a 500 in OpenAI's format if the answer has not started (a stream that
+        has just ends), and a ``proxy_error`` envelope unless this request's was already handed over."""
+        message = f"reprolane capture sidecar failed: {type(exc).__name__}: {exc}"
+        try:
+            await send_json(send, 500, error_body(message, type_="internal_error", code=500), ctx.request_id.encode())
+        except Exception:  # the response had started: the ASGI server refuses a second start
+            with contextlib.suppress(Exception):
+                await end_stream(send, b"")
+        if not ctx.recorded:
+            ctx.in_flight_at_end = self.in_flight
+            try:
+                await self.recorder.record_refused(ctx, ("proxy_error", 500, message), t0)
+            except Exception:
+                log.exception("request %s: its error envelope could not be recorded either", ctx.request_id)
+        return 500
 
     def _answered(self, endpoint: Endpoint, status: int) -> Counter:
         """The ``requests_total`` child of (endpoint, status), looked up once (`labels` costs ~1.5 us a call)."""
@@ -404,6 +428,7 @@ class CaptureProxy:
     ) -> Coroutine[Any, Any, None]:
         """The recording of this request (await it, or hand it to ``recorder.later``); notes in-flight now."""
         ctx.in_flight_at_end = self.in_flight
+        ctx.recorded = True
         return self.recorder.finish(ctx, prepared, collector, error, t0)
 
     async def drain(self) -> None:

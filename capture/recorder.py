@@ -91,21 +91,26 @@ class EnvelopeRecorder:
             prompt = prompt_record(await self._tokenize(prepared), "tokenize")
         if self.guaranteed:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
-        payload = build_envelope_bytes(
-            EnvelopeInputs(
-                ctx,
-                model=prepared.model,
-                artifacts=self.artifacts,
-                runtime=self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version()),
-                prompt=prompt,
-                more_prompts=more,
-                sampling=prepared.sampling,
-                collector=collector,
-                error=error,
-                captured_at=datetime.now(UTC),
-                sidecar_id=self.sidecar_id,
+        try:
+            payload = build_envelope_bytes(
+                EnvelopeInputs(
+                    ctx,
+                    model=prepared.model,
+                    artifacts=self.artifacts,
+                    runtime=self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version()),
+                    prompt=prompt,
+                    more_prompts=more,
+                    sampling=prepared.sampling,
+                    collector=collector,
+                    error=error,
+                    captured_at=datetime.now(UTC),
+                    sidecar_id=self.sidecar_id,
+                )
             )
-        )
+        except Exception as exc:  # a bug of ours must not cost the audit record: keep what is certain
+            log.exception("request %s: its envelope could not be built; recording the attempt", ctx.request_id)
+            failure: Failure = ("proxy_error", None, f"the sidecar could not record the answer: {type(exc).__name__}")
+            payload = self._attempt_payload(ctx, failure, prepared.model)
         await self.append(ctx.request_id, payload)
 
     async def record_refused(self, ctx: RequestContext, error: Failure, t0: float) -> None:
@@ -114,10 +119,22 @@ class EnvelopeRecorder:
         The response is already decided, so even in guaranteed mode a full spool only logs here.
         """
         ctx.added_ms = (time.perf_counter() - t0) * 1000.0
-        payload = build_envelope_bytes(
+        ctx.recorded = True
+        payload = self._attempt_payload(ctx, error, "unknown")
+        if not self.guaranteed:
+            self.later(self.append(ctx.request_id, payload))
+            return
+        try:
+            await self.append(ctx.request_id, payload)
+        except SpoolFullError:
+            log.error("spool full: envelope of refused request %s not recorded", ctx.request_id)
+
+    def _attempt_payload(self, ctx: RequestContext, error: Failure, model: str) -> bytes:
+        """An error envelope with what the request's context alone says (no prompt, contract or output)."""
+        return build_envelope_bytes(
             EnvelopeInputs(
                 ctx,
-                model="unknown",
+                model=model,
                 artifacts=self.artifacts,
                 runtime=self.runtime.fingerprint(None),
                 prompt=None,
@@ -128,13 +145,6 @@ class EnvelopeRecorder:
                 sidecar_id=self.sidecar_id,
             )
         )
-        if not self.guaranteed:
-            self.later(self.append(ctx.request_id, payload))
-            return
-        try:
-            await self.append(ctx.request_id, payload)
-        except SpoolFullError:
-            log.error("spool full: envelope of refused request %s not recorded", ctx.request_id)
 
     async def append(self, request_id: str, payload: bytes) -> None:
         """Spool one envelope (its canonical bytes). Guaranteed: raises SpoolFullError. Best effort: counts and

@@ -687,3 +687,4 @@ class RequestContext:
     upstream_ms: float = 0.0
     first_token_ms: float | None = None
     added_ms: float | None = None
+    recorded: bool = False  # its envelope was handed to the recorder (the proxy's last-resort handler asks)

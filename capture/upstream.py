@@ -98,7 +98,9 @@ class Upstream:
                 connector=connector,
                 timeout=timeout,
                 auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
+                # What the client did not send, upstream does not get either: no User-Agent of aiohttp's, no
+                # Content-Type guessed for a body that came without one (vLLM refuses those; so must we).
+                skip_auto_headers=("User-Agent", "Content-Type"),
                 # One session serves every client: a cookie upstream sets for one client must never ride along on
                 # another's request. Clients' own Cookie headers and upstream's Set-Cookie pass through untouched.
                 cookie_jar=aiohttp.DummyCookieJar(),
@@ -118,7 +120,11 @@ class Upstream:
         hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         return UpstreamCall(
-            self._session.request(method, self.base_url + target, data=body or None, headers=hdrs, timeout=timeout)
+            # A redirect is the client's to follow (or not), through the sidecar: `capture.edge.passthrough` points
+            # its Location back at the sidecar.
+            self._session.request(
+                method, self.base_url + target, data=body or None, headers=hdrs, timeout=timeout, allow_redirects=False
+            )
         )
 
     async def get_json(self, target: str, *, timeout_s: float = 5.0) -> tuple[int, object]:

@@ -540,3 +540,83 @@ async def test_echo_of_token_ids_upstream_cannot_detokenize_asks_for_no_token_id
     (sent,) = upstream_calls(upstream, "/v1/completions")
     assert "return_token_ids" not in sent  # upstream echoes the prompt itself: nothing to put back
     assert resp.json()["choices"][0]["text"] == "".join(OUTPUT_TEXT)  # as upstream wrote it, nothing added
+
+
+async def test_a_lone_surrogate_goes_upstream_escaped_as_it_came() -> None:
+    """JSON may spell a lone surrogate, UTF-8 cannot: the sidecar crashed with a 500 and recorded nothing."""
+    body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "hi \ud800 there"}]})
+    assert "\\ud800" in body
+    async with sidecar() as (client, upstream, spool, _):
+        resp = await client.post("/v1/chat/completions", content=body.encode())
+    assert resp.status_code == 200
+    sent = upstream_calls(upstream, "/v1/chat/completions")[0]
+    assert sent["messages"][0]["content"] == "hi \ud800 there"
+    assert only(spool).request_body_sha256 == hashlib.sha256(body.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("mode", ["guaranteed", "best_effort"])
+async def test_a_failure_of_the_sidecar_is_a_500_and_still_recorded(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("capture.proxy.prepare", broken)
+    async with sidecar(mode=mode) as (client, upstream, spool, _):
+        resp = await client.post("/v1/chat/completions", json=CHAT)
+        again = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status_code == again.status_code == 500
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "RuntimeError: a bug" in err["message"]
+    assert upstream_calls(upstream, "/v1/chat/completions") == []
+    assert len(spool.envelopes) == 2
+    env = spool.envelopes[0]
+    assert isinstance(env.outcome, CapturedError)
+    assert env.outcome.error_type == "proxy_error"
+    assert env.request_id == resp.headers["x-reprolane-request-id"]
+
+
+async def test_an_envelope_that_cannot_be_built_is_recorded_as_the_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    from capture import recorder
+
+    real = recorder.build_envelope_bytes
+
+    def fails_with_output(inputs: Any) -> bytes:
+        if inputs.collector is not None:
+            raise ValueError("a bug")
+        return real(inputs)
+
+    monkeypatch.setattr(recorder, "build_envelope_bytes", fails_with_output)
+    async with sidecar() as (client, _upstream, spool, _):
+        resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status_code == 200  # the client's answer stands
+    env = only(spool)
+    assert isinstance(env.outcome, CapturedError)
+    assert env.outcome.error_type == "proxy_error"
+    assert "ValueError" in env.outcome.message
+    assert env.model == MODEL
+    assert env.request_id == resp.headers["x-reprolane-request-id"]
+
+
+async def test_a_body_without_content_type_goes_upstream_without_one() -> None:
+    """vLLM refuses a body that does not say it is JSON (400); the sidecar used to add the header, so the same
+    request succeeded through it."""
+    async with sidecar() as (client, upstream, _spool, _):
+        await client.post("/v1/chat/completions", content=json.dumps(CHAT).encode())
+        await client.post("/tokenize", content=b'{"prompt": "hi"}')
+    sent = [s for s in upstream.seen if s.path in ("/v1/chat/completions", "/tokenize")]
+    assert [s.path for s in sent] == ["/v1/chat/completions", "/tokenize"]
+    assert ["content-type" in s.headers for s in sent] == [False, False]
+
+
+async def test_a_redirect_is_passed_on_pointing_at_the_sidecar() -> None:
+    """Starlette (vLLM's server) answers a trailing slash with a 307 to its own address: followed by the sidecar
+    the client got a 200 it would not get directly; followed by the client it generated uncaptured."""
+    async with sidecar() as (client, upstream, spool, _):
+        resp = await client.post("/v1/chat/completions/", json=CHAT)
+        followed = await client.post(resp.headers["location"], json=CHAT)
+    assert resp.status_code == 307
+    assert resp.headers["location"] == str(client.base_url.join("/v1/chat/completions"))
+    assert len(upstream_calls(upstream, "/v1/chat/completions")) == 1  # the followed request only
+    assert followed.status_code == 200
+    assert only(spool).request_id == followed.headers["x-reprolane-request-id"]
+
