@@ -25,7 +25,7 @@ from capture.edge import Receive, Scope, Send
 from capture.metrics import CONTENT_TYPE, CaptureMetrics
 from capture.proxy import CaptureProxy
 from capture.recorder import SpoolLike
-from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file
+from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file, load_sampling_defaults
 from capture.settings import CaptureSettings
 from capture.upstream import Upstream
 
@@ -85,6 +85,9 @@ def build_app(
         spool=spool,
         metrics=metrics,
         artifacts=load_artifacts(settings.manifest_path),
+        sampling_defaults=load_sampling_defaults(
+            settings.manifest_path, settings.upstream_generation_config, settings.upstream_override_generation_config
+        ),
         runtime=runtime,
         upstream=Upstream(settings.upstream, timeout_s=settings.upstream_timeout_s),
     )

@@ -8,6 +8,7 @@ then to the default. `build_settings` and `serve` are the programmatic entry poi
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import sys
 from pathlib import Path
@@ -37,6 +38,16 @@ def _group() -> None:
 def _fail(message: str) -> NoReturn:
     typer.echo(f"reprolane: error: {message}", err=True)
     sys.exit(2)
+
+
+def _json_flag(flag: str, value: str | None) -> Any:
+    """A flag given as JSON, parsed (None when not given); `CaptureError` naming the flag when it is not JSON."""
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise CaptureError(f"{flag}: not JSON: {exc}") from None
 
 
 def build_settings(**flags: Any) -> CaptureSettings:
@@ -132,6 +143,12 @@ def serve_command(
     runtime_file: Annotated[Path | None, typer.Option(help="JSON of runtime fields the sidecar cannot see")] = None,
     audit_top_logprobs: Annotated[int | None, typer.Option(help="top-k logprobs recorded per step")] = None,
     inject_seed: Annotated[bool | None, typer.Option(help="add a seed to sampled requests without one")] = None,
+    upstream_generation_config: Annotated[
+        str | None, typer.Option(help="upstream vLLM's --generation-config: auto (default) | vllm")
+    ] = None,
+    upstream_override_generation_config: Annotated[
+        str | None, typer.Option(help="upstream vLLM's --override-generation-config, the same JSON")
+    ] = None,
     flag_tenant: Annotated[list[str] | None, typer.Option(help="flag this tenant's requests (repeatable)")] = None,
     sample_rate: Annotated[float | None, typer.Option(help="fraction of requests flagged for replay")] = None,
     sidecar_id: Annotated[str | None, typer.Option(help="name recorded in every envelope")] = None,
@@ -157,6 +174,10 @@ def serve_command(
             runtime_path=runtime_file,
             audit_top_logprobs=audit_top_logprobs,
             inject_seed=inject_seed,
+            upstream_generation_config=upstream_generation_config,
+            upstream_override_generation_config=_json_flag(
+                "--upstream-override-generation-config", upstream_override_generation_config
+            ),
             flag_tenants=tuple(flag_tenant) if flag_tenant else None,
             sample_rate=sample_rate,
             sidecar_id=sidecar_id,

@@ -56,7 +56,17 @@ from capture.errors import SpoolFullError, UpstreamError, UpstreamTimeoutError
 from capture.metrics import CaptureMetrics
 from capture.policy import NOT_FLAGGED, ReplayPolicy
 from capture.recorder import EnvelopeRecorder, SpoolLike
-from capture.recording import Endpoint, ErrorType, OutputCollector, Prepared, RequestContext, prepare, strip
+from capture.recording import (
+    BUILTIN_DEFAULTS,
+    Endpoint,
+    ErrorType,
+    OutputCollector,
+    Prepared,
+    RequestContext,
+    SamplingDefaults,
+    prepare,
+    strip,
+)
 from capture.runtime import RuntimeProbe
 from capture.settings import CaptureSettings
 from capture.upstream import Upstream, UpstreamResponse
@@ -78,8 +88,10 @@ class CaptureProxy:
         artifacts: ArtifactHashes,
         runtime: RuntimeProbe,
         upstream: Upstream,
+        sampling_defaults: SamplingDefaults = BUILTIN_DEFAULTS,
     ) -> None:
         self.settings = settings
+        self.sampling_defaults = sampling_defaults
         self.spool = spool
         self.metrics = metrics
         self.upstream = upstream
@@ -204,6 +216,7 @@ class CaptureProxy:
             request_id=ctx.request_id,
             audit_k=self.settings.audit_top_logprobs,
             inject_seed=self.settings.inject_seed,
+            defaults=self.sampling_defaults,
         )
         ctx.stream = prepared.stream
         if self._guaranteed and self.spool.bytes >= self.settings.spool_max_bytes:

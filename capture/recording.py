@@ -41,8 +41,9 @@ from schemas.envelope import StepRow, TopRow, steps_canonical_text
 Endpoint = Literal["chat.completions", "completions"]
 ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
 
-# vLLM 0.32's defaults for a request that leaves a field out (ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS;
-# the served model's generation_config.json may override them: then put them in the runtime file's docs).
+# vLLM 0.32's own defaults for a request that leaves a field out (ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS);
+# the served model's generation_config.json overrides them unless vLLM runs with --generation-config vllm
+# (`SamplingDefaults`, `capture.runtime.load_sampling_defaults`).
 VLLM_DEFAULTS: Final[dict[str, float | int]] = {
     "temperature": 1.0,
     "top_p": 1.0,
@@ -52,6 +53,23 @@ VLLM_DEFAULTS: Final[dict[str, float | int]] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
 }
+
+
+class SamplingDefaults:
+    """What upstream uses for a sampling field a request leaves out: every `VLLM_DEFAULTS` field, plus
+    ``max_tokens`` when the model sets one. The contract records these, so it says what upstream applied."""
+
+    __slots__ = ("key", "values")
+
+    def __init__(self, values: dict[str, float | int]) -> None:
+        self.values: dict[str, float | int] = {**VLLM_DEFAULTS, **values}
+        self.key = tuple(sorted(self.values.items()))  # part of the contract cache's key
+
+    def __repr__(self) -> str:
+        return f"SamplingDefaults({self.values!r})"
+
+
+BUILTIN_DEFAULTS: Final = SamplingDefaults({})
 # Request fields mapped onto the contract, or that do not change which tokens come out.
 _MAPPED: Final = frozenset(
     {*VLLM_DEFAULTS, "max_tokens", "max_completion_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos", "n"}
@@ -153,9 +171,9 @@ class Prepared:
     n: int = 1
 
 
-def _opt(body: dict[str, Any], name: str) -> Any:
+def _opt(body: dict[str, Any], name: str, defaults: SamplingDefaults) -> Any:
     value = body.get(name)
-    return VLLM_DEFAULTS.get(name) if value is None else value
+    return defaults.values.get(name) if value is None else value
 
 
 def derive_seed(request_id: str) -> int:
@@ -164,10 +182,15 @@ def derive_seed(request_id: str) -> int:
 
 
 def sampling_contract(
-    endpoint: Endpoint, body: dict[str, Any], *, recorded_k: int | None, seed_injected: bool
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    *,
+    recorded_k: int | None,
+    seed_injected: bool,
+    defaults: SamplingDefaults = BUILTIN_DEFAULTS,
 ) -> SamplingContract:
-    """The request's sampling contract with vLLM's defaults explicit; raises ValueError on invalid values."""
-    temperature = float(_opt(body, "temperature"))
+    """The request's sampling contract with upstream's defaults explicit; raises ValueError on invalid values."""
+    temperature = float(_opt(body, "temperature", defaults))
     seed = body.get("seed")
     if temperature == 0.0:
         scope: Literal["per_request", "worker_global", "none"] = "none"
@@ -180,6 +203,8 @@ def sampling_contract(
     max_tokens = body.get("max_completion_tokens") if endpoint == "chat.completions" else None
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = defaults.values.get("max_tokens")
     bias = body.get("logit_bias") or {}
     processors = body.get("logits_processors") or ()
     extra = {
@@ -193,12 +218,12 @@ def sampling_contract(
     try:
         return SamplingContract(
             temperature=temperature,
-            top_p=_opt(body, "top_p"),
-            top_k=_opt(body, "top_k"),
-            min_p=_opt(body, "min_p"),
-            repetition_penalty=_opt(body, "repetition_penalty"),
-            presence_penalty=_opt(body, "presence_penalty"),
-            frequency_penalty=_opt(body, "frequency_penalty"),
+            top_p=_opt(body, "top_p", defaults),
+            top_k=_opt(body, "top_k", defaults),
+            min_p=_opt(body, "min_p", defaults),
+            repetition_penalty=_opt(body, "repetition_penalty", defaults),
+            presence_penalty=_opt(body, "presence_penalty", defaults),
+            frequency_penalty=_opt(body, "frequency_penalty", defaults),
             max_tokens=max_tokens,
             min_tokens=body.get("min_tokens") or 0,
             stop=stops,
@@ -217,7 +242,15 @@ def sampling_contract(
         raise ValueError(str(exc)) from exc
 
 
-def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_k: int, inject_seed: bool) -> Prepared:
+def prepare(
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    *,
+    request_id: str,
+    audit_k: int,
+    inject_seed: bool,
+    defaults: SamplingDefaults = BUILTIN_DEFAULTS,
+) -> Prepared:
     """Parse a capture request and build the body sent upstream (the client's body is not modified)."""
     up = dict(body)
     client_token_ids = bool(body.get("return_token_ids"))
@@ -257,11 +290,12 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
             up["return_tokens_as_token_ids"] = True
             recorded_k = audit_k
     seed_injected = False
-    temperature = body.get("temperature")
-    if inject_seed and body.get("seed") is None and (temperature is None or temperature != 0):
+    if inject_seed and body.get("seed") is None and _sampled(_opt(body, "temperature", defaults)):
         up["seed"] = derive_seed(request_id)
         seed_injected = True
-    sampling = _frozen_contract(endpoint, up, recorded_k if isinstance(recorded_k, int) else None, seed_injected)
+    sampling = _frozen_contract(
+        endpoint, up, recorded_k if isinstance(recorded_k, int) else None, seed_injected, defaults
+    )
     model = body.get("model")
     return Prepared(
         endpoint=endpoint,
@@ -277,6 +311,15 @@ def prepare(endpoint: Endpoint, body: dict[str, Any], *, request_id: str, audit_
     )
 
 
+def _sampled(temperature: Any) -> bool:
+    """Whether upstream samples at this temperature (read as pydantic reads it: ``"0"`` is greedy too)."""
+    try:
+        return _FLOAT.validate_python(temperature) != 0.0
+    except ValidationError:
+        return False  # upstream refuses the request
+
+
+_FLOAT: Final = TypeAdapter(float)
 _INT: Final = TypeAdapter(int)  # lax, as upstream's own pydantic models read `n`: 2, 2.0, "2" and true all count
 
 
@@ -299,10 +342,12 @@ _MISSING: Final = object()
 _NOT_IN_CONTRACT: Final = frozenset({"messages", "prompt"})  # the prompt is recorded as token ids, not here
 
 
-def _contract_key(endpoint: Endpoint, up: dict[str, Any], recorded_k: int | None, injected: bool) -> tuple[Any, ...]:
+def _contract_key(
+    endpoint: Endpoint, up: dict[str, Any], recorded_k: int | None, injected: bool, defaults: SamplingDefaults
+) -> tuple[Any, ...]:
     """What `sampling_contract` reads, as a hashable key (each value with its type: ``1``, ``1.0`` and ``true``
     are equal in Python but not in a contract's ``extra``); () when a field holds a list or an object."""
-    key: list[Any] = [endpoint, recorded_k, injected]
+    key: list[Any] = [endpoint, recorded_k, injected, defaults.key]
     for name, value in up.items():
         if name in _NOT_IN_CONTRACT:
             continue
@@ -314,17 +359,17 @@ def _contract_key(endpoint: Endpoint, up: dict[str, Any], recorded_k: int | None
 
 
 def _frozen_contract(
-    endpoint: Endpoint, up: dict[str, Any], recorded_k: int | None, injected: bool
+    endpoint: Endpoint, up: dict[str, Any], recorded_k: int | None, injected: bool, defaults: SamplingDefaults
 ) -> SamplingContract | None:
     """`sampling_contract` of the upstream body, or None when it is invalid (upstream will refuse it with a 400, or
     the envelope says the contract is unknown); the same record for the same fields (`_CONTRACTS`)."""
-    key = _contract_key(endpoint, up, recorded_k, injected)
+    key = _contract_key(endpoint, up, recorded_k, injected, defaults)
     hit = _CONTRACTS.get(key, _MISSING) if key else _MISSING
     if hit is not _MISSING:
         return hit  # type: ignore[return-value]
     try:
         contract: SamplingContract | None = sampling_contract(
-            endpoint, up, recorded_k=recorded_k, seed_injected=injected
+            endpoint, up, recorded_k=recorded_k, seed_injected=injected, defaults=defaults
         )
     except (ValueError, TypeError, AttributeError):
         contract = None

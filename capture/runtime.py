@@ -8,6 +8,10 @@ Three sources, each optional, merged once and cached:
   sizes, attention backend, ...), validated at startup so a typo is an error, not a silent ``None``;
 - what upstream reports: ``GET /version`` (engine version) and each response's ``system_fingerprint``.
 
+The manifest also says which sampling defaults upstream applies to a request that leaves a field out
+(`load_sampling_defaults`), so each envelope's contract records what upstream used, not what vLLM would use
+for a model without a ``generation_config.json``.
+
 Observed values win over the runtime file for ``engine_version`` and ``system_fingerprint``; the file's own
 values stand for everything else. The manifest's ``dtype`` is the dtype the weights were *stored* in, not the
 one they are served in, so it never fills the fingerprint's ``dtype``.
@@ -25,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from capture.errors import CaptureError, UpstreamError
+from capture.recording import VLLM_DEFAULTS, SamplingDefaults
 from capture.upstream import Upstream
 from schemas import ArtifactHashes, RuntimeFingerprint
 
@@ -50,6 +55,45 @@ def load_artifacts(manifest_path: Path | None) -> ArtifactHashes:
             raise CaptureError(f"manifest {manifest_path}: {key} is not a lowercase hex sha256")
         values[key] = value
     return ArtifactHashes(**values, manifest_source=str(manifest_path))
+
+
+def load_sampling_defaults(
+    manifest_path: Path | None, generation_config: str, overrides: dict[str, float]
+) -> SamplingDefaults:
+    """What upstream vLLM uses for a sampling field a request leaves out, as its ``get_diff_sampling_param``
+    computes it: its own defaults, over them the model's (the manifest's ``generation_defaults``) unless it runs
+    with ``--generation-config vllm``, over both ``--override-generation-config`` (``overrides``, Hugging Face
+    names: ``max_new_tokens`` is ``max_tokens``)."""
+    values: dict[str, float | int] = {}
+    if manifest_path is not None and generation_config == "auto":
+        found = _json_object(manifest_path, "manifest").get("generation_defaults")
+        if found is None:
+            log.warning(
+                "manifest %s has no generation_defaults (written before manifest version 3): envelopes record "
+                "vLLM's own sampling defaults; if the model's generation_config.json sets temperature, top_p, ... "
+                "rebuild the manifest (reprolane model fetch --force)",
+                manifest_path,
+            )
+        elif not isinstance(found, dict):
+            raise CaptureError(f"manifest {manifest_path}: generation_defaults is not a JSON object")
+        else:
+            values.update(_sampling_fields(found, f"manifest {manifest_path}: generation_defaults"))
+    # As vLLM reads its flag: Hugging Face names (``max_tokens`` there is not one, so it is ignored, as by vLLM).
+    renamed = {("max_tokens" if k == "max_new_tokens" else k): v for k, v in overrides.items() if k != "max_tokens"}
+    values.update(_sampling_fields(renamed, "upstream_override_generation_config"))
+    return SamplingDefaults(values)
+
+
+def _sampling_fields(found: dict[str, Any], where: str) -> dict[str, float | int]:
+    """The fields vLLM takes as sampling defaults (others, like ``do_sample``, it ignores; so do we)."""
+    out: dict[str, float | int] = {}
+    for name, value in found.items():
+        if name not in VLLM_DEFAULTS and name != "max_tokens":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise CaptureError(f"{where}: {name} is {value!r}, not a number")
+        out[name] = int(value) if name in ("top_k", "max_tokens") else value
+    return out
 
 
 def load_runtime_file(runtime_path: Path | None) -> dict[str, Any]:

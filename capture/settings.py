@@ -35,6 +35,16 @@ class CaptureSettings(BaseSettings):
         default=None, description="JSON of RuntimeFingerprint fields the sidecar cannot observe (dtype, ...)"
     )
     inject_seed: bool = Field(default=False, description="add a seed to sampled requests that have none")
+    upstream_generation_config: Literal["auto", "vllm"] = Field(
+        default="auto",
+        description="upstream vLLM's --generation-config: auto (its default) takes sampling defaults from the "
+        "model's generation_config.json, recorded in the manifest; vllm: vLLM's own defaults only",
+    )
+    upstream_override_generation_config: dict[str, float] = Field(
+        default_factory=dict,
+        description="upstream vLLM's --override-generation-config (JSON), the same object: sampling defaults that "
+        "win over the model's",
+    )
     version_headers: tuple[str, ...] = Field(
         default=("openai-version", "openai-model", "x-model-version", "x-api-version", "anthropic-version"),
         description="response headers recorded as the vendor version of upstreams without an engine version",

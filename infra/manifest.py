@@ -13,6 +13,10 @@ Three digests summarise the directory, so records can name "which model" in one 
 * ``tokenizer_sha256``: every other file (tokenizer JSON, special tokens, chat template file);
 * ``chat_template_sha256``: the chat template string itself, UTF-8, as the tokenizer applies it.
 
+The manifest also carries ``generation_defaults``: the sampling fields vLLM takes from ``generation_config.json``
+for a request that leaves them out (its default ``--generation-config auto``), so a capture sidecar that only has
+the manifest can record the contract upstream actually applied (`generation_defaults`).
+
 A digest over a set of files is the sha256 of the lines ``"<name>\\t<sha256 of file>\\n"`` sorted by
 name (see :func:`digest_files`): independent of file order and of the directory's location.
 """
@@ -32,7 +36,20 @@ from infra.errors import ModelCacheError
 MANIFEST_NAME = "reprolane-manifest.json"
 #: Bumped whenever the conversion recipe changes, so caches built by an older recipe are rebuilt.
 #: 2: config.json without the GGUF `quantization_config` (vLLM refused version 1 directories).
-MANIFEST_VERSION = 2
+#: 3: ``generation_defaults`` recorded.
+MANIFEST_VERSION = 3
+#: The fields of ``generation_config.json`` vLLM 0.32 uses as sampling defaults (``get_diff_sampling_param``),
+#: under the sampling contract's names (Hugging Face's ``max_new_tokens`` is vLLM's ``max_tokens``).
+GENERATION_SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 #: Files that change what the model computes (besides the weight files themselves).
 MODEL_CONFIG_FILES = frozenset({"config.json", "generation_config.json"})
@@ -70,6 +87,10 @@ class ModelManifest(BaseModel):
     model_sha256: str
     tokenizer_sha256: str
     chat_template_sha256: str
+    generation_defaults: dict[str, float | int] = Field(
+        default_factory=dict,
+        description="sampling defaults vLLM takes from generation_config.json (contract names); empty: none",
+    )
     created_at: datetime
     path: Path = Field(default=Path(), exclude=True)
 
@@ -120,6 +141,30 @@ def split_digests(file_hashes: Mapping[str, str]) -> tuple[str, str]:
     return digest_files(model), digest_files(tokenizer)
 
 
+def generation_defaults(path: Path) -> dict[str, float | int]:
+    """The sampling defaults in ``path/generation_config.json`` as vLLM reads them: the fields it uses, those
+    not null (with transformers 5 every value the file sets differs from `GenerationConfig`'s all-None
+    defaults, so vLLM's "diff" is the file itself). No file: none."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ModelCacheError(f"{file}: not JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ModelCacheError(f"{file}: not a JSON object")
+    out: dict[str, float | int] = {}
+    for hf_name, name in GENERATION_SAMPLING_FIELDS.items():
+        value = config.get(hf_name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ModelCacheError(f"{file}: {hf_name} is {value!r}, not a number")
+        out[name] = value
+    return out
+
+
 def write_manifest(
     path: Path,
     *,
@@ -142,6 +187,7 @@ def write_manifest(
         model_sha256=model_sha,
         tokenizer_sha256=tokenizer_sha,
         chat_template_sha256=hashlib.sha256(chat_template.encode("utf-8")).hexdigest(),
+        generation_defaults=generation_defaults(path),
         created_at=created_at,
         path=path,
     )

@@ -2,7 +2,7 @@
 
 A seed only fixes random state. To replay a request the whole contract must be frozen: sampling parameters,
 the seed *and its scope*, stop conditions, logits processors and length limits. Server defaults are made
-explicit by the capture side (a request that sent no ``top_k`` records the server's ``-1``), so the replayer
+explicit by the capture side (a request that sent no ``top_k`` records the server's, vLLM's ``0``), so the replayer
 never has to guess what a missing field meant.
 """
 

@@ -620,3 +620,24 @@ async def test_a_redirect_is_passed_on_pointing_at_the_sidecar() -> None:
     assert followed.status_code == 200
     assert only(spool).request_id == followed.headers["x-reprolane-request-id"]
 
+
+async def test_sampling_defaults_of_the_model_are_recorded(tmp_path: Any) -> None:
+    """A request that leaves temperature, top_k, max_tokens out gets the model's generation_config.json values
+    from vLLM (its default --generation-config auto): the envelope records those, not vLLM's own."""
+    manifest = tmp_path / "reprolane-manifest.json"
+    manifest.write_text(json.dumps({"generation_defaults": {"temperature": 0.6, "top_k": 20, "max_tokens": 64}}))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "seed": 3}
+    async with sidecar(manifest_path=manifest) as (client, _u, spool, _):
+        await client.post("/v1/chat/completions", json=body)
+        await client.post("/v1/chat/completions", json={**body, "temperature": 0.0, "max_tokens": 3})
+    model_defaults, explicit = (e.sampling for e in spool.envelopes)
+    assert model_defaults is not None
+    assert explicit is not None
+    assert (model_defaults.temperature, model_defaults.top_k, model_defaults.max_tokens) == (0.6, 20, 64)
+    assert model_defaults.seed_scope == "per_request"
+    assert (explicit.temperature, explicit.top_k, explicit.max_tokens) == (0.0, 20, 3)
+    async with sidecar(manifest_path=manifest, upstream_generation_config="vllm") as (client, _u, spool, _):
+        await client.post("/v1/chat/completions", json=body)
+    vllm_own = only(spool).sampling
+    assert vllm_own is not None
+    assert (vllm_own.temperature, vllm_own.top_k, vllm_own.max_tokens) == (1.0, 0, None)

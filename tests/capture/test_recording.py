@@ -9,6 +9,7 @@ import pytest
 
 from capture.recording import (
     OutputCollector,
+    SamplingDefaults,
     derive_seed,
     prepare,
     sampling_contract,
@@ -426,3 +427,25 @@ def test_chat_echo_asks_for_no_logprobs() -> None:
     p = prepare("chat.completions", {**CHAT, "echo": True}, request_id="r", audit_k=5, inject_seed=False)
     assert p.upstream_body == {**CHAT, "echo": True, "return_token_ids": True}
     assert p.echo is None  # chat's echo keeps its text with token ids
+
+
+def test_left_out_fields_record_upstreams_defaults_and_the_cache_keeps_them_apart() -> None:
+    model = SamplingDefaults({"temperature": 0.0, "top_k": 20, "max_tokens": 64})
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    with_model = prepare("chat.completions", body, request_id="rl-1", audit_k=5, inject_seed=True, defaults=model)
+    builtin = prepare("chat.completions", body, request_id="rl-1", audit_k=5, inject_seed=True)
+    assert with_model.sampling is not None
+    assert builtin.sampling is not None
+    assert (with_model.sampling.temperature, with_model.sampling.top_k, with_model.sampling.max_tokens) == (0.0, 20, 64)
+    assert (builtin.sampling.temperature, builtin.sampling.top_k, builtin.sampling.max_tokens) == (1.0, 0, None)
+    # greedy by the model's default: no seed injected (a sampled request by vLLM's own default gets one)
+    assert "seed" not in with_model.upstream_body
+    assert with_model.sampling.seed_scope == "none"
+    assert builtin.sampling.seed_injected
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0, "0", "0.0"])
+def test_no_seed_is_injected_into_a_greedy_request_however_spelled(temperature: object) -> None:
+    body = {"model": "m", "prompt": "Hi", "temperature": temperature}
+    p = prepare("completions", body, request_id="rl-1", audit_k=5, inject_seed=True)
+    assert "seed" not in p.upstream_body

@@ -9,7 +9,8 @@ import pytest
 
 from capture.edge import RecentIds
 from capture.errors import CaptureError
-from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file
+from capture.recording import VLLM_DEFAULTS
+from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file, load_sampling_defaults
 
 
 def test_artifacts_from_manifest(tmp_path: Path) -> None:
@@ -65,3 +66,43 @@ def test_recent_ids_are_bounded() -> None:
     assert len(ids) == 3
     assert "r9" in ids
     assert "r0" not in ids
+
+
+def _manifest(tmp_path: Path, doc: dict[str, object]) -> Path:
+    path = tmp_path / "reprolane-manifest.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_sampling_defaults_as_vllm_computes_them(tmp_path: Path) -> None:
+    path = _manifest(tmp_path, {"generation_defaults": {"temperature": 0.6, "top_p": 0.9, "max_tokens": 64}})
+    auto = load_sampling_defaults(path, "auto", {})
+    assert auto.values == {**VLLM_DEFAULTS, "temperature": 0.6, "top_p": 0.9, "max_tokens": 64}
+    assert load_sampling_defaults(path, "vllm", {}).values == VLLM_DEFAULTS  # --generation-config vllm
+    assert load_sampling_defaults(None, "auto", {}).values == VLLM_DEFAULTS
+    # --override-generation-config wins over the model's; Hugging Face names, as vLLM reads that flag
+    over = load_sampling_defaults(path, "auto", {"temperature": 0.2, "max_new_tokens": 8, "max_tokens": 99})
+    assert (over.values["temperature"], over.values["max_tokens"], over.values["top_p"]) == (0.2, 8, 0.9)
+    assert load_sampling_defaults(path, "vllm", {"top_k": 5}).values == {**VLLM_DEFAULTS, "top_k": 5}
+
+
+def test_a_manifest_without_generation_defaults_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _manifest(tmp_path, {"model_sha256": "a" * 64})
+    assert load_sampling_defaults(path, "auto", {}).values == VLLM_DEFAULTS
+    assert "no generation_defaults" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("doc", "overrides", "named"),
+    [
+        ({"generation_defaults": {"temperature": "hot"}}, {}, "generation_defaults: temperature"),
+        ({"generation_defaults": [1]}, {}, "generation_defaults is not a JSON object"),
+        ({"generation_defaults": {"top_k": True}}, {}, "top_k"),
+        ({}, {"top_p": None}, "upstream_override_generation_config: top_p"),
+    ],
+)
+def test_bad_sampling_defaults_name_the_field(
+    tmp_path: Path, doc: dict[str, object], overrides: dict[str, object], named: str
+) -> None:
+    with pytest.raises(CaptureError, match=named):
+        load_sampling_defaults(_manifest(tmp_path, doc), "auto", overrides)  # type: ignore[arg-type]

@@ -147,3 +147,34 @@ def test_ensure_model_force_rebuilds(tmp_path: Path, fake_fetch: FakeFetch) -> N
     model_mod.ensure_model(tmp_path)
     model_mod.ensure_model(tmp_path, force=True)
     assert fake_fetch.builds == 2
+
+
+def test_generation_defaults_are_what_vllm_takes_from_generation_config(tmp_path: Path) -> None:
+    path = tmp_path / "m"
+    _fake_model(path)
+    (path / "generation_config.json").write_text(
+        json.dumps(
+            {"bos_token_id": 1, "do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 50}
+            | {"max_new_tokens": 256, "repetition_penalty": None, "transformers_version": "5.19.0"}
+        )
+    )
+    manifest = write_manifest(
+        path, model_name="fake", source=SOURCE, dtype="float32", chat_template=TEMPLATE, created_at=datetime.now(UTC)
+    )
+    expected = {"temperature": 0.6, "top_p": 0.9, "top_k": 50, "max_tokens": 256}
+    assert manifest.generation_defaults == expected
+    assert load_manifest(path).generation_defaults == expected
+
+
+def test_no_generation_config_means_no_generation_defaults(tmp_path: Path) -> None:
+    assert load_manifest(_built(tmp_path)).generation_defaults == {}
+
+
+def test_a_generation_config_with_a_non_number_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "m"
+    _fake_model(path)
+    (path / "generation_config.json").write_text('{"temperature": "warm"}')
+    with pytest.raises(ModelCacheError, match="temperature is 'warm'"):
+        write_manifest(
+            path, model_name="f", source=SOURCE, dtype="float32", chat_template=TEMPLATE, created_at=datetime.now(UTC)
+        )
