@@ -22,10 +22,11 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import Counter, Histogram
 
@@ -329,7 +330,7 @@ class CaptureProxy:
         t_up = time.perf_counter()
         started = False
         error: tuple[ErrorType, int | None, str] | None = None
-        done = False
+        done, last = False, SSE_DONE
         try:
             try:
                 async with self.upstream.request(
@@ -343,10 +344,10 @@ class CaptureProxy:
                     buffer = b""
                     async for chunk in resp.chunks():
                         buffer += chunk
-                        while (cut := buffer.find(b"\n\n")) >= 0:
-                            event, buffer = buffer[: cut + 2], buffer[cut + 2 :]
-                            if event == SSE_DONE:
-                                done = True
+                        while (cut := _event_end(buffer)) > 0:
+                            event, buffer = buffer[:cut], buffer[cut:]
+                            if event == SSE_DONE or (len(event) <= _LONGEST_DONE and _is_done(event)):
+                                done, last = True, event
                                 continue
                             out, failure = _rewrite_event(event, collector, prepared)
                             if failure is not None:
@@ -376,9 +377,9 @@ class CaptureProxy:
             except SpoolFullError:
                 await end_stream(send, sse(_SPOOL_FULL))
                 return 503
-            await end_stream(send, SSE_DONE if done else b"")
+            await end_stream(send, last if done else b"")
         else:
-            await end_stream(send, SSE_DONE if done else b"")
+            await end_stream(send, last if done else b"")
             self.recorder.later(self._finish(ctx, prepared, collector, error, t0))
         return 200
 
@@ -497,12 +498,49 @@ _SPOOL_FULL = error_body(
 )
 
 
+def _event_end(buffer: bytes) -> int:
+    """Where the first complete SSE event in ``buffer`` ends (after its blank line), or -1. SSE ends lines with
+    LF (vLLM), CRLF (sse-starlette, behind many OpenAI-compatible servers) or CR; JSON data holds none of them."""
+    cut = buffer.find(b"\n\n")
+    if cut >= 0 and buffer.find(b"\r", 0, cut) < 0:
+        return cut + 2
+    found = _EVENT_END.search(buffer)
+    return -1 if found is None else found.end()
+
+
+_EVENT_END: Final = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def _split_data(event: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """(prefix, data, ending) of a one-line ``data`` event, spelled as upstream spelled it (``data:`` with or
+    without its optional space); None for any other event."""
+    if not event.startswith(b"data:"):
+        return None
+    body = event.rstrip(b"\r\n")
+    start = 6 if body[5:6] == b" " else 5
+    data = body[start:]
+    if b"\n" in data or b"\r" in data:
+        return None  # several lines: not one JSON document
+    return body[:start], data, event[len(body) :]
+
+
+_LONGEST_DONE: Final = len(b"data: [DONE]\r\n\r\n")
+
+
+def _is_done(event: bytes) -> bool:
+    parts = _split_data(event)
+    return parts is not None and parts[1] == b"[DONE]"
+
+
 def _rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) -> tuple[bytes, str | None]:
-    """Record one SSE event and return it stripped (non-data events and unparsable data pass unchanged)."""
-    if not event.startswith(b"data: "):
+    """Record one SSE event and return it stripped, spelled as it came (other events, and data that is not a
+    JSON object, pass unchanged)."""
+    parts = _split_data(event)
+    if parts is None:
         return event, None
+    prefix, data, ending = parts
     try:
-        obj, encode = decode_json(event[6:])
+        obj, encode = decode_json(data)
     except ValueError:
         return event, None
     if not isinstance(obj, dict):
@@ -510,4 +548,4 @@ def _rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared)
     if "error" in obj and "choices" not in obj:
         return event, f"upstream error in stream: {json.dumps(obj['error'])[:2000]}"
     collector.add(obj)
-    return b"data: " + encode(strip(obj, prepared)) + b"\n\n", None
+    return prefix + encode(strip(obj, prepared)) + ending, None

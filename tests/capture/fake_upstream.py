@@ -52,6 +52,9 @@ class FakeUpstream:
     vendor: bool = False
     #: A ``Set-Cookie`` value sent with every ``/v1/models`` answer (a load balancer's sticky-session cookie).
     set_cookie: str | None = None
+    #: How each SSE event is spelled: its field prefix and its terminator (vLLM: ``data: `` and LF LF;
+    #: sse-starlette, behind many other OpenAI-compatible servers: CRLF CRLF).
+    sse: tuple[bytes, bytes] = (b"data: ", b"\n\n")
 
     def app(self) -> Starlette:
         return Starlette(
@@ -142,6 +145,9 @@ class FakeUpstream:
             return JSONResponse(doc, headers={"openai-version": "2020-10-01", "x-unrelated": "no"})
         return JSONResponse(doc)
 
+    def _event(self, obj: dict[str, Any]) -> bytes:
+        return self.sse[0] + json.dumps(obj, separators=(",", ":")).encode() + self.sse[1]
+
     async def _stream(self, body: dict[str, Any], with_ids: bool, chat: bool, *, drip: bool) -> AsyncIterator[bytes]:
         base = {
             "id": "x-1",
@@ -163,7 +169,7 @@ class FakeUpstream:
                     ],
                     "prompt_token_ids": PROMPT_IDS if with_ids else None,
                 }
-                yield _event(first)
+                yield self._event(first)
             steps = range(50) if drip else range(len(OUTPUT_IDS))
             for i in steps:
                 j = i % len(OUTPUT_IDS)
@@ -181,17 +187,13 @@ class FakeUpstream:
                 chunk: dict[str, Any] = {**base, "choices": [choice]}
                 if last:
                     chunk["system_fingerprint"] = FINGERPRINT
-                yield _event(chunk)
+                yield self._event(chunk)
                 if drip:
                     await asyncio.sleep(0.2)
-            yield b"data: [DONE]\n\n"
+            yield self.sse[0] + b"[DONE]" + self.sse[1]
         except (asyncio.CancelledError, GeneratorExit):
             self.aborted += 1
             raise
-
-
-def _event(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _logprobs(body: dict[str, Any], steps: Any, chat: bool) -> dict[str, Any] | None:

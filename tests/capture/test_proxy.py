@@ -641,3 +641,31 @@ async def test_sampling_defaults_of_the_model_are_recorded(tmp_path: Any) -> Non
     vllm_own = only(spool).sampling
     assert vllm_own is not None
     assert (vllm_own.temperature, vllm_own.top_k, vllm_own.max_tokens) == (1.0, 0, None)
+
+
+@pytest.mark.parametrize(
+    "sse",
+    [(b"data: ", b"\r\n\r\n"), (b"data:", b"\n\n"), (b"data:", b"\r\r")],
+    ids=["crlf", "no-space", "cr"],
+)
+async def test_streams_spelled_otherwise_are_relayed_as_spelled_stripped_and_recorded(
+    sse: tuple[bytes, bytes],
+) -> None:
+    """SSE allows CRLF or CR line ends and no space after ``data:`` (sse-starlette, behind many OpenAI-compatible
+    servers, writes CRLF): the sidecar looked for LF LF only, so it held the whole stream back and sent none of
+    it; and ``data:`` without a space went out unstripped and unrecorded."""
+    prefix, end = sse
+    async with sidecar(upstream=FakeUpstream(sse=sse)) as (client, _, spool, _m):
+        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
+            raw = await resp.aread()
+    events = [e for e in raw.split(end) if e]
+    assert events[-1] == prefix + b"[DONE]"
+    assert all(e.startswith(prefix) for e in events)
+    chunks = [json.loads(e[len(prefix) :]) for e in events[:-1]]
+    assert len(chunks) == 4
+    assert all(c["choices"][0].get("logprobs") is None and c["choices"][0].get("token_ids") is None for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "The capital."
+    env = only(spool)
+    assert isinstance(env.outcome, CapturedOutput)
+    assert list(env.outcome.choices[0].token_ids) == OUTPUT_IDS
+    assert env.outcome.choices[0].logprobs is not None
