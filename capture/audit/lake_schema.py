@@ -6,7 +6,8 @@ the partition columns ``date`` and ``tenant`` are in the path only, never inside
 - ``envelopes``: one row per envelope (partition date = capture day). Runtime fingerprint fields are flattened
   as ``rt_<field>`` next to ``runtime_sha256``. A *sealed* envelope (encrypted tenant) gets a metadata-only
   row (``sealed`` true, ids, key id, capture time, workflow, S3 key): the lake never holds what the ciphertext
-  hides, not even the model or runtime.
+  hides, not even the model or runtime. ``prompts`` counts the prompts of a completions request that sent several;
+  the ``prompt_*`` and ``output_*`` columns describe the first prompt and choice 0 (the rest are in the envelope).
 - ``divergences``: one row per `schemas.DivergenceEvent` (partition date = replay day). The recorded
   envelope's runtime is joined in SQL (``envelope_id``).
 - ``replays`` is a view, not a table (see `capture.audit.query`): result id and S3 key, from divergences joined
@@ -68,6 +69,7 @@ ENVELOPES: Final = pa.schema(
         ("seed_scope", pa.string()),
         ("max_tokens", pa.int64()),
         ("n", pa.int64()),
+        ("prompts", pa.int64()),
         ("prompt_len", pa.int64()),
         ("prompt_token_ids", pa.list_(pa.int32())),
         ("prompt_text", pa.string()),
@@ -182,6 +184,7 @@ def envelope_row(envelope: Envelope, archived_at: datetime, envelope_id: str | N
         )  # fmt: skip
     if envelope.prompt is not None:
         row.update(
+            prompts=1 + len(envelope.more_prompts or ()),
             prompt_len=len(envelope.prompt.token_ids),
             prompt_token_ids=list(envelope.prompt.token_ids),
             prompt_text=envelope.prompt.text,

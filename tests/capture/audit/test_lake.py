@@ -37,6 +37,14 @@ def test_envelope_row_flattens_the_runtime_and_matches_the_schema() -> None:
     assert (row["prompt_len"], row["output_len"], row["finish_reason"]) == (5, 3, "stop")
     assert row["s3_key"].endswith(f"{env.envelope_id()}.json")
     assert (row["workflow_id"], row["workflow_step"]) == ("claim-7781", 2)
+    assert row["prompts"] == 1
+
+
+def test_a_request_with_several_prompts_says_how_many() -> None:
+    first = envelope()
+    assert first.prompt is not None
+    env = envelope(more_prompts=(first.prompt, first.prompt))
+    assert envelope_row(env, FIXED_TIME)["prompts"] == 3
 
 
 def test_error_envelope_row_names_the_error() -> None:
