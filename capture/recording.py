@@ -70,6 +70,7 @@ class SamplingDefaults:
 
 
 BUILTIN_DEFAULTS: Final = SamplingDefaults({})
+_COMPLETIONS_MAX_TOKENS: Final = 16  # vLLM 0.32's CompletionRequest.max_tokens default
 # Request fields mapped onto the contract, or that do not change which tokens come out.
 _MAPPED: Final = frozenset(
     {*VLLM_DEFAULTS, "max_tokens", "max_completion_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos", "n"}
@@ -202,7 +203,9 @@ def sampling_contract(
     stops: tuple[str, ...] = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
     max_tokens = body.get("max_completion_tokens") if endpoint == "chat.completions" else None
     if max_tokens is None:
-        max_tokens = body.get("max_tokens")
+        # vLLM's completions request defaults an absent max_tokens to 16 (OpenAI's legacy default); a null one,
+        # and chat's, fall to the model's default, then to the rest of the context (recorded as None)
+        max_tokens = body.get("max_tokens", _COMPLETIONS_MAX_TOKENS if endpoint == "completions" else None)
     if max_tokens is None:
         max_tokens = defaults.values.get("max_tokens")
     bias = body.get("logit_bias") or {}

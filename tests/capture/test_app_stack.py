@@ -250,3 +250,18 @@ async def test_chat_echo_and_a_refused_top_logprobs_are_as_upstream_answers(stac
     assert visible(via) == visible(plain)
     assert refused[0] == refused[1]
     assert [e.outcome.kind for e in recorded] == ["output", "error"]
+
+
+async def test_a_completion_without_max_tokens_records_vllms_16(stack: StackInfo, tmp_path: Path) -> None:
+    """vLLM's completions request gives an absent max_tokens the legacy default 16: the contract says so (it
+    said None, 'up to the context'), and the answer stops there."""
+    params: dict[str, Any] = {"model": stack.model_name, "prompt": "Count: 1, 2, 3, 4,", "temperature": 0}
+    async with through_sidecar(stack, tmp_path) as (client, spool):
+        raw = await client.completions.with_raw_response.create(**params)
+        env = await envelope_of(spool, raw.headers["x-reprolane-request-id"])
+    answer = raw.parse()
+    assert answer.usage is not None
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage.completion_tokens == 16
+    assert env.sampling is not None
+    assert env.sampling.max_tokens == 16

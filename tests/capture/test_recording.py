@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from capture.recording import (
+    BUILTIN_DEFAULTS,
     OutputCollector,
     SamplingDefaults,
     derive_seed,
@@ -449,3 +450,23 @@ def test_no_seed_is_injected_into_a_greedy_request_however_spelled(temperature: 
     body = {"model": "m", "prompt": "Hi", "temperature": temperature}
     p = prepare("completions", body, request_id="rl-1", audit_k=5, inject_seed=True)
     assert "seed" not in p.upstream_body
+
+
+def test_max_tokens_left_out_is_recorded_as_vllm_reads_it() -> None:
+    """vLLM's completions request defaults an absent max_tokens to 16; null, and chat's, mean the model's
+    default, else the rest of the context (None)."""
+    model = SamplingDefaults({"max_tokens": 64})
+
+    def recorded(endpoint: Any, body: dict[str, Any], defaults: SamplingDefaults = BUILTIN_DEFAULTS) -> Any:
+        body = {"model": "m", **body}
+        p = prepare(endpoint, body, request_id="rl-1", audit_k=5, inject_seed=False, defaults=defaults)
+        assert p.sampling is not None
+        return p.sampling.max_tokens
+
+    assert recorded("completions", {"prompt": "Hi"}) == 16
+    assert recorded("completions", {"prompt": "Hi"}, model) == 16
+    assert recorded("completions", {"prompt": "Hi", "max_tokens": None}) is None
+    assert recorded("completions", {"prompt": "Hi", "max_tokens": None}, model) == 64
+    assert recorded("chat.completions", {"messages": CHAT["messages"]}) is None
+    assert recorded("chat.completions", {"messages": CHAT["messages"]}, model) == 64
+    assert recorded("chat.completions", {"messages": CHAT["messages"], "max_completion_tokens": 5}, model) == 5
