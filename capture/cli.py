@@ -149,6 +149,9 @@ def serve_command(
     upstream_override_generation_config: Annotated[
         str | None, typer.Option(help="upstream vLLM's --override-generation-config, the same JSON")
     ] = None,
+    refuse_uncaptured: Annotated[
+        bool | None, typer.Option(help="403 for writes on paths not captured (/v1/responses, ...)")
+    ] = None,
     flag_tenant: Annotated[list[str] | None, typer.Option(help="flag this tenant's requests (repeatable)")] = None,
     sample_rate: Annotated[float | None, typer.Option(help="fraction of requests flagged for replay")] = None,
     sidecar_id: Annotated[str | None, typer.Option(help="name recorded in every envelope")] = None,
@@ -178,6 +181,7 @@ def serve_command(
             upstream_override_generation_config=_json_flag(
                 "--upstream-override-generation-config", upstream_override_generation_config
             ),
+            refuse_uncaptured=refuse_uncaptured,
             flag_tenants=tuple(flag_tenant) if flag_tenant else None,
             sample_rate=sample_rate,
             sidecar_id=sidecar_id,

@@ -101,6 +101,14 @@ class CaptureMetrics:
         self.spool_full_total = Counter(
             "spool_full_total", "Appends refused because the spool was full", namespace=namespace, registry=r
         )
+        self.uncaptured_total = Counter(
+            "uncaptured_total",
+            "Requests on paths the sidecar does not capture: reads (GET, HEAD, OPTIONS) and writes passed through, "
+            "writes refused (refuse_uncaptured)",
+            ["kind"],
+            namespace=namespace,
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The text exposition format of this registry."""

@@ -77,6 +77,9 @@ from schemas.envelope import is_valid_request_id
 log = logging.getLogger(__name__)
 
 
+_READS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 class CaptureProxy:
     """Both capture endpoints and the pass-through, sharing one upstream connection pool."""
 
@@ -110,9 +113,36 @@ class CaptureProxy:
             upstream=upstream,
             sidecar_id=settings.sidecar_id,
         )
-        self.passthrough = passthrough(upstream, settings.max_body_bytes)
+        self._forward = passthrough(upstream, settings.max_body_bytes)
+        self._uncaptured_allowed = frozenset(settings.uncaptured_allowed)
+        self._uncaptured_seen = RecentIds(capacity=256)  # write paths already logged
+        self._uncaptured = {kind: metrics.uncaptured_total.labels(kind) for kind in ("read", "write", "refused")}
         self._answered_children: dict[tuple[Endpoint, int], Counter] = {}
         self._upstream_children: dict[Endpoint, Histogram] = {}
+
+    # ------------------------------------------------------------------ everything else
+
+    async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A path (or method) the sidecar does not capture: forwarded as it is (`capture.edge.passthrough`),
+        counted; a write is logged once per path, or refused with a 403 under ``refuse_uncaptured``."""
+        if scope["method"] in _READS:
+            self._uncaptured["read"].inc()
+            await self._forward(scope, receive, send)
+            return
+        path = scope["path"]
+        if self.settings.refuse_uncaptured and path not in self._uncaptured_allowed:
+            self._uncaptured["refused"].inc()
+            message = (
+                f"{scope['method']} {path} is not captured by the reprolane sidecar, and this sidecar refuses what it "
+                "cannot record (refuse_uncaptured); use /v1/chat/completions or /v1/completions"
+            )
+            await send_json(send, 403, error_body(message, type_="permission_error", code=403), None)
+            return
+        self._uncaptured["write"].inc()
+        if path not in self._uncaptured_seen:
+            self._uncaptured_seen.add(path)
+            log.warning("%s %s passes through uncaptured (no envelope is recorded for it)", scope["method"], path)
+        await self._forward(scope, receive, send)
 
     # ------------------------------------------------------------------ capture endpoints
 

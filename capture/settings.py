@@ -50,6 +50,24 @@ class CaptureSettings(BaseSettings):
         description="response headers recorded as the vendor version of upstreams without an engine version",
     )
 
+    # --- what is not captured
+    refuse_uncaptured: bool = Field(
+        default=False,
+        description="answer 403 to writes (POST, PUT, ...) on paths the sidecar does not capture (/v1/responses, "
+        "/v1/messages, /inference/v1/generate, /update_weights, ...) except uncaptured_allowed: nothing reaches "
+        "upstream unrecorded that could generate or change what it serves",
+    )
+    uncaptured_allowed: tuple[str, ...] = Field(
+        default=(
+            "/tokenize",
+            "/detokenize",
+            "/v1/chat/completions/render",
+            "/v1/completions/render",
+            "/v1/messages/count_tokens",
+        ),
+        description="write paths still passed through under refuse_uncaptured (they generate nothing)",
+    )
+
     # --- replay policy
     flag_tenants: tuple[str, ...] = ()
     sample_rate: float = Field(default=0.0, ge=0.0, le=1.0)

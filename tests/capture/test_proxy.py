@@ -669,3 +669,34 @@ async def test_streams_spelled_otherwise_are_relayed_as_spelled_stripped_and_rec
     assert isinstance(env.outcome, CapturedOutput)
     assert list(env.outcome.choices[0].token_ids) == OUTPUT_IDS
     assert env.outcome.choices[0].logprobs is not None
+
+
+async def test_uncaptured_writes_pass_by_default_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    async with sidecar() as (client, upstream, spool, metrics):
+        models = await client.get("/v1/models")
+        first = await client.post("/tokenize", json={"prompt": "hi"})
+        again = await client.post("/tokenize", json={"prompt": "hi"})
+    assert (models.status_code, first.status_code, again.status_code) == (200, 200, 200)
+    assert [s.path for s in upstream.seen].count("/tokenize") == 2
+    assert spool.envelopes == []
+    assert metrics.value("reprolane_capture_uncaptured_total", {"kind": "read"}) == 1
+    assert metrics.value("reprolane_capture_uncaptured_total", {"kind": "write"}) == 2
+    assert caplog.text.count("POST /tokenize passes through uncaptured") == 1
+
+
+async def test_refuse_uncaptured_answers_403_to_writes_it_cannot_record() -> None:
+    """/v1/responses, /v1/messages, /update_weights...: under refuse_uncaptured nothing that could generate, or
+    change what upstream serves, reaches it unrecorded; reads and the allowed writes still pass."""
+    async with sidecar(refuse_uncaptured=True) as (client, upstream, _spool, metrics):
+        refused = await client.post("/v1/responses", json={"model": MODEL, "input": "hi"})
+        put = await client.put("/v1/chat/completions", json=CHAT)
+        allowed = await client.post("/tokenize", json={"prompt": "hi"})
+        read = await client.get("/v1/models")
+        captured = await client.post("/v1/chat/completions", json=CHAT)
+    assert (refused.status_code, put.status_code) == (403, 403)
+    err = refused.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "POST /v1/responses is not captured" in err["message"]
+    assert (allowed.status_code, read.status_code, captured.status_code) == (200, 200, 200)
+    assert "/v1/responses" not in [s.path for s in upstream.seen]
+    assert metrics.value("reprolane_capture_uncaptured_total", {"kind": "refused"}) == 2
