@@ -1,6 +1,7 @@
 """The capture endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions``, as raw ASGI.
 
-Every other path (and any other method on these two) goes through `capture.edge.passthrough` byte for byte.
+Every other path (and any other method on these two) goes through `capture.edge.passthrough` byte for byte,
+counted (writes there are logged once per path, or refused under ``refuse_uncaptured``: `CaptureProxy.passthrough`).
 ASGI plumbing lives in `capture.edge`, envelope assembly in `capture.recording`, spooling per mode in
 `capture.recorder`, the upstream client in `capture.upstream`. A captured request runs as:
 
