@@ -31,7 +31,9 @@ class SamplingContract(Record):
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="None: no limit but the server's, the rest of the context window"
+    )
     min_tokens: int = Field(default=0, ge=0)
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
