@@ -24,14 +24,15 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
 from capture.errors import CaptureError, UpstreamError
-from capture.recording import VLLM_DEFAULTS, SamplingDefaults
+from capture.recording import SamplingDefaults
 from capture.upstream import Upstream
 from schemas import ArtifactHashes, RuntimeFingerprint
+from schemas.sampling import GENERATION_CONFIG_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +80,19 @@ def load_sampling_defaults(
         else:
             values.update(_sampling_fields(found, f"manifest {manifest_path}: generation_defaults"))
     # As vLLM reads its flag: Hugging Face names (``max_tokens`` there is not one, so it is ignored, as by vLLM).
-    renamed = {("max_tokens" if k == "max_new_tokens" else k): v for k, v in overrides.items() if k != "max_tokens"}
+    renamed = {GENERATION_CONFIG_FIELDS[k]: v for k, v in overrides.items() if k in GENERATION_CONFIG_FIELDS}
     values.update(_sampling_fields(renamed, "upstream_override_generation_config"))
     return SamplingDefaults(values)
+
+
+_DEFAULT_FIELDS: Final = frozenset(GENERATION_CONFIG_FIELDS.values())  # their names in the contract
 
 
 def _sampling_fields(found: dict[str, Any], where: str) -> dict[str, float | int]:
     """The fields vLLM takes as sampling defaults (others, like ``do_sample``, it ignores; so do we)."""
     out: dict[str, float | int] = {}
     for name, value in found.items():
-        if name not in VLLM_DEFAULTS and name != "max_tokens":
+        if name not in _DEFAULT_FIELDS:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise CaptureError(f"{where}: {name} is {value!r}, not a number")

@@ -32,24 +32,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.errors import ModelCacheError
+from schemas.sampling import GENERATION_CONFIG_FIELDS
 
 MANIFEST_NAME = "reprolane-manifest.json"
 #: Bumped whenever the conversion recipe changes, so caches built by an older recipe are rebuilt.
 #: 2: config.json without the GGUF `quantization_config` (vLLM refused version 1 directories).
 #: 3: ``generation_defaults`` recorded.
 MANIFEST_VERSION = 3
-#: The fields of ``generation_config.json`` vLLM 0.32 uses as sampling defaults (``get_diff_sampling_param``),
-#: under the sampling contract's names (Hugging Face's ``max_new_tokens`` is vLLM's ``max_tokens``).
-GENERATION_SAMPLING_FIELDS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "max_new_tokens": "max_tokens",
-}
 
 #: Files that change what the model computes (besides the weight files themselves).
 MODEL_CONFIG_FILES = frozenset({"config.json", "generation_config.json"})
@@ -155,7 +144,7 @@ def generation_defaults(path: Path) -> dict[str, float | int]:
     if not isinstance(config, dict):
         raise ModelCacheError(f"{file}: not a JSON object")
     out: dict[str, float | int] = {}
-    for hf_name, name in GENERATION_SAMPLING_FIELDS.items():
+    for hf_name, name in GENERATION_CONFIG_FIELDS.items():
         value = config.get(hf_name)
         if value is None:
             continue

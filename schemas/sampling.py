@@ -16,6 +16,21 @@ from schemas.base import Record
 
 SAMPLING_CONTRACT_VERSION: Final = "reprolane.sampling/1"
 
+#: The fields of a model's ``generation_config.json`` (and of vLLM's ``--override-generation-config``) that vLLM 0.32
+#: takes as sampling defaults (``ModelConfig.get_diff_sampling_param``), each with its name in the contract (Hugging
+#: Face's ``max_new_tokens`` is ``max_tokens``). Written into the manifest by ``reprolane model fetch``; read by the
+#: capture sidecar.
+GENERATION_CONFIG_FIELDS: Final = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
 SeedScope = Literal["per_request", "worker_global", "none"]
 """``per_request``: the request carried a seed (or the sidecar injected one) and the engine seeds a generator
 for it alone. ``worker_global``: no per-request seed; randomness comes from the worker's global RNG state, so
