@@ -12,8 +12,12 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.connection import KafkaConnectionFields, S3ConnectionFields
 
-class CaptureSettings(BaseSettings):
+
+class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
+    """The sidecar's settings; the Kafka and S3 connection fields come from `schemas.connection`."""
+
     model_config = SettingsConfigDict(env_prefix="REPROLANE_CAPTURE_", extra="forbid", frozen=True)
 
     # --- HTTP edge
@@ -86,18 +90,7 @@ class CaptureSettings(BaseSettings):
         "waits for it; a crash loses at most this much more); 0: as in guaranteed mode, no wait",
     )
 
-    # --- sinks
-    kafka_bootstrap: str | None = None
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
-    s3_endpoint: str | None = None
-    s3_region: str = "us-east-1"
-    s3_access_key: str | None = None
-    s3_secret_key: SecretStr | None = None
-    s3_bucket: str = "reprolane-audit"
-    s3_verify_tls: bool = True
+    # --- sinks (Kafka when kafka_bootstrap is set, S3 when s3_endpoint or s3_access_key is)
     s3_processes: int = Field(
         default=0,
         ge=0,

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.connection import KafkaConnectionFields, S3ConnectionFields
 from schemas.layout import TOPIC_DEAD_LETTER, TOPIC_DIVERGENCES, TOPIC_ENVELOPES, TOPIC_REPLAY_REQUESTS
 
 
@@ -23,7 +24,9 @@ class Thresholds(BaseSettings):
     semantic_min_similarity: float = Field(default=0.9, ge=-1.0, le=1.0)
 
 
-class ReplayerSettings(BaseSettings):
+class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
+    """The replayer's settings; the Kafka and S3 connection fields come from `schemas.connection`."""
+
     model_config = SettingsConfigDict(env_prefix="REPROLANE_REPLAYER_", extra="forbid", frozen=True)
 
     lane: Literal["vllm", "remote", "transformers"] = "vllm"
@@ -41,10 +44,6 @@ class ReplayerSettings(BaseSettings):
     # consumer
     group_id: str = "reprolane-replayer"
     kafka_bootstrap: str = "127.0.0.1:9092"
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
     session_timeout_ms: int = Field(default=10_000, ge=1000)
     heartbeat_interval_ms: int = Field(default=3_000, ge=100, description="must be below session_timeout_ms")
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
@@ -56,14 +55,8 @@ class ReplayerSettings(BaseSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")
     metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")
 
-    # store
-    s3_endpoint: str | None = None
-    s3_region: str = "us-east-1"
-    s3_access_key: str | None = None
-    s3_secret_key: SecretStr | None = None
-    s3_bucket: str = "reprolane-audit"
-    s3_verify_tls: bool = True
-    # sealed envelopes of encrypted tenants (schemas/sealed.py): the KEK that unwraps their data keys
+    # store (the S3 fields above); sealed envelopes of encrypted tenants (schemas/sealed.py): the KEK that
+    # unwraps their data keys
     kek: SecretStr | None = Field(default=None, description="key-encryption key, base64 of 32 bytes")
     kek_file: Path | None = Field(default=None, description="file holding the KEK (base64); used when kek is unset")
     keys_bucket: str = Field(default="reprolane-lake", description="bucket of the wrapped data keys")

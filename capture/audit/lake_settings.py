@@ -9,21 +9,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.connection import KafkaConnectionFields, S3ConnectionFields
 from schemas.layout import LAKE_BUCKET, TOPIC_DIVERGENCES, TOPIC_ENVELOPES
 
 
-class LakeSettings(BaseSettings):
+class LakeSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
+    """The Kafka and S3 connection fields come from `schemas.connection`."""
+
     model_config = SettingsConfigDict(env_prefix="REPROLANE_ARCHIVER_", extra="forbid", frozen=True)
 
     # --- sources
     kafka_bootstrap: str = "127.0.0.1:9092"
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
     envelope_topic: str = TOPIC_ENVELOPES
     divergence_topic: str = TOPIC_DIVERGENCES
     group_id: str = "reprolane-archiver"
@@ -33,13 +32,7 @@ class LakeSettings(BaseSettings):
     flush_rows: int = Field(default=50_000, ge=1, description="write the buffered rows at this many")
     flush_seconds: float = Field(default=60.0, gt=0.0, description="... or when the oldest is this old")
 
-    # --- S3
-    s3_endpoint: str | None = None
-    s3_region: str = "us-east-1"
-    s3_access_key: str | None = None
-    s3_secret_key: SecretStr | None = None
-    s3_verify_tls: bool = True
-    s3_bucket: str = Field(default="reprolane-audit", description="the audit bucket (request-id index rebuild)")
+    # --- S3 (s3_bucket, the audit bucket, is where the request-id index is rebuilt)
     lake_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the lake; must not be under Object Lock")
     lake_prefix: str = Field(default="lake", pattern=r"^[A-Za-z0-9._\-/]*[A-Za-z0-9._\-]$")
     keys_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the wrapped data keys")

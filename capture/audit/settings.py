@@ -8,19 +8,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.connection import S3ConnectionFields
 
-class AuditSettings(BaseSettings):
+
+class AuditSettings(BaseSettings, S3ConnectionFields):
     model_config = SettingsConfigDict(env_prefix="REPROLANE_AUDIT_", extra="forbid", frozen=True)
 
-    s3_endpoint: str | None = None
-    s3_region: str = "us-east-1"
-    s3_access_key: str | None = None
-    s3_secret_key: SecretStr | None = None
-    s3_bucket: str = "reprolane-audit"
-    s3_verify_tls: bool = True
     signing_key: str | None = Field(
         default=None, description="Ed25519 private key: path to a PEM file, or base64 of the 32 raw bytes"
     )
