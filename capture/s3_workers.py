@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import SinkError
+from infra.clients.s3 import S3Connection, S3Policy, error_code, is_already_written, make_s3_client, s3_errors
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-    from capture.sinks import S3Connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,18 +43,13 @@ class Put:
 
 def run_put(client: S3Client, bucket: str, put: Put) -> None:
     """Do one PUT; raises `SinkError` (and nothing else) when S3 did not store it."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
         client.put_object(Bucket=bucket, Key=put.key, Body=put.body, **put.params)
-    except ClientError as exc:
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        code = str(exc.response.get("Error", {}).get("Code", "?"))
-        if put.created_is_enough and (status == 412 or code == "PreconditionFailed"):
+    except s3_errors() as exc:
+        if put.created_is_enough and is_already_written(exc):
             return
-        raise SinkError(f"s3 put {bucket}/{put.key}: {code}: {exc}") from exc
-    except BotoCoreError as exc:
-        raise SinkError(f"s3 put {bucket}/{put.key}: {exc}") from exc
+        code = error_code(exc)
+        raise SinkError(f"s3 put {bucket}/{put.key}: {f'{code}: ' if code else ''}{exc}") from exc
 
 
 class S3Processes:
@@ -115,9 +109,7 @@ _executor: ThreadPoolExecutor | None = None
 
 def _start_worker(settings: S3Connection, threads: int) -> None:
     global _client, _executor
-    from capture.sinks import make_s3_client
-
-    _client = make_s3_client(settings, threads)
+    _client = make_s3_client(settings, policy=S3Policy.SIDECAR, threads=threads)
     _executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="capture-s3")
 
 

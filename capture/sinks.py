@@ -27,8 +27,8 @@ S3 (`S3Sink`), per envelope, with boto3 in a thread pool, or in worker processes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import ssl
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +40,8 @@ import msgspec
 from capture.errors import SinkError
 from capture.s3_workers import Put, S3Processes, run_put
 from capture.spool import SpoolEntry
+from infra.clients.kafka import aiokafka_kwargs, kafka_errors
+from infra.clients.s3 import S3Policy, make_s3_client
 from schemas import sha256_hex
 from schemas.layout import (
     HEADER_ENVELOPE_ID,
@@ -53,7 +55,6 @@ from schemas.layout import (
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from pydantic import SecretStr
 
     from capture.settings import CaptureSettings
 
@@ -153,9 +154,8 @@ class KafkaSink:
         self._producer: Any = None
 
     def _producer_kwargs(self) -> dict[str, Any]:
-        s = self._settings
-        kwargs: dict[str, Any] = {
-            "bootstrap_servers": s.kafka_bootstrap,
+        return {
+            **aiokafka_kwargs(self._settings),
             "acks": "all",
             "enable_idempotence": False,
             "linger_ms": 5,
@@ -163,35 +163,23 @@ class KafkaSink:
             "compression_type": "gzip",  # JSON of token ids and logprobs shrinks 1.7-3.6x (benchmarks/envelope_size.py)
             "request_timeout_ms": self._request_timeout_ms,
             "retry_backoff_ms": 200,
-            "client_id": f"reprolane-{s.sidecar_id}",
-            "security_protocol": s.kafka_security_protocol,
+            "client_id": f"reprolane-{self._settings.sidecar_id}",
         }
-        if s.kafka_security_protocol in ("SSL", "SASL_SSL"):
-            kwargs["ssl_context"] = ssl.create_default_context()
-        if s.kafka_sasl_mechanism:
-            kwargs["sasl_mechanism"] = s.kafka_sasl_mechanism
-            kwargs["sasl_plain_username"] = s.kafka_sasl_username
-            if s.kafka_sasl_password is not None:
-                kwargs["sasl_plain_password"] = s.kafka_sasl_password.get_secret_value()
-        return kwargs
 
     async def _ensure_started(self) -> Any:
         from aiokafka import AIOKafkaProducer
-        from aiokafka.errors import KafkaError
 
         if self._producer is None:
             producer = AIOKafkaProducer(**self._producer_kwargs())
             try:
                 await producer.start()
-            except (KafkaError, OSError) as exc:
+            except kafka_errors() as exc:
                 await _quiet_stop(producer)
                 raise SinkError(f"kafka {self._settings.kafka_bootstrap}: cannot connect: {exc!r}") from exc
             self._producer = producer
         return self._producer
 
     async def publish(self, batch: Sequence[Outgoing]) -> None:
-        from aiokafka.errors import KafkaError
-
         producer = await self._ensure_started()
         try:
             futures = [
@@ -207,7 +195,7 @@ class KafkaSink:
                 for item in batch
             ]
             results = await asyncio.gather(*futures, return_exceptions=True)
-        except (KafkaError, OSError) as exc:
+        except kafka_errors() as exc:
             raise SinkError(f"kafka send to {self.topic} failed: {exc!r}") from exc
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -220,12 +208,8 @@ class KafkaSink:
 
 
 async def _quiet_stop(producer: Any) -> None:
-    from aiokafka.errors import KafkaError
-
-    try:
+    with contextlib.suppress(*kafka_errors()):
         await producer.stop()
-    except (KafkaError, OSError):
-        pass
 
 
 class S3Sink:
@@ -249,7 +233,7 @@ class S3Sink:
             self._processes = S3Processes(settings, processes, threads=workers)
         else:
             self._threads = (
-                client if client is not None else make_s3_client(settings, workers),
+                client if client is not None else make_s3_client(settings, policy=S3Policy.SIDECAR, threads=workers),
                 ThreadPoolExecutor(max_workers=workers, thread_name_prefix="capture-s3"),
             )
 
@@ -300,46 +284,6 @@ class S3Sink:
             self._threads[1].shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             await self._processes.close()
-
-
-class S3Connection(Protocol):
-    """The S3 fields every capture-side settings object has (sidecar, audit jobs, lake, archiver)."""
-
-    @property
-    def s3_endpoint(self) -> str | None: ...
-    @property
-    def s3_region(self) -> str: ...
-    @property
-    def s3_access_key(self) -> str | None: ...
-    @property
-    def s3_secret_key(self) -> SecretStr | None: ...
-    @property
-    def s3_verify_tls(self) -> bool: ...
-
-
-def make_s3_client(settings: S3Connection, workers: int = 8) -> S3Client:
-    """A boto3 S3 client from the settings (TLS verified unless `s3_verify_tls` is off; short timeouts).
-
-    The one place the capture side builds S3 clients, so timeouts, retries and path-style addressing agree."""
-    import boto3
-    from botocore.config import Config
-
-    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key is not None else None
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint,
-        region_name=settings.s3_region,
-        aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=secret,
-        verify=settings.s3_verify_tls,
-        config=Config(
-            connect_timeout=3,
-            read_timeout=10,
-            retries={"max_attempts": 2, "mode": "standard"},
-            max_pool_connections=max(10, workers),
-            s3={"addressing_style": "path"},
-        ),
-    )
 
 
 def default_sinks(settings: CaptureSettings) -> list[Sink]:

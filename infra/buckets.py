@@ -1,6 +1,6 @@
-"""S3 access to the stack's SeaweedFS: credentials, a configured client, and the buckets we need.
+"""S3 access to the stack's SeaweedFS: credentials, its admin client, and the buckets we need.
 
-Two buckets, created idempotently after SeaweedFS is ready:
+Three buckets, created idempotently after SeaweedFS is ready:
 
 * ``reprolane-audit``, with Object Lock enabled at creation (S3 cannot turn it on later): audit records
   are written with a COMPLIANCE retention, so not even the writer can delete them before it ends;
@@ -12,7 +12,8 @@ Two buckets, created idempotently after SeaweedFS is ready:
 If the audit bucket already exists *without* Object Lock (made by hand, or by an older version), that is
 an error, not something to paper over: writes would silently lose their WORM guarantee.
 
-boto3 is imported inside functions: the CLI's ``--help`` should not pay for it.
+The client is `infra.clients.s3`'s, like every service's; boto3 is imported inside functions there, so the CLI's
+``--help`` does not pay for it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.clients.s3 import S3Policy, make_s3_client
 from infra.errors import StackError
+from schemas.connection import S3ConnectionFields
 from schemas.layout import LAKE_BUCKET
 
 if TYPE_CHECKING:
@@ -40,26 +43,17 @@ class S3Credentials(BaseModel):
     secret_key: str
     region: str = "us-east-1"
 
+    def connection(self, endpoint: str) -> S3ConnectionFields:
+        """These credentials at ``endpoint`` as the connection fields every S3 client is built from."""
+        return S3ConnectionFields(
+            s3_endpoint=endpoint, s3_region=self.region, s3_access_key=self.access_key, s3_secret_key=self.secret_key
+        )
 
-def s3_client(endpoint: str, credentials: S3Credentials, timeout_s: float = 10.0) -> S3Client:
-    """A boto3 S3 client for ``endpoint`` with path-style addressing and few, fast retries."""
-    import boto3
-    from botocore.config import Config
 
-    config = Config(
-        connect_timeout=timeout_s,
-        read_timeout=timeout_s,
-        retries={"max_attempts": 2, "mode": "standard"},
-        s3={"addressing_style": "path"},
-    )
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=credentials.access_key,
-        aws_secret_access_key=credentials.secret_key,
-        region_name=credentials.region,
-        config=config,
-    )
+def s3_client(endpoint: str, credentials: S3Credentials, timeout_s: float = S3Policy.ADMIN.read_timeout_s) -> S3Client:
+    """The stack's admin client for ``endpoint``: `infra.clients.s3.make_s3_client` under the ADMIN policy, with
+    both timeouts set to ``timeout_s`` (readiness probes ask for a short one)."""
+    return make_s3_client(credentials.connection(endpoint), policy=S3Policy.ADMIN.with_timeout(timeout_s))
 
 
 def _create_bucket(client: S3Client, name: str, object_lock: bool) -> None:

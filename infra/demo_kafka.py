@@ -18,10 +18,18 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from infra.clients.kafka import aiokafka_kwargs
 from infra.errors import DemoError
+from schemas.connection import KafkaConnectionFields
 
 Progress = Callable[[int], None]
 _POLL_MS = 500
+
+
+def _consumer(bootstrap: str, group_id: str | None) -> AIOKafkaConsumer:
+    """A consumer of the local stack's (plaintext) broker that commits only by hand."""
+    connection = KafkaConnectionFields(kafka_bootstrap=bootstrap)
+    return AIOKafkaConsumer(**aiokafka_kwargs(connection), group_id=group_id, enable_auto_commit=False)
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicParti
 
 async def mark(bootstrap: str, topics: Collection[str]) -> dict[str, Mark]:
     """The end offsets of each topic now."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    consumer = _consumer(bootstrap, None)
     try:
         await consumer.start()
         out = {}
@@ -61,7 +69,7 @@ async def mark(bootstrap: str, topics: Collection[str]) -> dict[str, Mark]:
 
 async def start_group_at(bootstrap: str, group_id: str, at: Mark) -> None:
     """Commit ``group_id``'s offsets at ``at`` (and check them), so its consumers start exactly there."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
+    consumer = _consumer(bootstrap, group_id)
     tps = [TopicPartition(at.topic, p) for p in at.offsets]
     try:
         await consumer.start()
@@ -94,7 +102,7 @@ async def collect(
     found: dict[str, bytes] = {}
     if until(found):
         return found
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    consumer = _consumer(bootstrap, None)
     try:
         await consumer.start()
         tps = [TopicPartition(since.topic, p) for p in since.offsets]

@@ -14,14 +14,18 @@ from collections.abc import Iterable
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from infra.clients.kafka import aiokafka_kwargs
 from infra.errors import StackError
+from schemas.connection import KafkaConnectionFields
 from schemas.layout import ALL_TOPICS
 
 DEFAULT_PARTITIONS = 4
 
 
 async def _create(bootstrap: str, topics: Iterable[str], partitions: int) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    admin = AIOKafkaAdminClient(
+        **aiokafka_kwargs(KafkaConnectionFields(kafka_bootstrap=bootstrap)), request_timeout_ms=10_000
+    )
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -36,8 +36,8 @@ from aiokafka.errors import KafkaError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
-from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
 
+from infra.clients.kafka import faststream_security
 from replayer.errors import EnvelopeNotFoundError, LaneUnavailableError, NotReplayableError, StoreError
 from replayer.lanes.base import Lane
 from replayer.metrics import ReplayerMetrics
@@ -76,24 +76,6 @@ class _DeadLetter(Exception):
         super().__init__(reason)
         self.category = category
         self.reason = reason
-
-
-def kafka_security(settings: ReplayerSettings) -> BaseSecurity | None:
-    """FastStream security for the configured protocol (PLAINTEXT: None)."""
-    protocol = settings.kafka_security_protocol
-    if protocol == "PLAINTEXT":
-        return None
-    use_ssl = protocol in ("SSL", "SASL_SSL")
-    if protocol == "SSL":
-        return BaseSecurity(use_ssl=True)
-    user = settings.kafka_sasl_username or ""
-    password = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else ""
-    mechanism = (settings.kafka_sasl_mechanism or "PLAIN").upper()
-    if mechanism == "SCRAM-SHA-256":
-        return SASLScram256(user, password, use_ssl=use_ssl)
-    if mechanism == "SCRAM-SHA-512":
-        return SASLScram512(user, password, use_ssl=use_ssl)
-    return SASLPlaintext(user, password, use_ssl=use_ssl)
 
 
 def _source(msg: Any) -> str:
@@ -148,7 +130,7 @@ class ReplayerService:
         return KafkaBroker(
             self.settings.kafka_bootstrap,
             client_id="reprolane-replayer",
-            security=kafka_security(self.settings),
+            security=faststream_security(self.settings),
             graceful_timeout=30.0,
             logger=log,
         )

@@ -20,10 +20,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from infra.clients.s3 import S3Policy, error_code, is_already_written, is_missing, make_s3_client
 from replayer.errors import EnvelopeNotFoundError, NotReplayableError, StoreError
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result
@@ -35,33 +34,6 @@ from schemas.sealed import decode_sealed, decode_wrapped_key, is_sealed, open_en
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-_MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
-_ALREADY_WRITTEN = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def make_s3_client(settings: ReplayerSettings) -> S3Client:
-    """A boto3 S3 client from the settings: path-style addressing, short timeouts, few retries."""
-    config = Config(
-        connect_timeout=10,
-        read_timeout=30,
-        retries={"max_attempts": 3, "mode": "standard"},
-        s3={"addressing_style": "path"},
-    )
-    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint,
-        region_name=settings.s3_region,
-        aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=secret,
-        verify=settings.s3_verify_tls,
-        config=config,
-    )
 
 
 def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
@@ -86,7 +58,12 @@ class EnvelopeStore:
             if kek_text is None and settings.kek_file is not None:
                 kek_text = settings.kek_file.read_text()
             kek = parse_kek(kek_text) if kek_text is not None else None
-            return cls(make_s3_client(settings), settings.s3_bucket, keys_bucket=settings.keys_bucket, kek=kek)
+            return cls(
+                make_s3_client(settings, policy=S3Policy.REPLAYER),
+                settings.s3_bucket,
+                keys_bucket=settings.keys_bucket,
+                kek=kek,
+            )
         except (BotoCoreError, ValueError, OSError) as exc:
             raise StoreError(f"cannot configure the envelope store: {exc}") from exc
 
@@ -99,9 +76,9 @@ class EnvelopeStore:
             response = self._client.get_object(Bucket=bucket, Key=key)
             return response["Body"].read()
         except ClientError as exc:
-            if _code(exc) in _MISSING:
+            if is_missing(exc):
                 return None
-            raise StoreError(f"S3 get s3://{bucket}/{key} failed: {_code(exc) or exc}") from exc
+            raise StoreError(f"S3 get s3://{bucket}/{key} failed: {error_code(exc) or exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"S3 get s3://{bucket}/{key} failed: {exc}") from exc
 
@@ -112,7 +89,7 @@ class EnvelopeStore:
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
                 keys.extend(obj["Key"] for obj in page.get("Contents", []) if "Key" in obj)
         except ClientError as exc:
-            raise StoreError(f"S3 list s3://{self.bucket}/{prefix} failed: {_code(exc) or exc}") from exc
+            raise StoreError(f"S3 list s3://{self.bucket}/{prefix} failed: {error_code(exc) or exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"S3 list s3://{self.bucket}/{prefix} failed: {exc}") from exc
         return sorted(keys)
@@ -264,9 +241,9 @@ class EnvelopeStore:
                 IfNoneMatch="*",
             )
         except ClientError as exc:
-            if _code(exc) in _ALREADY_WRITTEN:
+            if is_already_written(exc):
                 return False
-            raise StoreError(f"S3 put s3://{self.bucket}/{key} failed: {_code(exc) or exc}") from exc
+            raise StoreError(f"S3 put s3://{self.bucket}/{key} failed: {error_code(exc) or exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"S3 put s3://{self.bucket}/{key} failed: {exc}") from exc
         return True

@@ -1,7 +1,8 @@
 """The archiver: a Kafka consumer that writes envelopes and divergence events into the audit lake.
 
 Consumer group ``group_id`` on ``reprolane.envelopes.v1`` and ``reprolane.divergences.v1``, offsets
-committed by hand. It buffers rows per (table, day, tenant) and writes one Parquet file per partition when
+committed by hand; it connects as every Kafka client does (`infra.clients.kafka.aiokafka_kwargs`: TLS with an
+SSL context, SASL). It buffers rows per (table, day, tenant) and writes one Parquet file per partition when
 ``flush_rows`` rows are buffered or the oldest buffered row is ``flush_seconds`` old, on a
 rebalance that takes partitions away, and on stop. The offsets are committed only *after* every buffered row
 is in S3: a crash re-delivers what was not written, so nothing is lost, and what was written and re-delivered
@@ -32,6 +33,7 @@ from capture.audit.lake import Lake
 from capture.audit.lake_schema import DEDUPE_KEY, SCHEMAS, day, divergence_row, envelope_row, sealed_row
 from capture.audit.lake_settings import LakeSettings
 from capture.errors import LakeError
+from infra.clients.kafka import aiokafka_kwargs, kafka_errors
 from schemas import ContractError, decode_divergence, decode_envelope, sha256_hex
 from schemas.layout import HEADER_ENVELOPE_ID
 from schemas.sealed import decode_sealed, is_sealed
@@ -138,7 +140,7 @@ class Archiver:
 
         s = self.settings
         kwargs: dict[str, Any] = {
-            "bootstrap_servers": s.kafka_bootstrap,
+            **aiokafka_kwargs(s),
             "group_id": s.group_id,
             "client_id": "reprolane-archiver",
             "enable_auto_commit": False,
@@ -146,19 +148,13 @@ class Archiver:
             "session_timeout_ms": s.session_timeout_ms,
             "heartbeat_interval_ms": s.heartbeat_interval_ms,
             "max_poll_records": min(s.flush_rows, 10_000),
-            "security_protocol": s.kafka_security_protocol,
         }
-        if s.kafka_sasl_mechanism:
-            kwargs.update(sasl_mechanism=s.kafka_sasl_mechanism, sasl_plain_username=s.kafka_sasl_username)
-            if s.kafka_sasl_password is not None:
-                kwargs["sasl_plain_password"] = s.kafka_sasl_password.get_secret_value()
         return AIOKafkaConsumer(**kwargs)
 
     async def run(self, stop: asyncio.Event, *, poll_ms: int = 500) -> None:
         """Consume until `stop` is set; flush and commit on the way out. Raises `LakeError` on a lake outage
         (after the buffered rows' offsets were left uncommitted: a restart re-reads them)."""
         from aiokafka import ConsumerRebalanceListener
-        from aiokafka.errors import KafkaError
 
         archiver = self
 
@@ -176,7 +172,9 @@ class Archiver:
                 [self.settings.envelope_topic, self.settings.divergence_topic], listener=_FlushOnRevoke()
             )
             await consumer.start()
-        except (KafkaError, OSError) as exc:
+        except kafka_errors() as exc:
+            with contextlib.suppress(*kafka_errors()):
+                await consumer.stop()
             raise LakeError(f"archiver: cannot consume from {self.settings.kafka_bootstrap}: {exc!r}") from exc
         self._consumer = consumer
         try:
@@ -193,7 +191,7 @@ class Archiver:
             await self._flush_and_commit()
         finally:
             self._consumer = None
-            with contextlib.suppress(KafkaError, OSError):
+            with contextlib.suppress(*kafka_errors()):
                 await consumer.stop()
 
 

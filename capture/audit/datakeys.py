@@ -218,9 +218,9 @@ class Sealer:
 
     @classmethod
     def from_settings(cls, settings: CaptureSettings) -> Sealer:
-        from capture.sinks import make_s3_client
+        from infra.clients.s3 import S3Policy, make_s3_client
 
-        client = make_s3_client(settings)
+        client = make_s3_client(settings, policy=S3Policy.SIDECAR)
         keyring = Keyring(client, settings.keys_bucket, load_kek(settings), cache_s=settings.data_key_cache_s)
         return cls(keyring, settings.encrypt_tenants)
 

@@ -58,9 +58,9 @@ def _day(value: str | None) -> str | None:
 
 
 def _s3_client(settings: LakeSettings) -> Any:
-    from capture.sinks import make_s3_client
+    from infra.clients.s3 import S3Policy, make_s3_client
 
-    return make_s3_client(settings)
+    return make_s3_client(settings, policy=S3Policy.AUDIT)
 
 
 def query_command(

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING
 from capture.audit.errors import AuditError
 from capture.audit.store import AuditStore
 from capture.errors import SinkError
-from capture.sinks import Outgoing, make_s3_client
+from capture.sinks import Outgoing
+from infra.clients.s3 import S3Policy, make_s3_client
 from schemas.merkle import HASH_SIZE, leaf_data
 
 if TYPE_CHECKING:
@@ -195,7 +196,9 @@ class MerkleLogWriter:
     def from_capture_settings(cls, settings: CaptureSettings) -> MerkleLogWriter:
         """Writes into the envelope bucket, locked as long as the longest envelope retention of any tenant."""
         days = max([settings.retention_days, *settings.retention_days_by_tenant.values()])
-        store = AuditStore(make_s3_client(settings), settings.s3_bucket, settings.object_lock_mode)
+        store = AuditStore(
+            make_s3_client(settings, policy=S3Policy.SIDECAR), settings.s3_bucket, settings.object_lock_mode
+        )
         return cls(store, timedelta(days=days) if days > 0 else None)
 
     def append_now(self, day: str, ids: Iterable[str]) -> int:

@@ -36,9 +36,9 @@ class AuditStore:
 
     @classmethod
     def from_settings(cls, settings: AuditSettings) -> AuditStore:
-        from capture.sinks import make_s3_client
+        from infra.clients.s3 import S3Policy, make_s3_client
 
-        return cls(make_s3_client(settings), settings.s3_bucket, settings.object_lock_mode)
+        return cls(make_s3_client(settings, policy=S3Policy.AUDIT), settings.s3_bucket, settings.object_lock_mode)
 
     def _fail(self, what: str, key: str, exc: Exception) -> AuditStoreError:
         return AuditStoreError(f"s3 {what} {self.bucket}/{key}: {_code(exc)}: {exc}")

@@ -12,16 +12,17 @@ import os
 import time
 from pathlib import Path
 
+from infra.clients.s3 import S3Policy, make_s3_client
 from replayer.service import ReplayerService, run_until_signalled
 from replayer.settings import ReplayerSettings
-from replayer.store import EnvelopeStore, make_s3_client
+from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayResult
 from tests.replayer.support import ArithmeticLane
 
 
 class HangingStore(EnvelopeStore):
     def __init__(self, settings: ReplayerSettings, hang_on: str | None, marker: Path | None) -> None:
-        super().__init__(make_s3_client(settings), settings.s3_bucket)
+        super().__init__(make_s3_client(settings, policy=S3Policy.REPLAYER), settings.s3_bucket)
         self.hang_on = hang_on
         self.marker = marker
 

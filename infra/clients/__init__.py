@@ -1,0 +1,13 @@
+"""The one home of the Kafka and S3 clients every service builds: the leaf of ``infra`` that services may import.
+
+- `kafka`: the connection fields (`schemas.connection.KafkaConnectionFields`) translated once into aiokafka
+  options (`aiokafka_kwargs`: security protocol, SASL, and an `ssl.SSLContext` for every client that asks for
+  SSL) and into FastStream's security object (`faststream_security`).
+- `s3`: one boto3 client factory (`make_s3_client`) with one named timeout/retry policy per use (`S3Policy`),
+  path-style addressing and TLS verification, and one reading of botocore's errors (`is_missing`,
+  `is_already_written`).
+
+Imports: only `schemas` of ours (plus ssl, aiokafka / faststream / boto3 / botocore, the heavy ones inside
+functions). The sidecar (`capture`), its ledger and audit jobs, the replayer and the rest of ``infra`` import
+this package; it imports none of them, so importing it never pulls a service in.
+"""

@@ -1,0 +1,103 @@
+"""Kafka client options from the connection fields, written once for every client (producer, consumer, admin).
+
+`aiokafka_kwargs` is what each aiokafka client is built with: ``bootstrap_servers``, ``security_protocol``, the
+SASL credentials under ``SASL_PLAINTEXT`` / ``SASL_SSL`` (mechanism PLAIN unless another is set), and under
+``SSL`` / ``SASL_SSL`` an `ssl.SSLContext` (`ssl_context`): aiokafka refuses an SSL protocol without one, which
+is how a client that set the protocol alone used to fail at start. The context verifies the brokers'
+certificates against ``kafka_ssl_cafile`` (else the system's CAs), with hostname checking, and presents
+``kafka_ssl_certfile`` / ``kafka_ssl_keyfile`` for mutual TLS when set.
+
+`faststream_security` is the same translation for FastStream's broker (the replayer), with the same context.
+
+`KAFKA_ERRORS` are the exceptions a Kafka call can raise (aiokafka's and the socket's): each caller translates
+them into its own package's error at its boundary.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from faststream.security import BaseSecurity
+    from pydantic import SecretStr
+
+SSL_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
+SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
+
+
+class KafkaConnection(Protocol):
+    """The fields `schemas.connection.KafkaConnectionFields` gives every settings class."""
+
+    @property
+    def kafka_bootstrap(self) -> str | None: ...
+    @property
+    def kafka_security_protocol(self) -> str: ...
+    @property
+    def kafka_sasl_mechanism(self) -> str | None: ...
+    @property
+    def kafka_sasl_username(self) -> str | None: ...
+    @property
+    def kafka_sasl_password(self) -> SecretStr | None: ...
+    @property
+    def kafka_ssl_cafile(self) -> Path | None: ...
+    @property
+    def kafka_ssl_certfile(self) -> Path | None: ...
+    @property
+    def kafka_ssl_keyfile(self) -> Path | None: ...
+
+
+def kafka_errors() -> tuple[type[BaseException], ...]:
+    """What a Kafka client call raises when the broker refuses or cannot be reached (imports aiokafka)."""
+    from aiokafka.errors import KafkaError
+
+    return (KafkaError, OSError)
+
+
+def ssl_context(fields: KafkaConnection) -> ssl.SSLContext:
+    """A client context that verifies the brokers (``kafka_ssl_cafile`` or the system's CAs, hostname
+    checked) and, with ``kafka_ssl_certfile``, presents a client certificate."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=fields.kafka_ssl_cafile)
+    if fields.kafka_ssl_certfile is not None:
+        context.load_cert_chain(fields.kafka_ssl_certfile, fields.kafka_ssl_keyfile)
+    return context
+
+
+def _sasl(fields: KafkaConnection) -> tuple[str, str, str]:
+    """(mechanism, username, password) under a SASL protocol."""
+    password = fields.kafka_sasl_password.get_secret_value() if fields.kafka_sasl_password is not None else ""
+    return (fields.kafka_sasl_mechanism or "PLAIN").upper(), fields.kafka_sasl_username or "", password
+
+
+def aiokafka_kwargs(fields: KafkaConnection) -> dict[str, Any]:
+    """The keyword arguments that connect an aiokafka client (producer, consumer or admin) as the fields say;
+    the caller adds its own (group, timeouts, ...). `ValueError` when ``kafka_bootstrap`` is unset."""
+    if not fields.kafka_bootstrap:
+        raise ValueError("kafka_bootstrap is not set")
+    protocol = fields.kafka_security_protocol
+    kwargs: dict[str, Any] = {"bootstrap_servers": fields.kafka_bootstrap, "security_protocol": protocol}
+    if protocol in SSL_PROTOCOLS:
+        kwargs["ssl_context"] = ssl_context(fields)
+    if protocol in SASL_PROTOCOLS:
+        mechanism, username, password = _sasl(fields)
+        kwargs.update(sasl_mechanism=mechanism, sasl_plain_username=username, sasl_plain_password=password)
+    return kwargs
+
+
+def faststream_security(fields: KafkaConnection) -> BaseSecurity | None:
+    """FastStream's security object for the fields (PLAINTEXT: None), with the same SSL context."""
+    from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
+
+    protocol = fields.kafka_security_protocol
+    context = ssl_context(fields) if protocol in SSL_PROTOCOLS else None
+    if protocol not in SASL_PROTOCOLS:
+        return None if context is None else BaseSecurity(ssl_context=context)
+    mechanism, username, password = _sasl(fields)
+    use_ssl = context is not None
+    if mechanism == "SCRAM-SHA-256":
+        return SASLScram256(username, password, ssl_context=context, use_ssl=use_ssl)
+    if mechanism == "SCRAM-SHA-512":
+        return SASLScram512(username, password, ssl_context=context, use_ssl=use_ssl)
+    return SASLPlaintext(username, password, ssl_context=context, use_ssl=use_ssl)
