@@ -70,7 +70,7 @@ async def publish(settings, envs, audit: bool) -> float:  # type: ignore[no-unty
 
 def stack(run_dir: Path, count: int) -> None:
     from capture.audit.checkpoint import write_checkpoint
-    from capture.audit.keys import public_of
+    from capture.audit.signing_keys import public_of
     from capture.audit.store import AuditStore
     from capture.audit.verify import verify_range, verify_request
     from capture.settings import CaptureSettings

@@ -11,7 +11,10 @@
 - `runtime`: artifact hashes from the manifest, the runtime fingerprint from /version + the runtime file.
 - `policy`: which requests are flagged for replay.
 - `spool`: the append-only local log with group-committed fsync; nothing leaves it unacknowledged.
-- `publisher`: drains the spool to Kafka and S3 (Object Lock), at least once (`sinks`; S3 PUTs optionally in
-  worker processes: `s3_workers`).
+- `publisher`: drains the spool to Kafka and S3 (Object Lock), at least once, sealing encrypted tenants first
+  (`sinks`, and the Merkle log's ``audit-log`` sink; S3 PUTs optionally in worker processes: `s3_workers`).
 - `metrics`: Prometheus metrics on the sidecar's own ``/metrics``.
+- `ledger/`: what the sidecar writes and the audit jobs read (the Merkle log appender, sealing and data keys);
+  the sidecar's modules import it, and of the jobs' package `audit/` nothing.
+- `audit/`: the audit-evidence jobs (verify, checkpoints, retention, the lake); they never import the sidecar.
 """

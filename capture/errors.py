@@ -5,11 +5,12 @@
           ├── SpoolFullError          the spool reached its byte bound; guaranteed mode answers 503
           ├── SpoolCorruptError       a spool segment could not be read back (names the file and offset)
           ├── SinkError               Kafka or S3 refused or could not be reached (translated at the boundary)
-          ├── KeyringError            a tenant data key cannot be made, read, unwrapped or shredded (audit/keys.py)
-          ├── LakeError               the audit lake cannot be written, read, compacted or queried (audit/)
+          ├── SealingError            a tenant's data key cannot be made or read to seal with (capture.ledger's
+          │                           KeyringError, translated by the publisher)
           └── UpstreamError           the inference server could not be reached or answered garbage
                └── UpstreamTimeoutError   it did not answer (or stopped streaming) within the read timeout
 
+The ledger (`capture.ledger`) and the audit jobs (`capture.audit`) have trees of their own.
 Bad client input is not an exception here: it becomes an OpenAI-format 4xx and an error envelope.
 """
 
@@ -40,9 +41,5 @@ class UpstreamTimeoutError(UpstreamError):
     pass
 
 
-class KeyringError(CaptureError):
-    pass
-
-
-class LakeError(CaptureError):
+class SealingError(CaptureError):
     pass

@@ -8,16 +8,17 @@ One loop, oldest first:
    ``publish_errors_total{sink}``; ``publish_lag_seconds`` is the age (from ``captured_at``) of the oldest
    entry still unpublished;
 3. only when *every* sink has confirmed the whole batch, hand it to the ``then`` sinks the same way (the
-   audit Merkle log, `capture.audit.merkle_log`, when ``audit_log`` is on: a leaf must never precede its
-   stored object), and only when those confirmed too, `Spool.ack` it.
+   audit Merkle log, `capture.sinks.AuditLogSink` over `capture.ledger.merkle_log`, when ``audit_log`` is on:
+   a leaf must never precede its stored object), and only when those confirmed too, `Spool.ack` it.
 
 A crash or a stop anywhere before 3 leaves the batch pending: the next start publishes it again. Duplicates
 are therefore possible and harmless (the envelope id is the content hash; S3 writes are content-addressed
 and conditional).
 
-Tenants in ``settings.encrypt_tenants`` are sealed between 1 and 2 (`capture.audit.datakeys.Sealer`): the
+Tenants in ``settings.encrypt_tenants`` are sealed between 1 and 2 (`capture.ledger.sealing.Sealer`): the
 sinks receive the `schemas.sealed.SealedEnvelope` bytes, never the plaintext (which exists only in the local spool).
-A keyring failure is retried like a failing sink.
+A keyring failure (the ledger's `KeyringError`, here a `SealingError`) is retried like a failing sink; at
+construction (no KEK) it is raised.
 
 A record that cannot even be routed (not an envelope) is logged at ERROR and retried like a failing sink: it
 blocks the spool rather than vanishing, and the lag metric shows it.
@@ -33,9 +34,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from capture.audit.datakeys import Sealer
-from capture.errors import CaptureError, SinkError
-from capture.sinks import Outgoing, Sink, default_sinks
+from capture.errors import CaptureError, SealingError, SinkError
+from capture.ledger.errors import KeyringError
+from capture.ledger.sealing import Sealer
+from capture.sinks import AuditLogSink, Outgoing, Sink, default_sinks
 from capture.spool import Spool, SpoolEntry
 
 if TYPE_CHECKING:
@@ -68,7 +70,10 @@ class Publisher:
         self._sinks: list[Sink] | None = list(sinks) if sinks is not None else None
         self._then: list[Sink] | None = list(then) if then is not None else None
         if sealer is None and settings.encrypt_tenants:
-            sealer = Sealer.from_settings(settings)  # a missing KEK fails here, at construction
+            try:
+                sealer = Sealer.from_settings(settings)  # a missing KEK fails here, at construction
+            except KeyringError as exc:
+                raise SealingError(str(exc)) from exc
         self._sealer = sealer
         self.batch_size = batch_size
         self.backoff_initial_s = backoff_initial_s
@@ -90,9 +95,7 @@ class Publisher:
         if self._then is None:
             self._then = []
             if self._settings.audit_log:
-                from capture.audit.merkle_log import MerkleLogWriter
-
-                self._then.append(MerkleLogWriter.from_capture_settings(self._settings))
+                self._then.append(AuditLogSink.from_settings(self._settings))
         return self._then
 
     async def start(self) -> None:
@@ -144,7 +147,10 @@ class Publisher:
             return
         batch = await self._routable(entries)
         if batch is not None and self._sealer is not None:
-            batch = await asyncio.to_thread(self._sealer.seal_batch, batch)
+            try:
+                batch = await asyncio.to_thread(self._sealer.seal_batch, batch)
+            except KeyringError as exc:
+                raise SealingError(str(exc)) from exc
         if batch is None or not await self._publish_everywhere(batch, self.sinks):
             return  # stopping: the batch stays pending
         if self.then and not await self._publish_everywhere(batch, self.then):

@@ -103,11 +103,11 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
         default_factory=dict, description="per-tenant Object Lock retention (days), overrides retention_days"
     )
     audit_log: bool = Field(
-        default=False, description="append every stored envelope id to the Merkle log (capture.audit.merkle_log)"
+        default=False, description="append every stored envelope id to the Merkle log (capture.ledger.merkle_log)"
     )
     object_lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = "COMPLIANCE"
 
-    # --- privacy: per-tenant encryption (capture/audit/datakeys.py, schemas/sealed.py)
+    # --- privacy: per-tenant encryption (capture/ledger/sealing.py, schemas/sealed.py)
     encrypt_tenants: tuple[str, ...] = Field(
         default=(), description="tenants whose envelopes are sealed (AES-256-GCM) before they leave the sidecar"
     )

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +38,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from capture.errors import SinkError
+from capture.ledger.errors import LedgerError
+from capture.ledger.merkle_log import MerkleLogWriter
+from capture.ledger.store import LedgerStore
 from capture.s3_workers import Put, S3Processes, run_put
 from capture.spool import SpoolEntry
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
@@ -49,6 +52,7 @@ from schemas.layout import (
     MAX_MESSAGE_BYTES,
     TOPIC_ENVELOPES,
     envelope_key,
+    index_body,
     request_index_key,
     workflow_index_key,
 )
@@ -123,13 +127,11 @@ class Outgoing:
         return keys
 
     def index_body(self) -> bytes:
-        body = {
-            "envelope_id": self.envelope_id,
-            "key": self.object_key,
-            "tenant": self.tenant,
-            "captured_at": self.captured_at.isoformat().replace("+00:00", "Z"),
-        }
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return index_body(self.envelope_id, self.object_key, self.tenant, self.captured_at)
+
+    def with_payload(self, payload: bytes, schema_version: str) -> Outgoing:
+        """This record with another payload (the sealed one, `capture.ledger.sealing`): routed and keyed the same."""
+        return dataclasses.replace(self, payload=payload, schema_version=schema_version)
 
 
 class Sink(Protocol):
@@ -284,6 +286,33 @@ class S3Sink:
             self._threads[1].shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             await self._processes.close()
+
+
+class AuditLogSink:
+    """The Merkle log as a publisher "then" sink (`capture.ledger.merkle_log`): a batch's ids are appended after
+    every sink stored it; a ledger failure is a `SinkError`, retried like any failing sink."""
+
+    name = "audit-log"
+
+    def __init__(self, writer: MerkleLogWriter) -> None:
+        self.writer = writer
+
+    @classmethod
+    def from_settings(cls, settings: CaptureSettings) -> AuditLogSink:
+        """Writes into the envelope bucket, locked as long as the longest envelope retention of any tenant."""
+        days = max([settings.retention_days, *settings.retention_days_by_tenant.values()])
+        client = make_s3_client(settings, policy=S3Policy.SIDECAR)
+        store = LedgerStore(client, settings.s3_bucket, settings.object_lock_mode)
+        return cls(MerkleLogWriter(store, timedelta(days=days) if days > 0 else None))
+
+    async def publish(self, batch: Sequence[Outgoing]) -> None:
+        try:
+            await self.writer.append(batch)
+        except LedgerError as exc:
+            raise SinkError(str(exc)) from exc
+
+    async def close(self) -> None:
+        await self.writer.close()
 
 
 def default_sinks(settings: CaptureSettings) -> list[Sink]:

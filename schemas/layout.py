@@ -1,32 +1,41 @@
 """Where records live: Kafka topics and headers, and the S3 object-key layout.
 
-Kafka (at-least-once: duplicates are expected and collapse by envelope id):
+Every key, prefix and partition path any service writes or reads is a function or constant here; nobody else
+spells ``"index/..."``. Kafka (at-least-once: duplicates are expected and collapse by envelope id):
 
     reprolane.envelopes.v1        key = request_id, value = canonical envelope JSON
     reprolane.divergences.v1      key = request_id, value = DivergenceEvent JSON
     reprolane.replay-requests.v1  key = request_id, value = ReplayRequest JSON (on-demand replays)
     reprolane.dead-letter.v1      key = original key, value = original bytes, reason in headers
 
-S3 (one bucket with Object Lock; every object is written once, keys are content addresses):
+S3, the audit bucket (Object Lock; every object is written once, keys are content addresses):
 
-    envelopes/tenant=<tenant>/date=<YYYY-MM-DD>/<envelope_id>.json
-    index/request-id/<request_id>.json          -> {"envelope_id", "key"}: lookup by request id
-    index/workflow/<workflow_id>/<step:06d>-<request_id>.json  -> same, one per workflow step
-    replays/date=<YYYY-MM-DD>/<envelope_id>/<result_id>.json   date = the envelope's capture day
+    envelopes/tenant=<tenant>/date=<YYYY-MM-DD>/<envelope_id>.json           envelope_key
+    index/request-id/<request_id>.json                                       request_index_key
+    index/workflow/<workflow_id>/<step:06d>-<request_id>.json                 workflow_index_key
+    replays/date=<YYYY-MM-DD>/<envelope_id>/<result_id>.json                 replay_key (date: the envelope's)
+    audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
+    audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
+    audit/expiry/<YYYYmmddTHHMMSSffffffZ>-<uuid8>.json                       expiry_report_key
 
-A replay result's key is a function of (envelope, lane fingerprint) only, never of when the replay ran, so a
-re-replay after a crash (or on another day) lands on the same key and collapses to one result.
-An encrypted tenant's envelope object (and Kafka value) holds a `schemas.sealed.SealedEnvelope` instead, under
-the same key (``envelope_id`` is the plaintext's hash either way).
+An index object's body is `index_body`: ``{"captured_at", "envelope_id", "key", "tenant"}`` (sorted, compact).
+The day of an envelope key, a Merkle log and a replay result is always the envelope's *capture* day
+(`capture_day`, UTC), so a day's log and a day's objects compare one to one, and a replay result's key is a
+function of (envelope, lane fingerprint) only, never of when the replay ran: a re-replay after a crash (or on
+another day) lands on the same key and collapses to one result. An encrypted tenant's envelope object (and
+Kafka value) holds a `schemas.sealed.SealedEnvelope` instead, under the same key (``envelope_id`` is the
+plaintext's hash either way).
 
 Lake bucket (no Object Lock: compaction rewrites files, shredding deletes keys):
 
-    lake/<table>/date=<YYYY-MM-DD>/tenant=<tenant>/part-<uuid>.parquet   Hive-partitioned audit lake
-    keys/tenant=<tenant>/<key_id>.json          wrapped data key of an encrypted tenant (schemas.sealed)
+    lake/<table>/date=<YYYY-MM-DD>/tenant=<tenant>/part-<uuid>.parquet   lake_part_key: Hive-partitioned lake
+    keys/tenant=<tenant>/<key_id>.json                                   data_key_key: a wrapped data key
 """
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import UTC, datetime
 from typing import Final
 
@@ -47,43 +56,189 @@ HEADER_SCHEMA: Final = "reprolane-schema"
 HEADER_DLQ_REASON: Final = "reprolane-dlq-reason"
 HEADER_DLQ_SOURCE: Final = "reprolane-dlq-source"
 
+ENVELOPES_PREFIX: Final = "envelopes/"
+INDEX_PREFIX: Final = "index/"
+REPLAYS_PREFIX: Final = "replays/"
+LOG_PREFIX: Final = "audit/log/"
+CHECKPOINTS_PREFIX: Final = "audit/checkpoints/"
+EXPIRY_PREFIX: Final = "audit/expiry/"
+DATA_KEYS_PREFIX: Final = "keys/"
+#: The lake's default key prefix in the lake bucket (``REPROLANE_ARCHIVER_LAKE_PREFIX`` changes it).
+LAKE_PREFIX: Final = "lake"
 
-def _day(at: datetime) -> str:
+_DATE_PARTITION = re.compile(r"/date=(\d{4}-\d{2}-\d{2})/")
+
+
+# ---------------------------------------------------------------------------------------------------- days
+
+
+def capture_day(at: datetime) -> str:
+    """``YYYY-MM-DD`` of `at` in UTC: the ``date=`` of envelope and replay keys, the day of a Merkle log."""
     return at.astimezone(UTC).strftime("%Y-%m-%d")
 
 
+def partition_value(path: str, name: str) -> str | None:
+    """The value of the Hive-style segment ``<name>=<value>`` in a key or prefix (``tenant``, ``date``, ``day``);
+    the innermost one when there are several."""
+    for segment in reversed(path.split("/")):
+        if segment.startswith(f"{name}="):
+            return segment.removeprefix(f"{name}=")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- envelopes
+
+
+def tenant_envelopes_prefix(tenant: str) -> str:
+    return f"{ENVELOPES_PREFIX}tenant={tenant}/"
+
+
+def date_prefix(prefix: str, day: str) -> str:
+    """A folder (`prefix`, ending in ``/``) narrowed to its ``date=`` partition of `day` (``YYYY-MM-DD``)."""
+    return f"{prefix}date={day}/"
+
+
+def envelope_day_prefix(tenant: str, day: str) -> str:
+    """Every envelope of `tenant` captured on `day` (``YYYY-MM-DD``)."""
+    return date_prefix(tenant_envelopes_prefix(tenant), day)
+
+
 def envelope_key(envelope_id: str, tenant: str, captured_at: datetime) -> str:
-    return f"envelopes/tenant={tenant}/date={_day(captured_at)}/{envelope_id}.json"
+    return f"{envelope_day_prefix(tenant, capture_day(captured_at))}{envelope_id}.json"
+
+
+def envelope_day_infix(day: str) -> str:
+    """``/date=D/``: the part every envelope key of capture day D has, whatever its tenant (a filter over a
+    listing of `ENVELOPES_PREFIX`)."""
+    return f"/date={day}/"
+
+
+def envelope_id_of_key(key: str) -> str:
+    """The envelope id an envelope key names (its file name without ``.json``)."""
+    return key.rsplit("/", 1)[-1].removesuffix(".json")
+
+
+def capture_day_of_key(key: str) -> str | None:
+    """The capture day in an envelope (or replay) key's ``date=`` segment; None when it has none."""
+    match = _DATE_PARTITION.search(key)
+    return match.group(1) if match else None
+
+
+# -------------------------------------------------------------------------------------------------- index
 
 
 def request_index_key(request_id: str) -> str:
-    return f"index/request-id/{request_id}.json"
+    return f"{INDEX_PREFIX}request-id/{request_id}.json"
 
 
 def workflow_index_prefix(workflow_id: str) -> str:
-    return f"index/workflow/{workflow_id}/"
+    return f"{INDEX_PREFIX}workflow/{workflow_id}/"
 
 
 def workflow_index_key(workflow_id: str, step: int, request_id: str) -> str:
     return f"{workflow_index_prefix(workflow_id)}{step:06d}-{request_id}.json"
 
 
+def index_body(envelope_id: str, key: str, tenant: str, captured_at: datetime) -> bytes:
+    """The body of an index object: where the envelope is, byte for byte as the capture sink writes it."""
+    body = {
+        "envelope_id": envelope_id,
+        "key": key,
+        "tenant": tenant,
+        "captured_at": captured_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+# ------------------------------------------------------------------------------------------------ replays
+
+
+def replay_results_prefix(envelope_id: str, captured_at: datetime) -> str:
+    """Every replay result of one envelope (any lane)."""
+    return f"{date_prefix(REPLAYS_PREFIX, capture_day(captured_at))}{envelope_id}/"
+
+
 def replay_key(envelope_id: str, result_id: str, captured_at: datetime) -> str:
     """Pass the envelope's ``captured_at`` (not the replay time): the key must not change between re-replays."""
-    return f"replays/date={_day(captured_at)}/{envelope_id}/{result_id}.json"
+    return f"{replay_results_prefix(envelope_id, captured_at)}{result_id}.json"
+
+
+def replay_key_sql(day: str, envelope_id: str, result_id: str) -> str:
+    """`replay_key` as a SQL string expression over three column expressions (the lake's ``replays`` view)."""
+    return f"'{REPLAYS_PREFIX}date=' || {day} || '/' || {envelope_id} || '/' || {result_id} || '.json'"
+
+
+# ------------------------------------------------------------------------------------------- Merkle log
+
+
+def log_id(day: str) -> str:
+    """The id a checkpoint names its log by."""
+    return f"day={day}"
+
+
+def log_day_prefix(day: str) -> str:
+    return f"{LOG_PREFIX}{log_id(day)}/"
+
+
+def leaves_prefix(day: str) -> str:
+    return f"{log_day_prefix(day)}leaves/"
+
+
+def leaves_key(day: str, start: int) -> str:
+    """The leaf batch that starts at leaf `start` of the day's log."""
+    return f"{leaves_prefix(day)}{start:012d}.bin"
+
+
+def leaves_start(key: str) -> int:
+    """The start index a `leaves_key` names."""
+    return int(key.rsplit("/", 1)[1].removesuffix(".bin"))
+
+
+def checkpoints_prefix(day: str) -> str:
+    return f"{CHECKPOINTS_PREFIX}{log_id(day)}/"
+
+
+def checkpoint_key(day: str, tree_size: int) -> str:
+    return f"{checkpoints_prefix(day)}{tree_size:012d}.json"
+
+
+def checkpoint_key_suffix(tree_size: int) -> str:
+    """How a `checkpoint_key` of that size ends (a checkpoint must be stored under its own size)."""
+    return f"/{tree_size:012d}.json"
+
+
+def expiry_report_key(ran_at: datetime, suffix: str) -> str:
+    """Where an expiry run's report goes: its start time (to the microsecond) and a random suffix."""
+    return f"{EXPIRY_PREFIX}{ran_at.strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
+
+
+# ---------------------------------------------------------------------------------------------- data keys
 
 
 def data_key_prefix(tenant: str) -> str:
-    return f"keys/tenant={tenant}/"
+    return f"{DATA_KEYS_PREFIX}tenant={tenant}/"
 
 
 def data_key_key(tenant: str, key_id: str) -> str:
     return f"{data_key_prefix(tenant)}{key_id}.json"
 
 
-def lake_table_prefix(table: str, prefix: str = "lake") -> str:
+# --------------------------------------------------------------------------------------------------- lake
+
+
+def lake_table_prefix(table: str, prefix: str = LAKE_PREFIX) -> str:
     return f"{prefix}/{table}/"
 
 
-def lake_partition_prefix(table: str, day: str, tenant: str, prefix: str = "lake") -> str:
-    return f"{lake_table_prefix(table, prefix)}date={day}/tenant={tenant}/"
+def lake_day_prefix(table: str, day: str, prefix: str = LAKE_PREFIX) -> str:
+    """Every partition of `table` of one day (the lake partitions by ``date`` first, then ``tenant``)."""
+    return date_prefix(lake_table_prefix(table, prefix), day)
+
+
+def lake_partition_prefix(table: str, day: str, tenant: str, prefix: str = LAKE_PREFIX) -> str:
+    return f"{lake_day_prefix(table, day, prefix)}tenant={tenant}/"
+
+
+def lake_part_key(table: str, day: str, tenant: str, part_id: str, prefix: str = LAKE_PREFIX) -> str:
+    """One Parquet file of a partition (`part_id`: a fresh uuid per file)."""
+    return f"{lake_partition_prefix(table, day, tenant, prefix)}part-{part_id}.parquet"

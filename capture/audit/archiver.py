@@ -29,10 +29,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from capture.audit.errors import LakeError
 from capture.audit.lake import Lake
 from capture.audit.lake_schema import DEDUPE_KEY, SCHEMAS, day, divergence_row, envelope_row, sealed_row
 from capture.audit.lake_settings import LakeSettings
-from capture.errors import LakeError
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
 from schemas import ContractError, decode_divergence, decode_envelope, sha256_hex
 from schemas.layout import HEADER_ENVELOPE_ID

@@ -10,7 +10,7 @@ Run it often (a cron every few minutes, and once after the day ends): everything
 is only as trustworthy as the bucket's write permissions; everything before it is signed.
 
 `reconcile` appends the ids of a day's envelope objects that are in no leaf (the crash window of
-`capture.audit.merkle_log`), and says which. It is an operator action: it cannot tell such an envelope
+`capture.ledger.merkle_log`), and says which. It is an operator action: it cannot tell such an envelope
 from an inserted one.
 """
 
@@ -21,19 +21,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from capture.audit.errors import AuditError
-from capture.audit.merkle_log import (
+from capture.audit.store import AuditStore
+from capture.ledger.merkle_log import append_leaves, read_leaves
+from schemas.errors import ContractError
+from schemas.layout import (
+    ENVELOPES_PREFIX,
     checkpoint_key,
     checkpoints_prefix,
+    date_prefix,
+    envelope_id_of_key,
     log_id,
-    read_leaves,
+    partition_value,
 )
-from capture.audit.store import AuditStore
-from schemas.errors import ContractError
 from schemas.merkle import Checkpoint, decode_checkpoint, leaf_data, merkle_root, sign_checkpoint
 
 log = logging.getLogger(__name__)
-
-ENVELOPE_PREFIX = "envelopes/"
 
 
 @dataclass(frozen=True)
@@ -86,29 +88,26 @@ def write_checkpoint(
 def envelope_days(store: AuditStore) -> list[str]:
     """Every capture day that has envelope objects (any tenant)."""
     days: set[str] = set()
-    for tenant_prefix in store.subfolders(ENVELOPE_PREFIX):
+    for tenant_prefix in store.subfolders(ENVELOPES_PREFIX):
         for day_prefix in store.subfolders(tenant_prefix):
-            name = day_prefix.rstrip("/").rsplit("/", 1)[1]
-            if name.startswith("date="):
-                days.add(name.removeprefix("date="))
+            day = partition_value(day_prefix, "date")
+            if day is not None:
+                days.add(day)
     return sorted(days)
 
 
 def day_objects(store: AuditStore, day: str) -> dict[str, str]:
     """Envelope id (from the key name) -> object key, for every tenant's objects of a day."""
     objects: dict[str, str] = {}
-    for tenant_prefix in store.subfolders(ENVELOPE_PREFIX):
-        for key, _ in store.list_keys(f"{tenant_prefix}date={day}/"):
-            name = key.rsplit("/", 1)[1]
-            if name.endswith(".json"):
-                objects[name.removesuffix(".json")] = key
+    for tenant_prefix in store.subfolders(ENVELOPES_PREFIX):  # every folder, not only well-named tenants
+        for key, _ in store.list_keys(date_prefix(tenant_prefix, day)):
+            if key.endswith(".json"):
+                objects[envelope_id_of_key(key)] = key
     return objects
 
 
 def reconcile(store: AuditStore, day: str, *, retention: timedelta | None, dry_run: bool = False) -> list[str]:
     """Append (in key order) the ids of the day's objects that are in no leaf; return them."""
-    from capture.audit.merkle_log import append_leaves
-
     logged = set(read_leaves(store, day).ids)
     missing = sorted(eid for eid in day_objects(store, day) if eid not in logged)
     if missing and not dry_run:

@@ -20,14 +20,15 @@ from typing import Annotated, NoReturn, TypeVar
 import typer
 from pydantic import ValidationError
 
-from capture.audit import keys
-from capture.audit.checkpoint import ENVELOPE_PREFIX, reconcile, write_checkpoint
+from capture.audit import signing_keys
+from capture.audit.checkpoint import reconcile, write_checkpoint
 from capture.audit.errors import AuditError, SigningKeyError, UnknownIdError
-from capture.audit.merkle_log import LOG_PREFIX
 from capture.audit.retention import expire, set_hold
 from capture.audit.settings import AuditSettings
 from capture.audit.store import AuditStore
 from capture.audit.verify import Verdict, verify_range, verify_request
+from capture.ledger.errors import LedgerError
+from schemas.layout import ENVELOPES_PREFIX, LOG_PREFIX, partition_value, tenant_envelopes_prefix
 
 T = TypeVar("T")
 
@@ -49,7 +50,7 @@ def _run(action: Callable[[], T]) -> T:
         _fail(f"invalid audit settings: {parts}", 2)
     except (UnknownIdError, SigningKeyError) as exc:
         _fail(str(exc), 2)
-    except AuditError as exc:
+    except (AuditError, LedgerError) as exc:
         _fail(str(exc), 1)
 
 
@@ -100,7 +101,7 @@ def verify_command(
     if (request_id is None) == (range_ is None):
         _fail("give exactly one of REQUEST_ID or --range DAY[:FROM:TO]", 2)
     settings = _settings()
-    public = _run(lambda: keys.verifying_key(settings))
+    public = _run(lambda: signing_keys.verifying_key(settings))
     store = _store(settings)
     if request_id is not None:
         verdict = _run(lambda: verify_request(store, request_id, public))
@@ -138,7 +139,7 @@ def expire_command(
     """Delete envelope versions past their retain-until date and not under legal hold; report what was kept."""
     settings = _settings()
     store = _store(settings)
-    prefix = f"{ENVELOPE_PREFIX}tenant={tenant}/" if tenant else ENVELOPE_PREFIX
+    prefix = tenant_envelopes_prefix(tenant) if tenant else ENVELOPES_PREFIX
     retention = _retention(settings.log_retention_days)
     report = _run(lambda: expire(store, dry_run=dry_run, prefix=prefix, report_retention=retention))
     counts = report.counts()
@@ -164,9 +165,9 @@ def checkpoint_cmd(
 ) -> None:
     """Sign a checkpoint of each day log that grew since its last checkpoint."""
     settings = _settings()
-    private = _run(lambda: keys.signing_key(settings))
+    private = _run(lambda: signing_keys.signing_key(settings))
     store = _store(settings)
-    days = [day] if day else _run(lambda: [p.rstrip("/").rsplit("day=", 1)[1] for p in store.subfolders(LOG_PREFIX)])
+    days = [day] if day else _run(lambda: [d for p in store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day"))])
     for d in days:
         cp = _run(partial(write_checkpoint, store, d, private, retention=_retention(settings.log_retention_days)))
         if cp is None:
@@ -192,5 +193,5 @@ def reconcile_cmd(
 @audit_app.command("keygen")
 def keygen_cmd(path: Annotated[Path, typer.Argument(help="where to write the private key (PEM)")]) -> None:
     """Make an Ed25519 signing key (PEM, 0600) and PATH.pub; prints the public key (base64 raw)."""
-    public_path, public_b64 = _run(lambda: keys.keygen(path))
+    public_path, public_b64 = _run(lambda: signing_keys.keygen(path))
     typer.echo(f"private key: {path}\npublic key: {public_path}\npublic key (base64 raw): {public_b64}")

@@ -19,11 +19,9 @@ Every pyarrow / botocore error becomes `LakeError`.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
@@ -32,9 +30,18 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from capture.audit.errors import LakeError
 from capture.audit.lake_schema import DEDUPE_KEY, PARTITIONING, SCHEMAS
-from capture.errors import LakeError
-from schemas.layout import lake_partition_prefix, lake_table_prefix, request_index_key, workflow_index_key
+from schemas import layout
+from schemas.layout import (
+    INDEX_PREFIX,
+    LAKE_PREFIX,
+    lake_day_prefix,
+    lake_part_key,
+    lake_table_prefix,
+    request_index_key,
+    workflow_index_key,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -94,7 +101,7 @@ def dedupe(table: pa.Table, key: str) -> pa.Table:
 class Lake:
     """One lake: a bucket, a key prefix and pyarrow's filesystem for it (blocking calls)."""
 
-    def __init__(self, fs: pafs.FileSystem, bucket: str, prefix: str = "lake") -> None:
+    def __init__(self, fs: pafs.FileSystem, bucket: str, prefix: str = LAKE_PREFIX) -> None:
         self.fs = fs
         self.bucket = bucket
         self.prefix = prefix
@@ -110,7 +117,7 @@ class Lake:
 
     def write(self, table: str, day: str, tenant: str, rows: pa.Table) -> str:
         """Write one new partition file; its path (``bucket/key``)."""
-        path = f"{self.bucket}/{lake_partition_prefix(table, day, tenant, self.prefix)}part-{uuid.uuid4().hex}.parquet"
+        path = f"{self.bucket}/{lake_part_key(table, day, tenant, uuid.uuid4().hex, self.prefix)}"
         data = rows.cast(SCHEMAS[table])
         if isinstance(self.fs, pafs.LocalFileSystem):  # object stores have no directories to make
             _arrow(f"mkdir {path}", lambda: self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True))
@@ -121,7 +128,8 @@ class Lake:
 
     def partitions(self, table: str, day: str | None = None) -> list[PartitionFiles]:
         """Every partition of `table` (of one day, if given) with its files, sorted."""
-        base = self._table_dir(table) + (f"/date={day}" if day else "")
+        prefix = lake_day_prefix(table, day, self.prefix) if day else lake_table_prefix(table, self.prefix)
+        base = f"{self.bucket}/{prefix}".rstrip("/")
         selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
         infos = _arrow(f"list {base}", lambda: self.fs.get_file_info(selector))
         found: dict[tuple[str, str], list[str]] = {}
@@ -217,7 +225,7 @@ class Lake:
         existing: set[str] = set()
         try:
             if not overwrite:
-                pages = client.get_paginator("list_objects_v2").paginate(Bucket=audit_bucket, Prefix="index/")
+                pages = client.get_paginator("list_objects_v2").paginate(Bucket=audit_bucket, Prefix=INDEX_PREFIX)
                 for page in pages:
                     existing.update(o["Key"] for o in page.get("Contents", []) if "Key" in o)
             written = 0
@@ -237,12 +245,5 @@ class Lake:
 
 
 def index_body(entry: dict[str, Any]) -> bytes:
-    """The index object body exactly as `capture.sinks.Outgoing.index_body` writes it."""
-    captured_at: datetime = entry["captured_at"].astimezone(UTC)
-    body = {
-        "envelope_id": entry["envelope_id"],
-        "key": entry["s3_key"],
-        "tenant": entry["tenant"],
-        "captured_at": captured_at.isoformat().replace("+00:00", "Z"),
-    }
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    """The index object body of a lake row (`schemas.layout.index_body`, as the capture sink writes it)."""
+    return layout.index_body(entry["envelope_id"], entry["s3_key"], entry["tenant"], entry["captured_at"])

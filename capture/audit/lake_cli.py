@@ -22,11 +22,14 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 
+from capture.audit.errors import AuditError
 from capture.audit.lake import Lake
 from capture.audit.lake_schema import TABLES
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.query import QueryError, render_csv, render_json, render_table, run_query
-from capture.errors import CaptureError
+from capture.ledger.errors import LedgerError
+from infra.clients.s3 import S3Policy, make_s3_client
+from schemas.layout import DATA_KEYS_PREFIX, INDEX_PREFIX
 
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -58,8 +61,6 @@ def _day(value: str | None) -> str | None:
 
 
 def _s3_client(settings: LakeSettings) -> Any:
-    from infra.clients.s3 import S3Policy, make_s3_client
-
     return make_s3_client(settings, policy=S3Policy.AUDIT)
 
 
@@ -78,7 +79,7 @@ def query_command(
         result = run_query(Lake.from_settings(settings), sql, day)
     except QueryError as exc:
         _fail(str(exc))
-    except CaptureError as exc:
+    except (AuditError, LedgerError) as exc:
         _fail(str(exc), 1)
     render = render_json if as_json else render_csv if as_csv else render_table
     typer.echo(render(result), nl=False)
@@ -101,7 +102,7 @@ def archiver_serve_cmd() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(run_until_signalled(Archiver(settings, Lake.from_settings(settings))))
-    except CaptureError as exc:
+    except (AuditError, LedgerError) as exc:
         _fail(str(exc), 1)
 
 
@@ -121,7 +122,7 @@ def compact_cmd(
     for name in [table] if table else list(TABLES):
         try:
             r = lake.compact(name, day)
-        except CaptureError as exc:
+        except (AuditError, LedgerError) as exc:
             _fail(str(exc), 1)
         typer.echo(
             f"{name}: {r.partitions} partitions compacted, {r.files_read} files -> {r.files_written}, "
@@ -141,16 +142,16 @@ def rebuild_index_cmd(
         written = Lake.from_settings(settings).rebuild_index(
             _s3_client(settings), settings.s3_bucket, day, overwrite=overwrite
         )
-    except CaptureError as exc:
+    except (AuditError, LedgerError) as exc:
         _fail(str(exc), 1)
-    typer.echo(f"{written} index objects written to s3://{settings.s3_bucket}/index/")
+    typer.echo(f"{written} index objects written to s3://{settings.s3_bucket}/{INDEX_PREFIX}")
 
 
 keys_app = typer.Typer(help="Per-tenant data keys of encrypted tenants.", add_completion=False)
 
 
 def _keyring(settings: LakeSettings):  # type: ignore[no-untyped-def]
-    from capture.audit.datakeys import Keyring
+    from capture.ledger.sealing import Keyring
 
     return Keyring(_s3_client(settings), settings.keys_bucket, None)
 
@@ -160,7 +161,7 @@ def keys_list_cmd(tenant: Annotated[str, typer.Argument(help="tenant id")]) -> N
     """The tenant's stored data key ids, oldest first."""
     try:
         ids = _keyring(_settings()).key_ids(tenant)
-    except CaptureError as exc:
+    except (AuditError, LedgerError) as exc:
         _fail(str(exc), 1)
     for key_id in ids:
         typer.echo(key_id)
@@ -177,6 +178,6 @@ def keys_shred_cmd(
     settings = _settings()
     try:
         deleted = _keyring(settings).shred(tenant)
-    except CaptureError as exc:
+    except (AuditError, LedgerError) as exc:
         _fail(str(exc), 1)
-    typer.echo(f"tenant {tenant}: {deleted} key objects destroyed in s3://{settings.keys_bucket}/keys/")
+    typer.echo(f"tenant {tenant}: {deleted} key objects destroyed in s3://{settings.keys_bucket}/{DATA_KEYS_PREFIX}")

@@ -39,20 +39,21 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
+from capture.audit.errors import LakeError
 from capture.audit.lake import Lake
 from capture.audit.lake_schema import DEDUPE_KEY, TABLES
-from capture.errors import LakeError
+from schemas.layout import replay_key_sql
 
 TABLE_VIEWS = """
 CREATE VIEW {t}_raw AS SELECT * FROM {t}_single UNION ALL SELECT * FROM {t}_multi;
 CREATE VIEW {t} AS SELECT * FROM {t}_single UNION ALL (SELECT * FROM {t}_multi
     QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY archived_at) = 1);
 """
-VIEWS = """
+VIEWS = f"""
 CREATE VIEW replays AS
     SELECT d.result_id, d.envelope_id, d.request_id, d.tenant, d.lane, d.lane_fingerprint_sha256, d.verdict,
            d.target_met, d.replayed_at, d.date AS replay_date,
-           'replays/date=' || e.date || '/' || d.envelope_id || '/' || d.result_id || '.json' AS s3_key
+           {replay_key_sql("e.date", "d.envelope_id", "d.result_id")} AS s3_key
     FROM divergences d LEFT JOIN envelopes e USING (envelope_id);
 """
 

@@ -26,11 +26,15 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from capture.audit.checkpoint import ENVELOPE_PREFIX
 from capture.audit.errors import AuditStoreError, UnknownIdError
-from capture.audit.merkle_log import EXPIRY_PREFIX
 from capture.audit.store import AuditStore
-from schemas.layout import request_index_key, workflow_index_prefix
+from schemas.layout import (
+    ENVELOPES_PREFIX,
+    envelope_id_of_key,
+    expiry_report_key,
+    request_index_key,
+    workflow_index_prefix,
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def set_hold(store: AuditStore, some_id: str, on: bool) -> list[HeldObject]:
         if version is None:
             raise UnknownIdError(f"{some_id!r}: its envelope object {key} does not exist")
         store.set_legal_hold(key, version, on)
-        done.append(HeldObject(key, version, key.rsplit("/", 1)[1].removesuffix(".json")))
+        done.append(HeldObject(key, version, envelope_id_of_key(key)))
     return done
 
 
@@ -116,7 +120,7 @@ def expire(
     *,
     dry_run: bool = False,
     now: datetime | None = None,
-    prefix: str = ENVELOPE_PREFIX,
+    prefix: str = ENVELOPES_PREFIX,
     report_retention: timedelta | None = None,
 ) -> ExpiryReport:
     """Delete the envelope versions past their retain-until date and not held (see module doc)."""
@@ -137,7 +141,7 @@ def expire(
         entry = {
             "key": version.key,
             "version_id": version.version_id,
-            "envelope_id": version.key.rsplit("/", 1)[1].removesuffix(".json"),
+            "envelope_id": envelope_id_of_key(version.key),
             "retain_until": until.astimezone(UTC).isoformat().replace("+00:00", "Z"),
         }
         if not dry_run:
@@ -148,7 +152,7 @@ def expire(
                 continue
         report.deleted.append(entry)
     if report.deleted and not dry_run:
-        key = f"{EXPIRY_PREFIX}{now.strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:8]}.json"
+        key = expiry_report_key(now, uuid.uuid4().hex[:8])
         until = now + report_retention if report_retention is not None else None
         store.put_new(key, report.to_json(), until)
         report.report_key = key

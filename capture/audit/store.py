@@ -1,22 +1,31 @@
-"""The S3 boundary of the audit evidence: a bucket, a boto3 client, and the few calls the jobs make.
+"""The S3 boundary of the audit jobs: the ledger's store plus the calls only the jobs make.
 
-Every botocore exception is translated here into `AuditStoreError` (naming the bucket and key), so the rest of
-``capture.audit`` never sees one. Calls are synchronous; async callers run them in a thread pool.
+`AuditStore` is a `capture.ledger.store.LedgerStore` (conditional creates, reads, listings: what the Merkle log
+and the checkpoints need) with the version, legal-hold, retention and delete calls of the retention jobs and the
+one-level listing the verifier walks days with. Every botocore exception becomes `AuditStoreError` (naming the
+bucket and key), so the rest of ``capture.audit`` never sees one. Calls are synchronous; async callers run them
+in a thread pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from capture.audit.errors import AuditStoreError
+from capture.ledger.store import LedgerStore
+from infra.clients.s3 import S3Policy, error_code, is_missing, make_s3_client, s3_errors
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
-
     from capture.audit.settings import AuditSettings
+
+_T = TypeVar("_T")
+
+#: What S3 servers answer for "this version has no legal hold / no retention" (not errors for the jobs).
+NO_LEGAL_HOLD = frozenset({"NoSuchObjectLegalHold", "ObjectLockConfigurationNotFoundError", "InvalidRequest"})
+NO_RETENTION = frozenset({"NoSuchObjectLockConfiguration", "ObjectLockConfigurationNotFoundError", "InvalidRequest"})
 
 
 @dataclass(frozen=True)
@@ -26,68 +35,26 @@ class Version:
     is_latest: bool
 
 
-class AuditStore:
-    """One bucket. `put_new` is a conditional create (``If-None-Match: *``), optionally under Object Lock."""
+class AuditStore(LedgerStore):
+    """One bucket, as the audit jobs use it (see module docstring)."""
 
-    def __init__(self, client: S3Client, bucket: str, lock_mode: str = "COMPLIANCE") -> None:
-        self.client = client
-        self.bucket = bucket
-        self.lock_mode = lock_mode
+    error = AuditStoreError
 
     @classmethod
     def from_settings(cls, settings: AuditSettings) -> AuditStore:
-        from infra.clients.s3 import S3Policy, make_s3_client
-
         return cls(make_s3_client(settings, policy=S3Policy.AUDIT), settings.s3_bucket, settings.object_lock_mode)
 
-    def _fail(self, what: str, key: str, exc: Exception) -> AuditStoreError:
-        return AuditStoreError(f"s3 {what} {self.bucket}/{key}: {_code(exc)}: {exc}")
-
-    def put_new(self, key: str, body: bytes, retain_until: datetime | None = None) -> bool:
-        """Create `key` unless it exists; True when created, False when something was there already."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        extra: dict[str, Any] = {}
-        if retain_until is not None:
-            extra = {"ObjectLockMode": self.lock_mode, "ObjectLockRetainUntilDate": retain_until}
+    def _call(self, what: str, key: str, call: Callable[[], _T], absent: Callable[[BaseException], bool]) -> _T | None:
+        """`call()`; None when S3's answer means "absent" by `absent`; any other failure is `AuditStoreError`."""
         try:
-            self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*", **extra)
-        except ClientError as exc:
-            if _status(exc) == 412 or _code(exc) == "PreconditionFailed":
-                return False
-            raise self._fail("put", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._fail("put", key, exc) from exc
-        return True
-
-    def get(self, key: str) -> bytes | None:
-        """The current version's bytes, or None when there is no such key."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except ClientError as exc:
-            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+            return call()
+        except s3_errors() as exc:
+            if absent(exc):
                 return None
-            raise self._fail("get", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._fail("get", key, exc) from exc
-
-    def list_keys(self, prefix: str) -> Iterator[tuple[str, int]]:
-        """(key, size) of every current object under `prefix`, in key order."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-                for obj in page.get("Contents", []):
-                    yield obj["Key"], int(obj.get("Size", 0))
-        except (ClientError, BotoCoreError) as exc:
-            raise self._fail("list", prefix, exc) from exc
+            raise self._fail(what, key, exc) from exc
 
     def subfolders(self, prefix: str) -> list[str]:
         """The common prefixes one level below `prefix` (``prefix/x/``)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         found: list[str] = []
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
@@ -95,92 +62,58 @@ class AuditStore:
             )
             for page in pages:
                 found += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
-        except (ClientError, BotoCoreError) as exc:
+        except s3_errors() as exc:
             raise self._fail("list", prefix, exc) from exc
         return found
 
     def versions(self, prefix: str) -> Iterator[Version]:
         """Every object version (not delete markers) under `prefix`."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             for page in self.client.get_paginator("list_object_versions").paginate(Bucket=self.bucket, Prefix=prefix):
                 for v in page.get("Versions", []):
                     yield Version(v["Key"], str(v.get("VersionId") or "null"), bool(v.get("IsLatest")))
-        except (ClientError, BotoCoreError) as exc:
+        except s3_errors() as exc:
             raise self._fail("list versions", prefix, exc) from exc
 
     def current_version(self, key: str) -> str | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=key)
-        except ClientError as exc:
-            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise self._fail("head", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._fail("head", key, exc) from exc
-        return str(head.get("VersionId") or "null")
+        """The current version id of `key`; None when there is no such key."""
+        head = self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=key), is_missing)
+        return None if head is None else str(head.get("VersionId") or "null")
 
     def set_legal_hold(self, key: str, version_id: str, on: bool) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self.client.put_object_legal_hold(
+        self._call(
+            "legal hold",
+            key,
+            lambda: self.client.put_object_legal_hold(
                 Bucket=self.bucket, Key=key, VersionId=version_id, LegalHold={"Status": "ON" if on else "OFF"}
-            )
-        except (ClientError, BotoCoreError) as exc:
-            raise self._fail("legal hold", key, exc) from exc
+            ),
+            lambda _: False,
+        )
 
     def legal_hold(self, key: str, version_id: str) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            got = self.client.get_object_legal_hold(Bucket=self.bucket, Key=key, VersionId=version_id)
-        except ClientError as exc:
-            if _code(exc) in ("NoSuchObjectLegalHold", "ObjectLockConfigurationNotFoundError", "InvalidRequest"):
-                return False
-            raise self._fail("get legal hold", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._fail("get legal hold", key, exc) from exc
-        return got.get("LegalHold", {}).get("Status") == "ON"
+        got = self._call(
+            "get legal hold",
+            key,
+            lambda: self.client.get_object_legal_hold(Bucket=self.bucket, Key=key, VersionId=version_id),
+            lambda exc: error_code(exc) in NO_LEGAL_HOLD,
+        )
+        return got is not None and got.get("LegalHold", {}).get("Status") == "ON"
 
     def retain_until(self, key: str, version_id: str) -> datetime | None:
         """The version's Object Lock retain-until date; None when it has none."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            got = self.client.get_object_retention(Bucket=self.bucket, Key=key, VersionId=version_id)
-        except ClientError as exc:
-            if _code(exc) in (
-                "NoSuchObjectLockConfiguration",
-                "ObjectLockConfigurationNotFoundError",
-                "InvalidRequest",
-            ):
-                return None
-            raise self._fail("get retention", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._fail("get retention", key, exc) from exc
-        until = got.get("Retention", {}).get("RetainUntilDate")
+        got = self._call(
+            "get retention",
+            key,
+            lambda: self.client.get_object_retention(Bucket=self.bucket, Key=key, VersionId=version_id),
+            lambda exc: error_code(exc) in NO_RETENTION,
+        )
+        until = None if got is None else got.get("Retention", {}).get("RetainUntilDate")
         return until if isinstance(until, datetime) else None
 
     def delete_version(self, key: str, version_id: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self.client.delete_object(Bucket=self.bucket, Key=key, VersionId=version_id)
-        except (ClientError, BotoCoreError) as exc:
-            raise self._fail("delete", f"{key}?versionId={version_id}", exc) from exc
-
-
-def _status(exc: Any) -> int | None:
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return int(status) if status is not None else None
-
-
-def _code(exc: Any) -> str:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return type(exc).__name__
-    return str(response.get("Error", {}).get("Code", "?"))
+        self._call(
+            "delete",
+            f"{key}?versionId={version_id}",
+            lambda: self.client.delete_object(Bucket=self.bucket, Key=key, VersionId=version_id),
+            lambda _: False,
+        )

@@ -33,11 +33,18 @@ from dataclasses import dataclass, field
 
 from capture.audit.checkpoint import StoredCheckpoint, day_objects, list_checkpoints
 from capture.audit.errors import UnknownIdError
-from capture.audit.merkle_log import EXPIRY_PREFIX, LeafLog, log_id, read_leaves
 from capture.audit.store import AuditStore
+from capture.ledger.merkle_log import LeafLog, read_leaves
 from schemas import sha256_hex
 from schemas.errors import ContractError
-from schemas.layout import request_index_key
+from schemas.layout import (
+    EXPIRY_PREFIX,
+    capture_day_of_key,
+    checkpoint_key_suffix,
+    envelope_id_of_key,
+    log_id,
+    request_index_key,
+)
 from schemas.merkle import (
     Checkpoint,
     consistency_proof,
@@ -54,7 +61,6 @@ from schemas.sealed import decode_sealed, is_sealed
 INFO_KINDS = frozenset({"duplicate", "expired", "sealed", "unsigned_tail"})
 MAX_SWAP_SEARCH = 64
 CHECK_WORKERS = 8  # objects are read and hashed in parallel (boto3 clients are thread-safe)
-_DAY_RE = re.compile(r"/date=(\d{4}-\d{2}-\d{2})/")
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -87,7 +93,7 @@ class Verdict:
 
 def check_object(store: AuditStore, key: str) -> Finding | None:
     """None when the object's bytes still match the id in its key name (see module doc), else a finding."""
-    name = key.rsplit("/", 1)[1].removesuffix(".json")
+    name = envelope_id_of_key(key)
     body = store.get(key)
     if body is None:
         return Finding("deleted", f"deleted: envelope object {key} is gone")
@@ -127,7 +133,7 @@ def _signed(stored: Sequence[StoredCheckpoint], day: str, public_raw: bytes, ver
             verdict.add("bad_checkpoint", f"bad_checkpoint: {item.key} does not parse: {item.error}")
         elif not verify_checkpoint(cp, public_raw):
             verdict.add("bad_checkpoint", f"bad_checkpoint: signature of {item.key} does not verify (key {cp.key_id})")
-        elif not item.key.endswith(f"/{cp.tree_size:012d}.json") or cp.log_id != log_id(day):
+        elif not item.key.endswith(checkpoint_key_suffix(cp.tree_size)) or cp.log_id != log_id(day):
             verdict.add("bad_checkpoint", f"bad_checkpoint: {item.key} holds {cp.log_id} size {cp.tree_size}")
         else:
             good.append(cp)
@@ -194,7 +200,7 @@ def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Ver
     except (ValueError, KeyError, TypeError) as exc:
         raise UnknownIdError(f"index entry of {request_id!r} is unreadable: {exc!r}") from exc
     verdict = Verdict(f"request {request_id}")
-    envelope_id = key.rsplit("/", 1)[1].removesuffix(".json")
+    envelope_id = envelope_id_of_key(key)
     if indexed_id != envelope_id:
         verdict.add("modified", f"modified: the index says envelope {indexed_id} but points at {key}")
     finding = check_object(store, key)
@@ -202,11 +208,10 @@ def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Ver
         verdict.findings.append(finding)
     if finding is None or not finding.fatal:
         verdict.lines.append(f"  object: {key} (stored bytes match the id)")
-    match = _DAY_RE.search(key)
-    if match is None or not _ID_RE.match(envelope_id):
+    day = capture_day_of_key(key)
+    if day is None or not _ID_RE.match(envelope_id):
         verdict.add("modified", f"modified: {key} is not an envelope key")
         return verdict
-    day = match.group(1)
     leaves = read_leaves(store, day)
     for problem in leaves.problems:
         verdict.add("broken_log", f"broken_log: {problem}")

@@ -13,7 +13,7 @@ from typing import Any
 import boto3
 import pytest
 
-from capture.errors import SinkError
+from capture.errors import SealingError, SinkError
 from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings
@@ -267,3 +267,14 @@ async def test_a_record_corrupted_on_disk_blocks_loudly_instead_of_vanishing(
         assert kafka.sent == []
     finally:
         await publisher.stop()
+
+
+def test_a_publisher_with_encrypted_tenants_and_no_kek_fails_at_construction(tmp_path: Path) -> None:
+    settings = CaptureSettings(
+        upstream="http://127.0.0.1:9",
+        spool_dir=tmp_path / "spool",
+        encrypt_tenants=("acme",),
+        s3_endpoint="http://127.0.0.1:9",
+    )
+    with pytest.raises(SealingError, match="no KEK"):
+        Publisher(None, settings, sinks=[])  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,13 @@ async def test_a_dead_s3_worker_process_fails_its_batch_and_the_next_one_goes_th
         await sink.publish([outgoing(seq=2, request_id="req-proc-during")])  # a new worker, same batch
     finally:
         await sink.close()
+
+
+def test_per_tenant_retention() -> None:
+    common: dict[str, Any] = {"s3_endpoint": "http://127.0.0.1:9", "s3_access_key": "k", "s3_secret_key": "s"}
+    sink = S3Sink(base_settings(**common, retention_days=2, retention_days_by_tenant={"long": 30, "off": 0}))
+    now = datetime.now(UTC)
+    assert sink.retain_until(now, "long") == now + timedelta(days=30)
+    assert sink.retain_until(now, "someone") == now + timedelta(days=2)
+    assert sink.retain_until(now) == now + timedelta(days=2)
+    assert sink.retain_until(now, "off") is None

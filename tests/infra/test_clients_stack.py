@@ -24,9 +24,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from capture.audit.archiver import Archiver
+from capture.audit.errors import LakeError
 from capture.audit.lake import Lake
 from capture.audit.lake_settings import LakeSettings
-from capture.errors import LakeError
 from capture.settings import CaptureSettings
 from capture.sinks import KafkaSink, Outgoing
 from capture.spool import SpoolEntry

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from capture.audit.datakeys import Keyring
+from capture.ledger.sealing import Keyring
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.sinks import KafkaSink, S3Sink

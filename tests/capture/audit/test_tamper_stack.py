@@ -21,16 +21,16 @@ from typing import Any
 import pytest
 
 from capture.audit.checkpoint import reconcile, write_checkpoint
-from capture.audit.merkle_log import checkpoint_key, leaves_key, read_leaves
 from capture.audit.store import AuditStore
 from capture.audit.verify import verify_range, verify_request
+from capture.ledger.merkle_log import read_leaves
 from capture.settings import CaptureSettings
 from capture.sinks import Outgoing, S3Sink
 from capture.spool import SpoolEntry
 from infra.buckets import s3_client
 from infra.state import StackInfo
 from schemas import Envelope
-from schemas.layout import envelope_key
+from schemas.layout import checkpoint_key, envelope_key, leaves_key
 from schemas.merkle import merkle_root, sign_checkpoint
 from tests.capture.audit.support import audit_cli, publish_through_s3
 from tests.factories import envelope
@@ -179,7 +179,7 @@ def test_reordered_leaves_are_detected_and_the_swap_named(log: Log) -> None:
     assert "reordered" in single.kinds()
     # re-signing after the tamper does not launder it: the old checkpoint no longer matches, the chain breaks
     more = [envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=log.captured + timedelta(minutes=5))]
-    from capture.audit.merkle_log import append_leaves
+    from capture.ledger.merkle_log import append_leaves
 
     append_leaves(log.store, log.day, [more[0].envelope_id()], None)
     assert write_checkpoint(log.store, log.day, log.private, retention=None) is not None
@@ -251,7 +251,7 @@ def test_unknown_ids_and_bad_arguments_exit_2(log: Log) -> None:
 
 
 def test_a_republished_duplicate_leaf_is_harmless(log: Log) -> None:
-    from capture.audit.merkle_log import append_leaves
+    from capture.ledger.merkle_log import append_leaves
 
     # a crash after the leaf append and before the spool ack: the restarted publisher appends the id again
     append_leaves(log.store, log.day, [log.envs[1].envelope_id()], None)
@@ -266,8 +266,8 @@ def test_a_republished_duplicate_leaf_is_harmless(log: Log) -> None:
 
 
 def test_an_expired_envelope_is_reported_as_expired_not_deleted(log: Log) -> None:
-    from capture.audit.merkle_log import EXPIRY_PREFIX
     from capture.audit.retention import ExpiryReport
+    from schemas.layout import EXPIRY_PREFIX
 
     key, eid = log.key(4), log.envs[4].envelope_id()
     log.client.delete_object(Bucket=log.bucket, Key=key)

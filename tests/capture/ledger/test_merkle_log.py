@@ -1,28 +1,27 @@
-"""The Merkle log writer and its place in the publisher (moto S3; the real-stack tests are in *_stack.py)."""
+"""The Merkle log: the writer, its append races, reading it back, and its place in the publisher (moto S3; the
+real-stack tests are in tests/capture/audit/*_stack.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
-from capture.audit.checkpoint import reconcile, write_checkpoint
-from capture.audit.errors import AuditError
-from capture.audit.keys import keygen, load_private, load_public, public_of
-from capture.audit.merkle_log import MerkleLogWriter, append_leaves, leaves_key, log_size, read_leaves
-from capture.audit.store import AuditStore
 from capture.errors import SinkError
+from capture.ledger.merkle_log import MerkleLogWriter, append_leaves, log_size, read_leaves
+from capture.ledger.store import LedgerStore
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.sinks import Outgoing, S3Sink
 from capture.spool import Spool, SpoolEntry
-from schemas.merkle import decode_checkpoint, leaf_data, merkle_root, verify_checkpoint
+from schemas.layout import leaves_key
+from schemas.merkle import leaf_data
 from tests.factories import FIXED_TIME, envelope
 from tests.moto_s3 import moto_server
 
@@ -49,8 +48,8 @@ def client(endpoint: str) -> Any:
 
 
 @pytest.fixture
-def store(moto_endpoint: str, bucket: str) -> AuditStore:
-    return AuditStore(client(moto_endpoint), bucket)
+def store(moto_endpoint: str, bucket: str) -> LedgerStore:
+    return LedgerStore(client(moto_endpoint), bucket)
 
 
 @pytest.fixture
@@ -133,7 +132,7 @@ def test_the_audit_log_is_a_then_sink_only_when_enabled(settings: CaptureSetting
 
 
 async def test_publisher_appends_each_stored_batch_in_order(
-    spool: Spool, settings: CaptureSettings, store: AuditStore
+    spool: Spool, settings: CaptureSettings, store: LedgerStore
 ) -> None:
     envs = [envelope(request_id=f"req-log-{i}") for i in range(5)]
     for env in envs:
@@ -155,18 +154,18 @@ async def test_publisher_appends_each_stored_batch_in_order(
     ]
 
 
-async def test_writer_groups_by_capture_day_and_skips_what_it_appended(store: AuditStore) -> None:
+async def test_writer_groups_by_capture_day_and_skips_what_it_appended(store: LedgerStore) -> None:
     writer = MerkleLogWriter(store, None)
     other_day = FIXED_TIME + timedelta(days=1)
     a, b, c = outgoing(1, request_id="req-a"), outgoing(2, request_id="req-b", captured_at=other_day), outgoing(3)
-    await writer.publish([a, b])
-    await writer.publish([a, c])  # a again (a redelivered batch): skipped; c new
+    await writer.append([a, b])
+    await writer.append([a, c])  # a again (a redelivered batch): skipped; c new
     await writer.close()
     assert read_leaves(store, DAY).ids == [a.envelope_id, c.envelope_id]
     assert read_leaves(store, other_day.strftime("%Y-%m-%d")).ids == [b.envelope_id]
 
 
-def test_a_second_writer_racing_for_the_same_index_goes_after_the_winner(store: AuditStore) -> None:
+def test_a_second_writer_racing_for_the_same_index_goes_after_the_winner(store: LedgerStore) -> None:
     ids = [envelope(request_id=f"req-race-{i}").envelope_id() for i in range(3)]
     assert append_leaves(store, DAY, ids[:2], None) == 0
     # a writer that believes the log is empty: its conditional create of leaf 0 loses, it relists
@@ -176,72 +175,9 @@ def test_a_second_writer_racing_for_the_same_index_goes_after_the_winner(store: 
     assert read_leaves(store, DAY).ids == ids
 
 
-def test_gaps_and_torn_batches_are_problems(store: AuditStore) -> None:
+def test_gaps_and_torn_batches_are_problems(store: LedgerStore) -> None:
     store.put_new(leaves_key(DAY, 0), b"\x01" * 32)
     store.put_new(leaves_key(DAY, 5), b"\x02" * 40)
     problems = read_leaves(store, DAY).problems
     assert any("not a multiple of 32" in p for p in problems)
     assert any("starts at 5 but the log has 1" in p for p in problems)
-    with pytest.raises(AuditError, match="broken"):
-        write_checkpoint(store, DAY, load_private_fresh(), retention=None)
-
-
-def load_private_fresh() -> bytes:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
-
-    return Ed25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-
-
-def test_checkpoint_signs_the_whole_log_once_per_size(store: AuditStore) -> None:
-    private = load_private_fresh()
-    ids = [envelope(request_id=f"req-cp-{i}").envelope_id() for i in range(3)]
-    append_leaves(store, DAY, ids, None)
-    now = datetime(2026, 11, 29, tzinfo=UTC)
-    cp = write_checkpoint(store, DAY, private, retention=None, now=now)
-    assert cp is not None
-    assert cp.tree_size == 3
-    assert cp.root_hash == merkle_root([leaf_data(i) for i in ids]).hex()
-    assert verify_checkpoint(cp, public_of(private))
-    stored = store.get(f"audit/checkpoints/day={DAY}/000000000003.json")
-    assert stored is not None
-    assert decode_checkpoint(stored) == cp
-    assert write_checkpoint(store, DAY, private, retention=None) is None  # nothing new
-
-
-async def test_reconcile_appends_stored_but_unlogged_envelopes(settings: CaptureSettings, store: AuditStore) -> None:
-    sink = S3Sink(settings)  # stored without the log: the crash window between put and append
-    items = [outgoing(1, request_id="req-rec-1"), outgoing(2, request_id="req-rec-2")]
-    await sink.publish(items)
-    await sink.close()
-    append_leaves(store, DAY, [items[0].envelope_id], None)
-    assert reconcile(store, DAY, retention=None, dry_run=True) == [items[1].envelope_id]
-    assert read_leaves(store, DAY).ids == [items[0].envelope_id]
-    assert reconcile(store, DAY, retention=None) == [items[1].envelope_id]
-    assert read_leaves(store, DAY).ids == [items[0].envelope_id, items[1].envelope_id]
-    assert reconcile(store, DAY, retention=None) == []
-
-
-def test_keys_from_pem_files_and_base64(tmp_path: Path) -> None:
-    import base64
-
-    private_path = tmp_path / "signing.pem"
-    public_path, public_b64 = keygen(private_path)
-    assert private_path.stat().st_mode & 0o777 == 0o600
-    private = load_private(str(private_path))
-    assert public_of(private) == load_public(str(public_path)) == base64.b64decode(public_b64)
-    assert load_private(base64.b64encode(private).decode()) == private
-    assert load_public(public_b64) == base64.b64decode(public_b64)
-    with pytest.raises(AuditError, match="cannot create"):
-        keygen(private_path)  # never overwrites a key
-    with pytest.raises(AuditError, match="32"):
-        load_public(base64.b64encode(b"short").decode())
-
-
-def test_per_tenant_retention(settings: CaptureSettings) -> None:
-    sink = S3Sink(settings.model_copy(update={"retention_days": 2, "retention_days_by_tenant": {"long": 30, "off": 0}}))
-    now = datetime.now(UTC)
-    assert sink.retain_until(now, "long") == now + timedelta(days=30)
-    assert sink.retain_until(now, "someone") == now + timedelta(days=2)
-    assert sink.retain_until(now) == now + timedelta(days=2)
-    assert sink.retain_until(now, "off") is None

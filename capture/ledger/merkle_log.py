@@ -1,6 +1,6 @@
 """The append-only Merkle log: which envelope ids were stored, in which order, one log per UTC day.
 
-Layout (in the envelope bucket, next to ``envelopes/``)::
+Layout (in the envelope bucket, next to ``envelopes/``; the keys are `schemas.layout`'s)::
 
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin        32-byte envelope ids, leaf `start` onwards
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json  signed `schemas.merkle.Checkpoint`
@@ -9,11 +9,12 @@ Layout (in the envelope bucket, next to ``envelopes/``)::
 The day is the envelope's capture day (the ``date=`` of its object key), so a day's log and a day's objects
 can be compared one to one.
 
-Order is fixed at append time. The publisher hands every batch to `MerkleLogWriter` only after *every* sink
-(Kafka and S3) confirmed it, and acks the spool only after the writer confirmed: a leaf never precedes its
-object. The writer appends one leaf batch object per day per publisher batch with a conditional create of
-``<start>.bin`` (If-None-Match): two writers racing for the same start index cannot both win; the loser relists
-and takes the next free index. Each batch object is written once, under Object Lock when retention is set.
+Order is fixed at append time. The publisher hands every batch to `MerkleLogWriter` (through the sidecar's
+``audit-log`` sink, `capture.sinks.AuditLogSink`) only after *every* sink (Kafka and S3) confirmed it, and acks
+the spool only after the writer confirmed: a leaf never precedes its object. The writer appends one leaf batch
+object per day per publisher batch with a conditional create of ``<start>.bin`` (If-None-Match): two writers
+racing for the same start index cannot both win; the loser relists and takes the next free index. Each batch
+object is written once, under Object Lock when retention is set.
 
 Duplicates: delivery is at-least-once (a crash after the append and before the spool ack republishes the
 batch), and a restarted writer has forgotten what it appended. Rather than a fragile seen-set, the rule is:
@@ -24,60 +25,37 @@ writer still skips ids it has already appended, so duplicates only follow a cras
 Crash windows, honestly: between the S3 put of an envelope and its leaf append the envelope is stored but
 not logged. The spool still holds it, so the restarted publisher appends it; if the spool was lost as well,
 the verifier reports "not logged" (distinct from a modification) and ``reprolane audit reconcile --day D``
-appends the ids it finds in the day's objects. Reconcile cannot tell such an envelope from one an attacker
-inserted; that is why it is a deliberate, logged operator action and not automatic.
+(`capture.audit.checkpoint.reconcile`) appends the ids it finds in the day's objects. Reconcile cannot tell such
+an envelope from one an attacker inserted; that is why it is a deliberate, logged operator action and not
+automatic.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from capture.audit.errors import AuditError
-from capture.audit.store import AuditStore
-from capture.errors import SinkError
-from capture.sinks import Outgoing
-from infra.clients.s3 import S3Policy, make_s3_client
+from capture.ledger.errors import LedgerError
+from capture.ledger.store import LedgerStore
+from schemas.layout import capture_day, leaves_key, leaves_prefix, leaves_start
 from schemas.merkle import HASH_SIZE, leaf_data
 
-if TYPE_CHECKING:
-    from capture.settings import CaptureSettings
-
-log = logging.getLogger(__name__)
-
-LOG_PREFIX = "audit/log/"
-CHECKPOINT_PREFIX = "audit/checkpoints/"
-EXPIRY_PREFIX = "audit/expiry/"
 MAX_RACE_RETRIES = 20
 
 
-def log_id(day: str) -> str:
-    return f"day={day}"
+class LoggedRecord(Protocol):
+    """What the writer needs of a stored record (the sidecar's `capture.sinks.Outgoing` is one)."""
 
-
-def leaves_prefix(day: str) -> str:
-    return f"{LOG_PREFIX}day={day}/leaves/"
-
-
-def leaves_key(day: str, start: int) -> str:
-    return f"{leaves_prefix(day)}{start:012d}.bin"
-
-
-def checkpoints_prefix(day: str) -> str:
-    return f"{CHECKPOINT_PREFIX}day={day}/"
-
-
-def checkpoint_key(day: str, tree_size: int) -> str:
-    return f"{checkpoints_prefix(day)}{tree_size:012d}.json"
-
-
-def day_of(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%d")
+    @property
+    def seq(self) -> int: ...
+    @property
+    def envelope_id(self) -> str: ...
+    @property
+    def captured_at(self) -> datetime: ...
 
 
 @dataclass
@@ -107,27 +85,23 @@ class LeafLog:
         return dups
 
 
-def _start_of(key: str) -> int:
-    return int(key.rsplit("/", 1)[1].removesuffix(".bin"))
-
-
-def log_size(store: AuditStore, day: str) -> int:
+def log_size(store: LedgerStore, day: str) -> int:
     """The next free leaf index of a day (from the listing only: start + length of the last batch)."""
     size = 0
     for key, nbytes in store.list_keys(leaves_prefix(day)):
         if key.endswith(".bin"):
-            size = max(size, _start_of(key) + nbytes // HASH_SIZE)
+            size = max(size, leaves_start(key) + nbytes // HASH_SIZE)
     return size
 
 
-def read_leaves(store: AuditStore, day: str) -> LeafLog:
+def read_leaves(store: LedgerStore, day: str) -> LeafLog:
     """Read every leaf batch of a day in start order; gaps, overlaps and torn batches become `problems`."""
     leaves = LeafLog(day)
     for key, _ in sorted(store.list_keys(leaves_prefix(day)), key=lambda kv: kv[0]):
         if not key.endswith(".bin"):
             leaves.problems.append(f"unexpected object {key} in the leaf log")
             continue
-        start = _start_of(key)
+        start = leaves_start(key)
         body = store.get(key)
         if body is None:
             leaves.problems.append(f"leaf batch {key} vanished while reading")
@@ -141,7 +115,7 @@ def read_leaves(store: AuditStore, day: str) -> LeafLog:
     return leaves
 
 
-def append_leaves(store: AuditStore, day: str, ids: Sequence[str], retain_until: datetime | None) -> int:
+def append_leaves(store: LedgerStore, day: str, ids: Sequence[str], retain_until: datetime | None) -> int:
     """Append `ids` to a day's log as one batch object; return its start index. Races are retried."""
     body = b"".join(leaf_data(i) for i in ids)
     start = log_size(store, day)
@@ -149,15 +123,13 @@ def append_leaves(store: AuditStore, day: str, ids: Sequence[str], retain_until:
         if store.put_new(leaves_key(day, start), body, retain_until):
             return start
         start = log_size(store, day)  # another writer took this index: go after it
-    raise AuditError(f"leaf log of {day}: lost the append race {MAX_RACE_RETRIES} times")
+    raise LedgerError(f"leaf log of {day}: lost the append race {MAX_RACE_RETRIES} times")
 
 
 class MerkleLogWriter:
-    """A publisher "after" sink: appends the ids of every confirmed batch to the day logs (see module doc)."""
+    """Appends the ids of every confirmed batch to the day logs (see module doc); `LedgerError` when it cannot."""
 
-    name = "audit-log"
-
-    def __init__(self, store: AuditStore, retention: timedelta | None) -> None:
+    def __init__(self, store: LedgerStore, retention: timedelta | None) -> None:
         self.store = store
         self.retention = retention
         self._seen: dict[str, set[str]] = {}
@@ -166,10 +138,11 @@ class MerkleLogWriter:
     def _retain_until(self) -> datetime | None:
         return None if self.retention is None else datetime.now(UTC) + self.retention
 
-    async def publish(self, batch: Sequence[Outgoing]) -> None:
+    async def append(self, batch: Sequence[LoggedRecord]) -> None:
+        """Append the batch's ids (in spool order, each day's to its log) that this writer has not appended."""
         by_day: dict[str, list[str]] = {}
         for item in sorted(batch, key=lambda o: o.seq):
-            day = day_of(item.captured_at)
+            day = capture_day(item.captured_at)
             seen = self._seen.setdefault(day, set())
             ids = by_day.setdefault(day, [])
             if item.envelope_id not in seen and item.envelope_id not in ids:
@@ -180,8 +153,8 @@ class MerkleLogWriter:
                 continue
             try:
                 await loop.run_in_executor(self._pool, self._append, day, ids)
-            except AuditError as exc:
-                raise SinkError(f"audit log {day}: {exc}") from exc
+            except LedgerError as exc:
+                raise LedgerError(f"audit log {day}: {exc}") from exc
             self._seen[day].update(ids)
         self._forget_old_days()
 
@@ -191,19 +164,6 @@ class MerkleLogWriter:
     def _forget_old_days(self, keep: int = 3) -> None:
         for day in sorted(self._seen)[:-keep]:
             del self._seen[day]
-
-    @classmethod
-    def from_capture_settings(cls, settings: CaptureSettings) -> MerkleLogWriter:
-        """Writes into the envelope bucket, locked as long as the longest envelope retention of any tenant."""
-        days = max([settings.retention_days, *settings.retention_days_by_tenant.values()])
-        store = AuditStore(
-            make_s3_client(settings, policy=S3Policy.SIDECAR), settings.s3_bucket, settings.object_lock_mode
-        )
-        return cls(store, timedelta(days=days) if days > 0 else None)
-
-    def append_now(self, day: str, ids: Iterable[str]) -> int:
-        """Synchronous append (reconcile); returns the start index."""
-        return append_leaves(self.store, day, list(ids), self._retain_until())
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -12,24 +12,26 @@ time; the newest is the tenant's current key, and older ones stay readable for t
   running sidecar for at most that long, and those records are unreadable too (their key is gone).
 - `Keyring.shred` deletes every version (and delete marker) of every wrapped key of the tenant, then checks
   that none is left. The envelope objects stay in place, write-once, and can never be opened again.
-- `Sealer` turns an `Outgoing` of an encrypted tenant into the sealed record the sinks send instead.
+- `Sealer` turns a record of an encrypted tenant (the sidecar's `capture.sinks.Outgoing`: any `SealableRecord`)
+  into the sealed record the sinks send instead.
 
 boto3 is blocking: the publisher calls `Sealer.seal_batch` in a worker thread. Every botocore error becomes
-`KeyringError`.
+`KeyringError`. The settings are read through small protocols (`KekSettings`, `SealingSettings`): the
+sidecar's `CaptureSettings` has those fields, and the ledger imports no settings class.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
-from capture.errors import KeyringError
-from capture.sinks import Outgoing
+from capture.ledger.errors import KeyringError
+from infra.clients.s3 import S3Connection, S3Policy, error_code, is_missing, make_s3_client, s3_errors
 from schemas import ContractError, WorkflowRef
 from schemas.errors import SealError
 from schemas.layout import data_key_key, data_key_prefix
@@ -45,13 +47,56 @@ from schemas.sealed import (
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-    from capture.settings import CaptureSettings
-
-_MISSING = ("NoSuchKey", "404", "NotFound")
+    from pydantic import SecretStr
 
 
-def load_kek(settings: CaptureSettings) -> bytes:
+class KekSettings(Protocol):
+    """Where the KEK comes from: the key itself or a file holding it."""
+
+    @property
+    def kek(self) -> SecretStr | None: ...
+    @property
+    def kek_file(self) -> Path | None: ...
+
+
+class SealingSettings(KekSettings, S3Connection, Protocol):
+    """What a `Sealer` is built from: the KEK, the keys bucket and its S3, which tenants, how long keys are cached."""
+
+    @property
+    def keys_bucket(self) -> str: ...
+    @property
+    def encrypt_tenants(self) -> tuple[str, ...]: ...
+    @property
+    def data_key_cache_s(self) -> float: ...
+
+
+class SealableRecord(Protocol):
+    """What the sealer reads of an outgoing record, and how it gets the sealed one back."""
+
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def captured_at(self) -> datetime: ...
+    @property
+    def schema_version(self) -> str: ...
+    @property
+    def workflow_id(self) -> str | None: ...
+    @property
+    def workflow_step(self) -> int | None: ...
+
+    def with_payload(self, payload: bytes, schema_version: str) -> Self:
+        """The same record (routing fields, object and index keys) with another payload."""
+        ...
+
+
+_R = TypeVar("_R", bound=SealableRecord)
+
+
+def load_kek(settings: KekSettings) -> bytes:
     """The KEK from ``kek`` or ``kek_file``; `KeyringError` when neither is set or it is malformed."""
     if settings.kek is not None:
         text = settings.kek.get_secret_value()
@@ -70,10 +115,6 @@ def load_kek(settings: CaptureSettings) -> bytes:
 
 def _new_key_id() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:12]}"
-
-
-def _code(exc: Any) -> str:
-    return str(exc.response.get("Error", {}).get("Code", "?"))
 
 
 class Keyring:
@@ -97,14 +138,10 @@ class Keyring:
         self._lock = threading.Lock()
 
     def _s3(self, what: str, call: Callable[[], Any]) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             return call()
-        except ClientError as exc:
-            raise KeyringError(f"s3 {what} in bucket {self.bucket}: {_code(exc)}") from exc
-        except BotoCoreError as exc:
-            raise KeyringError(f"s3 {what} in bucket {self.bucket}: {exc}") from exc
+        except s3_errors() as exc:
+            raise KeyringError(f"s3 {what} in bucket {self.bucket}: {error_code(exc) or exc}") from exc
 
     def _need_kek(self) -> bytes:
         if self._kek is None:
@@ -125,14 +162,11 @@ class Keyring:
 
     def get_key(self, tenant: str, key_id: str) -> bytes | None:
         """The unwrapped data key, or None when it does not exist (never made, or shredded)."""
-        from botocore.exceptions import ClientError
-
         key = data_key_key(tenant, key_id)
         try:
             body = self._s3(f"get {key}", lambda: self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
         except KeyringError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ClientError) and _code(cause) in _MISSING:
+            if exc.__cause__ is not None and is_missing(exc.__cause__):
                 return None
             raise
         try:
@@ -217,14 +251,13 @@ class Sealer:
         self.tenants = frozenset(tenants)
 
     @classmethod
-    def from_settings(cls, settings: CaptureSettings) -> Sealer:
-        from infra.clients.s3 import S3Policy, make_s3_client
-
+    def from_settings(cls, settings: SealingSettings) -> Sealer:
+        """The sidecar's sealer (its S3 policy: it seals on the publisher's path); `KeyringError` without a KEK."""
         client = make_s3_client(settings, policy=S3Policy.SIDECAR)
         keyring = Keyring(client, settings.keys_bucket, load_kek(settings), cache_s=settings.data_key_cache_s)
         return cls(keyring, settings.encrypt_tenants)
 
-    def seal(self, item: Outgoing) -> Outgoing:
+    def seal(self, item: _R) -> _R:
         if item.tenant not in self.tenants or item.schema_version == SEALED_SCHEMA_VERSION:
             return item
         key_id, data_key = self.keyring.current_key(item.tenant)
@@ -240,7 +273,7 @@ class Sealer:
             key_id=key_id,
             data_key=data_key,
         )
-        return dataclasses.replace(item, payload=sealed.canonical(), schema_version=SEALED_SCHEMA_VERSION)
+        return item.with_payload(sealed.canonical(), SEALED_SCHEMA_VERSION)
 
-    def seal_batch(self, batch: Sequence[Outgoing]) -> list[Outgoing]:
+    def seal_batch(self, batch: Sequence[_R]) -> list[_R]:
         return [self.seal(item) for item in batch]

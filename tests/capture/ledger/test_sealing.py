@@ -1,4 +1,5 @@
-"""The capture side of sealing without the stack: KEK loading, and a publisher that cannot seal refuses to start."""
+"""Sealing without the stack: KEK loading, and a sealer that seals only the configured tenants (the publisher that
+cannot seal refuses to start: tests/capture/test_publisher.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from capture.audit.datakeys import Sealer, load_kek
-from capture.errors import KeyringError
-from capture.publisher import Publisher
+from capture.ledger.errors import KeyringError
+from capture.ledger.sealing import Sealer, load_kek
 from capture.settings import CaptureSettings
 from capture.sinks import Outgoing
 from capture.spool import SpoolEntry
@@ -34,11 +34,6 @@ def test_kek_from_setting_or_file(tmp_path: Path) -> None:
         load_kek(settings(tmp_path, kek_file=tmp_path / "missing"))
     with pytest.raises(KeyringError, match="32 bytes"):
         load_kek(settings(tmp_path, kek=base64.b64encode(b"short").decode()))
-
-
-def test_a_publisher_with_encrypted_tenants_and_no_kek_fails_at_construction(tmp_path: Path) -> None:
-    with pytest.raises(KeyringError, match="no KEK"):
-        Publisher(None, settings(tmp_path, encrypt_tenants=("acme",), s3_endpoint="http://127.0.0.1:9"), sinks=[])  # type: ignore[arg-type]
 
 
 class FixedKeyring:

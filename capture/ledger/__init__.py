@@ -1,0 +1,14 @@
+"""The ledger: what the sidecar writes and the audit jobs read, in the audit and keys buckets.
+
+- `merkle_log`: the append-only per-day leaf log of every stored envelope id (`MerkleLogWriter`, which the
+  publisher drives through `capture.sinks.AuditLogSink`), and reading it back (`read_leaves`, `log_size`).
+- `sealing`: per-tenant data keys wrapped by the KEK (`Keyring`, crypto-shredding) and the `Sealer` that seals
+  an encrypted tenant's records before they leave the sidecar.
+- `store`: the S3 boundary (`LedgerStore`: conditional creates, reads, listings).
+- `errors`: the ledger's small exception tree (`LedgerError`, `LedgerStoreError`, `KeyringError`).
+
+Imports: only `schemas` and `infra.clients` (S3). It imports nothing of the sidecar (``capture.*`` modules) or of
+the audit jobs (`capture.audit`); both import it. It reads settings through protocols (`sealing.SealingSettings`)
+and records through protocols (`merkle_log.LoggedRecord`, `sealing.SealableRecord`), which the sidecar's
+settings and `capture.sinks.Outgoing` satisfy.
+"""

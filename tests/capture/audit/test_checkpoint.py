@@ -1,0 +1,127 @@
+"""Checkpoints of the Merkle log, reconcile, and the signing keys (moto S3; the real-stack tests are in
+*_stack.py)."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from capture.audit.checkpoint import reconcile, write_checkpoint
+from capture.audit.errors import AuditError
+from capture.audit.signing_keys import keygen, load_private, load_public, public_of
+from capture.audit.store import AuditStore
+from capture.ledger.merkle_log import append_leaves, read_leaves
+from capture.settings import CaptureSettings
+from capture.sinks import Outgoing, S3Sink
+from capture.spool import SpoolEntry
+from schemas.layout import leaves_key
+from schemas.merkle import decode_checkpoint, leaf_data, merkle_root, verify_checkpoint
+from tests.factories import FIXED_TIME, envelope
+from tests.moto_s3 import moto_server
+
+DAY = FIXED_TIME.strftime("%Y-%m-%d")
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def bucket(moto_endpoint: str) -> str:
+    name = f"log-{uuid.uuid4().hex[:12]}"
+    client(moto_endpoint).create_bucket(Bucket=name)
+    return name
+
+
+def client(endpoint: str) -> Any:
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    )
+
+
+@pytest.fixture
+def store(moto_endpoint: str, bucket: str) -> AuditStore:
+    return AuditStore(client(moto_endpoint), bucket)
+
+
+@pytest.fixture
+def settings(moto_endpoint: str, bucket: str, tmp_path: Path) -> CaptureSettings:
+    return CaptureSettings(
+        upstream="http://127.0.0.1:9",
+        spool_dir=tmp_path / "spool",
+        s3_endpoint=moto_endpoint,
+        s3_access_key="k",
+        s3_secret_key="s",
+        s3_bucket=bucket,
+        retention_days=0,
+    )
+
+
+def outgoing(seq: int, **overrides: Any) -> Outgoing:
+    return Outgoing.from_entry(SpoolEntry(seq, envelope(**overrides).canonical()))
+
+
+def test_a_broken_log_is_not_signed(store: AuditStore) -> None:
+    store.put_new(leaves_key(DAY, 0), b"\x01" * 32)
+    store.put_new(leaves_key(DAY, 5), b"\x02" * 40)
+    with pytest.raises(AuditError, match="broken"):
+        write_checkpoint(store, DAY, load_private_fresh(), retention=None)
+
+
+def load_private_fresh() -> bytes:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    return Ed25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+
+
+def test_checkpoint_signs_the_whole_log_once_per_size(store: AuditStore) -> None:
+    private = load_private_fresh()
+    ids = [envelope(request_id=f"req-cp-{i}").envelope_id() for i in range(3)]
+    append_leaves(store, DAY, ids, None)
+    now = datetime(2026, 11, 29, tzinfo=UTC)
+    cp = write_checkpoint(store, DAY, private, retention=None, now=now)
+    assert cp is not None
+    assert cp.tree_size == 3
+    assert cp.root_hash == merkle_root([leaf_data(i) for i in ids]).hex()
+    assert verify_checkpoint(cp, public_of(private))
+    stored = store.get(f"audit/checkpoints/day={DAY}/000000000003.json")
+    assert stored is not None
+    assert decode_checkpoint(stored) == cp
+    assert write_checkpoint(store, DAY, private, retention=None) is None  # nothing new
+
+
+async def test_reconcile_appends_stored_but_unlogged_envelopes(settings: CaptureSettings, store: AuditStore) -> None:
+    sink = S3Sink(settings)  # stored without the log: the crash window between put and append
+    items = [outgoing(1, request_id="req-rec-1"), outgoing(2, request_id="req-rec-2")]
+    await sink.publish(items)
+    await sink.close()
+    append_leaves(store, DAY, [items[0].envelope_id], None)
+    assert reconcile(store, DAY, retention=None, dry_run=True) == [items[1].envelope_id]
+    assert read_leaves(store, DAY).ids == [items[0].envelope_id]
+    assert reconcile(store, DAY, retention=None) == [items[1].envelope_id]
+    assert read_leaves(store, DAY).ids == [items[0].envelope_id, items[1].envelope_id]
+    assert reconcile(store, DAY, retention=None) == []
+
+
+def test_keys_from_pem_files_and_base64(tmp_path: Path) -> None:
+    private_path = tmp_path / "signing.pem"
+    public_path, public_b64 = keygen(private_path)
+    assert private_path.stat().st_mode & 0o777 == 0o600
+    private = load_private(str(private_path))
+    assert public_of(private) == load_public(str(public_path)) == base64.b64decode(public_b64)
+    assert load_private(base64.b64encode(private).decode()) == private
+    assert load_public(public_b64) == base64.b64decode(public_b64)
+    with pytest.raises(AuditError, match="cannot create"):
+        keygen(private_path)  # never overwrites a key
+    with pytest.raises(AuditError, match="32"):
+        load_public(base64.b64encode(b"short").decode())
