@@ -28,7 +28,15 @@ from replayer.settings import ReplayerSettings
 from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result
 from schemas.envelope import is_valid_request_id
 from schemas.errors import SealError
-from schemas.layout import data_key_key, replay_key, request_index_key, workflow_index_prefix
+from schemas.layout import (
+    data_key_key,
+    is_envelope_key,
+    replay_key,
+    replay_results_prefix,
+    request_index_key,
+    tenant_envelopes_prefix,
+    workflow_index_prefix,
+)
 from schemas.replay import replay_result_id
 from schemas.sealed import decode_sealed, decode_wrapped_key, is_sealed, open_envelope, parse_kek, unwrap_key
 
@@ -167,7 +175,7 @@ class EnvelopeStore:
         at most `limit`; `EnvelopeNotFoundError` when there is none. A release gate's golden-set selector."""
         if not is_valid_request_id(tenant):
             raise EnvelopeNotFoundError(f"{tenant!r} is not a valid tenant")
-        keys = self._list(f"envelopes/tenant={tenant}/")[:limit]
+        keys = self._list(tenant_envelopes_prefix(tenant))[:limit]
         if not keys:
             raise EnvelopeNotFoundError(f"no envelope is recorded for tenant {tenant!r}")
         envelopes = []
@@ -202,7 +210,7 @@ class EnvelopeStore:
         out: list[Envelope] = []
         bad: list[tuple[str, str]] = []
         for key in self._list(prefix):
-            if not key.endswith(".json") or (contains is not None and contains not in key):
+            if not is_envelope_key(key) or (contains is not None and contains not in key):
                 continue
             data = self._get(key)
             if data is None:  # deleted between list and get
@@ -250,5 +258,4 @@ class EnvelopeStore:
 
     def list_results(self, envelope: Envelope) -> list[str]:
         """Keys of every stored result of this envelope (any lane): audits and tests count them."""
-        prefix = result_key(envelope, "0" * 64).rsplit("/", 1)[0] + "/"
-        return self._list(prefix)
+        return self._list(replay_results_prefix(envelope.envelope_id(), envelope.captured_at))

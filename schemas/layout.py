@@ -113,6 +113,11 @@ def envelope_day_infix(day: str) -> str:
     return f"/date={day}/"
 
 
+def is_envelope_key(key: str) -> bool:
+    """True for a key under `ENVELOPES_PREFIX` that names an envelope object (not a folder marker or stray file)."""
+    return key.endswith(".json")
+
+
 def envelope_id_of_key(key: str) -> str:
     """The envelope id an envelope key names (its file name without ``.json``)."""
     return key.rsplit("/", 1)[-1].removesuffix(".json")
@@ -189,6 +194,11 @@ def leaves_key(day: str, start: int) -> str:
     return f"{leaves_prefix(day)}{start:012d}.bin"
 
 
+def is_leaves_key(key: str) -> bool:
+    """True for a leaf batch object (anything else under `leaves_prefix` does not belong there)."""
+    return key.endswith(".bin")
+
+
 def leaves_start(key: str) -> int:
     """The start index a `leaves_key` names."""
     return int(key.rsplit("/", 1)[1].removesuffix(".bin"))
@@ -223,6 +233,11 @@ def data_key_key(tenant: str, key_id: str) -> str:
     return f"{data_key_prefix(tenant)}{key_id}.json"
 
 
+def data_key_id(tenant: str, key: str) -> str:
+    """The key id a `data_key_key` of `tenant` names."""
+    return key.removeprefix(data_key_prefix(tenant)).removesuffix(".json")
+
+
 # --------------------------------------------------------------------------------------------------- lake
 
 
@@ -242,3 +257,8 @@ def lake_partition_prefix(table: str, day: str, tenant: str, prefix: str = LAKE_
 def lake_part_key(table: str, day: str, tenant: str, part_id: str, prefix: str = LAKE_PREFIX) -> str:
     """One Parquet file of a partition (`part_id`: a fresh uuid per file)."""
     return f"{lake_partition_prefix(table, day, tenant, prefix)}part-{part_id}.parquet"
+
+
+def is_lake_part(key: str) -> bool:
+    """True for a lake data file (the lake reads nothing else under a table's prefix)."""
+    return key.endswith(".parquet")

@@ -30,6 +30,7 @@ from schemas.layout import (
     checkpoints_prefix,
     date_prefix,
     envelope_id_of_key,
+    is_envelope_key,
     log_id,
     partition_value,
 )
@@ -101,7 +102,7 @@ def day_objects(store: AuditStore, day: str) -> dict[str, str]:
     objects: dict[str, str] = {}
     for tenant_prefix in store.subfolders(ENVELOPES_PREFIX):  # every folder, not only well-named tenants
         for key, _ in store.list_keys(date_prefix(tenant_prefix, day)):
-            if key.endswith(".json"):
+            if is_envelope_key(key):
                 objects[envelope_id_of_key(key)] = key
     return objects
 

@@ -36,6 +36,7 @@ from schemas import layout
 from schemas.layout import (
     INDEX_PREFIX,
     LAKE_PREFIX,
+    is_lake_part,
     lake_day_prefix,
     lake_part_key,
     lake_table_prefix,
@@ -134,7 +135,7 @@ class Lake:
         infos = _arrow(f"list {base}", lambda: self.fs.get_file_info(selector))
         found: dict[tuple[str, str], list[str]] = {}
         for info in infos:
-            if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
+            if info.type != pafs.FileType.File or not is_lake_part(info.path):
                 continue
             parts = dict(p.split("=", 1) for p in info.path.split("/") if "=" in p)
             if "date" in parts and "tenant" in parts:

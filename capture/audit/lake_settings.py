@@ -13,7 +13,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.connection import KafkaConnectionFields, S3ConnectionFields
-from schemas.layout import LAKE_BUCKET, TOPIC_DIVERGENCES, TOPIC_ENVELOPES
+from schemas.layout import LAKE_BUCKET, LAKE_PREFIX, TOPIC_DIVERGENCES, TOPIC_ENVELOPES
 
 
 class LakeSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
@@ -34,5 +34,5 @@ class LakeSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
 
     # --- S3 (s3_bucket, the audit bucket, is where the request-id index is rebuilt)
     lake_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the lake; must not be under Object Lock")
-    lake_prefix: str = Field(default="lake", pattern=r"^[A-Za-z0-9._\-/]*[A-Za-z0-9._\-]$")
+    lake_prefix: str = Field(default=LAKE_PREFIX, pattern=r"^[A-Za-z0-9._\-/]*[A-Za-z0-9._\-]$")
     keys_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the wrapped data keys")

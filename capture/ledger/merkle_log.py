@@ -41,7 +41,7 @@ from typing import Protocol
 
 from capture.ledger.errors import LedgerError
 from capture.ledger.store import LedgerStore
-from schemas.layout import capture_day, leaves_key, leaves_prefix, leaves_start
+from schemas.layout import capture_day, is_leaves_key, leaves_key, leaves_prefix, leaves_start
 from schemas.merkle import HASH_SIZE, leaf_data
 
 MAX_RACE_RETRIES = 20
@@ -89,7 +89,7 @@ def log_size(store: LedgerStore, day: str) -> int:
     """The next free leaf index of a day (from the listing only: start + length of the last batch)."""
     size = 0
     for key, nbytes in store.list_keys(leaves_prefix(day)):
-        if key.endswith(".bin"):
+        if is_leaves_key(key):
             size = max(size, leaves_start(key) + nbytes // HASH_SIZE)
     return size
 
@@ -98,7 +98,7 @@ def read_leaves(store: LedgerStore, day: str) -> LeafLog:
     """Read every leaf batch of a day in start order; gaps, overlaps and torn batches become `problems`."""
     leaves = LeafLog(day)
     for key, _ in sorted(store.list_keys(leaves_prefix(day)), key=lambda kv: kv[0]):
-        if not key.endswith(".bin"):
+        if not is_leaves_key(key):
             leaves.problems.append(f"unexpected object {key} in the leaf log")
             continue
         start = leaves_start(key)

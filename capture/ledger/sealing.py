@@ -34,7 +34,7 @@ from capture.ledger.errors import KeyringError
 from infra.clients.s3 import S3Connection, S3Policy, error_code, is_missing, make_s3_client, s3_errors
 from schemas import ContractError, WorkflowRef
 from schemas.errors import SealError
-from schemas.layout import data_key_key, data_key_prefix
+from schemas.layout import data_key_id, data_key_key, data_key_prefix
 from schemas.sealed import (
     SEALED_SCHEMA_VERSION,
     decode_wrapped_key,
@@ -155,7 +155,7 @@ class Keyring:
         def _list() -> list[str]:
             keys: list[str] = []
             for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-                keys += [o["Key"][len(prefix) : -len(".json")] for o in page.get("Contents", []) if "Key" in o]
+                keys += [data_key_id(tenant, o["Key"]) for o in page.get("Contents", []) if "Key" in o]
             return sorted(keys)
 
         return list(self._s3(f"list {prefix}", _list))

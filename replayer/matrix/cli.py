@@ -36,7 +36,7 @@ from replayer.matrix.results import BaselineMode
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import ContractError, Envelope
-from schemas.layout import envelope_key
+from schemas.layout import ENVELOPES_PREFIX, capture_day, envelope_day_infix, envelope_day_prefix
 
 #: The shared workload (bundled by infra); the package's DEFAULT_PROMPTS are used when it is absent.
 WORKLOAD_FILE = Path(__file__).resolve().parents[2] / "infra" / "workload" / "prompts.json"
@@ -79,13 +79,13 @@ def _workload(model_dir: Path, workload: Workload, max_tokens: int, prefix: str 
 
 def s3_prefix(spec: str) -> str:
     """``TENANT/DATE``, ``tenant=T/date=D`` or a raw ``envelopes/...`` prefix -> the key prefix to list."""
-    if spec.startswith("envelopes/"):
+    if spec.startswith(ENVELOPES_PREFIX):
         return spec if spec.endswith("/") else spec + "/"
     parts = [p.split("=", 1)[-1] for p in spec.strip("/").split("/")]
     if len(parts) != 2 or not all(parts):
         raise ValueError(f"--from-s3 wants TENANT/YYYY-MM-DD, not {spec!r}")
     tenant, day = parts
-    return f"envelopes/tenant={tenant}/date={day}/"
+    return envelope_day_prefix(tenant, day)
 
 
 def _store(settings: ReplayerSettings) -> EnvelopeStore:
@@ -222,8 +222,8 @@ def explain_command(
         else:
             store = _store(settings)
             target = store.get_by_request_id(request_id)
-            day = envelope_key("x", target.tenant, target.captured_at).rsplit("/", 2)[1]  # "date=YYYY-MM-DD"
-            candidates, undecodable = store.scan_envelopes("envelopes/", contains=f"/{day}/")
+            day = envelope_day_infix(capture_day(target.captured_at))
+            candidates, undecodable = store.scan_envelopes(ENVELOPES_PREFIX, contains=day)
             if undecodable:
                 extra_notes.append(
                     f"{len(undecodable)} stored object(s) of that day do not decode as envelopes (encrypted?) and "

@@ -20,19 +20,27 @@ from faststream.kafka.security import parse_security
 from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
 
 from capture.audit.archiver import Archiver
+from capture.audit.errors import AuditStoreError
 from capture.audit.lake import Lake
 from capture.audit.lake_settings import LakeSettings
+from capture.audit.store import AuditStore
+from capture.errors import SinkError
+from capture.ledger.errors import KeyringError, LedgerStoreError
+from capture.ledger.sealing import Keyring
+from capture.ledger.store import LedgerStore
+from capture.s3_workers import Put, run_put
 from capture.settings import CaptureSettings
 from capture.sinks import KafkaSink, S3Sink
 from infra.buckets import S3Credentials, s3_client
 from infra.clients.kafka import aiokafka_kwargs, faststream_security
 from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client
+from replayer.errors import StoreError
 from replayer.service import ReplayerService
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas.connection import KafkaConnectionFields, S3ConnectionFields
 from tests.infra.self_signed import self_signed
-from tests.replayer.support import FakeLane
+from tests.replayer.support import LANE_FINGERPRINT, FakeLane, make_envelope
 
 
 def kafka(protocol: str, **fields: Any) -> KafkaConnectionFields:
@@ -208,3 +216,83 @@ def test_the_classification(code: str, status: int) -> None:
     assert is_already_written(exc) is ((code, status) in ALREADY_WRITTEN)
     assert not is_missing(ValueError())
     assert not is_already_written(ValueError())
+
+
+class Refusing:
+    """An S3 client every call of which S3 answers with one error."""
+
+    def __init__(self, error: ClientError) -> None:
+        self.error = error
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise self.error
+
+        return call
+
+
+def _replay_result() -> tuple[Any, Any]:
+    from schemas import ReplayResult
+    from schemas.replay import DivergenceEvent, ReplayedOutput
+
+    env = make_envelope(0)
+    event = DivergenceEvent(
+        request_id=env.request_id,
+        envelope_id=env.envelope_id(),
+        lane="fake",
+        lane_fingerprint=LANE_FINGERPRINT,
+        lane_fingerprint_sha256=LANE_FINGERPRINT.sha256(),
+        verdict="bitwise",
+        levels_held=("bitwise", "token", "numeric"),
+        target_level="token",
+        target_met=True,
+        token_match_rate=1.0,
+        recorded_length=3,
+        replayed_length=3,
+        length_diff=0,
+        cause_hint="identical",
+        replayed_at=env.captured_at,
+        replay_ms=1.0,
+    )
+    return env, ReplayResult(event=event, replayed=ReplayedOutput(token_ids=(1, 2, 3), text="abc"))
+
+
+@pytest.mark.parametrize(("code", "status"), ALREADY_WRITTEN + NEITHER)
+def test_every_conditional_create_reads_already_written_alike(code: str, status: int) -> None:
+    """The sidecar's content-addressed PUT, the ledger's and the audit jobs' `put_new`, the replayer's result write."""
+    client: Any = Refusing(client_error(code, status))
+    written = (code, status) in ALREADY_WRITTEN
+    env, result = _replay_result()
+    outcomes: list[bool] = []
+    for attempt, package_error in [
+        (lambda: run_put(client, "b", Put("k", b"x", created_is_enough=True)) is None, SinkError),
+        (lambda: not LedgerStore(client, "b").put_new("k", b"x"), LedgerStoreError),
+        (lambda: not AuditStore(client, "b").put_new("k", b"x"), AuditStoreError),
+        (lambda: not EnvelopeStore(client, "b").put_result(env, result), StoreError),
+    ]:
+        if written:
+            outcomes.append(attempt())
+        else:
+            with pytest.raises(package_error):
+                attempt()
+    assert outcomes == ([True] * 4 if written else [])
+
+
+@pytest.mark.parametrize(("code", "status"), MISSING + NEITHER)
+def test_every_read_reads_missing_alike(code: str, status: int) -> None:
+    """The ledger's and the audit jobs' reads, the keyring's, the replayer's."""
+    client: Any = Refusing(client_error(code, status))
+    missing = (code, status) in MISSING
+    outcomes: list[bool] = []
+    for attempt, package_error in [
+        (lambda: LedgerStore(client, "b").get("k") is None, LedgerStoreError),
+        (lambda: AuditStore(client, "b").current_version("k") is None, AuditStoreError),
+        (lambda: Keyring(client, "b", b"\0" * 32).get_key("acme", "k1") is None, KeyringError),
+        (lambda: EnvelopeStore(client, "b")._get("k") is None, StoreError),
+    ]:
+        if missing:
+            outcomes.append(attempt())
+        else:
+            with pytest.raises(package_error):
+                attempt()
+    assert outcomes == ([True] * 4 if missing else [])
