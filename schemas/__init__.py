@@ -10,7 +10,9 @@ exported JSON Schema) can depend on it.
 - `environment`: artifacts + runtime, the unit the release gate compares.
 - `replay`: replay results and divergence events.
 - `canonical`: deterministic bytes and the sha256 identities built on them.
-- `layout`: Kafka topic names, header names and S3 object keys.
+- `layout`: Kafka topic names, header names and every S3 object key, prefix and partition path.
+- `connection`: the Kafka and S3 connection fields every service's settings inherit (no IO).
+- `manifest`: the model manifest and the runtime file a deployment declares, each with its one decoder.
 - `sealed`: per-tenant encryption of stored envelopes (AES-256-GCM) and wrapped data keys (crypto-shredding).
 - `errors`: the one exception a consumer of the contract needs to catch.
 """

@@ -97,3 +97,27 @@ def envelope(**overrides: Any) -> Envelope:
     }
     base.update(overrides)
     return Envelope(**base)
+
+
+def manifest_doc(**overrides: Any) -> dict[str, Any]:
+    """A model manifest (`schemas.manifest.ModelManifest`) as its JSON file holds it."""
+    doc: dict[str, Any] = {
+        "manifest_version": 3,
+        "model_name": "smollm2-135m-instruct",
+        "source": {
+            "wheel": "w",
+            "version": "0",
+            "wheel_sha256": "0" * 64,
+            "gguf_file": "m.gguf",
+            "gguf_sha256": "1" * 64,
+        },
+        "dtype": "bfloat16",
+        "files": {"model.safetensors": "2" * 64},
+        "model_sha256": "a" * 64,
+        "tokenizer_sha256": "b" * 64,
+        "chat_template_sha256": "c" * 64,
+        "generation_defaults": {},
+        "created_at": "2026-07-14T09:30:00Z",
+    }
+    doc.update(overrides)
+    return doc

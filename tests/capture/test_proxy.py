@@ -27,6 +27,7 @@ from tests.capture.fake_upstream import (
     FakeUpstream,
     serve,
 )
+from tests.factories import manifest_doc
 
 MODEL = "fake-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
@@ -625,7 +626,9 @@ async def test_sampling_defaults_of_the_model_are_recorded(tmp_path: Any) -> Non
     """A request that leaves temperature, top_k, max_tokens out gets the model's generation_config.json values
     from vLLM (its default --generation-config auto): the envelope records those, not vLLM's own."""
     manifest = tmp_path / "reprolane-manifest.json"
-    manifest.write_text(json.dumps({"generation_defaults": {"temperature": 0.6, "top_k": 20, "max_tokens": 64}}))
+    manifest.write_text(
+        json.dumps(manifest_doc(generation_defaults={"temperature": 0.6, "top_k": 20, "max_tokens": 64}))
+    )
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "seed": 3}
     async with sidecar(manifest_path=manifest) as (client, _u, spool, _):
         await client.post("/v1/chat/completions", json=body)

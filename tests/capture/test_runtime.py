@@ -11,14 +11,13 @@ from capture.edge import RecentIds
 from capture.errors import CaptureError
 from capture.recording import VLLM_DEFAULTS
 from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file, load_sampling_defaults
+from tests.factories import manifest_doc
 
 
 def test_artifacts_from_manifest(tmp_path: Path) -> None:
     path = tmp_path / "reprolane-manifest.json"
     path.write_text(
-        json.dumps(
-            {"model_sha256": "a" * 64, "tokenizer_sha256": "b" * 64, "chat_template_sha256": "c" * 64, "files": {}}
-        )
+        json.dumps(manifest_doc(model_sha256="a" * 64, tokenizer_sha256="b" * 64, chat_template_sha256="c" * 64))
     )
     got = load_artifacts(path)
     assert (got.model_sha256, got.tokenizer_sha256, got.chat_template_sha256) == ("a" * 64, "b" * 64, "c" * 64)
@@ -31,7 +30,7 @@ def test_no_manifest_means_unknown_hashes() -> None:
 
 def test_bad_manifest_hash_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"model_sha256": "xyz"}))
+    path.write_text(json.dumps(manifest_doc(model_sha256="xyz")))
     with pytest.raises(CaptureError, match="model_sha256"):
         load_artifacts(path)
 
@@ -75,7 +74,7 @@ def _manifest(tmp_path: Path, doc: dict[str, object]) -> Path:
 
 
 def test_sampling_defaults_as_vllm_computes_them(tmp_path: Path) -> None:
-    path = _manifest(tmp_path, {"generation_defaults": {"temperature": 0.6, "top_p": 0.9, "max_tokens": 64}})
+    path = _manifest(tmp_path, manifest_doc(generation_defaults={"temperature": 0.6, "top_p": 0.9, "max_tokens": 64}))
     auto = load_sampling_defaults(path, "auto", {})
     assert auto.values == {**VLLM_DEFAULTS, "temperature": 0.6, "top_p": 0.9, "max_tokens": 64}
     assert load_sampling_defaults(path, "vllm", {}).values == VLLM_DEFAULTS  # --generation-config vllm
@@ -87,7 +86,9 @@ def test_sampling_defaults_as_vllm_computes_them(tmp_path: Path) -> None:
 
 
 def test_a_manifest_without_generation_defaults_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = _manifest(tmp_path, {"model_sha256": "a" * 64})
+    doc = manifest_doc(manifest_version=2)
+    del doc["generation_defaults"]
+    path = _manifest(tmp_path, doc)
     assert load_sampling_defaults(path, "auto", {}).values == VLLM_DEFAULTS
     assert "no generation_defaults" in caplog.text
 
@@ -95,10 +96,10 @@ def test_a_manifest_without_generation_defaults_warns(tmp_path: Path, caplog: py
 @pytest.mark.parametrize(
     ("doc", "overrides", "named"),
     [
-        ({"generation_defaults": {"temperature": "hot"}}, {}, "generation_defaults: temperature"),
-        ({"generation_defaults": [1]}, {}, "generation_defaults is not a JSON object"),
-        ({"generation_defaults": {"top_k": True}}, {}, "top_k"),
-        ({}, {"top_p": None}, "upstream_override_generation_config: top_p"),
+        (manifest_doc(generation_defaults={"temperature": "hot"}), {}, "generation_defaults.temperature"),
+        (manifest_doc(generation_defaults=[1]), {}, "generation_defaults: Input should be an object"),
+        (manifest_doc(generation_defaults={"top_k": True}), {}, "generation_defaults.top_k"),
+        (manifest_doc(), {"top_p": None}, "upstream_override_generation_config: top_p"),
     ],
 )
 def test_bad_sampling_defaults_name_the_field(
