@@ -36,15 +36,28 @@ from typing import TYPE_CHECKING
 
 from capture.errors import CaptureError, SealingError, SinkError
 from capture.ledger.errors import KeyringError
-from capture.ledger.sealing import Sealer
+from capture.ledger.sealing import Keyring, Sealer, load_kek
 from capture.sinks import AuditLogSink, Outgoing, Sink, default_sinks
 from capture.spool import Spool, SpoolEntry
+from infra.clients.s3 import S3Policy, make_s3_client
 
 if TYPE_CHECKING:
     from capture.metrics import CaptureMetrics
     from capture.settings import CaptureSettings
 
 log = logging.getLogger(__name__)
+
+
+def _sealer(settings: CaptureSettings) -> Sealer:
+    """The sealer of ``encrypt_tenants``, its keys in ``keys_bucket``; `SealingError` without a usable KEK."""
+    try:
+        kek = load_kek(settings)
+    except KeyringError as exc:
+        raise SealingError(str(exc)) from exc
+    client = make_s3_client(settings, policy=S3Policy.SIDECAR)
+    return Sealer(
+        Keyring(client, settings.keys_bucket, kek, cache_s=settings.data_key_cache_s), settings.encrypt_tenants
+    )
 
 
 class Publisher:
@@ -70,10 +83,7 @@ class Publisher:
         self._sinks: list[Sink] | None = list(sinks) if sinks is not None else None
         self._then: list[Sink] | None = list(then) if then is not None else None
         if sealer is None and settings.encrypt_tenants:
-            try:
-                sealer = Sealer.from_settings(settings)  # a missing KEK fails here, at construction
-            except KeyringError as exc:
-                raise SealingError(str(exc)) from exc
+            sealer = _sealer(settings)  # a missing KEK fails here, at construction
         self._sealer = sealer
         self.batch_size = batch_size
         self.backoff_initial_s = backoff_initial_s

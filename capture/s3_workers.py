@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import SinkError
-from infra.clients.s3 import S3Connection, S3Policy, error_code, is_already_written, make_s3_client, s3_errors
+from infra.clients.s3 import S3Policy, error_code, is_already_written, make_s3_client, s3_errors
+from schemas.connection import S3ConnectionFields
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -55,7 +56,7 @@ def run_put(client: S3Client, bucket: str, put: Put) -> None:
 class S3Processes:
     """N spawned worker processes doing `Put`s (start in the constructor, `close` at shutdown)."""
 
-    def __init__(self, settings: S3Connection, processes: int, *, threads: int = 8) -> None:
+    def __init__(self, settings: S3ConnectionFields, processes: int, *, threads: int = 8) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
         self.processes = processes
@@ -107,7 +108,7 @@ _client: S3Client | None = None
 _executor: ThreadPoolExecutor | None = None
 
 
-def _start_worker(settings: S3Connection, threads: int) -> None:
+def _start_worker(settings: S3ConnectionFields, threads: int) -> None:
     global _client, _executor
     _client = make_s3_client(settings, policy=S3Policy.SIDECAR, threads=threads)
     _executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="capture-s3")

@@ -9,14 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.connection import KafkaConnectionFields, S3ConnectionFields
+from schemas.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
 
 
-class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
-    """The sidecar's settings; the Kafka and S3 connection fields come from `schemas.connection`."""
+class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields):
+    """The sidecar's settings; the Kafka, S3 and data-key fields come from `schemas.connection`."""
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_CAPTURE_", extra="forbid", frozen=True)
 
@@ -107,11 +107,9 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
     )
     object_lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = "COMPLIANCE"
 
-    # --- privacy: per-tenant encryption (capture/ledger/sealing.py, schemas/sealed.py)
+    # --- privacy: per-tenant encryption (capture/ledger/sealing.py, schemas/sealed.py; the KEK and keys bucket are
+    # the data-key fields)
     encrypt_tenants: tuple[str, ...] = Field(
         default=(), description="tenants whose envelopes are sealed (AES-256-GCM) before they leave the sidecar"
     )
-    kek: SecretStr | None = Field(default=None, description="key-encryption key, base64 of 32 bytes")
-    kek_file: Path | None = Field(default=None, description="file holding the KEK (base64); used when kek is unset")
-    keys_bucket: str = Field(default="reprolane-lake", description="bucket of the wrapped data keys (no Object Lock)")
     data_key_cache_s: float = Field(default=300.0, ge=0.0, description="how long a data key is reused from memory")

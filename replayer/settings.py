@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.connection import KafkaConnectionFields, S3ConnectionFields
+from schemas.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
 from schemas.layout import TOPIC_DEAD_LETTER, TOPIC_DIVERGENCES, TOPIC_ENVELOPES, TOPIC_REPLAY_REQUESTS
 
 
@@ -24,8 +24,9 @@ class Thresholds(BaseSettings):
     semantic_min_similarity: float = Field(default=0.9, ge=-1.0, le=1.0)
 
 
-class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
-    """The replayer's settings; the Kafka and S3 connection fields come from `schemas.connection`."""
+class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields):
+    """The replayer's settings; the Kafka, S3 and data-key fields (the KEK that opens sealed envelopes) come from
+    `schemas.connection`."""
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_REPLAYER_", extra="forbid", frozen=True)
 
@@ -54,9 +55,3 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
     replay_request_topic: str = TOPIC_REPLAY_REQUESTS
     metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")
     metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")
-
-    # store (the S3 fields above); sealed envelopes of encrypted tenants (schemas/sealed.py): the KEK that
-    # unwraps their data keys
-    kek: SecretStr | None = Field(default=None, description="key-encryption key, base64 of 32 bytes")
-    kek_file: Path | None = Field(default=None, description="file holding the KEK (base64); used when kek is unset")
-    keys_bucket: str = Field(default="reprolane-lake", description="bucket of the wrapped data keys")

@@ -18,7 +18,8 @@ caller ever sees a raw backend exception.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -42,6 +43,8 @@ from schemas.sealed import decode_sealed, decode_wrapped_key, is_sealed, open_en
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+_T = TypeVar("_T")
 
 
 def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
@@ -77,30 +80,33 @@ class EnvelopeStore:
 
     # -- raw objects -----------------------------------------------------------------------------------------
 
+    def _s3(self, what: str, where: str, call: Callable[[], _T], *, none_if: Callable[[Exception], bool]) -> _T | None:
+        """`call()`, or None when S3's answer is one `none_if` accepts; any other failure is a `StoreError`."""
+        try:
+            return call()
+        except (ClientError, BotoCoreError) as exc:
+            if none_if(exc):
+                return None
+            raise StoreError(f"S3 {what} {where} failed: {error_code(exc) or exc}") from exc
+
     def _get(self, key: str, bucket: str | None = None) -> bytes | None:
         """The object's bytes, or None when there is no such key."""
         bucket = bucket or self.bucket
-        try:
-            response = self._client.get_object(Bucket=bucket, Key=key)
-            return response["Body"].read()
-        except ClientError as exc:
-            if is_missing(exc):
-                return None
-            raise StoreError(f"S3 get s3://{bucket}/{key} failed: {error_code(exc) or exc}") from exc
-        except BotoCoreError as exc:
-            raise StoreError(f"S3 get s3://{bucket}/{key} failed: {exc}") from exc
+        return self._s3(
+            "get",
+            f"s3://{bucket}/{key}",
+            lambda: self._client.get_object(Bucket=bucket, Key=key)["Body"].read(),
+            none_if=is_missing,
+        )
 
     def _list(self, prefix: str) -> list[str]:
-        keys: list[str] = []
-        try:
-            paginator = self._client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-                keys.extend(obj["Key"] for obj in page.get("Contents", []) if "Key" in obj)
-        except ClientError as exc:
-            raise StoreError(f"S3 list s3://{self.bucket}/{prefix} failed: {error_code(exc) or exc}") from exc
-        except BotoCoreError as exc:
-            raise StoreError(f"S3 list s3://{self.bucket}/{prefix} failed: {exc}") from exc
-        return sorted(keys)
+        def keys() -> list[str]:
+            found: list[str] = []
+            for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                found.extend(obj["Key"] for obj in page.get("Contents", []) if "Key" in obj)
+            return found
+
+        return sorted(self._s3("list", f"s3://{self.bucket}/{prefix}", keys, none_if=lambda _: False) or [])
 
     def _envelope_from_index(self, index_key: str, what: str) -> Envelope:
         body = self._get(index_key)
@@ -240,21 +246,16 @@ class EnvelopeStore:
         if event.envelope_id != envelope.envelope_id():
             raise ValueError("result does not belong to this envelope")
         key = result_key(envelope, event.lane_fingerprint_sha256)
-        try:
-            self._client.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=result.model_dump_json().encode("utf-8"),
-                ContentType="application/json",
-                IfNoneMatch="*",
-            )
-        except ClientError as exc:
-            if is_already_written(exc):
-                return False
-            raise StoreError(f"S3 put s3://{self.bucket}/{key} failed: {error_code(exc) or exc}") from exc
-        except BotoCoreError as exc:
-            raise StoreError(f"S3 put s3://{self.bucket}/{key} failed: {exc}") from exc
-        return True
+        body = result.model_dump_json().encode("utf-8")
+        written = self._s3(
+            "put",
+            f"s3://{self.bucket}/{key}",
+            lambda: self._client.put_object(
+                Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*"
+            ),
+            none_if=is_already_written,
+        )
+        return written is not None
 
     def list_results(self, envelope: Envelope) -> list[str]:
         """Keys of every stored result of this envelope (any lane): audits and tests count them."""

@@ -1,4 +1,4 @@
-"""The connection fields every service's settings share: how to reach Kafka and S3.
+"""The connection fields every service's settings share: how to reach Kafka and S3, and the tenants' data keys.
 
 Pure pydantic field mixins, no IO: each service's settings class (``CaptureSettings``, ``AuditSettings``,
 ``LakeSettings``, ``ReplayerSettings``) inherits them and keeps its own environment prefix, so the variable
@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from schemas.layout import LAKE_BUCKET
 
 KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
@@ -52,3 +54,13 @@ class S3ConnectionFields(BaseModel):
         default="reprolane-audit", description="the audit bucket (Object Lock): envelopes, their index, the Merkle log"
     )
     s3_verify_tls: bool = True
+
+
+class DataKeyFields(BaseModel):
+    """Where the encrypted tenants' wrapped data keys are (`schemas.sealed`), and the KEK that unwraps them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kek: SecretStr | None = Field(default=None, description="key-encryption key, base64 of 32 bytes")
+    kek_file: Path | None = Field(default=None, description="file holding the KEK (base64); used when kek is unset")
+    keys_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the wrapped data keys (no Object Lock)")

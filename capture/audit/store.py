@@ -23,16 +23,19 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-#: What S3 servers answer for "this version has no legal hold / no retention" (not errors for the jobs).
-NO_LEGAL_HOLD = frozenset({"NoSuchObjectLegalHold", "ObjectLockConfigurationNotFoundError", "InvalidRequest"})
-NO_RETENTION = frozenset({"NoSuchObjectLockConfiguration", "ObjectLockConfigurationNotFoundError", "InvalidRequest"})
-
 
 @dataclass(frozen=True)
 class Version:
+    """One version of an object, as S3 lists it."""
+
     key: str
     version_id: str
     is_latest: bool
+
+
+#: What S3 servers answer for "this version has no legal hold / no retention" (not errors for the jobs).
+NO_LEGAL_HOLD = frozenset({"NoSuchObjectLegalHold", "ObjectLockConfigurationNotFoundError", "InvalidRequest"})
+NO_RETENTION = frozenset({"NoSuchObjectLockConfiguration", "ObjectLockConfigurationNotFoundError", "InvalidRequest"})
 
 
 class AuditStore(LedgerStore):

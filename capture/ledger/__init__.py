@@ -5,10 +5,10 @@
 - `sealing`: per-tenant data keys wrapped by the KEK (`Keyring`, crypto-shredding) and the `Sealer` that seals
   an encrypted tenant's records before they leave the sidecar.
 - `store`: the S3 boundary (`LedgerStore`: conditional creates, reads, listings).
+- `records`: what the ledger reads of a stored record (`StoredRecord`, which `capture.sinks.Outgoing` is).
 - `errors`: the ledger's small exception tree (`LedgerError`, `LedgerStoreError`, `KeyringError`).
 
 Imports: only `schemas` and `infra.clients` (S3). It imports nothing of the sidecar (``capture.*`` modules) or of
-the audit jobs (`capture.audit`); both import it. It reads settings through protocols (`sealing.SealingSettings`)
-and records through protocols (`merkle_log.LoggedRecord`, `sealing.SealableRecord`), which the sidecar's
-settings and `capture.sinks.Outgoing` satisfy.
+the audit jobs (`capture.audit`); both import it. It reads the sidecar's records through a protocol
+(`records.StoredRecord`) and its KEK through the shared data-key fields (`schemas.connection.DataKeyFields`).
 """

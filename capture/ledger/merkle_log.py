@@ -37,25 +37,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
 
 from capture.ledger.errors import LedgerError
+from capture.ledger.records import StoredRecord
 from capture.ledger.store import LedgerStore
 from schemas.layout import capture_day, is_leaves_key, leaves_key, leaves_prefix, leaves_start
 from schemas.merkle import HASH_SIZE, leaf_data
 
 MAX_RACE_RETRIES = 20
-
-
-class LoggedRecord(Protocol):
-    """What the writer needs of a stored record (the sidecar's `capture.sinks.Outgoing` is one)."""
-
-    @property
-    def seq(self) -> int: ...
-    @property
-    def envelope_id(self) -> str: ...
-    @property
-    def captured_at(self) -> datetime: ...
 
 
 @dataclass
@@ -138,7 +127,7 @@ class MerkleLogWriter:
     def _retain_until(self) -> datetime | None:
         return None if self.retention is None else datetime.now(UTC) + self.retention
 
-    async def append(self, batch: Sequence[LoggedRecord]) -> None:
+    async def append(self, batch: Sequence[StoredRecord]) -> None:
         """Append the batch's ids (in spool order, each day's to its log) that this writer has not appended."""
         by_day: dict[str, list[str]] = {}
         for item in sorted(batch, key=lambda o: o.seq):

@@ -12,12 +12,12 @@ time; the newest is the tenant's current key, and older ones stay readable for t
   running sidecar for at most that long, and those records are unreadable too (their key is gone).
 - `Keyring.shred` deletes every version (and delete marker) of every wrapped key of the tenant, then checks
   that none is left. The envelope objects stay in place, write-once, and can never be opened again.
-- `Sealer` turns a record of an encrypted tenant (the sidecar's `capture.sinks.Outgoing`: any `SealableRecord`)
-  into the sealed record the sinks send instead.
+- `Sealer` turns a record of an encrypted tenant (the sidecar's `capture.sinks.Outgoing`: any
+  `capture.ledger.records.StoredRecord`) into the sealed record the sinks send instead.
 
 boto3 is blocking: the publisher calls `Sealer.seal_batch` in a worker thread. Every botocore error becomes
-`KeyringError`. The settings are read through small protocols (`KekSettings`, `SealingSettings`): the
-sidecar's `CaptureSettings` has those fields, and the ledger imports no settings class.
+`KeyringError`. The KEK is read from the data-key fields every settings class with data keys inherits
+(`schemas.connection.DataKeyFields`); the sidecar builds its sealer (`capture.publisher`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from capture.ledger.errors import KeyringError
-from infra.clients.s3 import S3Connection, S3Policy, error_code, is_missing, make_s3_client, s3_errors
+from capture.ledger.records import StoredRecord
+from infra.clients.s3 import error_code, is_missing, s3_errors
 from schemas import ContractError, WorkflowRef
+from schemas.connection import DataKeyFields
 from schemas.errors import SealError
 from schemas.layout import data_key_id, data_key_key, data_key_prefix
 from schemas.sealed import (
@@ -47,56 +48,12 @@ from schemas.sealed import (
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from pydantic import SecretStr
 
 
-class KekSettings(Protocol):
-    """Where the KEK comes from: the key itself or a file holding it."""
-
-    @property
-    def kek(self) -> SecretStr | None: ...
-    @property
-    def kek_file(self) -> Path | None: ...
+_R = TypeVar("_R", bound=StoredRecord)
 
 
-class SealingSettings(KekSettings, S3Connection, Protocol):
-    """What a `Sealer` is built from: the KEK, the keys bucket and its S3, which tenants, how long keys are cached."""
-
-    @property
-    def keys_bucket(self) -> str: ...
-    @property
-    def encrypt_tenants(self) -> tuple[str, ...]: ...
-    @property
-    def data_key_cache_s(self) -> float: ...
-
-
-class SealableRecord(Protocol):
-    """What the sealer reads of an outgoing record, and how it gets the sealed one back."""
-
-    @property
-    def payload(self) -> bytes: ...
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def tenant(self) -> str: ...
-    @property
-    def captured_at(self) -> datetime: ...
-    @property
-    def schema_version(self) -> str: ...
-    @property
-    def workflow_id(self) -> str | None: ...
-    @property
-    def workflow_step(self) -> int | None: ...
-
-    def with_payload(self, payload: bytes, schema_version: str) -> Self:
-        """The same record (routing fields, object and index keys) with another payload."""
-        ...
-
-
-_R = TypeVar("_R", bound=SealableRecord)
-
-
-def load_kek(settings: KekSettings) -> bytes:
+def load_kek(settings: DataKeyFields) -> bytes:
     """The KEK from ``kek`` or ``kek_file``; `KeyringError` when neither is set or it is malformed."""
     if settings.kek is not None:
         text = settings.kek.get_secret_value()
@@ -249,13 +206,6 @@ class Sealer:
     def __init__(self, keyring: Keyring, tenants: Sequence[str]) -> None:
         self.keyring = keyring
         self.tenants = frozenset(tenants)
-
-    @classmethod
-    def from_settings(cls, settings: SealingSettings) -> Sealer:
-        """The sidecar's sealer (its S3 policy: it seals on the publisher's path); `KeyringError` without a KEK."""
-        client = make_s3_client(settings, policy=S3Policy.SIDECAR)
-        keyring = Keyring(client, settings.keys_bucket, load_kek(settings), cache_s=settings.data_key_cache_s)
-        return cls(keyring, settings.encrypt_tenants)
 
     def seal(self, item: _R) -> _R:
         if item.tenant not in self.tenants or item.schema_version == SEALED_SCHEMA_VERSION:

@@ -16,37 +16,15 @@ them into its own package's error at its boundary.
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from schemas.connection import KafkaConnectionFields
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from faststream.security import BaseSecurity
-    from pydantic import SecretStr
 
 SSL_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
-
-
-class KafkaConnection(Protocol):
-    """The fields `schemas.connection.KafkaConnectionFields` gives every settings class."""
-
-    @property
-    def kafka_bootstrap(self) -> str | None: ...
-    @property
-    def kafka_security_protocol(self) -> str: ...
-    @property
-    def kafka_sasl_mechanism(self) -> str | None: ...
-    @property
-    def kafka_sasl_username(self) -> str | None: ...
-    @property
-    def kafka_sasl_password(self) -> SecretStr | None: ...
-    @property
-    def kafka_ssl_cafile(self) -> Path | None: ...
-    @property
-    def kafka_ssl_certfile(self) -> Path | None: ...
-    @property
-    def kafka_ssl_keyfile(self) -> Path | None: ...
 
 
 def kafka_errors() -> tuple[type[BaseException], ...]:
@@ -56,7 +34,7 @@ def kafka_errors() -> tuple[type[BaseException], ...]:
     return (KafkaError, OSError)
 
 
-def ssl_context(fields: KafkaConnection) -> ssl.SSLContext:
+def ssl_context(fields: KafkaConnectionFields) -> ssl.SSLContext:
     """A client context that verifies the brokers (``kafka_ssl_cafile`` or the system's CAs, hostname
     checked) and, with ``kafka_ssl_certfile``, presents a client certificate."""
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=fields.kafka_ssl_cafile)
@@ -65,13 +43,13 @@ def ssl_context(fields: KafkaConnection) -> ssl.SSLContext:
     return context
 
 
-def _sasl(fields: KafkaConnection) -> tuple[str, str, str]:
+def _sasl(fields: KafkaConnectionFields) -> tuple[str, str, str]:
     """(mechanism, username, password) under a SASL protocol."""
     password = fields.kafka_sasl_password.get_secret_value() if fields.kafka_sasl_password is not None else ""
     return (fields.kafka_sasl_mechanism or "PLAIN").upper(), fields.kafka_sasl_username or "", password
 
 
-def aiokafka_kwargs(fields: KafkaConnection) -> dict[str, Any]:
+def aiokafka_kwargs(fields: KafkaConnectionFields) -> dict[str, Any]:
     """The keyword arguments that connect an aiokafka client (producer, consumer or admin) as the fields say;
     the caller adds its own (group, timeouts, ...). `ValueError` when ``kafka_bootstrap`` is unset."""
     if not fields.kafka_bootstrap:
@@ -86,7 +64,7 @@ def aiokafka_kwargs(fields: KafkaConnection) -> dict[str, Any]:
     return kwargs
 
 
-def faststream_security(fields: KafkaConnection) -> BaseSecurity | None:
+def faststream_security(fields: KafkaConnectionFields) -> BaseSecurity | None:
     """FastStream's security object for the fields (PLAINTEXT: None), with the same SSL context."""
     from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
 

@@ -1,7 +1,7 @@
 """The S3 client every service builds, and the one reading of botocore's errors.
 
-`make_s3_client` builds a boto3 client from the connection fields (`schemas.connection.S3ConnectionFields`, or
-anything with the same five fields: `S3Connection`): path-style addressing (SeaweedFS, MinIO and AWS all take
+`make_s3_client` builds a boto3 client from the connection fields (`schemas.connection.S3ConnectionFields`, which
+every service's settings inherit): path-style addressing (SeaweedFS, MinIO and AWS all take
 it), TLS verified unless ``s3_verify_tls`` is off, and the timeouts and retries of a named `S3Policy`, one per
 use, because the uses want different things:
 
@@ -28,29 +28,15 @@ boto3 and botocore are imported inside the functions: a CLI's ``--help`` does no
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar
+
+from schemas.connection import S3ConnectionFields
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from pydantic import SecretStr
 
 MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 ALREADY_WRITTEN_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
-
-
-class S3Connection(Protocol):
-    """The fields `schemas.connection.S3ConnectionFields` gives every settings class."""
-
-    @property
-    def s3_endpoint(self) -> str | None: ...
-    @property
-    def s3_region(self) -> str: ...
-    @property
-    def s3_access_key(self) -> str | None: ...
-    @property
-    def s3_secret_key(self) -> SecretStr | None: ...
-    @property
-    def s3_verify_tls(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -80,7 +66,7 @@ S3Policy.ADMIN = S3Policy(connect_timeout_s=10.0, read_timeout_s=10.0, max_retri
 MIN_POOL_CONNECTIONS = 10
 
 
-def make_s3_client(fields: S3Connection, *, policy: S3Policy, threads: int = 1) -> S3Client:
+def make_s3_client(fields: S3ConnectionFields, *, policy: S3Policy, threads: int = 1) -> S3Client:
     """A boto3 S3 client for the fields under `policy`; `threads`: how many threads share it (its pool)."""
     import boto3
     from botocore.config import Config

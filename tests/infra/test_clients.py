@@ -8,6 +8,7 @@ listener); here its real consumer is built from its settings, which aiokafka ref
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas.connection import KafkaConnectionFields, S3ConnectionFields
 from tests.infra.self_signed import self_signed
-from tests.replayer.support import LANE_FINGERPRINT, FakeLane, make_envelope
+from tests.replayer.support import FakeLane, make_envelope
+from tests.replayer.test_store import replay_result
 
 
 def kafka(protocol: str, **fields: Any) -> KafkaConnectionFields:
@@ -231,68 +233,39 @@ class Refusing:
         return call
 
 
-def _replay_result() -> tuple[Any, Any]:
-    from schemas import ReplayResult
-    from schemas.replay import DivergenceEvent, ReplayedOutput
-
-    env = make_envelope(0)
-    event = DivergenceEvent(
-        request_id=env.request_id,
-        envelope_id=env.envelope_id(),
-        lane="fake",
-        lane_fingerprint=LANE_FINGERPRINT,
-        lane_fingerprint_sha256=LANE_FINGERPRINT.sha256(),
-        verdict="bitwise",
-        levels_held=("bitwise", "token", "numeric"),
-        target_level="token",
-        target_met=True,
-        token_match_rate=1.0,
-        recorded_length=3,
-        replayed_length=3,
-        length_diff=0,
-        cause_hint="identical",
-        replayed_at=env.captured_at,
-        replay_ms=1.0,
-    )
-    return env, ReplayResult(event=event, replayed=ReplayedOutput(token_ids=(1, 2, 3), text="abc"))
+def check_each(attempts: list[tuple[Callable[[], bool], type[Exception]]], classified: bool) -> None:
+    """Every attempt answers True when S3's answer is of the class; else each raises its package's error."""
+    for attempt, package_error in attempts:
+        if classified:
+            assert attempt()
+        else:
+            with pytest.raises(package_error):
+                attempt()
 
 
 @pytest.mark.parametrize(("code", "status"), ALREADY_WRITTEN + NEITHER)
 def test_every_conditional_create_reads_already_written_alike(code: str, status: int) -> None:
     """The sidecar's content-addressed PUT, the ledger's and the audit jobs' `put_new`, the replayer's result write."""
     client: Any = Refusing(client_error(code, status))
-    written = (code, status) in ALREADY_WRITTEN
-    env, result = _replay_result()
-    outcomes: list[bool] = []
-    for attempt, package_error in [
+    env = make_envelope(0)
+    result = replay_result(env.envelope_id(), env.request_id)
+    attempts: list[tuple[Callable[[], bool], type[Exception]]] = [
         (lambda: run_put(client, "b", Put("k", b"x", created_is_enough=True)) is None, SinkError),
         (lambda: not LedgerStore(client, "b").put_new("k", b"x"), LedgerStoreError),
         (lambda: not AuditStore(client, "b").put_new("k", b"x"), AuditStoreError),
         (lambda: not EnvelopeStore(client, "b").put_result(env, result), StoreError),
-    ]:
-        if written:
-            outcomes.append(attempt())
-        else:
-            with pytest.raises(package_error):
-                attempt()
-    assert outcomes == ([True] * 4 if written else [])
+    ]
+    check_each(attempts, (code, status) in ALREADY_WRITTEN)
 
 
 @pytest.mark.parametrize(("code", "status"), MISSING + NEITHER)
 def test_every_read_reads_missing_alike(code: str, status: int) -> None:
     """The ledger's and the audit jobs' reads, the keyring's, the replayer's."""
     client: Any = Refusing(client_error(code, status))
-    missing = (code, status) in MISSING
-    outcomes: list[bool] = []
-    for attempt, package_error in [
+    attempts: list[tuple[Callable[[], bool], type[Exception]]] = [
         (lambda: LedgerStore(client, "b").get("k") is None, LedgerStoreError),
         (lambda: AuditStore(client, "b").current_version("k") is None, AuditStoreError),
         (lambda: Keyring(client, "b", b"\0" * 32).get_key("acme", "k1") is None, KeyringError),
         (lambda: EnvelopeStore(client, "b")._get("k") is None, StoreError),
-    ]:
-        if missing:
-            outcomes.append(attempt())
-        else:
-            with pytest.raises(package_error):
-                attempt()
-    assert outcomes == ([True] * 4 if missing else [])
+    ]
+    check_each(attempts, (code, status) in MISSING)

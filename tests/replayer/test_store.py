@@ -34,7 +34,7 @@ def store(s3: S3Target) -> EnvelopeStore:
     return EnvelopeStore.from_settings(s3.settings())
 
 
-def _result(envelope_id: str, request_id: str, verdict: str = "bitwise", replay_ms: float = 1.0) -> ReplayResult:
+def replay_result(envelope_id: str, request_id: str, verdict: str = "bitwise", replay_ms: float = 1.0) -> ReplayResult:
     event = DivergenceEvent(
         request_id=request_id,
         envelope_id=envelope_id,
@@ -98,8 +98,8 @@ def test_put_result_is_idempotent_first_write_wins(store: EnvelopeStore) -> None
     env = make_envelope(2)
     fp = LANE_FINGERPRINT.sha256()
     assert store.get_result(env, fp) is None
-    first = _result(env.envelope_id(), env.request_id, replay_ms=1.0)
-    second = _result(env.envelope_id(), env.request_id, replay_ms=2.0)
+    first = replay_result(env.envelope_id(), env.request_id, replay_ms=1.0)
+    second = replay_result(env.envelope_id(), env.request_id, replay_ms=2.0)
     assert store.put_result(env, first) is True
     assert store.put_result(env, second) is False
     assert store.get_result(env, fp) == first
@@ -115,7 +115,7 @@ def test_result_key_ignores_replay_time_and_uses_capture_day() -> None:
 def test_put_result_refuses_a_foreign_result(store: EnvelopeStore) -> None:
     env, other = make_envelope(4), make_envelope(5)
     with pytest.raises(ValueError, match="does not belong"):
-        store.put_result(env, _result(other.envelope_id(), other.request_id))
+        store.put_result(env, replay_result(other.envelope_id(), other.request_id))
 
 
 def test_unreachable_endpoint_is_a_store_error() -> None:
