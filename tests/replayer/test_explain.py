@@ -16,9 +16,9 @@ from replayer.explain import (
     render_explanation,
     select_companions,
 )
-from replayer.matrix.dimensions import Platform
+from replayer.lanes.batch_engine import Platform
+from replayer.matrix.execution import CellRun
 from replayer.matrix.inputs import item_from_envelope, workload_items
-from replayer.matrix.runner import CellRun
 from replayer.settings import Thresholds
 from schemas import CapturedError, ExecutionContext, ReplayedOutput, Timings
 from tests import factories

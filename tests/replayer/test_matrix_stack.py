@@ -26,12 +26,12 @@ import pytest
 from infra.state import StackInfo
 from replayer.compare import compare
 from replayer.explain import explain
-from replayer.lanes.batch import probe_platform, render_chat
+from replayer.lanes.batch_engine import probe_platform, render_chat
 from replayer.matrix.dimensions import BASELINE_CELL, plan_cells
+from replayer.matrix.execution import CellJob, run_jobs
 from replayer.matrix.inputs import DEFAULT_PROMPTS, item_from_envelope, workload_items
+from replayer.matrix.pipeline import run_matrix
 from replayer.matrix.report import render_html, render_table
-from replayer.matrix.run import run_matrix
-from replayer.matrix.runner import CellJob, run_jobs
 from replayer.settings import Thresholds
 from schemas import (
     Envelope,
