@@ -28,7 +28,8 @@ from typing import Any, Final, Literal, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import cpu_model_name, quiet_imports
-from replayer.lanes.vllm_lane import ENGINE_SEED, sampling_kwargs, steps_from_vllm
+from replayer.lanes.vllm_lane import ENGINE_SEED, steps_from_vllm
+from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
 

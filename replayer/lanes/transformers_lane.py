@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import cpu_model_name, cublas_version, effective_seed, quiet_imports, resolve_model_dir
+from replayer.lanes.base import effective_seed, quiet_imports, resolve_model_dir, torch_lane_fingerprint
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
 
@@ -81,31 +81,13 @@ class TransformersLane:
             raise LaneUnavailableError(f"transformers cannot load {model_dir}: {exc}") from exc
         self._model.eval()
         self._lock = threading.Lock()
-        on_gpu = self._device == "cuda"
-        capability = None
-        if on_gpu:
-            major, minor = torch.cuda.get_device_capability(0)
-            capability = f"{major}.{minor}"
-        self._fingerprint = RuntimeFingerprint(
+        self._fingerprint = torch_lane_fingerprint(
+            torch,
             engine="transformers",
             engine_version=transformers.__version__,
-            torch_version=torch.__version__,
-            cuda_version=torch.version.cuda if on_gpu else None,
-            cublas_version=cublas_version() if on_gpu else None,
-            device=self._device,
-            device_name=torch.cuda.get_device_name(0) if on_gpu else cpu_model_name(),
-            compute_capability=capability,
             dtype=DTYPE,
-            quantization="none",
-            tensor_parallel_size=1,
-            pipeline_parallel_size=1,
-            data_parallel_size=1,
             attention_backend=str(getattr(self._model.config, "_attn_implementation", None) or "") or None,
-            cuda_graphs=False,
             batch_invariant=False,
-            max_num_seqs=1,
-            prefix_caching=False,
-            num_threads=torch.get_num_threads(),
         )
 
     def fingerprint(self) -> RuntimeFingerprint:
