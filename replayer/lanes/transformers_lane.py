@@ -12,10 +12,10 @@ this lane is not expected to match another engine token for token; it only repla
 ``generate`` has no equivalent for (presence/frequency penalties, logit bias, extra, logits processors) make the
 request `NotReplayableError` on this lane rather than silently replayed without them.
 
-Why one sequence at a time: on an H200 (BENCHMARKS.md, "The transformers lane on CUDA") this lane replayed
-12/12 prompts with identical token ids and logprobs run to run, while the same prompts generated together in one
-padded batch forked 3-7 of 12 bfloat16 outputs with ``torch.use_deterministic_algorithms`` on or off: determinism
-is run to run, it does not make a batch's neighbours irrelevant.
+Why one sequence at a time: on a GPU (``benchmarks/gpu_lane_check.py``, figures in BENCHMARKS.md) this lane
+replays every prompt with identical token ids and logprobs run to run, while the same prompts generated together
+in one padded batch fork some of their bfloat16 outputs, with ``torch.use_deterministic_algorithms`` on or off:
+determinism is run to run, it does not make a batch's neighbours irrelevant.
 
 Logprobs are ``log_softmax`` of the raw logits at each step (before temperature and penalties), which is what
 vLLM reports by default, so the two lanes' logprobs are comparable. Process-wide side effects:

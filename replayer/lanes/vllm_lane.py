@@ -39,7 +39,7 @@ def _prepare_environment(on_gpu: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # ~150 INFO lines per engine start would bury an auditor's report; VLLM_LOGGING_LEVEL=INFO brings them back
+    # vLLM's INFO lines at every engine start would bury an auditor's report; VLLM_LOGGING_LEVEL=INFO brings them back
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if on_gpu:
         os.environ["VLLM_BATCH_INVARIANT"] = "1"

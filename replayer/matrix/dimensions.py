@@ -50,7 +50,7 @@ DIMENSIONS: Final = (
     "tp",
     "engine",
 )
-#: The dimensions run when none are named: everything this host can do in a few minutes.
+#: The dimensions run when none are named: all of them (the slow cells among them need ``include_slow``).
 DEFAULT_DIMENSIONS: Final = DIMENSIONS
 BASELINE_CELL: Final = "batch.single"
 FIXED_BATCH: Final = 4

@@ -10,7 +10,7 @@
    replay forked (the lane is deterministic), "reproduced" must mean token identity with the recording, and
    the conclusion must name exactly the variations that reproduced it.
 
-Each engine configuration starts in its own process (~10-30 s each on this 2-core host, more under load).
+Each engine configuration starts in its own process, and each start is the slow part of this module.
 """
 
 from __future__ import annotations
