@@ -21,7 +21,7 @@ them.
 - `gate`: the release gate: a fingerprint change replays the golden set on the candidate and judges it.
 - `vendor_gate` / `vendor_client`: the statistical gate for upstreams without a seed or version, and its HTTP
   sampler.
-- `matrix/`: the replay matrix (one request set across engine configurations and schedules).
-- `explain`: re-replays one request under targeted variations to name what reproduces its fork.
+- `matrix/`: the replay matrix (one request set across engine configurations and schedules), and ``explain``
+  (one request re-run under targeted variations, to name what reproduces its fork).
 - `cli`: the ``replay`` and ``replayer`` commands (the matrix's ``matrix`` and ``explain`` are in `matrix.cli`).
 """

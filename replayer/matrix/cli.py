@@ -19,8 +19,8 @@ import typer
 
 from replayer.cli import S3AccessOpt, S3BucketOpt, S3EndpointOpt, S3SecretOpt, build_settings
 from replayer.errors import ReplayerError
-from replayer.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
 from replayer.matrix.dimensions import parse_dimensions, plan_cells
+from replayer.matrix.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
 from replayer.matrix.inputs import (
     MatrixItem,
     Workload,

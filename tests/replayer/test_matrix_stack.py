@@ -25,10 +25,10 @@ import pytest
 
 from infra.state import StackInfo
 from replayer.compare import compare
-from replayer.explain import explain
 from replayer.lanes.batch_engine import probe_platform, render_chat
 from replayer.matrix.dimensions import BASELINE_CELL, plan_cells
 from replayer.matrix.execution import CellJob, run_jobs
+from replayer.matrix.explain import explain
 from replayer.matrix.inputs import DEFAULT_PROMPTS, item_from_envelope, workload_items
 from replayer.matrix.pipeline import run_matrix
 from replayer.matrix.report import render_html, render_table
