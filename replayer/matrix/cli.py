@@ -19,8 +19,8 @@ import typer
 
 from replayer.cli import S3AccessOpt, S3BucketOpt, S3EndpointOpt, S3SecretOpt, build_settings
 from replayer.errors import ReplayerError
-from replayer.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
 from replayer.matrix.dimensions import parse_dimensions, plan_cells
+from replayer.matrix.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
 from replayer.matrix.inputs import (
     MatrixItem,
     Workload,
@@ -71,7 +71,7 @@ def _prompts(path: Path | None) -> Workload:
 
 
 def _workload(model_dir: Path, workload: Workload, max_tokens: int, prefix: str = "workload") -> list[MatrixItem]:
-    from replayer.lanes.batch import render_chat
+    from replayer.lanes.batch_engine import render_chat
 
     ids = render_chat(model_dir, workload.prompts, workload.system)
     return workload_items(ids, max_tokens=max_tokens, prefix=prefix, ids=workload.ids)
@@ -163,8 +163,8 @@ def matrix_command(
         mode = "single"
     elif baseline == "recorded" and not has_recorded:
         _fail("--baseline recorded needs recorded envelopes (the workload has no recorded outputs)")
-    from replayer.lanes.batch import probe_platform
-    from replayer.matrix.run import run_matrix
+    from replayer.lanes.batch_engine import probe_platform
+    from replayer.matrix.pipeline import run_matrix
 
     similarity = None
     if semantic:
@@ -240,7 +240,7 @@ def explain_command(
     if unknown:
         _fail(f"unknown variation(s) {', '.join(unknown)}; known: {', '.join(VARIATIONS)}")
     mdir = _model_dir(settings)
-    from replayer.lanes.batch import probe_platform
+    from replayer.lanes.batch_engine import probe_platform
 
     max_tokens = (target.sampling.max_tokens if target.sampling else None) or 32
     prompts = _prompts(workload_file)
