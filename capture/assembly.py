@@ -7,7 +7,7 @@ failure if any, the capture time and the sidecar id. Three builders, one result:
 - `build_envelope_bytes`: the canonical bytes, what the spool stores, on the sidecar's hot path. The envelope
   is validated by pydantic without its per-token logprobs (a dozen records instead of ~100) and the logprobs
   are checked value by value and written as canonical text by msgspec straight from the collector's rows
-  (`OutputCollector.logprobs_texts`, `schemas.envelope.steps_canonical_text`). Anything else takes
+  (`OutputCollector.logprobs_texts`, `schemas.envelope_codec.steps_canonical_text`). Anything else takes
   `build_envelope`.
 - `build_envelope`: the `schemas.Envelope`, validated once by pydantic-core from plain data; when that fails
   (an infinite logprob, a negative token id, a value of the wrong type from upstream) it takes
@@ -40,7 +40,7 @@ from schemas import (
     SamplingContract,
     Timings,
 )
-from schemas.envelope import canonical_with_logprobs
+from schemas.envelope_codec import canonical_with_logprobs
 
 Failure = tuple[ErrorType, int | None, str]
 """Why a request has no complete output: (error type, HTTP status when there was one, message)."""

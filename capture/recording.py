@@ -36,7 +36,7 @@ from schemas import (
     WorkflowRef,
 )
 from schemas.canonical import canonical_json
-from schemas.envelope import StepRow, TopRow, steps_canonical_text
+from schemas.envelope_codec import StepRow, TopRow, steps_canonical_text
 
 Endpoint = Literal["chat.completions", "completions"]
 ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
@@ -641,7 +641,7 @@ class OutputCollector:
     def logprobs_texts(self) -> list[str | None] | None:
         """Per choice (by index) the canonical text of its logprobs (None: it has none, as in `choices_data`),
         or None when some value is not exactly what a validated record holds (see
-        `schemas.envelope.steps_canonical_text`): the caller then takes the model path."""
+        `schemas.envelope_codec.steps_canonical_text`): the caller then takes the model path."""
         self._echo_steps_dropped()
         out: list[str | None] = []
         for _, acc in sorted(self.choices.items()):

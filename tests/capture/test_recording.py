@@ -16,7 +16,7 @@ from capture.recording import (
     sampling_contract,
     strip,
 )
-from schemas.envelope import TopRow
+from schemas.envelope_codec import TopRow
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
 
