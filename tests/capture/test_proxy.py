@@ -576,16 +576,16 @@ async def test_a_failure_of_the_sidecar_is_a_500_and_still_recorded(mode: str, m
 
 
 async def test_an_envelope_that_cannot_be_built_is_recorded_as_the_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
-    from capture import recorder
+    from capture import envelope_writer
 
-    real = recorder.build_envelope_bytes
+    real = envelope_writer.build_envelope_bytes
 
     def fails_with_output(inputs: Any) -> bytes:
         if inputs.collector is not None:
             raise ValueError("a bug")
         return real(inputs)
 
-    monkeypatch.setattr(recorder, "build_envelope_bytes", fails_with_output)
+    monkeypatch.setattr(envelope_writer, "build_envelope_bytes", fails_with_output)
     async with sidecar() as (client, _upstream, spool, _):
         resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status_code == 200  # the client's answer stands
