@@ -75,8 +75,8 @@ def build_spool(settings: CaptureSettings, metrics: CaptureMetrics | None = None
 def serve(settings: CaptureSettings) -> None:
     """Run the sidecar until interrupted (uvloop + httptools when installed).
 
-    uvicorn, because nothing measured cheaper for this app: granian 2.8.9 (ASGI, one worker, uvloop, pinned to the
-    same core) spent 0.49-0.57 ms of CPU per captured request where uvicorn spent 0.45 (BENCHMARKS.md).
+    uvicorn, because nothing measured cheaper for this app: granian (ASGI, one worker, uvloop, pinned to the same
+    core) spent more CPU per captured request than uvicorn (BENCHMARKS.md has the figures).
     """
     metrics = CaptureMetrics()
     spool = build_spool(settings, metrics)
@@ -111,11 +111,10 @@ def tune_gc() -> None:
 
     A request allocates hundreds of container objects (upstream's parsed answer, the collected logprobs) and
     dozens of requests are in flight at once. With the default thresholds the collector ran a young collection every
-    request and a full one every ~200, each walking everything alive: ~0.3-0.5 ms of CPU per request at 50
-    clients, a third of the sidecar's cost. Freezing what exists at start-up (modules, settings, the app) takes
-    it out of every collection for good, and a larger young generation makes collections rarer (each costs about
-    the same: it walks the requests in flight). Cycles are still collected; memory stays flat (the benchmark's
-    memory phase checks it).
+    request and a full one every few hundred, each walking everything alive: a large share of the sidecar's CPU
+    under load. Freezing what exists at start-up (modules, settings, the app) takes it out of every collection for
+    good, and a larger young generation makes collections rarer (each costs about the same: it walks the requests
+    in flight). Cycles are still collected; memory stays flat (the benchmark's memory phase checks it).
     """
     gc.collect()
     gc.freeze()

@@ -70,12 +70,7 @@ class EnvelopeWriter:
         self.background: set[asyncio.Task[None]] = set()
 
     async def finish(
-        self,
-        ctx: RequestContext,
-        prepared: Prepared,
-        collector: OutputCollector,
-        error: Failure | None,
-        t0: float,
+        self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, error: Failure | None, t0: float
     ) -> None:
         """Build the envelope of a request that reached upstream and spool it."""
         if self.runtime.needs_probe:

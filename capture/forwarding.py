@@ -53,12 +53,7 @@ class Forwarder:
         return self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forward_headers(headers))
 
     def finish(
-        self,
-        ctx: RequestContext,
-        prepared: Prepared,
-        collector: OutputCollector,
-        error: Failure | None,
-        t0: float,
+        self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, error: Failure | None, t0: float
     ) -> Coroutine[Any, Any, None]:
         """The recording of this request (await it, or hand it to ``writer.later``); notes in-flight now."""
         ctx.in_flight_at_end = self.in_flight

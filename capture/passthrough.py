@@ -13,19 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from capture.edge import (
-    HOP_BY_HOP,
-    ASGIApp,
-    BadRequest,
-    Receive,
-    RecentIds,
-    Scope,
-    Send,
-    end_stream,
-    error_body,
-    read_body,
-    send_json,
-)
+from capture import edge
+from capture.edge import ASGIApp, Receive, Scope, Send
 from capture.errors import UpstreamError, UpstreamTimeoutError
 from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
@@ -44,7 +33,7 @@ class UncapturedPaths:
         self._refuse = settings.refuse_uncaptured
         self._allowed = frozenset(settings.uncaptured_allowed)
         self._forward = forward_as_is(upstream, settings.max_body_bytes)
-        self._seen = RecentIds(capacity=256)  # write paths already logged
+        self._seen = edge.RecentIds(capacity=256)  # write paths already logged
         self._counted = {kind: metrics.uncaptured_total.labels(kind) for kind in ("read", "write", "refused")}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -61,7 +50,7 @@ class UncapturedPaths:
                 f"{scope['method']} {path} is not captured by the reprolane sidecar, and this sidecar refuses what it "
                 "cannot record (refuse_uncaptured); use /v1/chat/completions or /v1/completions"
             )
-            await send_json(send, 403, error_body(message, type_="permission_error", code=403), None)
+            await edge.send_json(send, 403, edge.error_body(message, type_="permission_error", code=403), None)
             return
         self._counted["write"].inc()
         if path not in self._seen:
@@ -75,20 +64,21 @@ def forward_as_is(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
     own address is pointed back at the sidecar (`_through_sidecar`)."""
 
     upstream_base = upstream.base_url.encode("latin-1")
+    hop_by_hop = edge.HOP_BY_HOP
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
         try:
-            body = await read_body(headers, receive, max_body_bytes)
-        except BadRequest as bad:
-            await send_json(
-                send, bad.status, error_body(bad.message, type_="invalid_request_error", code=bad.status), None
+            body = await edge.read_body(headers, receive, max_body_bytes)
+        except edge.BadRequest as bad:
+            await edge.send_json(
+                send, bad.status, edge.error_body(bad.message, type_="invalid_request_error", code=bad.status), None
             )
             return
         target = (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1")
         if scope["query_string"]:
             target += "?" + scope["query_string"].decode("latin-1")
-        fwd = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP and not k.startswith(b"x-reprolane-")]
+        fwd = [(k, v) for k, v in scope["headers"] if k not in hop_by_hop and not k.startswith(b"x-reprolane-")]
         if b"accept-encoding" in headers:
             fwd.append((b"accept-encoding", headers[b"accept-encoding"]))
         started = False
@@ -108,10 +98,10 @@ def forward_as_is(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
         except UpstreamError as exc:
             if started:
                 log.warning("pass-through %s failed mid-response: %s", target, exc)
-                await end_stream(send, b"")
+                await edge.end_stream(send, b"")
                 return
             status = 504 if isinstance(exc, UpstreamTimeoutError) else 502
-            await send_json(send, status, error_body(str(exc), type_="upstream_error", code=status), None)
+            await edge.send_json(send, status, edge.error_body(str(exc), type_="upstream_error", code=status), None)
 
     return app
 
