@@ -12,9 +12,9 @@ parts both endpoints share:
 - `token_text`: how upstream spells a token (``token_id:N``) and the text kept for it.
 - `sse`: the framing of a streamed answer (server-sent events).
 
-May import `schemas` and `capture.policy`'s types; never the sidecar's IO (`capture.edge`, `capture.upstream`,
-the spool) nor `capture.audit`: the proxy's request flow (`capture.proxy`, `capture.unary`, `capture.streaming`)
-calls this package, not the other way round.
+May import `schemas` (and pydantic); nothing else of the sidecar's: not its IO (`capture.edge`,
+`capture.upstream`, the spool) nor `capture.audit`. The request flow (`capture.proxy`, `capture.non_streaming`,
+`capture.streaming`) calls this package, never the other way round.
 """
 
 from typing import Literal
