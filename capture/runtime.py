@@ -29,7 +29,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from capture.errors import CaptureError, UpstreamError
-from capture.recording import SamplingDefaults
+from capture.protocol.sampling import SamplingDefaults
 from capture.upstream import Upstream
 from schemas import ArtifactHashes, RuntimeFingerprint
 from schemas.sampling import GENERATION_CONFIG_FIELDS
