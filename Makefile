@@ -42,6 +42,7 @@ model: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 
 typecheck: install
 	$(BIN)/mypy

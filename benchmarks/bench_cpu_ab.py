@@ -64,9 +64,9 @@ def switch_off(parts: list[str]) -> None:
     """Replace the named parts of the capture with no-ops, in the sidecar process (before it serves)."""
     if not parts:
         return
-    import capture.proxy as proxy
-    import capture.recorder as recorder
-    import capture.recording as recording
+    import capture.envelope_writer as envelope_writer
+    import capture.non_streaming as non_streaming
+    import capture.protocol.output as output
 
     async def nothing(*_: object) -> None:
         return None
@@ -76,23 +76,23 @@ def switch_off(parts: list[str]) -> None:
             raise SystemExit(f"switch_off: {owner!r} has no {name!r}")
         setattr(owner, name, value)
 
-    real_decode = proxy.decode_json
+    real_decode = non_streaming.decode_json
 
     def decode_small_only(content: bytes) -> object:
         return (None, lambda _answer: content) if len(content) > 3000 else real_decode(content)
 
     for part in parts:
         if part == "finish":
-            replace(recorder.EnvelopeRecorder, "finish", nothing)
+            replace(envelope_writer.EnvelopeWriter, "finish", nothing)
         elif part == "build":
-            replace(recorder, "build_envelope_bytes", lambda _inputs: b'{"x":1}' * 1000)
+            replace(envelope_writer, "build_envelope_bytes", lambda _inputs: b'{"x":1}' * 1000)
         elif part == "spool":
-            replace(recorder.EnvelopeRecorder, "append", nothing)
+            replace(envelope_writer.EnvelopeWriter, "append", nothing)
         elif part == "collect":
-            replace(recording.OutputCollector, "add", lambda _self, _answer: None)
+            replace(output.OutputCollector, "add", lambda _self, _answer: None)
         elif part == "decode":
-            replace(proxy, "decode_json", decode_small_only)
-            replace(proxy, "strip", lambda answer, _prepared: answer)
+            replace(non_streaming, "decode_json", decode_small_only)
+            replace(non_streaming, "strip", lambda answer, _prepared: answer)
         else:
             raise SystemExit(f"switch_off: unknown part {part!r} (known: {', '.join(PARTS)})")
 

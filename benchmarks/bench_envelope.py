@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from capture.assembly import (
     EnvelopeInputs,
+    RequestContext,
     build_envelope,
     build_envelope_bytes,
     build_envelope_checked,
@@ -45,7 +46,8 @@ from capture.assembly import (
 )
 from capture.edge import decode_json
 from capture.policy import NOT_FLAGGED
-from capture.recording import OutputCollector, RequestContext, prepare
+from capture.protocol.audit_fields import prepare
+from capture.protocol.output import OutputCollector
 from schemas import ArtifactHashes, Envelope, RuntimeFingerprint
 from schemas.canonical import canonical_json
 

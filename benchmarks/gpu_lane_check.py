@@ -126,7 +126,7 @@ def unpack(pieces: list[Path], out: Path) -> None:
 
 
 def prompts(model_dir: Path, limit: int) -> tuple[list[str], list[tuple[int, ...]]]:
-    from replayer.lanes.batch import render_chat
+    from replayer.lanes.batch_engine import render_chat
     from replayer.matrix.inputs import load_prompt_file, spread
 
     workload = spread(load_prompt_file(WORKLOAD), limit)

@@ -1,13 +1,19 @@
 """The capture sidecar: a transparent OpenAI-compatible proxy that records every request as an envelope.
 
 - `settings`: the one settings object of the process (env prefix ``REPROLANE_CAPTURE_``).
-- `proxy` / `app`: the HTTP edge (Starlette), streaming and not, pass-through for every other path.
-- `edge`: ASGI plumbing (bodies, headers, OpenAI-format errors, disconnects, request ids, pass-through).
+- `app`: the ASGI app: the two capture paths dispatched straight to `proxy`, Starlette for the rest; lifespan.
+- `proxy`: the capture endpoints: request read and parsed, accounting, the last-resort 500.
+- `non_streaming` / `streaming`: a captured request answered whole, or as a stream; `forwarding`: what they
+  share (the upstream call, the outcome recorded in the mode's order).
+- `passthrough`: every path not captured, forwarded byte for byte, counted (refused under refuse_uncaptured).
+- `request_headers`: the request id and the ``X-Reprolane-*`` headers of a captured request.
+- `edge`: ASGI plumbing (bodies, headers, JSON, OpenAI-format errors, disconnects, recent request ids).
 - `upstream`: the pooled aiohttp client for the inference server, its errors translated.
-- `recording`: what the proxy gathers per request: audit fields added and stripped, the sampling contract,
-  the collected output.
-- `assembly`: the envelope (and its canonical bytes) from what was gathered.
-- `recorder`: builds and spools envelopes per mode (guaranteed: before release; best_effort: after).
+- `protocol`: the OpenAI protocol per endpoint (`chat`, `completions`) and what both share: audit fields
+  added and stripped, the sampling contract, the collected output, token spellings, SSE framing.
+- `assembly`: the envelope (and its canonical bytes) from what was gathered (`RequestContext`, the collector).
+- `envelope_writer`: builds each request's envelope and appends it to the spool per mode (guaranteed: before
+  release; best_effort: after).
 - `runtime`: artifact hashes from the manifest, the runtime fingerprint from /version + the runtime file.
 - `policy`: which requests are flagged for replay.
 - `spool`: the append-only local log with group-committed fsync; nothing leaves it unacknowledged.

@@ -2,8 +2,9 @@
 
 `build_app` wires what `capture.cli.serve` (or a test) built. The two capture paths are dispatched by
 `CaptureApp` straight to the raw ASGI handlers of `capture.proxy.CaptureProxy`; everything else (``/metrics``,
-pass-through, lifespan) goes through a Starlette app. Starlette's router and its two always-on middlewares took
-~2-3% of the sidecar's CPU on the capture paths (py-spy, BENCHMARKS.md "Capture sidecar").
+pass-through, lifespan) goes through a Starlette app: its router and its two always-on middlewares showed up
+in the sidecar's CPU profile of the capture paths, where they do nothing useful (BENCHMARKS.md "Capture
+sidecar").
 
 Startup opens the spool, starts the publisher and asks upstream ``/version``; shutdown waits for background
 recordings, stops the publisher, closes the spool and the upstream pool, in that order, so nothing accepted is
@@ -22,9 +23,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from capture.edge import Receive, Scope, Send
+from capture.envelope_writer import SpoolLike
 from capture.metrics import CONTENT_TYPE, CaptureMetrics
+from capture.protocol import chat, completions
 from capture.proxy import CaptureProxy
-from capture.recorder import SpoolLike
 from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file, load_sampling_defaults
 from capture.settings import CaptureSettings
 from capture.upstream import Upstream
@@ -118,5 +120,5 @@ def build_app(
     rest = Starlette(routes=routes, lifespan=lifespan)
     rest.state.proxy = proxy
     rest.state.metrics = metrics
-    hot = {"/v1/chat/completions": proxy.endpoint("chat.completions"), "/v1/completions": proxy.endpoint("completions")}
+    hot = {chat.PATH: proxy.endpoint("chat.completions"), completions.PATH: proxy.endpoint("completions")}
     return CaptureApp(hot, rest)

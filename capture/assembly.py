@@ -1,14 +1,15 @@
 """Assembling the envelope of one request from what the proxy gathered (pure: no IO, no clock).
 
+`RequestContext` is what the proxy knows of a request before upstream answers, plus the timings after.
 `EnvelopeInputs` holds it all: the `RequestContext`, the model name, the artifact hashes and runtime fingerprint,
 the prompt record, the sampling contract, the `OutputCollector` (None when upstream never saw the request), the
 failure if any, the capture time and the sidecar id. Three builders, one result:
 
 - `build_envelope_bytes`: the canonical bytes, what the spool stores, on the sidecar's hot path. The envelope
-  is validated by pydantic without its per-token logprobs (a dozen records instead of ~100) and the logprobs
-  are checked value by value and written as canonical text by msgspec straight from the collector's rows
-  (`OutputCollector.logprobs_texts`, `schemas.envelope.steps_canonical_text`). Anything else takes
-  `build_envelope`.
+  is validated by pydantic without its per-token logprobs (a dozen records, not one per token and per
+  alternative) and the logprobs are checked value by value and written as canonical text by msgspec straight
+  from the collector's rows (`OutputCollector.logprobs_texts`, `schemas.envelope_codec.steps_canonical_text`).
+  Anything else takes `build_envelope`.
 - `build_envelope`: the `schemas.Envelope`, validated once by pydantic-core from plain data; when that fails
   (an infinite logprob, a negative token id, a value of the wrong type from upstream) it takes
   `build_envelope_checked`.
@@ -28,7 +29,9 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from capture.recording import ErrorType, OutputCollector, RequestContext
+from capture.policy import FlagDecision
+from capture.protocol import Endpoint
+from capture.protocol.output import OutputCollector
 from schemas import (
     ArtifactHashes,
     CapturedError,
@@ -39,13 +42,35 @@ from schemas import (
     RuntimeFingerprint,
     SamplingContract,
     Timings,
+    WorkflowRef,
 )
-from schemas.envelope import canonical_with_logprobs
+from schemas.envelope_codec import canonical_with_logprobs
 
+ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
 Failure = tuple[ErrorType, int | None, str]
 """Why a request has no complete output: (error type, HTTP status when there was one, message)."""
 
 _NO_CHOICES: Final[Failure] = ("proxy_error", None, "upstream answered without choices")
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Everything about one request that is known before upstream answers, plus the timings after."""
+
+    request_id: str
+    received_at: datetime
+    tenant: str
+    workflow: WorkflowRef | None
+    flag: FlagDecision
+    endpoint: Endpoint
+    stream: bool
+    in_flight_at_start: int
+    in_flight_at_end: int = 0
+    body_sha256: str | None = None
+    upstream_ms: float = 0.0
+    first_token_ms: float | None = None
+    added_ms: float | None = None
+    recorded: bool = False  # its envelope was handed to the envelope writer (the proxy's last-resort handler asks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +101,10 @@ def prompt_record(token_ids: list[int] | None, source: Literal["upstream", "toke
 
 
 def build_envelope_bytes(inputs: EnvelopeInputs) -> bytes:
-    """Exactly ``build_envelope(inputs).canonical()``, ~3x cheaper with logprobs (see the module docstring).
+    """Exactly ``build_envelope(inputs).canonical()``, cheaper with logprobs (see the module docstring).
 
-    No ~100 short-lived records also means less work for the garbage collector while requests are in flight.
+    No short-lived record per token and per alternative also means less work for the garbage collector while
+    requests are in flight.
     """
     collector = inputs.collector
     texts = collector.logprobs_texts() if collector is not None else None
@@ -96,8 +122,8 @@ def build_envelope_bytes(inputs: EnvelopeInputs) -> bytes:
 def build_envelope(inputs: EnvelopeInputs) -> Envelope:
     """The envelope: an output when upstream completed the request, else an error with what was partial.
 
-    The whole envelope is validated once, by pydantic-core, from plain data (~1.7x faster than ~100 model
-    constructors in Python at 16 tokens x top-5). Nothing is validated less: the same field rules apply to every
+    The whole envelope is validated once, by pydantic-core, from plain data (faster than a model constructor
+    in Python per token and per alternative). Nothing is validated less: the same field rules apply to every
     value. When that fails, `build_envelope_checked` decides what survives.
     """
     choices = inputs.collector.choices_data() if inputs.collector is not None else []

@@ -10,9 +10,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 import uvicorn
@@ -24,6 +23,7 @@ from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.spool import Spool
+from schemas import ContractError
 
 log = logging.getLogger("capture")
 
@@ -33,11 +33,6 @@ capture_app = typer.Typer(name="capture", help="The capture sidecar.", no_args_i
 @capture_app.callback()
 def _group() -> None:
     """The capture sidecar (a group even with one command, so ``capture serve`` keeps its name)."""
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"reprolane: error: {message}", err=True)
-    sys.exit(2)
 
 
 def _json_flag(flag: str, value: str | None) -> Any:
@@ -56,8 +51,7 @@ def build_settings(**flags: Any) -> CaptureSettings:
     try:
         return CaptureSettings(**given)
     except ValidationError as exc:
-        parts = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise CaptureError(f"invalid capture settings: {parts}") from exc
+        raise CaptureError(str(ContractError.from_validation("capture settings", exc))) from exc
 
 
 def build_spool(settings: CaptureSettings, metrics: CaptureMetrics | None = None) -> Spool:
@@ -75,8 +69,8 @@ def build_spool(settings: CaptureSettings, metrics: CaptureMetrics | None = None
 def serve(settings: CaptureSettings) -> None:
     """Run the sidecar until interrupted (uvloop + httptools when installed).
 
-    uvicorn, because nothing measured cheaper for this app: granian 2.8.9 (ASGI, one worker, uvloop, pinned to the
-    same core) spent 0.49-0.57 ms of CPU per captured request where uvicorn spent 0.45 (BENCHMARKS.md).
+    uvicorn, because nothing measured cheaper for this app: granian (ASGI, one worker, uvloop, pinned to the same
+    core) spent more CPU per captured request (BENCHMARKS.md "Capture sidecar" has the figures).
     """
     metrics = CaptureMetrics()
     spool = build_spool(settings, metrics)
@@ -111,11 +105,11 @@ def tune_gc() -> None:
 
     A request allocates hundreds of container objects (upstream's parsed answer, the collected logprobs) and
     dozens of requests are in flight at once. With the default thresholds the collector ran a young collection every
-    request and a full one every ~200, each walking everything alive: ~0.3-0.5 ms of CPU per request at 50
-    clients, a third of the sidecar's cost. Freezing what exists at start-up (modules, settings, the app) takes
-    it out of every collection for good, and a larger young generation makes collections rarer (each costs about
-    the same: it walks the requests in flight). Cycles are still collected; memory stays flat (the benchmark's
-    memory phase checks it).
+    request and a full one every few hundred, each walking everything alive: a large share of the sidecar's CPU per
+    request under load (the figures are in BENCHMARKS.md). Freezing what exists at start-up (modules, settings,
+    the app) takes it out of every collection for good, and a larger young generation makes collections rarer
+    (each costs about the same: it walks the requests in flight). Cycles are still collected; memory stays flat
+    (the benchmark's memory phase checks it).
     """
     gc.collect()
     gc.freeze()
@@ -159,38 +153,20 @@ def serve_command(
     """Serve the capture sidecar in front of --upstream."""
     try:
         settings = build_settings(
-            upstream=upstream,
-            host=host,
-            port=port,
-            mode=mode,
-            spool_dir=spool_dir,
-            spool_max_bytes=spool_max_bytes,
-            max_body_bytes=max_body_bytes,
-            upstream_timeout_s=upstream_timeout_s,
-            kafka_bootstrap=kafka_bootstrap,
-            s3_endpoint=s3_endpoint,
-            s3_bucket=s3_bucket,
-            s3_access_key=s3_access_key,
-            s3_secret_key=s3_secret_key,
-            s3_processes=s3_processes,
-            manifest_path=manifest,
-            runtime_path=runtime_file,
-            audit_top_logprobs=audit_top_logprobs,
-            inject_seed=inject_seed,
+            upstream=upstream, host=host, port=port, mode=mode, spool_dir=spool_dir, spool_max_bytes=spool_max_bytes,
+            max_body_bytes=max_body_bytes, upstream_timeout_s=upstream_timeout_s, kafka_bootstrap=kafka_bootstrap,
+            s3_endpoint=s3_endpoint, s3_bucket=s3_bucket, s3_access_key=s3_access_key, s3_secret_key=s3_secret_key,
+            s3_processes=s3_processes, manifest_path=manifest, runtime_path=runtime_file,
+            audit_top_logprobs=audit_top_logprobs, inject_seed=inject_seed,
             upstream_generation_config=upstream_generation_config,
             upstream_override_generation_config=_json_flag(
                 "--upstream-override-generation-config", upstream_override_generation_config
             ),
-            refuse_uncaptured=refuse_uncaptured,
-            flag_tenants=tuple(flag_tenant) if flag_tenant else None,
-            sample_rate=sample_rate,
-            sidecar_id=sidecar_id,
-        )
-    except CaptureError as exc:
-        _fail(str(exc))
+            refuse_uncaptured=refuse_uncaptured, flag_tenants=tuple(flag_tenant) if flag_tenant else None,
+            sample_rate=sample_rate, sidecar_id=sidecar_id,
+        )  # fmt: skip
+    except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2
+        raise typer.BadParameter(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
-    try:
-        serve(settings)
-    except CaptureError as exc:
-        _fail(str(exc))
+    serve(settings)  # a CaptureError (unreadable manifest, spool held by another process) is exit 1 (infra.cli)

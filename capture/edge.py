@@ -1,5 +1,5 @@
-"""ASGI plumbing of the sidecar's edge: bodies, headers, OpenAI-format errors, disconnects, request ids, and
-the byte-for-byte pass-through of every path that is not captured.
+"""ASGI plumbing of the sidecar's edge: bodies, headers, JSON, OpenAI-format errors, disconnects, request ids
+(the pass-through of the paths that are not captured is `capture.passthrough`).
 
 Raw ASGI rather than Starlette request/response objects: the capture hot path must stay well under a
 millisecond, and a streamed answer needs direct control of ``send`` and of the ``receive`` channel (a client
@@ -11,17 +11,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from capture.errors import UpstreamError, UpstreamTimeoutError
-from capture.upstream import Upstream, UpstreamResponse
-
-log = logging.getLogger(__name__)
+from capture.upstream import UpstreamResponse
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -30,14 +26,12 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 REQUEST_ID_HEADER = b"x-reprolane-request-id"
-SSE_DONE = b"data: [DONE]\n\n"
 # Not forwarded upstream: hop-by-hop, recomputed (length, host), or ours (x-reprolane-*, see forward_headers).
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length"}
     | {b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"trailer", b"accept-encoding"}
 )
 _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
-_PASS_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"})
 _JSON_SEP = (",", ":")
 
 
@@ -90,9 +84,10 @@ def decode_json(raw: bytes) -> tuple[Any, Callable[[Any], bytes]]:
     """A JSON document (the client's request, upstream's answer) and the encoder to write it on with (the
     request with the audit fields added, upstream; the answer stripped, to the client).
 
-    msgspec reads a 5.6-11 KB answer with logprobs ~3x faster than ``json.loads`` and writes it ~7x faster than
-    ``json.dumps``; a 150-byte request ~6x / ~12x (same Python values; only the spelling of floats differs:
-    the same numbers, and neither side ever got the other's own bytes once a field was added or stripped).
+    msgspec reads and writes these documents several times faster than ``json.loads`` / ``json.dumps``
+    (benchmarks/bench_envelope.py, BENCHMARKS.md), with the same Python values; only the spelling of floats
+    differs: the same numbers, and neither side ever got the other's own bytes once a field was added or
+    stripped.
     What only the standard library reads (NaN, Infinity, a lone surrogate, a number beyond float range, UTF-16)
     is read and written back by it, so it travels on as it came. Raises ValueError for a document neither
     accepts (the standard library's message: the client's 400 quotes it).
@@ -106,10 +101,6 @@ def decode_json(raw: bytes) -> tuple[Any, Callable[[Any], bytes]]:
 def error_body(message: str, *, type_: str, code: int | str | None, param: str | None = None) -> bytes:
     """An OpenAI-format error document."""
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
-
-
-def sse(body: bytes) -> bytes:
-    return b"data: " + body + b"\n\n"
 
 
 async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
@@ -134,7 +125,7 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
 
 def forward_headers(headers: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:
     """Client headers for a captured request upstream: secrets forwarded (never recorded), ours removed."""
-    out = [(k, v) for k, v in headers.items() if k not in _HOP_BY_HOP and not k.startswith(b"x-reprolane-")]
+    out = [(k, v) for k, v in headers.items() if k not in HOP_BY_HOP and not k.startswith(b"x-reprolane-")]
     out.append((b"accept-encoding", b"identity"))
     return out
 
@@ -190,65 +181,3 @@ def consume_disconnect(watch: Watch) -> bool:
         task.uncancel()
     watch.armed = False
     return True
-
-
-def passthrough(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
-    """Any other path: forwarded as it is, answered as upstream answers (no envelope); a redirect to upstream's
-    own address is pointed back at the sidecar (`_through_sidecar`)."""
-
-    upstream_base = upstream.base_url.encode("latin-1")
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        headers = dict(scope["headers"])
-        try:
-            body = await read_body(headers, receive, max_body_bytes)
-        except BadRequest as bad:
-            await send_json(
-                send, bad.status, error_body(bad.message, type_="invalid_request_error", code=bad.status), None
-            )
-            return
-        target = (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1")
-        if scope["query_string"]:
-            target += "?" + scope["query_string"].decode("latin-1")
-        fwd = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP and not k.startswith(b"x-reprolane-")]
-        if b"accept-encoding" in headers:
-            fwd.append((b"accept-encoding", headers[b"accept-encoding"]))
-        started = False
-        try:
-            async with upstream.request(scope["method"], target, body=body, headers=fwd) as resp:
-                out_headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _PASS_DROP]
-                if 300 <= resp.status < 400:
-                    out_headers = [
-                        (k, _through_sidecar(v, upstream_base, scope, headers) if k == b"location" else v)
-                        for k, v in out_headers
-                    ]
-                await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
-                started = True
-                async for chunk in resp.chunks():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except UpstreamError as exc:
-            if started:
-                log.warning("pass-through %s failed mid-response: %s", target, exc)
-                await end_stream(send, b"")
-                return
-            status = 504 if isinstance(exc, UpstreamTimeoutError) else 502
-            await send_json(send, status, error_body(str(exc), type_="upstream_error", code=status), None)
-
-    return app
-
-
-def _through_sidecar(location: bytes, upstream_base: bytes, scope: Scope, headers: dict[bytes, bytes]) -> bytes:
-    """A redirect's Location that names upstream, made to name the sidecar as the client reached it (what nginx's
-    ``proxy_redirect default`` does): vLLM answers ``POST /v1/chat/completions/`` with a 307 to its own address,
-    and a client that followed that would generate uncaptured."""
-    if not location.startswith(upstream_base):
-        return location
-    rest = location[len(upstream_base) :]
-    if rest[:1] not in (b"", b"/", b"?", b"#"):
-        return location  # http://host:80 is not http://host:8000
-    host = headers.get(b"host")
-    if host is None:
-        return rest or b"/"
-    scheme: str = scope.get("scheme", "http")
-    return scheme.encode("ascii") + b"://" + host + rest

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from capture.errors import CaptureError, UpstreamError
-from capture.recording import SamplingDefaults
+from capture.protocol.sampling import SamplingDefaults
 from capture.upstream import Upstream
 from schemas import ArtifactHashes, ContractError, RuntimeFingerprint
 from schemas.manifest import ModelManifest, decode_manifest, decode_runtime_file

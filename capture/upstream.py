@@ -1,10 +1,9 @@
 """The sidecar's client for the inference server: one pooled aiohttp session, errors translated here.
 
-Why aiohttp and not httpx: on the hot path the upstream call *is* the sidecar's overhead. Measured on this
-machine kind (sequential 1 KB chat requests to a local ASGI upstream, uvloop): httpx.AsyncClient p50 0.84 ms
-per call, aiohttp 0.34 ms, a raw socket 0.25 ms. The 1 ms p50 added-latency budget does not fit httpx. aiosonic
-1.3.3, which advertises itself as faster, spent more CPU per call than aiohttp (medians 73 vs 64 us, 50 calls in
-flight against the benchmark's fast upstream, 2026-11-30, BENCHMARKS.md).
+Why aiohttp and not httpx: on the hot path the upstream call *is* the sidecar's overhead. On the sequential
+benchmark (small chat requests to a local ASGI upstream, uvloop) httpx.AsyncClient took far longer per call
+than aiohttp, too long for the 1 ms p50 added-latency budget on its own; aiosonic, which advertises itself as
+faster, spent more CPU per call than aiohttp with many calls in flight (BENCHMARKS.md has the figures).
 
 Callers never see an aiohttp exception: connection failures become `UpstreamError`, read timeouts
 `UpstreamTimeoutError`. No cookie jar: the one session serves all clients. Responses are not decompressed
@@ -53,7 +52,7 @@ class UpstreamResponse:
 
 class UpstreamCall:
     """The async context manager of one upstream request (a class rather than ``asynccontextmanager``: on the
-    hot path the generator machinery measured ~10% of the call's own cost)."""
+    hot path the generator machinery is a noticeable part of the call's own cost)."""
 
     __slots__ = ("_pending", "_resp")
 
@@ -120,8 +119,8 @@ class Upstream:
         hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         return UpstreamCall(
-            # A redirect is the client's to follow (or not), through the sidecar: `capture.edge.passthrough` points
-            # its Location back at the sidecar.
+            # A redirect is the client's to follow (or not), through the sidecar: `capture.passthrough.forward_as_is`
+            # points its Location back at the sidecar.
             self._session.request(
                 method, self.base_url + target, data=body or None, headers=hdrs, timeout=timeout, allow_redirects=False
             )

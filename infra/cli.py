@@ -1,24 +1,54 @@
-"""The ``reprolane`` command line: a root Typer app that other packages add their sub-apps to.
+"""The ``reprolane`` command line: the root Typer app, and the one place where an error becomes an exit code.
 
 To add a command or a command group, write it (a function, or a Typer app) in its own module and add one line
-to `COMMANDS`. Errors are reported the same way everywhere by
-:class:`OneLineErrors`: one line on stderr, ``reprolane: error: ...``; exit code 2 for usage errors
-(bad option, unknown command or server), 1 for an :class:`~infra.errors.InfraError` (something could
-not be done). Tracebacks are for bugs only.
+to `COMMANDS`. A command never prints an error or exits by itself: it raises. `OneLineErrors` (the root group)
+turns what it raises into one line on stderr, ``reprolane: error: <message>``, and the exit code of its tree:
+
+    exit  what the command raised
+    2     a usage error: ``typer.BadParameter`` (a command's "bad input"), or typer's own (unknown command or
+          option, bad option value, missing argument)
+    2     ``pydantic.ValidationError``: settings from flags and environment, named per field
+          (``invalid ReplayerSettings: lane: ...; s3_bucket: ...``)
+    2     ``schemas.ContractError``: input that does not satisfy the contract
+    2     ``capture.audit.errors.UnknownIdError`` (no envelope, workflow or day of that name) and
+          ``SigningKeyError`` (a key file missing or unreadable)
+    2     ``replayer.errors.ReplayerError``, every one: ``EnvelopeNotFoundError``, ``NotReplayableError``,
+          ``GateInputError``, ``LaneUnavailableError``, ``StoreError``
+    1     ``infra.errors.InfraError``
+    1     ``capture.errors.CaptureError`` (``SinkError``, ...), ``capture.audit.errors.AuditError`` (``LakeError``,
+          ``AuditStoreError``, ...) and ``capture.ledger.errors.LedgerError`` (``KeyringError``, ...)
+    1     ``typer.Abort``
+
+Every replayer command ends in a verdict whose "no" is exit 1 (replay diverged, the gate failed, a matrix cell
+failed, no variation reproduced the capture), so a replayer error, whatever its cause, means "no verdict" and
+is 2: a release pipeline must not read "S3 was down" as "the candidate diverged". The other packages' errors
+mean "could not be done" and are 1. A verdict itself is ``raise typer.Exit(code)`` in the command (verify not
+ok, gate failed, replay diverged, a stack server not ready), and Ctrl-C is 130 (typer). A message with more
+than one line (a server's log tail) keeps its further lines after the error line. ``--help`` and a group
+called without a command print the help (exit 0 and 2). Anything else is a bug, and keeps its traceback.
+
+`build_app` makes the root app; tests pass it sub-apps built with injected factories (a fake lane, a moto store)
+so that what they invoke goes through this same boundary.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 from typer.core import TyperGroup
 
+from capture.audit.errors import AuditError, SigningKeyError, UnknownIdError
+from capture.errors import CaptureError
+from capture.ledger.errors import LedgerError
 from infra.errors import InfraError
 from infra.stack_env import apply_to_process
+from replayer.errors import ReplayerError
+from schemas import ContractError
 
 #: Every command, by the order ``--help`` lists them: name -> (module, attribute, kind). Modules are imported
 #: only when their command runs (or ``--help`` describes it), so ``reprolane capture serve`` does not carry the
@@ -46,6 +76,36 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "keys": ("capture.audit.lake_cli", "keys_app", "group"),
 }
 
+#: The exit code of each error tree, the first that matches wins (see the module docstring). Usage errors are
+#: typer's own exceptions and carry their code (2); they are handled before this table.
+EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
+    (ValidationError, 2),
+    (ContractError, 2),
+    (UnknownIdError, 2),
+    (SigningKeyError, 2),
+    (ReplayerError, 2),
+    (InfraError, 1),
+    (CaptureError, 1),
+    (AuditError, 1),
+    (LedgerError, 1),
+)
+
+
+def exit_code(exc: Exception) -> int | None:
+    """The exit code of `exc`'s tree, or None when it is in none (a bug: its traceback is kept)."""
+    return next((code for tree, code in EXIT_CODES if isinstance(exc, tree)), None)
+
+
+def error_message(exc: Exception) -> str:
+    """What follows ``reprolane: error:`` for `exc`: settings errors name each field, the rest say themselves."""
+    if isinstance(exc, ValidationError):
+        return str(ContractError.from_validation(exc.title, exc))
+    if isinstance(exc, typer.BadParameter) and exc.param is None and exc.param_hint is None:
+        return exc.message  # a command's own sentence, which names the option itself
+    if isinstance(exc, typer.TyperException):
+        return exc.format_message()
+    return str(exc)
+
 
 def load_command(name: str) -> Any:
     """Import one command and return it as a click command named `name`."""
@@ -59,11 +119,11 @@ def load_command(name: str) -> Any:
 
 
 class OneLineErrors(TyperGroup):
-    """Root command group: loads the commands of `COMMANDS` on demand, and turns usage errors and InfraErrors
-    into one line on stderr."""
+    """Root command group: loads the commands of `COMMANDS` on demand, and turns what they raise into one line on
+    stderr and the exit code of `EXIT_CODES`."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        return [*super().list_commands(ctx), *(name for name in COMMANDS if name not in self.commands)]
+        return [*COMMANDS, *(name for name in super().list_commands(ctx) if name not in COMMANDS)]
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
@@ -87,11 +147,14 @@ class OneLineErrors(TyperGroup):
             if type(exc).__name__ == "NoArgsIsHelpError":  # its message is the whole help text
                 typer.echo(exc.format_message(), err=True)
                 sys.exit(2)
-            _fail(exc.format_message(), exc.exit_code)  # usage errors carry exit_code 2
+            _fail(error_message(exc), exc.exit_code)  # usage errors carry exit_code 2
         except typer.Abort:
             _fail("aborted", 1)
-        except InfraError as exc:
-            _fail(str(exc), 1)
+        except Exception as exc:
+            mapped = exit_code(exc)
+            if mapped is None:
+                raise
+            _fail(error_message(exc), mapped)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -100,16 +163,30 @@ def _fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
-app = typer.Typer(
-    cls=OneLineErrors,
-    name="reprolane",
-    help="Audit capture and deterministic replay for LLM inference.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-
-
-@app.callback()
 def _root() -> None:
     """Audit capture and deterministic replay for LLM inference."""
+
+
+def build_app(overrides: Mapping[str, Any] | None = None) -> typer.Typer:
+    """The ``reprolane`` app. `overrides` replace entries of `COMMANDS` by name: a Typer sub-app for a
+    ``group``, a function for a ``command`` (tests pass sub-apps built with injected factories)."""
+    app = typer.Typer(
+        cls=OneLineErrors,
+        name="reprolane",
+        help="Audit capture and deterministic replay for LLM inference.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    app.callback()(_root)
+    for name, target in (overrides or {}).items():
+        if name not in COMMANDS:
+            raise KeyError(f"no command {name!r} to override; commands: {', '.join(COMMANDS)}")
+        if COMMANDS[name][2] == "group":
+            app.add_typer(target, name=name)
+        else:
+            app.command(name)(target)
+    return app
+
+
+app = build_app()

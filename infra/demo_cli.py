@@ -1,31 +1,19 @@
 """``reprolane demo``: run the whole pipeline on the local stack with a bundled workload (see `infra.demo`).
 
-A single command, registered by infra/cli.py with ``app.command("demo")(demo_command)``.
+A single command (a ``command`` entry of `infra.cli.COMMANDS`), not a group.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from infra import paths
-
-RunDirOpt = Annotated[
-    Path | None,
-    typer.Option("--run-dir", help=f"the stack to use or start (default ${paths.RUN_DIR_ENV} or ./.reprolane/stack)"),
-]
+from infra.cli_options import RunDirOpt
 
 
 def demo_command(
-    run_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--run-dir", help=f"the stack to use or start (default ${paths.RUN_DIR_ENV} or ./.reprolane/stack)"
-        ),
-    ] = None,
+    run_dir: RunDirOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="6 prompts, one 2-step workflow, 12 tokens")] = False,
     keep: Annotated[bool, typer.Option("--keep", help="leave the sidecar, the replayer and the stack running")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="seconds to wait for the replays")] = 300.0,
@@ -39,6 +27,6 @@ def demo_command(
     options = DemoOptions(run_dir=run_dir, quick=quick, keep=keep, timeout_s=timeout, sample_rate=sample_rate)
     try:
         run_demo(options, lambda line: typer.echo(line))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # run_demo stopped what it started before this reaches here
         typer.echo("reprolane: interrupted; everything the demo started has been stopped", err=True)
-        sys.exit(130)
+        raise typer.Exit(130) from None

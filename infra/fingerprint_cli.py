@@ -1,4 +1,9 @@
-"""``reprolane fingerprint``: the environment fingerprint as JSON, and ``fingerprint diff A B``."""
+"""``reprolane fingerprint``: the environment fingerprint as JSON, and ``fingerprint diff A B``.
+
+``diff`` exits like diff(1): 0 identical, 1 different (a verdict); a file that does not read or decode is bad
+input (``typer.BadParameter``, exit 2), and a fingerprint that cannot be taken a `FingerprintError` (exit 1, by
+the root of the command line).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ from typing import Annotated
 import typer
 
 from infra import paths
-from infra.fingerprint import FingerprintError, local_environment, upstream_environment
-from schemas import ContractError, EnvironmentFingerprint, decode_environment, diff_environments
+from infra.cli_options import read_fingerprint
+from infra.fingerprint import local_environment, upstream_environment
+from schemas import diff_environments
 
 fingerprint_app = typer.Typer(
     help="Environment fingerprint: model/tokenizer/template sha256, engine, torch, CUDA, device, topology.",
@@ -45,22 +51,13 @@ def take(
     typer.echo(f"environment sha256: {fp.sha256()}", err=True)
 
 
-def _load(path: Path) -> EnvironmentFingerprint:
-    try:
-        return decode_environment(path.read_bytes())
-    except OSError as exc:
-        raise typer.BadParameter(f"cannot read {path}: {exc.strerror}") from exc
-    except ContractError as exc:
-        raise typer.BadParameter(f"{path}: {exc}") from exc
-
-
 @fingerprint_app.command()
 def diff(
     a: Annotated[Path, typer.Argument(help="baseline fingerprint JSON")],
     b: Annotated[Path, typer.Argument(help="candidate fingerprint JSON")],
 ) -> None:
     """Fields that differ between two fingerprints; exit 0 when none, 1 when any (like diff(1))."""
-    fa, fb = _load(a), _load(b)
+    fa, fb = read_fingerprint(a, "baseline"), read_fingerprint(b, "candidate")
     diffs = diff_environments(fa, fb)
     if not diffs:
         typer.echo(f"identical environments ({fa.sha256()[:16]})")
@@ -70,6 +67,3 @@ def diff(
     for d in diffs:
         typer.echo(f"{d.field:<{width}}  {d.recorded!r} -> {d.replayed!r}")
     raise typer.Exit(1)
-
-
-__all__ = ["FingerprintError", "fingerprint_app"]

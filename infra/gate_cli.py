@@ -12,13 +12,16 @@ SET is a JSONL file of envelopes or an S3 selector (``s3:tenant=T``, ``s3:workfl
 see `replayer.golden`. The gate logic is `replayer.gate` / `replayer.vendor_gate`, the recording of golden sets
 `infra.gate_record`; this module is the composition root's part: it reads files, takes the local fingerprint
 (``--candidate local`` = the artifacts of the lane's model folder, verified against its manifest, plus the runtime
-fingerprint the started lane reports; the lane defaults to ``REPROLANE_REPLAYER_LANE``) and maps outcomes to exit
-codes: **0** the gate passed, **1** it failed, **2** no verdict (bad input, unreadable
-file, lane or S3 unavailable), always with one line on stderr for 2. ``--report`` gets the JSON report; stdout
-gets the readable summary.
+fingerprint the started lane reports; the lane defaults to ``REPROLANE_REPLAYER_LANE``) and gives the verdict as
+the exit code: **0** the gate passed, **1** it failed. Without a verdict it raises: ``typer.BadParameter`` for
+bad input, a `replayer.errors.ReplayerError` (``GateInputError`` for an unreadable golden set or a model folder
+that does not verify, ``LaneUnavailableError``, ``StoreError``) or a ``ContractError``, which the root of the
+command line (`infra.cli`) prints as one line on stderr with exit **2**. ``--report`` gets the JSON report;
+stdout gets the readable summary.
 
-It lives in ``infra`` (not ``replayer``) because ``local`` fingerprints need ``infra.fingerprint``: the
-dependency direction stays infra -> replayer -> schemas.
+It and `infra.gate_record` live in ``infra``, not ``replayer``, because ``--candidate local`` and
+``record-golden`` fingerprint the lane's model folder against the model cache's manifest (`infra.fingerprint`,
+`infra.manifest`): the dependency direction stays infra -> replayer -> schemas.
 """
 
 from __future__ import annotations
@@ -30,10 +33,9 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from infra.errors import InfraError
-from infra.gate_record import LaneFactory, lane_artifacts, read_workload, record_lane, record_vendor
-from replayer.cli import build_settings
-from replayer.errors import ReplayerError
+from infra.cli_options import read_fingerprint
+from infra.gate_record import lane_artifacts, read_workload, record_lane, record_vendor
+from replayer.cli_options import LaneFactory, StoreFactory, build_settings, make_lane
 from replayer.gate import render_gate, run_gate
 from replayer.golden import (
     GoldenSet,
@@ -57,22 +59,13 @@ from replayer.vendor_gate import (
     run_statistical_gate,
 )
 from schemas import (
-    ContractError,
     EnvironmentFingerprint,
     ReproLevel,
-    decode_environment,
 )
 from schemas.levels import LEVEL_ORDER
 
-StoreFactory = Callable[[ReplayerSettings], EnvelopeStore]
 SamplerFactory = Callable[[str, str | None], Sampler]
 SimilarityFn = Callable[[str, str], float]
-
-
-def _make_lane(settings: ReplayerSettings) -> Lane:
-    from replayer.lanes import make_lane
-
-    return make_lane(settings)
 
 
 def _similarity(a: str, b: str) -> float:
@@ -85,23 +78,9 @@ def _http_sampler(url: str, model: str | None) -> Sampler:
     return HttpSampler(url, model=model)
 
 
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"reprolane: error: {message}".splitlines()[0], err=True)
-    raise typer.Exit(2)
-
-
-def _read_fingerprint(path: Path, what: str) -> EnvironmentFingerprint:
-    try:
-        return decode_environment(path.read_bytes())
-    except OSError as exc:
-        _fail(f"{what} {path}: {exc.strerror}")
-    except ContractError as exc:
-        _fail(f"{what} {path}: {exc}")
-
-
 def _level(value: str | None) -> ReproLevel | None:
     if value is not None and value not in LEVEL_ORDER:
-        _fail(f"--level must be one of {', '.join(LEVEL_ORDER)}, not {value!r}")
+        raise typer.BadParameter(f"--level must be one of {', '.join(LEVEL_ORDER)}, not {value!r}")
     return value
 
 
@@ -129,7 +108,7 @@ def _write_report(path: Path | None, data: str) -> None:
     try:
         path.write_text(data + "\n", encoding="utf-8")
     except OSError as exc:
-        _fail(f"cannot write report {path}: {exc.strerror}")
+        raise typer.BadParameter(f"cannot write report {path}: {exc.strerror}") from exc
 
 
 Opt = typer.Option
@@ -137,7 +116,7 @@ Opt = typer.Option
 
 def build_gate_app(
     *,
-    lane_factory: LaneFactory = _make_lane,
+    lane_factory: LaneFactory = make_lane,
     store_factory: StoreFactory = EnvelopeStore.from_settings,
     sampler_factory: SamplerFactory = _http_sampler,
     similarity: SimilarityFn = _similarity,
@@ -180,45 +159,34 @@ def build_gate_app(
         if ctx.invoked_subcommand is not None:
             return
         if golden is None:
-            _fail("--golden is required")
+            raise typer.BadParameter("--golden is required")
         settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)
+        if statistical:
+            _statistical(golden, settings, upstream, model, samples, assertions, min_similarity,
+                         min_assertion_rate, min_pass_rate, limit, report)  # fmt: skip
+        if baseline is None or candidate is None:
+            raise typer.BadParameter("--baseline and --candidate are required (or --statistical)")
+        judged = _level(level)
+        golden_set = _load_golden(golden, settings, store_factory, limit)
+        base = golden_environment(golden_set) if baseline == "golden" else read_fingerprint(Path(baseline), "baseline")
+        opened: list[Lane] = []  # the lane 'local' fingerprinted, handed to the replay if one is needed
+
+        def open_lane() -> Lane:
+            if opened:
+                return opened.pop()
+            return lane_factory(settings)
+
         try:
-            if statistical:
-                _statistical(golden, settings, upstream, model, samples, assertions, min_similarity,
-                             min_assertion_rate, min_pass_rate, limit, report)  # fmt: skip
-            if baseline is None or candidate is None:
-                _fail("--baseline and --candidate are required (or --statistical)")
-            judged = _level(level)
-            golden_set = _load_golden(golden, settings, store_factory, limit)
-            base = (
-                golden_environment(golden_set)
-                if baseline == "golden"
-                else _read_fingerprint(Path(baseline), "baseline")
-            )
-            opened: list[Lane] = []
-
-            def open_lane() -> Lane:
-                if opened:
-                    return opened.pop()
-                return lane_factory(settings)
-
             if candidate == "local":
                 opened.append(lane_factory(settings))
-                try:
-                    cand = _local_fingerprint(settings, opened[0])
-                except (InfraError, ReplayerError):
-                    opened[0].close()
-                    raise
+                cand = _local_fingerprint(settings, opened[0])
             else:
-                cand = _read_fingerprint(Path(candidate), "candidate")
-            try:
-                result = run_gate(golden_set, base, cand, open_lane, settings, level=judged,
-                                  min_pass_rate=min_pass_rate, always_replay=always_replay)  # fmt: skip
-            finally:
-                for leftover in opened:  # opened for 'local' but no replay was needed
-                    leftover.close()
-        except (ReplayerError, InfraError, ContractError) as exc:
-            _fail(str(exc))
+                cand = read_fingerprint(Path(candidate), "candidate")
+            result = run_gate(golden_set, base, cand, open_lane, settings, level=judged,
+                              min_pass_rate=min_pass_rate, always_replay=always_replay)  # fmt: skip
+        finally:
+            for leftover in opened:  # opened for 'local' but no replay was needed, or the gate raised
+                leftover.close()
         _write_report(report, result.model_dump_json(indent=2))
         typer.echo(render_gate(result), nl=False)
         raise typer.Exit(0 if result.gate_passed else 1)
@@ -229,7 +197,7 @@ def build_gate_app(
         limit: int | None, report: Path | None,
     ) -> NoReturn:  # fmt: skip
         if upstream is None:
-            _fail("--statistical needs --upstream URL (the candidate endpoint)")
+            raise typer.BadParameter("--statistical needs --upstream URL (the candidate endpoint)")
         if golden.startswith("s3:"):
             cases = tuple(case_from_envelope(e) for e in _load_golden(golden, settings, store_factory, limit).envelopes)
         else:
@@ -271,27 +239,24 @@ def build_gate_app(
     ) -> None:
         """Write a golden set: from S3 envelopes, by running a workload on a lane, or from a vendor upstream."""
         if sum(x is not None for x in (from_s3, workload)) != 1:
-            _fail("give exactly one of --from-s3 or --workload")
+            raise typer.BadParameter("give exactly one of --from-s3 or --workload")
         settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)
         level = _level(target_level) or "token"
-        try:
-            if from_s3 is not None:
-                golden_set = load_golden_s3(store_factory(settings), parse_s3_selector(from_s3), limit=limit)
-                write_golden(out, golden_set.envelopes)
-                typer.echo(f"wrote {len(golden_set.envelopes)} envelope(s) to {out}")
-                for rid, why in golden_set.excluded:
-                    typer.echo(f"excluded {rid}: {why}", err=True)
-                return
-            assert workload is not None
-            items = read_workload(workload)[:limit]
-            if vendor:
-                if upstream is None:
-                    _fail("--vendor needs --upstream URL")
-                record_vendor(out, items, sampler_factory(upstream, None), max_tokens)
-                return
-            record_lane(out, items, settings, lane_factory, tokenize_url, max_tokens, level)
-        except (ReplayerError, InfraError, ContractError) as exc:
-            _fail(str(exc))
+        if from_s3 is not None:
+            golden_set = load_golden_s3(store_factory(settings), parse_s3_selector(from_s3), limit=limit)
+            write_golden(out, golden_set.envelopes)
+            typer.echo(f"wrote {len(golden_set.envelopes)} envelope(s) to {out}")
+            for rid, why in golden_set.excluded:
+                typer.echo(f"excluded {rid}: {why}", err=True)
+            return
+        assert workload is not None
+        items = read_workload(workload)[:limit]
+        if vendor:
+            if upstream is None:
+                raise typer.BadParameter("--vendor needs --upstream URL")
+            record_vendor(out, items, sampler_factory(upstream, None), max_tokens)
+            return
+        record_lane(out, items, settings, lane_factory, tokenize_url, max_tokens, level)
 
     return app
 

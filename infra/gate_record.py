@@ -9,13 +9,15 @@
 A workload line is ``{"request_id"?, "prompt_token_ids": [...]}`` or ``{"messages": [...]}`` / ``{"prompt": "..."}``
 (text is rendered by a vLLM server's ``/tokenize`` for the lane path), with optional ``max_tokens``,
 ``target_level`` and, for vendors, any request field (``model``, ``temperature``, ...).
+
+It lives in ``infra`` beside `infra.gate_cli`, not in ``replayer``, because a recorded envelope's artifacts are
+the model folder's hashes verified against the model cache's manifest (`infra.fingerprint`, `infra.manifest`).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -23,22 +25,27 @@ from typing import Any, cast
 import httpx
 import typer
 
+from infra.errors import InfraError
 from infra.fingerprint import artifacts_of
+from replayer.cli_options import LaneFactory
 from replayer.errors import GateInputError
 from replayer.golden import record_envelope, write_golden
-from replayer.lanes.base import Lane, resolve_model_dir
+from replayer.lanes.base import resolve_model_dir
 from replayer.settings import ReplayerSettings
 from replayer.vendor_gate import VERSION_HEADERS, Sampler, VendorCase
 from schemas import ArtifactHashes, ReproLevel, SamplingContract
 
-LaneFactory = Callable[[ReplayerSettings], Lane]
-
 
 def lane_artifacts(settings: ReplayerSettings) -> tuple[str | None, ArtifactHashes]:
-    """Artifacts of the lane's model folder (local lanes always; the remote lane only with --model-dir)."""
+    """Artifacts of the lane's model folder (local lanes always; the remote lane only with --model-dir).
+
+    A folder that does not verify against its manifest is a `GateInputError`: the gate has no verdict then."""
     if settings.lane == "remote" and settings.model_dir is None:
         return settings.served_model_name, ArtifactHashes()
-    name, artifacts = artifacts_of(settings.model_dir or resolve_model_dir(settings))
+    try:
+        name, artifacts = artifacts_of(settings.model_dir or resolve_model_dir(settings))
+    except InfraError as exc:
+        raise GateInputError(str(exc)) from exc
     return name or settings.served_model_name, artifacts
 
 

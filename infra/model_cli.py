@@ -4,25 +4,20 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from infra import paths
+from infra.cli_options import CacheDirOpt
 from infra.manifest import verify_model
 
 model_app = typer.Typer(help="The served model (SmolLM2-135M-Instruct), converted and verified.", no_args_is_help=True)
 
-CacheDir = Annotated[
-    Path | None,
-    typer.Option("--cache-dir", help=f"model cache root (default ${paths.CACHE_DIR_ENV} or ~/.cache/reprolane)"),
-]
-
 
 @model_app.command()
 def fetch(
-    cache_dir: CacheDir = None,
+    cache_dir: CacheDirOpt = None,
     force: Annotated[bool, typer.Option("--force", help="rebuild even if the cache verifies")] = False,
 ) -> None:
     """Download, convert and verify the model, or reuse the verified cache."""
@@ -34,7 +29,7 @@ def fetch(
 
 
 @model_app.command()
-def show(cache_dir: CacheDir = None) -> None:
+def show(cache_dir: CacheDirOpt = None) -> None:
     """Verify the cached model and print its manifest as JSON."""
     manifest = verify_model(paths.model_dir(cache_dir))
     data = {"path": str(manifest.path), **manifest.model_dump(mode="json")}
@@ -42,7 +37,7 @@ def show(cache_dir: CacheDir = None) -> None:
 
 
 @model_app.command()
-def verify(cache_dir: CacheDir = None) -> None:
+def verify(cache_dir: CacheDirOpt = None) -> None:
     """Re-hash every file of the cached model against its manifest (exit 1 when it does not match)."""
     manifest = verify_model(paths.model_dir(cache_dir))
     typer.echo(f"ok {manifest.path} model_sha256={manifest.model_sha256}")

@@ -3,31 +3,25 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from infra import paths
+from infra.cli_options import CacheDirOpt, RunDirOpt
 from infra.stack import LocalStack
 from infra.state import SERVER_ORDER, KafkaStorage, ServerName
 
 stack_app = typer.Typer(help="The local stack: SeaweedFS (S3), Tansu (Kafka), vLLM CPU.", no_args_is_help=True)
 
-RunDir = Annotated[
-    Path | None,
-    typer.Option("--run-dir", help=f"state, logs and data (default ${paths.RUN_DIR_ENV} or ./.reprolane/stack)"),
-]
-
 
 @stack_app.command()
 def up(
-    run_dir: RunDir = None,
+    run_dir: RunDirOpt = None,
     no_vllm: Annotated[bool, typer.Option("--no-vllm", help="start only S3 and Kafka")] = False,
     kafka_storage: Annotated[
         str, typer.Option("--kafka-storage", help="where Tansu keeps topics: s3 (survives restarts) or memory")
     ] = "s3",
-    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="model cache root")] = None,
+    cache_dir: CacheDirOpt = None,
 ) -> None:
     """Start what is not running (no duplicates) and wait until every server answers."""
     if kafka_storage not in ("s3", "memory"):
@@ -45,7 +39,7 @@ def up(
 
 
 @stack_app.command()
-def down(run_dir: RunDir = None) -> None:
+def down(run_dir: RunDirOpt = None) -> None:
     """Stop every server (SIGTERM, then SIGKILL) and check that nothing is left."""
     started = time.monotonic()
     LocalStack(run_dir, report=typer.echo).down()
@@ -53,7 +47,7 @@ def down(run_dir: RunDir = None) -> None:
 
 
 @stack_app.command()
-def status(run_dir: RunDir = None) -> None:
+def status(run_dir: RunDirOpt = None) -> None:
     """Print each server's health, url and pid; exit 1 if any is not ready."""
     statuses = LocalStack(run_dir).status()
     for entry in statuses:

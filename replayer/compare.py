@@ -1,14 +1,14 @@
 """Recorded vs replayed output, judged against the reproducibility levels: pure and vectorised.
 
-Two steps, timed separately (see ``benchmarks/bench_compare.py``):
+Two steps, timed separately (``benchmarks/bench_compare.py``; the figures are in BENCHMARKS.md):
 
 1. `output_arrays` turns a pydantic output (token ids + per-step `StepLogprobs`) into numpy arrays once:
    chosen ids and logprobs ``(n,)``, top-k ids and logprobs ``(n, k)`` sorted by logprob (descending) and padded.
-   This walks the pydantic tuples (one attribute read per candidate), so it is the cost to watch:
-   ~55 ms per side for 8,192 steps x top-20 on this project's 2-core CPU (best of 30; median 60-80 ms under load).
-2. `compare_arrays` decides everything with array operations; no Python loop over the sequence length:
-   0.25 ms for two identical 8k x top-20 outputs, 0.5 ms with drift and a rank swap on every step, 0.5 ms for a
-   late fork (most of it building the two `StepCandidates` records).
+   This walks the pydantic tuples (one attribute read per candidate), so it is the cost to watch: it grows with
+   steps x k in Python, and dominates the comparison.
+2. `compare_arrays` decides everything with array operations; no Python loop over the sequence length, so it
+   costs a small fraction of the conversion, identical outputs or not (at a fork, most of it is building the two
+   `StepCandidates` records).
 
 The levels (see `schemas.levels`):
 

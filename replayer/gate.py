@@ -43,6 +43,7 @@ from replayer.errors import NotReplayableError
 from replayer.golden import GoldenSet
 from replayer.lanes.base import Lane
 from replayer.replay import replay_envelope
+from replayer.report import fingerprint_diff_lines
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, EnvironmentFingerprint, FieldDiff, ReplayResult, ReproLevel, diff_environments
 
@@ -254,8 +255,7 @@ def render_gate(report: GateReport) -> str:
     ]
     if report.changed_fields:
         lines.append("Changed fingerprint fields (baseline → candidate):")
-        width = max(len(d.field) for d in report.changed_fields)
-        lines.extend(f"  {d.field.ljust(width)}  {d.recorded!r} → {d.replayed!r}" for d in report.changed_fields)
+        lines.extend(fingerprint_diff_lines(report.changed_fields))
     else:
         lines.append("Fingerprint: no field differs")
     if report.excluded:

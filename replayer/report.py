@@ -7,6 +7,8 @@ texts with the fork marked ``⟦…⟧``; the largest logprob differences; the c
 
 For a workflow (`render_workflow`): one line per step, then the first step whose target did not hold.
 
+`fingerprint_diff_lines` is shared with the release gate's summary (`replayer.gate.render_gate`).
+
 Pure: takes contract records, returns text. Token text is shown as a JSON string so whitespace is visible.
 """
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from schemas import (
     CapturedOutput,
     Envelope,
+    FieldDiff,
     FirstDivergence,
     ReplayResult,
     StepLogprobs,
@@ -29,6 +32,12 @@ FORK_OPEN = "⟦"
 FORK_CLOSE = "⟧"
 _CONTEXT_CHARS = 60  # text shown before the fork
 _FORK_TOKENS = 8  # tokens shown inside the fork marks
+
+
+def fingerprint_diff_lines(diffs: Sequence[FieldDiff]) -> list[str]:
+    """One line per differing fingerprint field, names aligned: ``  field  'recorded' → 'replayed'``."""
+    width = max((len(d.field) for d in diffs), default=0)
+    return [f"  {d.field.ljust(width)}  {d.recorded!r} → {d.replayed!r}" for d in diffs]
 
 
 def _tok(text: str | None) -> str:
@@ -168,8 +177,7 @@ def render_request(envelope: Envelope, result: ReplayResult) -> str:
     ]
     if ev.fingerprint_diffs:
         lines.append("Runtime fingerprint fields that differ (recorded → replayed):")
-        width = max(len(d.field) for d in ev.fingerprint_diffs)
-        lines.extend(f"  {d.field.ljust(width)}  {d.recorded!r} → {d.replayed!r}" for d in ev.fingerprint_diffs)
+        lines.extend(fingerprint_diff_lines(ev.fingerprint_diffs))
     else:
         lines.append("Runtime fingerprint: no known field differs from the recorded one")
     if ev.first_divergence is not None:

@@ -6,7 +6,7 @@ state over the attention mask, then L2 normalisation; it is computed here with t
 replayer does not load sentence-transformers (the wheel still depends on it).
 
 Like the lanes, this module imports torch and transformers only inside functions; the model loads on the first
-call (~1 s) and is cached for the process. `similarity` is blocking and thread-safe.
+call (the only slow one) and is cached for the process. `similarity` is blocking and thread-safe.
 """
 
 from __future__ import annotations

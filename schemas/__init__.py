@@ -5,6 +5,7 @@ It imports nothing else of reprolane's and does no IO, so any service (or a non-
 exported JSON Schema) can depend on it.
 
 - `envelope`: the Request Reproducibility Envelope and its captured outcome.
+- `envelope_codec`: the envelope's canonical bytes written fast (msgspec for the per-token logprobs), exactly.
 - `sampling`: the sampling contract (every parameter that changes which tokens come out).
 - `fingerprint`: the runtime fingerprint and the field-by-field diff between two of them.
 - `environment`: artifacts + runtime, the unit the release gate compares.
@@ -32,7 +33,9 @@ from schemas.envelope import (
     TopCandidate,
     WorkflowRef,
     decode_envelope,
+    use_canonical_writer,
 )
+from schemas.envelope_codec import canonical_envelope
 from schemas.environment import EnvironmentFingerprint, decode_environment, diff_environments
 from schemas.errors import ContractError
 from schemas.fingerprint import FieldDiff, RuntimeFingerprint, diff_fingerprints
@@ -49,6 +52,8 @@ from schemas.replay import (
     decode_replay_result,
 )
 from schemas.sampling import SAMPLING_CONTRACT_VERSION, SamplingContract
+
+use_canonical_writer(canonical_envelope)  # `Envelope.canonical` writes with the codec (see `schemas.envelope_codec`)
 
 __all__ = [
     "LEVEL_ORDER",

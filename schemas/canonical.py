@@ -18,7 +18,7 @@ encoders were measured and not used because their float text differs: pydantic-c
 They differ only in *how* they write the digits, never in which digits: both write the shortest decimal that
 reads back as the same double, and msgspec escapes strings and sorts keys exactly as ``json.dumps`` does; an
 envelope is written by msgspec on that basis wherever its floats allow (see `MSGSPEC_TEXT_IS_CANONICAL`).
-`canonical_object_with` lets a record encode one large member itself (see `schemas.envelope`), exactly.
+`canonical_object_with` lets a record encode one large member itself (see `schemas.envelope_codec`), exactly.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ Both it and ``repr`` write the shortest digits that read back as the same double
 range, while elsewhere ``repr`` writes an exponent (``1e-05``, ``1e+16``) where msgspec writes ``0.00001`` /
 ``1e16``. Its string escaping is `encode_string`'s for every code point (tests/schemas/test_canonical.py checks
 both on 200k random doubles and on all of Unicode). `canonical_text_of_plain` and
-`schemas.envelope.steps_canonical_text` rely on it.
+`schemas.envelope_codec.steps_canonical_text` rely on it.
 """
 
 

@@ -5,57 +5,28 @@ are groups.
 
 Settings come from ``REPROLANE_AUDIT_*`` (a running local stack provides the S3 ones, see infra/stack_env.py).
 Exit codes: 0 done / verified; 1 a verification failed (the first line names what) or the store failed;
-2 an unknown id or day, bad arguments, or missing keys (one line on stderr).
+2 an unknown id or day, bad arguments or settings, or missing keys. The commands raise (`capture.audit.errors`,
+``typer.BadParameter``); the root of the command line (`infra.cli`) prints one line on stderr and picks the code.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from functools import partial
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from capture.audit import signing_keys
 from capture.audit.checkpoint import reconcile, write_checkpoint
-from capture.audit.errors import AuditError, SigningKeyError, UnknownIdError
 from capture.audit.retention import expire, set_hold
 from capture.audit.settings import AuditSettings
 from capture.audit.store import AuditStore
 from capture.audit.verify import Verdict, verify_range, verify_request
-from capture.ledger.errors import LedgerError
 from schemas.layout import ENVELOPES_PREFIX, LOG_PREFIX, partition_value, tenant_envelopes_prefix
-
-T = TypeVar("T")
 
 hold_app = typer.Typer(name="hold", no_args_is_help=True, add_completion=False, help="Legal holds.")
 audit_app = typer.Typer(name="audit", no_args_is_help=True, add_completion=False, help="The Merkle log's jobs.")
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"reprolane: error: {message}", err=True)
-    sys.exit(code)
-
-
-def _run(action: Callable[[], T]) -> T:
-    """Run an audit action, turning its errors into one line and the documented exit code."""
-    try:
-        return action()
-    except ValidationError as exc:
-        parts = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        _fail(f"invalid audit settings: {parts}", 2)
-    except (UnknownIdError, SigningKeyError) as exc:
-        _fail(str(exc), 2)
-    except (AuditError, LedgerError) as exc:
-        _fail(str(exc), 1)
-
-
-def _settings() -> AuditSettings:
-    return _run(AuditSettings)
 
 
 def _store(settings: AuditSettings) -> AuditStore:
@@ -88,7 +59,7 @@ def _parse_range(spec: str) -> tuple[str, int | None, int | None]:
             return parts[0], int(parts[1]), int(parts[2])
     except ValueError:
         pass
-    _fail(f"--range {spec!r}: expected DAY or DAY:FROM_SIZE:TO_SIZE (DAY as YYYY-MM-DD)", 2)
+    raise typer.BadParameter(f"--range {spec!r}: expected DAY or DAY:FROM_SIZE:TO_SIZE (DAY as YYYY-MM-DD)")
 
 
 def verify_command(
@@ -99,23 +70,23 @@ def verify_command(
 ) -> None:
     """Prove one envelope's inclusion (REQUEST_ID), or a day's consistency (--range)."""
     if (request_id is None) == (range_ is None):
-        _fail("give exactly one of REQUEST_ID or --range DAY[:FROM:TO]", 2)
-    settings = _settings()
-    public = _run(lambda: signing_keys.verifying_key(settings))
+        raise typer.BadParameter("give exactly one of REQUEST_ID or --range DAY[:FROM:TO]")
+    settings = AuditSettings()
+    public = signing_keys.verifying_key(settings)
     store = _store(settings)
     if request_id is not None:
-        verdict = _run(lambda: verify_request(store, request_id, public))
+        verdict = verify_request(store, request_id, public)
     else:
         assert range_ is not None
         day, lo, hi = _parse_range(range_)
-        verdict = _run(lambda: verify_range(store, day, public, lo, hi))
+        verdict = verify_range(store, day, public, lo, hi)
     _print_verdict(verdict)
     raise typer.Exit(0 if verdict.ok else 1)
 
 
 def _hold(some_id: str, on: bool) -> None:
-    store = _store(_settings())
-    done = _run(lambda: set_hold(store, some_id, on))
+    store = _store(AuditSettings())
+    done = set_hold(store, some_id, on)
     for obj in done:
         typer.echo(f"legal hold {'ON ' if on else 'OFF'} {obj.key} (version {obj.version_id})")
 
@@ -137,11 +108,11 @@ def expire_command(
     tenant: Annotated[str | None, typer.Option("--tenant", help="only this tenant's envelopes")] = None,
 ) -> None:
     """Delete envelope versions past their retain-until date and not under legal hold; report what was kept."""
-    settings = _settings()
+    settings = AuditSettings()
     store = _store(settings)
     prefix = tenant_envelopes_prefix(tenant) if tenant else ENVELOPES_PREFIX
     retention = _retention(settings.log_retention_days)
-    report = _run(lambda: expire(store, dry_run=dry_run, prefix=prefix, report_retention=retention))
+    report = expire(store, dry_run=dry_run, prefix=prefix, report_retention=retention)
     counts = report.counts()
     verb = "would delete" if dry_run else "deleted"
     typer.echo(
@@ -164,12 +135,12 @@ def checkpoint_cmd(
     day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD (default: every day with a log)")] = None,
 ) -> None:
     """Sign a checkpoint of each day log that grew since its last checkpoint."""
-    settings = _settings()
-    private = _run(lambda: signing_keys.signing_key(settings))
+    settings = AuditSettings()
+    private = signing_keys.signing_key(settings)
     store = _store(settings)
-    days = [day] if day else _run(lambda: [d for p in store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day"))])
+    days = [day] if day else [d for p in store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day"))]
     for d in days:
-        cp = _run(partial(write_checkpoint, store, d, private, retention=_retention(settings.log_retention_days)))
+        cp = write_checkpoint(store, d, private, retention=_retention(settings.log_retention_days))
         if cp is None:
             typer.echo(f"{d}: up to date")
         else:
@@ -182,9 +153,9 @@ def reconcile_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
 ) -> None:
     """Append the ids of a day's stored envelopes that are in no leaf (after a crash); names each one."""
-    settings = _settings()
+    settings = AuditSettings()
     store = _store(settings)
-    missing = _run(lambda: reconcile(store, day, retention=_retention(settings.log_retention_days), dry_run=dry_run))
+    missing = reconcile(store, day, retention=_retention(settings.log_retention_days), dry_run=dry_run)
     typer.echo(f"{day}: {len(missing)} stored envelope(s) not in the log{' (dry run)' if dry_run else ' appended'}")
     for eid in missing:
         typer.echo(f"  {eid}")
@@ -193,5 +164,5 @@ def reconcile_cmd(
 @audit_app.command("keygen")
 def keygen_cmd(path: Annotated[Path, typer.Argument(help="where to write the private key (PEM)")]) -> None:
     """Make an Ed25519 signing key (PEM, 0600) and PATH.pub; prints the public key (base64 raw)."""
-    public_path, public_b64 = _run(lambda: signing_keys.keygen(path))
+    public_path, public_b64 = signing_keys.keygen(path)
     typer.echo(f"private key: {path}\npublic key: {public_path}\npublic key (base64 raw): {public_b64}")

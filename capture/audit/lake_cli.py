@@ -7,9 +7,10 @@
     reprolane keys list TENANT                             the tenant's stored data key ids
     reprolane keys shred TENANT --yes                      destroy the tenant's data keys (crypto-shredding)
 
-Settings: `LakeSettings` (``REPROLANE_ARCHIVER_*``; a running local stack provides the defaults). Errors are one
-line on stderr, ``error: ...``: exit 2 for bad input (bad SQL, bad date, missing --yes), 1 when S3 or Kafka
-failed.
+Settings: `LakeSettings` (``REPROLANE_ARCHIVER_*``; a running local stack provides the defaults). The commands
+raise: ``typer.BadParameter`` for bad input (bad SQL, bad date, missing --yes), a `capture.audit.errors.LakeError`
+or a `capture.ledger.errors.KeyringError` when S3 or Kafka failed; the root of the command line (`infra.cli`)
+prints one line on stderr, ``reprolane: error: ...``, and exits 2 or 1.
 """
 
 from __future__ import annotations
@@ -17,17 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from capture.audit.errors import AuditError
 from capture.audit.lake import Lake
 from capture.audit.lake_schema import TABLES
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.query import QueryError, render_csv, render_json, render_table, run_query
-from capture.ledger.errors import LedgerError
 from infra.clients.s3 import S3Policy, make_s3_client
 from schemas.layout import DATA_KEYS_PREFIX, INDEX_PREFIX
 
@@ -41,22 +39,9 @@ DateOpt = Annotated[
 ]
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _settings() -> LakeSettings:
-    try:
-        return LakeSettings()
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        _fail(f"invalid setting {'.'.join(str(p) for p in err['loc'])}: {err['msg']}")
-
-
 def _day(value: str | None) -> str | None:
     if value is not None and not _DAY.match(value):
-        _fail(f"--date must be YYYY-MM-DD, not {value!r}")
+        raise typer.BadParameter(f"--date must be YYYY-MM-DD, not {value!r}")
     return value
 
 
@@ -72,15 +57,13 @@ def query_command(
 ) -> None:
     """Run SQL (DuckDB) over the audit lake and print the rows as an aligned table."""
     if as_json and as_csv:
-        _fail("--json and --csv exclude each other")
+        raise typer.BadParameter("--json and --csv exclude each other")
     day = _day(date)
-    settings = _settings()
+    lake = Lake.from_settings(LakeSettings())
     try:
-        result = run_query(Lake.from_settings(settings), sql, day)
-    except QueryError as exc:
-        _fail(str(exc))
-    except (AuditError, LedgerError) as exc:
-        _fail(str(exc), 1)
+        result = run_query(lake, sql, day)
+    except QueryError as exc:  # the SQL does not run: bad input
+        raise typer.BadParameter(str(exc)) from exc
     render = render_json if as_json else render_csv if as_csv else render_table
     typer.echo(render(result), nl=False)
 
@@ -98,12 +81,9 @@ def archiver_serve_cmd() -> None:
     """Consume envelopes and divergence events into the lake until SIGINT/SIGTERM."""
     from capture.audit.archiver import Archiver, run_until_signalled
 
-    settings = _settings()
+    settings = LakeSettings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        asyncio.run(run_until_signalled(Archiver(settings, Lake.from_settings(settings))))
-    except (AuditError, LedgerError) as exc:
-        _fail(str(exc), 1)
+    asyncio.run(run_until_signalled(Archiver(settings, Lake.from_settings(settings))))
 
 
 lake_app = typer.Typer(help="The audit lake: compaction, request-id index rebuild.", add_completion=False)
@@ -117,13 +97,10 @@ def compact_cmd(
     """Merge each partition's small files into one, dropping duplicate rows."""
     day = _day(date)
     if table is not None and table not in TABLES:
-        _fail(f"--table must be one of {', '.join(TABLES)}, not {table!r}")
-    lake = Lake.from_settings(_settings())
+        raise typer.BadParameter(f"--table must be one of {', '.join(TABLES)}, not {table!r}")
+    lake = Lake.from_settings(LakeSettings())
     for name in [table] if table else list(TABLES):
-        try:
-            r = lake.compact(name, day)
-        except (AuditError, LedgerError) as exc:
-            _fail(str(exc), 1)
+        r = lake.compact(name, day)
         typer.echo(
             f"{name}: {r.partitions} partitions compacted, {r.files_read} files -> {r.files_written}, "
             f"{r.rows_in} rows -> {r.rows_out}"
@@ -137,13 +114,10 @@ def rebuild_index_cmd(
 ) -> None:
     """Write the request-id (and workflow) index objects back from the lake's envelopes."""
     day = _day(date)
-    settings = _settings()
-    try:
-        written = Lake.from_settings(settings).rebuild_index(
-            _s3_client(settings), settings.s3_bucket, day, overwrite=overwrite
-        )
-    except (AuditError, LedgerError) as exc:
-        _fail(str(exc), 1)
+    settings = LakeSettings()
+    written = Lake.from_settings(settings).rebuild_index(
+        _s3_client(settings), settings.s3_bucket, day, overwrite=overwrite
+    )
     typer.echo(f"{written} index objects written to s3://{settings.s3_bucket}/{INDEX_PREFIX}")
 
 
@@ -159,10 +133,7 @@ def _keyring(settings: LakeSettings):  # type: ignore[no-untyped-def]
 @keys_app.command("list")
 def keys_list_cmd(tenant: Annotated[str, typer.Argument(help="tenant id")]) -> None:
     """The tenant's stored data key ids, oldest first."""
-    try:
-        ids = _keyring(_settings()).key_ids(tenant)
-    except (AuditError, LedgerError) as exc:
-        _fail(str(exc), 1)
+    ids = _keyring(LakeSettings()).key_ids(tenant)
     for key_id in ids:
         typer.echo(key_id)
 
@@ -174,10 +145,9 @@ def keys_shred_cmd(
 ) -> None:
     """Destroy every data key of TENANT: its sealed records stay in place and can never be read again."""
     if not yes:
-        _fail(f"shredding tenant {tenant}'s keys makes its records unreadable forever; pass --yes to do it")
-    settings = _settings()
-    try:
-        deleted = _keyring(settings).shred(tenant)
-    except (AuditError, LedgerError) as exc:
-        _fail(str(exc), 1)
+        raise typer.BadParameter(
+            f"shredding tenant {tenant}'s keys makes its records unreadable forever; pass --yes to do it"
+        )
+    settings = LakeSettings()
+    deleted = _keyring(settings).shred(tenant)
     typer.echo(f"tenant {tenant}: {deleted} key objects destroyed in s3://{settings.keys_bucket}/{DATA_KEYS_PREFIX}")

@@ -4,8 +4,13 @@
 - ``remote``: a deterministic OpenAI-compatible vLLM server elsewhere (`replayer.lanes.remote`).
 - ``transformers``: a float32 reference lane on plain transformers (`replayer.lanes.transformers_lane`).
 
+Beside the lanes: `replayer.lanes.base` (the interface and what the lanes share), `replayer.lanes.vllm_params`
+(the contract as vLLM's sampling parameters, for both vLLM lanes) and `replayer.lanes.batch_engine` (not a lane:
+the many-prompts-per-call engine that the replay matrix and ``explain`` run).
+
 Each lane module is imported only when its lane is asked for, and imports its heavy libraries only inside
-functions, so importing this package costs nothing.
+functions, so importing this package costs nothing. This package imports `replayer.errors`,
+`replayer.settings` and `schemas`, never the rest of the replayer.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ per-step top-k logprobs, plus the `schemas.RuntimeFingerprint` of itself (so a r
 environment fields differ from the capture). Lanes are blocking; the service runs them in a worker thread
 and never runs two replays on one lane at once (a lane is a fixed schedule: one sequence at a time).
 
+Also here, what the lanes share: the model folder (`resolve_model_dir`), the host facts a fingerprint records
+(`cpu_model_name`, `cublas_version`) and the fingerprint of a lane on torch (`torch_lane_fingerprint`), the seed
+a replay may pass on (`effective_seed`), and the warning filter for engine start-up (`quiet_imports`).
+
 Heavy imports (torch, vllm, transformers) live in the lane modules, inside functions only.
 """
 
@@ -17,7 +21,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from replayer.errors import LaneUnavailableError
 from replayer.settings import ReplayerSettings
@@ -89,6 +93,50 @@ def cublas_version() -> str | None:
         except md.PackageNotFoundError:
             continue
     return None
+
+
+def torch_lane_fingerprint(
+    torch: Any,
+    *,
+    engine: str,
+    engine_version: str,
+    dtype: str,
+    attention_backend: str | None,
+    batch_invariant: bool,
+) -> RuntimeFingerprint:
+    """The fingerprint of a lane that runs on ``torch`` (the imported module) in this process.
+
+    Such a lane runs on the first GPU when torch sees one, else on the CPU, and always on the same fixed schedule:
+    one sequence at a time, no prefix cache, eager (no CUDA graphs), unquantized, no tensor, pipeline or data
+    parallelism. What differs between the lanes is passed in.
+    """
+    on_gpu = bool(torch.cuda.is_available())
+    device_name, capability = cpu_model_name(), None
+    if on_gpu:
+        device_name = torch.cuda.get_device_name(0)
+        major, minor = torch.cuda.get_device_capability(0)
+        capability = f"{major}.{minor}"
+    return RuntimeFingerprint(
+        engine=engine,
+        engine_version=engine_version,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda if on_gpu else None,
+        cublas_version=cublas_version() if on_gpu else None,
+        device="cuda" if on_gpu else "cpu",
+        device_name=device_name,
+        compute_capability=capability,
+        dtype=dtype,
+        quantization="none",
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        data_parallel_size=1,
+        attention_backend=attention_backend,
+        cuda_graphs=False,
+        batch_invariant=batch_invariant,
+        max_num_seqs=1,
+        prefix_caching=False,
+        num_threads=torch.get_num_threads(),
+    )
 
 
 def effective_seed(sampling: SamplingContract) -> int | None:

@@ -2,8 +2,9 @@
 
 A replay is one ``POST /v1/completions`` whose ``prompt`` is the recorded token id list (vLLM accepts token ids
 as a prompt, so no tokenizer or chat template runs again), with the whole sampling contract, the seed (per the
-seed scope, see `replayer.lanes.base.effective_seed`), ``logprobs=k``, ``return_token_ids`` and
-``return_tokens_as_token_ids`` (each alternative then arrives as ``"token_id:123"``, so top-k lists carry ids).
+seed scope), ``logprobs=k``, ``return_token_ids`` and ``return_tokens_as_token_ids``
+(`replayer.lanes.vllm_params.completion_body`): each alternative then arrives as ``"token_id:123"``, so top-k
+lists carry ids.
 
 The lane cannot see the server's configuration: its fingerprint holds what the server reports (``/version``,
 the ``system_fingerprint`` of a one-token probe at start) and leaves the rest unknown (``None``), which
@@ -16,63 +17,18 @@ carrying the server's message.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import effective_seed
+from replayer.lanes.vllm_params import completion_body
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
 
 TIMEOUT_S = 120.0
 _ID_PREFIX = "token_id:"
-
-
-def completion_body(
-    model: str, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-) -> dict[str, Any]:
-    """The ``/v1/completions`` body that replays the contract on a vLLM server."""
-    if sampling.logits_processors:
-        raise NotReplayableError(f"custom logits processors cannot be replayed: {list(sampling.logits_processors)}")
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": list(prompt_token_ids),
-        "n": 1,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
-        "min_p": sampling.min_p,
-        "repetition_penalty": sampling.repetition_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "frequency_penalty": sampling.frequency_penalty,
-        "max_tokens": max_tokens,
-        "min_tokens": min(sampling.min_tokens, max_tokens),
-        "ignore_eos": sampling.ignore_eos,
-        "logprobs": top_k_logprobs,
-        "return_token_ids": True,
-        "return_tokens_as_token_ids": True,
-        "stream": False,
-    }
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.stop_token_ids:
-        body["stop_token_ids"] = list(sampling.stop_token_ids)
-    seed = effective_seed(sampling)
-    if seed is not None:
-        body["seed"] = seed
-    if sampling.logit_bias:
-        body["logit_bias"] = dict(sampling.logit_bias)
-    for name, raw in sampling.extra.items():
-        if name in body:
-            raise NotReplayableError(f"sampling.extra.{name} duplicates a contract field")
-        try:
-            body[name] = json.loads(raw)
-        except ValueError as exc:
-            raise NotReplayableError(f"sampling.extra.{name} is not JSON: {exc}") from exc
-    return body
 
 
 def _token_id(token: str) -> int | None:

@@ -12,10 +12,10 @@ this lane is not expected to match another engine token for token; it only repla
 ``generate`` has no equivalent for (presence/frequency penalties, logit bias, extra, logits processors) make the
 request `NotReplayableError` on this lane rather than silently replayed without them.
 
-Why one sequence at a time: on an H200 (BENCHMARKS.md, "The transformers lane on CUDA") this lane replayed
-12/12 prompts with identical token ids and logprobs run to run, while the same prompts generated together in one
-padded batch forked 3-7 of 12 bfloat16 outputs with ``torch.use_deterministic_algorithms`` on or off: determinism
-is run to run, it does not make a batch's neighbours irrelevant.
+Why one sequence at a time: on a GPU (``benchmarks/gpu_lane_check.py``, figures in BENCHMARKS.md) this lane
+replays every prompt with identical token ids and logprobs run to run, while the same prompts generated together
+in one padded batch fork some of their bfloat16 outputs, with ``torch.use_deterministic_algorithms`` on or off:
+determinism is run to run, it does not make a batch's neighbours irrelevant.
 
 Logprobs are ``log_softmax`` of the raw logits at each step (before temperature and penalties), which is what
 vLLM reports by default, so the two lanes' logprobs are comparable. Process-wide side effects:
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import cpu_model_name, cublas_version, effective_seed, quiet_imports, resolve_model_dir
+from replayer.lanes.base import effective_seed, quiet_imports, resolve_model_dir, torch_lane_fingerprint
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
 
@@ -81,31 +81,13 @@ class TransformersLane:
             raise LaneUnavailableError(f"transformers cannot load {model_dir}: {exc}") from exc
         self._model.eval()
         self._lock = threading.Lock()
-        on_gpu = self._device == "cuda"
-        capability = None
-        if on_gpu:
-            major, minor = torch.cuda.get_device_capability(0)
-            capability = f"{major}.{minor}"
-        self._fingerprint = RuntimeFingerprint(
+        self._fingerprint = torch_lane_fingerprint(
+            torch,
             engine="transformers",
             engine_version=transformers.__version__,
-            torch_version=torch.__version__,
-            cuda_version=torch.version.cuda if on_gpu else None,
-            cublas_version=cublas_version() if on_gpu else None,
-            device=self._device,
-            device_name=torch.cuda.get_device_name(0) if on_gpu else cpu_model_name(),
-            compute_capability=capability,
             dtype=DTYPE,
-            quantization="none",
-            tensor_parallel_size=1,
-            pipeline_parallel_size=1,
-            data_parallel_size=1,
             attention_backend=str(getattr(self._model.config, "_attn_implementation", None) or "") or None,
-            cuda_graphs=False,
             batch_invariant=False,
-            max_num_seqs=1,
-            prefix_caching=False,
-            num_threads=torch.get_num_threads(),
         )
 
     def fingerprint(self) -> RuntimeFingerprint:

@@ -19,14 +19,14 @@ requests are sampled without a seed (see `replayer.lanes.base.effective_seed`).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import cpu_model_name, cublas_version, effective_seed, quiet_imports, resolve_model_dir
+from replayer.lanes.base import quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
 
@@ -39,43 +39,11 @@ def _prepare_environment(on_gpu: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # ~150 INFO lines per engine start would bury an auditor's report; VLLM_LOGGING_LEVEL=INFO brings them back
+    # vLLM's INFO lines at every engine start would bury an auditor's report; VLLM_LOGGING_LEVEL=INFO brings them back
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if on_gpu:
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-
-
-def sampling_kwargs(sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int) -> dict[str, Any]:
-    """The full contract as `vllm.SamplingParams` keyword arguments (``n`` is always 1: choice 0 only)."""
-    if sampling.logits_processors:
-        raise NotReplayableError(f"custom logits processors cannot be replayed: {list(sampling.logits_processors)}")
-    kwargs: dict[str, Any] = {
-        "n": 1,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k if sampling.top_k > 0 else 0,
-        "min_p": sampling.min_p,
-        "repetition_penalty": sampling.repetition_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "frequency_penalty": sampling.frequency_penalty,
-        "max_tokens": max_tokens,
-        "min_tokens": min(sampling.min_tokens, max_tokens),
-        "stop": list(sampling.stop) or None,
-        "stop_token_ids": list(sampling.stop_token_ids) or None,
-        "ignore_eos": sampling.ignore_eos,
-        "seed": effective_seed(sampling),
-        "logprobs": top_k_logprobs,
-        "logit_bias": {int(k): v for k, v in sampling.logit_bias.items()} or None,
-    }
-    for name, raw in sampling.extra.items():
-        if name in kwargs:
-            raise NotReplayableError(f"sampling.extra.{name} duplicates a contract field")
-        try:
-            kwargs[name] = json.loads(raw)
-        except ValueError as exc:
-            raise NotReplayableError(f"sampling.extra.{name} is not JSON: {exc}") from exc
-    return kwargs
 
 
 def steps_from_vllm(
@@ -162,7 +130,14 @@ class VllmLane:
                 "VLLM_BATCH_INVARIANT is not in effect (vLLM was imported before the lane set it?); refusing to "
                 "replay on a GPU path that is not batch-invariant"
             )
-        self._fingerprint = self._build_fingerprint(settings, torch, vllm.__version__, on_gpu)
+        self._fingerprint = torch_lane_fingerprint(
+            torch,
+            engine="vllm",
+            engine_version=vllm.__version__,
+            dtype=settings.dtype,
+            attention_backend=self._attention_backend(),
+            batch_invariant=on_gpu,
+        )
 
     def _attention_backend(self) -> str | None:
         """Best effort: the backend the worker selected (internal attributes; None when they moved)."""
@@ -176,36 +151,6 @@ class VllmLane:
             from vllm.platforms import current_platform
 
             return "CPU_ATTN" if current_platform.is_cpu() else None
-
-    def _build_fingerprint(
-        self, settings: ReplayerSettings, torch: Any, version: str, on_gpu: bool
-    ) -> RuntimeFingerprint:
-        device_name, capability = cpu_model_name(), None
-        if on_gpu:
-            device_name = torch.cuda.get_device_name(0)
-            major, minor = torch.cuda.get_device_capability(0)
-            capability = f"{major}.{minor}"
-        return RuntimeFingerprint(
-            engine="vllm",
-            engine_version=version,
-            torch_version=torch.__version__,
-            cuda_version=torch.version.cuda if on_gpu else None,
-            cublas_version=cublas_version() if on_gpu else None,
-            device="cuda" if on_gpu else "cpu",
-            device_name=device_name,
-            compute_capability=capability,
-            dtype=settings.dtype,
-            quantization="none",
-            tensor_parallel_size=1,
-            pipeline_parallel_size=1,
-            data_parallel_size=1,
-            attention_backend=self._attention_backend(),
-            cuda_graphs=False,
-            batch_invariant=on_gpu,
-            max_num_seqs=1,
-            prefix_caching=False,
-            num_threads=torch.get_num_threads(),
-        )
 
     def fingerprint(self) -> RuntimeFingerprint:
         return self._fingerprint

@@ -7,20 +7,21 @@
 
 ``matrix`` exit codes: 0 every runnable cell ran, 1 some cell failed, 2 bad arguments or no input.
 ``explain`` exit codes: 0 some variation reproduced the recorded output, 1 none did, 2 unknown request id, bad
-arguments, or an envelope that cannot be replayed. Errors are one line on stderr.
+arguments, or an envelope that cannot be replayed. The commands raise (``typer.BadParameter`` for bad input,
+`replayer.errors` for the rest); the root of the command line (`infra.cli`) prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
-from replayer.cli import S3AccessOpt, S3BucketOpt, S3EndpointOpt, S3SecretOpt, build_settings
-from replayer.errors import ReplayerError
-from replayer.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
+from replayer.cli_options import S3_OPTIONS, settings_options
+from replayer.errors import EnvelopeNotFoundError, NotReplayableError
 from replayer.matrix.dimensions import parse_dimensions, plan_cells
+from replayer.matrix.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
 from replayer.matrix.inputs import (
     MatrixItem,
     Workload,
@@ -35,29 +36,24 @@ from replayer.matrix.report import render_html, render_json, render_table
 from replayer.matrix.results import BaselineMode
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
-from schemas import ContractError, Envelope
+from schemas import Envelope
 from schemas.layout import ENVELOPES_PREFIX, capture_day, envelope_day_infix, envelope_day_prefix
 
 #: The shared workload (bundled by infra); the package's DEFAULT_PROMPTS are used when it is absent.
 WORKLOAD_FILE = Path(__file__).resolve().parents[2] / "infra" / "workload" / "prompts.json"
 
-ModelDirOpt = Annotated[Path | None, typer.Option("--model-dir", help="HF model folder (default: the fetched cache)")]
 EnvelopesOpt = Annotated[Path | None, typer.Option("--envelopes", help="JSONL file, one envelope per line")]
 WorkloadFileOpt = Annotated[Path | None, typer.Option("--workload-file", help="JSON prompt list (default: bundled)")]
 
 
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+#: The settings options of ``matrix`` and ``explain``.
+MATRIX_OPTIONS = ("model_dir", *S3_OPTIONS)
 
 
 def _model_dir(settings: ReplayerSettings) -> Path:
     from replayer.lanes.base import resolve_model_dir
 
-    try:
-        return resolve_model_dir(settings)
-    except ReplayerError as exc:
-        _fail(str(exc))
+    return resolve_model_dir(settings)
 
 
 def _prompts(path: Path | None) -> Workload:
@@ -67,11 +63,11 @@ def _prompts(path: Path | None) -> Workload:
     try:
         return load_prompt_file(source)
     except ValueError as exc:
-        _fail(str(exc))
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def _workload(model_dir: Path, workload: Workload, max_tokens: int, prefix: str = "workload") -> list[MatrixItem]:
-    from replayer.lanes.batch import render_chat
+    from replayer.lanes.batch_engine import render_chat
 
     ids = render_chat(model_dir, workload.prompts, workload.system)
     return workload_items(ids, max_tokens=max_tokens, prefix=prefix, ids=workload.ids)
@@ -88,14 +84,9 @@ def s3_prefix(spec: str) -> str:
     return envelope_day_prefix(tenant, day)
 
 
-def _store(settings: ReplayerSettings) -> EnvelopeStore:
-    try:
-        return EnvelopeStore.from_settings(settings)
-    except ReplayerError as exc:
-        _fail(str(exc))
-
-
+@settings_options(*MATRIX_OPTIONS)
 def matrix_command(
+    *,
     envelopes: EnvelopesOpt = None,
     request_ids: Annotated[str | None, typer.Option("--request-ids", help="comma-separated recorded ids")] = None,
     from_s3: Annotated[str | None, typer.Option("--from-s3", help="every envelope of TENANT/YYYY-MM-DD")] = None,
@@ -111,60 +102,52 @@ def matrix_command(
     html_out: Annotated[Path | None, typer.Option("--html", help="write the HTML report here")] = None,
     include_slow: Annotated[bool, typer.Option("--include-slow", help="also run torch.compile cells")] = False,
     semantic: Annotated[bool, typer.Option("--semantic", help="semantic similarity of final texts")] = False,
-    model_dir: ModelDirOpt = None,
-    s3_endpoint: S3EndpointOpt = None,
-    s3_access_key: S3AccessOpt = None,
-    s3_secret_key: S3SecretOpt = None,
-    s3_bucket: S3BucketOpt = None,
+    settings: ReplayerSettings,
 ) -> None:
     """Replay a set of requests across batch, order, input-length, dtype, threads, prefix-cache, ... cells."""
     sources = [s for s in (envelopes, request_ids, from_s3, workload or None) if s]
     if len(sources) > 1:
-        _fail("give one input: --envelopes, --request-ids, --from-s3 or --workload")
+        raise typer.BadParameter("give one input: --envelopes, --request-ids, --from-s3 or --workload")
     if baseline not in (None, "recorded", "single"):
-        _fail(f"--baseline must be recorded or single, not {baseline!r}")
+        raise typer.BadParameter(f"--baseline must be recorded or single, not {baseline!r}")
     try:
         dims = parse_dimensions(cells)
     except ValueError as exc:
-        _fail(str(exc))
-    settings = build_settings(
-        model_dir=model_dir, s3_endpoint=s3_endpoint, s3_access_key=s3_access_key, s3_secret_key=s3_secret_key,
-        s3_bucket=s3_bucket,
-    )  # fmt: skip
+        raise typer.BadParameter(str(exc)) from exc
     mdir = _model_dir(settings)
     rejected: list[tuple[str, str]] = []
-    try:
-        if envelopes is not None:
-            items, rejected = items_from_envelopes(read_envelopes_jsonl(envelopes))
-            source = str(envelopes)
-        elif request_ids or from_s3:
-            store = _store(settings)
-            if request_ids:
-                envs = [store.get_by_request_id(r.strip()) for r in request_ids.split(",") if r.strip()]
-                source = f"request ids {request_ids}"
-            else:
-                prefix = s3_prefix(from_s3 or "")
-                envs, undecodable = store.scan_envelopes(prefix)
-                source = f"s3://{store.bucket}/{prefix}"
-            items, rejected = items_from_envelopes(envs)
-            if from_s3:
-                rejected += [(key, f"does not decode as an envelope: {why}") for key, why in undecodable]
+    if envelopes is not None:
+        items, rejected = items_from_envelopes(read_envelopes_jsonl(envelopes))
+        source = str(envelopes)
+    elif request_ids or from_s3:
+        store = EnvelopeStore.from_settings(settings)
+        if request_ids:
+            envs = [store.get_by_request_id(r.strip()) for r in request_ids.split(",") if r.strip()]
+            source = f"request ids {request_ids}"
         else:
-            wl = spread(_prompts(workload_file), limit)
-            items, source = _workload(mdir, wl, max_tokens), f"the workload ({len(wl.prompts)} prompts)"
-    except (ContractError, ValueError, ReplayerError) as exc:
-        _fail(str(exc))
+            try:
+                prefix = s3_prefix(from_s3 or "")
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc)) from exc
+            envs, undecodable = store.scan_envelopes(prefix)
+            source = f"s3://{store.bucket}/{prefix}"
+        items, rejected = items_from_envelopes(envs)
+        if from_s3:
+            rejected += [(key, f"does not decode as an envelope: {why}") for key, why in undecodable]
+    else:
+        wl = spread(_prompts(workload_file), limit)
+        items, source = _workload(mdir, wl, max_tokens), f"the workload ({len(wl.prompts)} prompts)"
     items = items[:limit] if limit else items
     if not items:
-        _fail("no replayable request in the input")
+        raise typer.BadParameter("no replayable request in the input")
     has_recorded = all(i.recorded is not None for i in items)
     mode: BaselineMode = "recorded" if has_recorded else "single"
     if baseline == "single":
         mode = "single"
     elif baseline == "recorded" and not has_recorded:
-        _fail("--baseline recorded needs recorded envelopes (the workload has no recorded outputs)")
-    from replayer.lanes.batch import probe_platform
-    from replayer.matrix.run import run_matrix
+        raise typer.BadParameter("--baseline recorded needs recorded envelopes (the workload has no recorded outputs)")
+    from replayer.lanes.batch_engine import probe_platform
+    from replayer.matrix.pipeline import run_matrix
 
     similarity = None
     if semantic:
@@ -191,11 +174,13 @@ def _find(envelopes: list[Envelope], request_id: str) -> Envelope:
     for env in envelopes:
         if env.request_id == request_id:
             return env
-    _fail(f"no envelope with request id {request_id!r} in the file")
+    raise EnvelopeNotFoundError(f"no envelope with request id {request_id!r} in the file")
 
 
+@settings_options(*MATRIX_OPTIONS)
 def explain_command(
     request_id: Annotated[str, typer.Argument(help="the recorded request id to explain")],
+    *,
     envelopes: EnvelopesOpt = None,
     window_s: Annotated[
         float, typer.Option("--window-s", min=0.0, help="companion capture window (s)")
@@ -203,44 +188,33 @@ def explain_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the explanation as JSON")] = False,
     variations: Annotated[str | None, typer.Option("--variations", help="comma-separated subset")] = None,
     workload_file: WorkloadFileOpt = None,
-    model_dir: ModelDirOpt = None,
-    s3_endpoint: S3EndpointOpt = None,
-    s3_access_key: S3AccessOpt = None,
-    s3_secret_key: S3SecretOpt = None,
-    s3_bucket: S3BucketOpt = None,
+    settings: ReplayerSettings,
 ) -> None:
     """Re-replay one diverged request under targeted variations and name the one that reproduces the capture."""
-    settings = build_settings(
-        model_dir=model_dir, s3_endpoint=s3_endpoint, s3_access_key=s3_access_key, s3_secret_key=s3_secret_key,
-        s3_bucket=s3_bucket,
-    )  # fmt: skip
     extra_notes: list[str] = []
-    try:
-        if envelopes is not None:
-            candidates = read_envelopes_jsonl(envelopes)
-            target = _find(candidates, request_id)
-        else:
-            store = _store(settings)
-            target = store.get_by_request_id(request_id)
-            day = envelope_day_infix(capture_day(target.captured_at))
-            candidates, undecodable = store.scan_envelopes(ENVELOPES_PREFIX, contains=day)
-            if undecodable:
-                extra_notes.append(
-                    f"{len(undecodable)} stored object(s) of that day do not decode as envelopes (encrypted?) and "
-                    "could not be companions"
-                )
-    except (ContractError, ReplayerError) as exc:
-        _fail(str(exc))
+    if envelopes is not None:
+        candidates = read_envelopes_jsonl(envelopes)
+        target = _find(candidates, request_id)
+    else:
+        store = EnvelopeStore.from_settings(settings)
+        target = store.get_by_request_id(request_id)
+        day = envelope_day_infix(capture_day(target.captured_at))
+        candidates, undecodable = store.scan_envelopes(ENVELOPES_PREFIX, contains=day)
+        if undecodable:
+            extra_notes.append(
+                f"{len(undecodable)} stored object(s) of that day do not decode as envelopes (encrypted?) and "
+                "could not be companions"
+            )
     if not target.replayable:
         from replayer.selection import not_replayable_reason
 
-        _fail(f"request {request_id} is not replayable: {not_replayable_reason(target)}")
+        raise NotReplayableError(f"request {request_id} is not replayable: {not_replayable_reason(target)}")
     only = [v.strip() for v in variations.split(",") if v.strip()] if variations else None
     unknown = sorted(set(only or ()) - set(VARIATIONS))
     if unknown:
-        _fail(f"unknown variation(s) {', '.join(unknown)}; known: {', '.join(VARIATIONS)}")
+        raise typer.BadParameter(f"unknown variation(s) {', '.join(unknown)}; known: {', '.join(VARIATIONS)}")
     mdir = _model_dir(settings)
-    from replayer.lanes.batch import probe_platform
+    from replayer.lanes.batch_engine import probe_platform
 
     max_tokens = (target.sampling.max_tokens if target.sampling else None) or 32
     prompts = _prompts(workload_file)
@@ -255,7 +229,7 @@ def explain_command(
             target, candidates, model_dir=mdir, platform=probe_platform(), padding_factory=padding,
             window_s=window_s, thresholds=settings.thresholds, only=only, progress=not as_json, notes=extra_notes,
         )  # fmt: skip
-    except ValueError as exc:
-        _fail(str(exc))
+    except ValueError as exc:  # the target or a companion cannot be replayed (explain says why)
+        raise NotReplayableError(str(exc)) from exc
     typer.echo(result.model_dump_json(indent=2) if as_json else render_explanation(result))
     raise typer.Exit(result.exit_code)

@@ -1,8 +1,9 @@
 """The cells of the replay matrix: which configurations exist, and which of them this host can run (and why not).
 
-A cell is one engine configuration (`EngineConfig`: engine, dtype, prefix cache, torch threads, compiled) and one
-schedule (`Schedule`: how the prompts are submitted: one at a time, in fixed batches of 4, or all at once; in
-which order; which subset by prompt length). Cells that share an engine configuration share one engine.
+A cell is one engine configuration (`replayer.lanes.batch_engine.EngineConfig`: engine, dtype, prefix cache, torch
+threads, compiled) and one schedule (`Schedule`: how the prompts are submitted: one at a time, in fixed batches of
+4, or all at once; in which order; which subset by prompt length). Cells that share an engine configuration share
+one engine.
 
 The dimensions, as the source brief lists them, and what each means here:
 
@@ -15,8 +16,8 @@ The dimensions, as the source brief lists them, and what each means here:
 - ``dtype``: float32 instead of bfloat16, one at a time and all at once.
 - ``threads``: one torch thread instead of the default (every core), one at a time.
 - ``prefix_cache``: vLLM's prefix cache on (prompts share the chat template's system prefix), one at a time.
-- ``compile``: torch.compile instead of eager; on the CPU its warm-up took over 100 s, so only with
-  ``include_slow``.
+- ``compile``: torch.compile instead of eager; on the CPU its warm-up dwarfs every other cell's run (STACK.md
+  has the measurement), so only with ``include_slow``.
 - ``cuda_graphs``, ``attention``, ``tp``: need GPUs (skipped here with the reason).
 - ``engine``: engine A vs B. Only one vLLM version can be installed in one environment, so "version A vs B" is
   skipped with a pointer to comparing two recorded runs; ``engine.transformers`` swaps the engine itself for the
@@ -30,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
-EngineKind = Literal["vllm", "transformers"]
+from replayer.lanes.batch_engine import EngineConfig, Platform
+
 ScheduleMode = Literal["single", "fixed", "all"]
 Order = Literal["given", "reversed", "shuffled"]
 Subset = Literal["all", "short", "long"]
@@ -48,41 +50,13 @@ DIMENSIONS: Final = (
     "tp",
     "engine",
 )
-#: The dimensions run when none are named: everything this host can do in a few minutes.
+#: The dimensions run when none are named: all of them (the slow cells among them need ``include_slow``).
 DEFAULT_DIMENSIONS: Final = DIMENSIONS
 BASELINE_CELL: Final = "batch.single"
 FIXED_BATCH: Final = 4
-DYNAMIC_MAX_SEQS: Final = 256
 COMPILE_SLOW_REASON: Final = (
     "torch.compile warm-up took over 100 s on this CPU host (measured, STACK.md); pass --include-slow to run it"
 )
-
-
-@dataclass(frozen=True)
-class Platform:
-    """What this host offers (built by `replayer.lanes.batch.probe_platform`; tests build it by hand)."""
-
-    gpu_count: int
-    cpu_count: int
-    vllm_version: str | None
-    transformers_version: str | None
-    default_dtype: str = "bfloat16"
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    engine: EngineKind = "vllm"
-    dtype: str = "bfloat16"
-    prefix_caching: bool = False
-    threads: int | None = None  # None: the engine's default (every core)
-    compiled: bool = False  # torch.compile on the CPU, CUDA graphs on a GPU
-
-    @property
-    def key(self) -> str:
-        parts = [self.engine, self.dtype, "pc-on" if self.prefix_caching else "pc-off"]
-        parts.append(f"t{self.threads}" if self.threads else "t-default")
-        parts.append("compiled" if self.compiled else "eager")
-        return "/".join(parts)
 
 
 @dataclass(frozen=True)

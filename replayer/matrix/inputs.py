@@ -6,7 +6,7 @@ budget, the top-k to ask for, and the recorded choice 0 when there is one (the b
 - Envelopes: the budget is `replayer.replay.replay_budget` (the contract's ``max_tokens`` capped at the recorded
   length + 16), exactly as a single replay would use it. Envelopes that cannot be replayed are returned apart,
   each with the reason, so the report lists them instead of dropping them.
-- Workload: user prompts rendered by the model's chat template (`replayer.lanes.batch.render_chat`), greedy,
+- Workload: user prompts rendered by the model's chat template (`replayer.lanes.batch_engine.render_chat`), greedy,
   ``max_tokens`` from the command line, top-5 logprobs, no recorded output (the baseline is then the
   one-at-a-time cell). The prompt file is a JSON list of strings, or of objects with ``prompt``/``text``/
   ``content`` or a ``messages`` list (the last user message is used), or an object with a ``prompts`` list (and

@@ -9,7 +9,7 @@ workload, or on request). Per cell:
   (`schemas.StepCandidates`, from `replayer.compare`);
 - max absolute and relative chosen-token logprob difference over the numeric window (common prefix + fork);
 - semantic similarity of the final texts, mean over requests (only when enabled);
-- throughput (generated tokens / wall time of the cell), p95 latency (see `replayer.matrix.runner` for what a
+- throughput (generated tokens / wall time of the cell), p95 latency (see `replayer.matrix.execution` for what a
   request's latency is under each schedule: ``latency_kind``), peak RSS of the cell's process.
 """
 
@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict
 
 from replayer.compare import compare
 from replayer.matrix.dimensions import BASELINE_CELL, Cell
+from replayer.matrix.execution import CellRun
 from replayer.matrix.inputs import MatrixItem
-from replayer.matrix.runner import CellRun
 from replayer.settings import Thresholds
 from schemas import Choice, ReplayedOutput, StepCandidates
 

@@ -12,16 +12,17 @@ from pydantic import ValidationError
 
 from capture.assembly import (
     EnvelopeInputs,
+    RequestContext,
     build_envelope,
     build_envelope_bytes,
     build_envelope_checked,
     prompt_record,
 )
 from capture.policy import NOT_FLAGGED
-from capture.recording import OutputCollector, RequestContext
+from capture.protocol.output import OutputCollector
 from schemas import ArtifactHashes, CapturedError, CapturedOutput, Envelope, RuntimeFingerprint, decode_envelope
 from schemas.canonical import canonical_bytes
-from tests.capture.test_recording import _chat_step
+from tests.capture.protocol.test_output import _chat_step
 
 
 def _ctx() -> RequestContext:

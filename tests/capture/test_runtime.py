@@ -9,7 +9,7 @@ import pytest
 
 from capture.edge import RecentIds
 from capture.errors import CaptureError
-from capture.recording import VLLM_DEFAULTS
+from capture.protocol.sampling import VLLM_DEFAULTS
 from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file, load_sampling_defaults
 from tests.factories import manifest_doc
 

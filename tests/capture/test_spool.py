@@ -14,7 +14,7 @@ import pytest
 from capture.errors import SpoolCorruptError, SpoolFullError
 from capture.metrics import CaptureMetrics
 from capture.spool import Spool
-from capture.spool_format import encode_record
+from capture.spool.disk_format import encode_record
 from schemas import Envelope
 from tests.factories import envelope
 

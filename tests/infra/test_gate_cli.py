@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infra.cli import app as root_app
+from infra.cli import build_app
 from infra.gate_cli import build_gate_app
 from replayer.golden import golden_environment, load_golden_file, write_golden
 from replayer.settings import ReplayerSettings
@@ -45,13 +46,13 @@ class Harness:
         return path
 
     def invoke(self, *args: str) -> Any:
-        app = build_gate_app(
+        gate = build_gate_app(
             lane_factory=self.factory,
             store_factory=lambda s: self._store(),
             sampler_factory=lambda url, model: Para(),
             similarity=lambda a, b: 1.0 if "Paris" in b else 0.0,
         )
-        return CliRunner().invoke(app, list(args))
+        return CliRunner().invoke(build_app({"gate": gate}), ["gate", *args])
 
     def _store(self) -> EnvelopeStore:
         assert self.store is not None

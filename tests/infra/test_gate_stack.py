@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from infra.cli import app as root_app
+from infra.cli import build_app
 from infra.gate_cli import build_gate_app
 from infra.state import StackInfo
 from replayer.golden import load_golden_file
@@ -64,8 +66,8 @@ def lanes(stack: StackInfo) -> Iterator[dict[str, Kept]]:
 
 
 def _invoke(lanes: dict[str, Kept], *args: str) -> Any:
-    app = build_gate_app(lane_factory=lambda s: lanes[s.lane])
-    return CliRunner().invoke(app, list(args))
+    app = build_app({"gate": build_gate_app(lane_factory=lambda s: lanes[s.lane])})
+    return CliRunner().invoke(app, ["gate", *args])
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +157,8 @@ def test_statistical_gate_on_the_stack_server_with_real_similarity(
 
     def run(cases: Path, report: Path) -> tuple[int, dict[str, Any]]:
         result = CliRunner().invoke(
-            build_gate_app(),
-            ["--statistical", "--golden", str(cases), "--upstream", str(stack.vllm_url), "--samples", "2",
+            root_app,
+            ["gate", "--statistical", "--golden", str(cases), "--upstream", str(stack.vllm_url), "--samples", "2",
              "--assertions", str(checks), "--min-similarity", "0.7", "--report", str(report)],
         )  # fmt: skip
         assert result.exit_code in (0, 1), result.output

@@ -1,4 +1,5 @@
-"""`reprolane replay request|workflow` through typer's CliRunner, with a fake or perturbing lane injected.
+"""`reprolane replay request|workflow` through typer's CliRunner and the root's error boundary, with a fake or
+perturbing lane injected.
 
 Written once, run twice: against moto (fast) and, marked ``stack``, against the real SeaweedFS of the stack
 (its Object-Lock audit bucket).
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from infra.cli import build_app
 from replayer.cli import build_replay_app, build_replayer_app
 from replayer.settings import ReplayerSettings
 from schemas import CapturedError, PromptRecord, Timings, decode_replay_result
@@ -41,12 +43,12 @@ class Cli:
         return self.lane
 
     def invoke(self, *args: str) -> Any:
-        app = build_replay_app(lane_factory=self.factory)
+        app = build_app({"replay": build_replay_app(lane_factory=self.factory)})
         s3_args = [
             "--s3-endpoint", self.s3.endpoint, "--s3-access-key", self.s3.access_key,
             "--s3-secret-key", self.s3.secret_key, "--s3-bucket", self.s3.bucket,
         ]  # fmt: skip
-        return CliRunner().invoke(app, [*args, *s3_args])
+        return CliRunner().invoke(app, ["replay", *args, *s3_args])
 
     def seed(self, n: int, *, diverge_at: int | None = None, **overrides: Any) -> Any:
         env = make_envelope(n, **overrides)
@@ -66,7 +68,7 @@ def _one_line_error(result: Any) -> str:
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
+    assert lines[0].startswith("reprolane: error: ")
     return str(lines[0])
 
 
@@ -161,9 +163,9 @@ def test_workflow_that_holds_exits_0_and_unknown_exits_2(cli: Cli) -> None:
 
 def test_replayer_serve_passes_settings_from_options() -> None:
     seen: list[ReplayerSettings] = []
-    app = build_replayer_app(serve_fn=seen.append)
+    app = build_app({"replayer": build_replayer_app(serve_fn=seen.append)})
     args = ["serve", "--kafka-bootstrap", "127.0.0.1:1", "--group-id", "g1", "--replay-all", "--metrics-port", "0"]
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, ["replayer", *args])
     assert result.exit_code == 0, result.output
     (settings,) = seen
     assert (settings.kafka_bootstrap, settings.group_id, settings.replay_all, settings.metrics_port) == (

@@ -6,7 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from replayer.explain import (
+from replayer.lanes.batch_engine import Platform
+from replayer.matrix.execution import CellRun
+from replayer.matrix.explain import (
     Explanation,
     Variation,
     conclude,
@@ -16,9 +18,7 @@ from replayer.explain import (
     render_explanation,
     select_companions,
 )
-from replayer.matrix.dimensions import Platform
 from replayer.matrix.inputs import item_from_envelope, workload_items
-from replayer.matrix.runner import CellRun
 from replayer.settings import Thresholds
 from schemas import CapturedError, ExecutionContext, ReplayedOutput, Timings
 from tests import factories

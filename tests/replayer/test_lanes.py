@@ -15,8 +15,9 @@ import pytest
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes import make_lane, resolve_model_dir
 from replayer.lanes.base import effective_seed
-from replayer.lanes.remote import RemoteLane, completion_body, steps_from_completion
-from replayer.lanes.vllm_lane import sampling_kwargs, steps_from_vllm
+from replayer.lanes.remote import RemoteLane, steps_from_completion
+from replayer.lanes.vllm_lane import steps_from_vllm
+from replayer.lanes.vllm_params import completion_body, sampling_kwargs
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
 
@@ -223,3 +224,38 @@ def test_cublas_version_reads_the_first_installed_cublas_wheel(monkeypatch: pyte
     assert base.cublas_version() == "13.1.0.3"
     installed.clear()
     assert base.cublas_version() is None
+
+
+def _stub_torch(gpu: bool) -> Any:
+    """The few torch attributes `torch_lane_fingerprint` reads, without torch."""
+    from types import SimpleNamespace
+
+    cuda = SimpleNamespace(
+        is_available=lambda: gpu,
+        get_device_name=lambda i: "NVIDIA H200",
+        get_device_capability=lambda i: (9, 0),
+    )
+    return SimpleNamespace(
+        __version__="2.9.0", version=SimpleNamespace(cuda="12.8"), cuda=cuda, get_num_threads=lambda: 3
+    )
+
+
+def test_torch_lane_fingerprint_names_the_device_and_the_fixed_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from replayer.lanes import base
+
+    monkeypatch.setattr(base, "cpu_model_name", lambda: "Some CPU")
+    monkeypatch.setattr(base, "cublas_version", lambda: "12.8.4.1")
+    args: dict[str, Any] = {"engine": "vllm", "engine_version": "0.32.0", "dtype": "bfloat16"}
+    cpu = base.torch_lane_fingerprint(_stub_torch(False), **args, attention_backend="CPU_ATTN", batch_invariant=False)
+    assert (cpu.device, cpu.device_name, cpu.compute_capability) == ("cpu", "Some CPU", None)
+    assert (cpu.cuda_version, cpu.cublas_version) == (None, None)
+    assert (cpu.engine, cpu.engine_version, cpu.torch_version, cpu.dtype) == ("vllm", "0.32.0", "2.9.0", "bfloat16")
+    assert (cpu.max_num_seqs, cpu.prefix_caching, cpu.cuda_graphs, cpu.num_threads) == (1, False, False, 3)
+    assert (cpu.tensor_parallel_size, cpu.pipeline_parallel_size, cpu.data_parallel_size) == (1, 1, 1)
+    assert cpu.attention_backend == "CPU_ATTN"
+    assert cpu.quantization == "none"
+    assert not cpu.batch_invariant
+    gpu = base.torch_lane_fingerprint(_stub_torch(True), **args, attention_backend=None, batch_invariant=True)
+    assert (gpu.device, gpu.device_name, gpu.compute_capability) == ("cuda", "NVIDIA H200", "9.0")
+    assert (gpu.cuda_version, gpu.cublas_version) == ("12.8", "12.8.4.1")
+    assert gpu.batch_invariant

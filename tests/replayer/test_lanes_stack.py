@@ -8,7 +8,7 @@ with prefix caching): token-id prompt, 12 tokens, top-5 logprobs, ids returned. 
 - the transformers reference lane (float32): the same tokens, not the same logprobs (measured), with the
   fingerprint diff naming engine and dtype.
 
-One engine per lane for the whole module (vLLM takes ~15-25 s to start on this CPU).
+One engine per lane for the whole module (an engine start is the slow part of a lane test).
 """
 
 from __future__ import annotations

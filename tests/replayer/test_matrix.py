@@ -8,17 +8,17 @@ from datetime import UTC, datetime
 
 import pytest
 
+from replayer.lanes.batch_engine import EngineConfig, Platform
 from replayer.matrix.dimensions import (
     BASELINE_CELL,
     COMPILE_SLOW_REASON,
     DIMENSIONS,
     Cell,
-    EngineConfig,
-    Platform,
     Schedule,
     parse_dimensions,
     plan_cells,
 )
+from replayer.matrix.execution import CellJob, CellRun, arrange, batches, engine_groups
 from replayer.matrix.inputs import (
     MatrixItem,
     Workload,
@@ -27,10 +27,9 @@ from replayer.matrix.inputs import (
     load_prompt_file,
     spread,
 )
+from replayer.matrix.pipeline import prepare_cells
 from replayer.matrix.report import render_html, render_json, render_table
 from replayer.matrix.results import MatrixReport, evaluate_cell, p95
-from replayer.matrix.run import prepare_cells
-from replayer.matrix.runner import CellJob, CellRun, arrange, batches, engine_groups
 from replayer.settings import Thresholds
 from schemas import CapturedError, ReplayedOutput, SamplingContract, Timings
 from tests import factories

@@ -7,26 +7,19 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
+from infra.cli import build_app
 from replayer.errors import StoreError
-from replayer.matrix.cli import explain_command, matrix_command, s3_prefix
+from replayer.matrix.cli import s3_prefix
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, Timings
 from tests import factories
 from tests.replayer.support import make_envelope, moto_s3, seed_envelope
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("matrix")(matrix_command)
-    app.command("explain")(explain_command)
-    return app
-
-
 def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(_app(), list(args))
+    result = CliRunner().invoke(build_app(), list(args))
     return result.exit_code, result.output
 
 

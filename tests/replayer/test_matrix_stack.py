@@ -10,7 +10,7 @@
    replay forked (the lane is deterministic), "reproduced" must mean token identity with the recording, and
    the conclusion must name exactly the variations that reproduced it.
 
-Each engine configuration starts in its own process (~10-30 s each on this 2-core host, more under load).
+Each engine configuration starts in its own process, and each start is the slow part of this module.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import pytest
 
 from infra.state import StackInfo
 from replayer.compare import compare
-from replayer.explain import explain
-from replayer.lanes.batch import probe_platform, render_chat
+from replayer.lanes.batch_engine import probe_platform, render_chat
 from replayer.matrix.dimensions import BASELINE_CELL, plan_cells
+from replayer.matrix.execution import CellJob, run_jobs
+from replayer.matrix.explain import explain
 from replayer.matrix.inputs import DEFAULT_PROMPTS, item_from_envelope, workload_items
+from replayer.matrix.pipeline import run_matrix
 from replayer.matrix.report import render_html, render_table
-from replayer.matrix.run import run_matrix
-from replayer.matrix.runner import CellJob, run_jobs
 from replayer.settings import Thresholds
 from schemas import (
     Envelope,

@@ -6,108 +6,26 @@ exercised is the consumer: selection, dead letters, commit-after-publish, crash 
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
-import sys
-import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from replayer.errors import StoreError
 from replayer.service import ReplayerService
-from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
-from schemas import DivergenceEvent, Envelope, ReplayRequest, decode_divergence
+from schemas import Envelope, ReplayRequest
 from schemas.layout import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE
+from tests.replayer.service_harness import Topics, Worker, events, results_by_request, wait_for_marker
 from tests.replayer.support import ArithmeticLane, S3Target, arithmetic_envelope, seed_envelope
 
 pytestmark = pytest.mark.stack
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Topics:
-    bootstrap: str
-    s3: S3Target
-    suffix: str
-
-    @property
-    def names(self) -> dict[str, str]:
-        return {
-            "envelope_topic": f"env-{self.suffix}",
-            "divergence_topic": f"div-{self.suffix}",
-            "dead_letter_topic": f"dlq-{self.suffix}",
-            "replay_request_topic": f"rrq-{self.suffix}",
-        }
-
-    def settings(self, **overrides: Any) -> ReplayerSettings:
-        base: dict[str, Any] = {
-            "kafka_bootstrap": self.bootstrap,
-            "group_id": f"replayer-{self.suffix}",
-            "session_timeout_ms": 2000,
-            "heartbeat_interval_ms": 500,
-            "retry_backoff_s": 0.1,
-            **self.names,
-        }
-        base.update(overrides)
-        return self.s3.settings(**base)
-
-    async def produce(self, topic_field: str, *values: bytes, key: bytes = b"k") -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, enable_idempotence=False)
-        await producer.start()
-        try:
-            for value in values:
-                await producer.send_and_wait(self.names[topic_field], value, key=key)
-        finally:
-            await producer.stop()
-
-    async def consume(self, topic_field: str, count: int, timeout_s: float = 30.0) -> list[ConsumerRecord[Any, Any]]:
-        """Read `count` records from the start of the topic (fails after `timeout_s`), then 0.5 s more."""
-        consumer = AIOKafkaConsumer(
-            self.names[topic_field], bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest"
-        )
-        await consumer.start()
-        records: list[ConsumerRecord[Any, Any]] = []
-        try:
-            deadline = time.monotonic() + timeout_s
-            settle: float | None = None
-            while True:
-                now = time.monotonic()
-                if len(records) >= count and settle is None:
-                    settle = now + 0.5
-                if (settle is not None and now >= settle) or now >= deadline:
-                    break
-                batch = await consumer.getmany(timeout_ms=200)
-                for recs in batch.values():
-                    records.extend(recs)
-        finally:
-            await consumer.stop()
-        assert len(records) >= count, f"got {len(records)} of {count} records from {self.names[topic_field]}"
-        return records
-
 
 @pytest.fixture
 async def topics(stack: Any) -> Topics:
-    t = Topics(stack.kafka_bootstrap, S3Target.from_stack(stack), uuid.uuid4().hex[:10])
-    admin = AIOKafkaAdminClient(bootstrap_servers=t.bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1) for name in t.names.values()])
-    finally:
-        await admin.close()
-    return t
-
-
-def events(records: list[ConsumerRecord[Any, Any]]) -> list[DivergenceEvent]:
-    return [decode_divergence(r.value) for r in records]
+    return await Topics.create(stack.kafka_bootstrap, S3Target.from_stack(stack))
 
 
 async def test_envelopes_in_divergence_events_out_and_results_in_s3(topics: Topics) -> None:
@@ -186,42 +104,18 @@ async def test_a_store_outage_rewinds_to_the_message(topics: Topics) -> None:
     assert service.metrics.value("reprolane_replayer_retries_total", {"error": "StoreError"}) == 1
 
 
-async def _wait_for(path: Path, proc: asyncio.subprocess.Process, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await asyncio.to_thread(path.exists):
-        if proc.returncode is not None:
-            log = await proc.stderr.read() if proc.stderr else b""
-            raise AssertionError(f"worker exited early with {proc.returncode}: {log.decode()[-2000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"worker did not reach the crash point in {timeout_s} s")
-        await asyncio.sleep(0.1)
-
-
 async def test_a_replayer_killed_mid_replay_loses_nothing_and_counts_nothing_twice(
     topics: Topics, tmp_path: Path
 ) -> None:
     envs = [arithmetic_envelope(n, topics.suffix, diverge_at=2 if n == 3 else None) for n in range(5)]
     await topics.produce("envelope_topic", *(e.canonical() for e in envs))
     settings = topics.settings()
-    env_vars = {
-        **os.environ,
-        **{f"REPROLANE_REPLAYER_{k.upper()}": str(v) for k, v in settings.model_dump(exclude={"thresholds"}).items()
-           if v is not None and k != "s3_secret_key"},
-        "REPROLANE_REPLAYER_S3_SECRET_KEY": topics.s3.secret_key,
-        "REPROLANE_TEST_HANG_ON": envs[2].request_id,
-        "REPROLANE_TEST_MARKER": str(tmp_path / "stored"),
-    }  # fmt: skip
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.replayer.service_worker",
-        cwd=REPO, env=env_vars, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    worker = await Worker.start(settings, tmp_path, "replayer", hang_on=envs[2].request_id)
     try:
-        await _wait_for(tmp_path / "stored", worker, timeout_s=60)
+        await wait_for_marker([worker], timeout_s=60)
     finally:
-        if worker.returncode is None:
-            worker.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(worker.wait(), 10)
-    assert worker.returncode == -signal.SIGKILL
+        await worker.kill()
+    assert worker.process.returncode == -signal.SIGKILL
     store = EnvelopeStore.from_settings(settings)
     assert len(store.list_results(envs[2])) == 1  # stored by the killed worker, never published
     first_run = events(await topics.consume("divergence_topic", 2, timeout_s=5))
@@ -230,9 +124,7 @@ async def test_a_replayer_killed_mid_replay_loses_nothing_and_counts_nothing_twi
     lane = ArithmeticLane()
     async with ReplayerService(settings, lane, store) as service:
         got = events(await topics.consume("divergence_topic", 5))
-    by_request: dict[str, set[str]] = {}
-    for ev in got:
-        by_request.setdefault(ev.request_id, set()).add(ev.result_id())
+    by_request = results_by_request(got)
     assert sorted(by_request) == sorted(e.request_id for e in envs)  # nothing lost
     assert all(len(ids) == 1 for ids in by_request.values())  # a repeat carries the same result id
     for env in envs:

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 import schemas.canonical
-import schemas.envelope
+import schemas.envelope_codec
 from schemas import (
     CapturedError,
     CapturedOutput,
@@ -27,7 +27,7 @@ from schemas import (
     TopCandidate,
 )
 from schemas.canonical import canonical_json, canonical_object_with, canonical_text, encode_string
-from schemas.envelope import _steps_text
+from schemas.envelope_codec import _steps_text
 from tests.factories import FIXED_TIME, envelope
 
 
@@ -65,7 +65,7 @@ _TEXTS = [
     "\u2028\u2029",
     "\x7f",
     "token_id:3",
-    "\x00logprobs 0\x00",  # the marker `schemas.envelope._joined` uses: its exactness guard must catch it
+    "\x00logprobs 0\x00",  # the marker `schemas.envelope_codec._joined` uses: its exactness guard must catch it
 ]
 
 
@@ -116,7 +116,7 @@ def test_without_a_canonical_msgspec_every_envelope_takes_the_generic_path(monke
     step = StepLogprobs(token_id=1, token="x", logprob=-1e-05, top=(TopCandidate(token="x", logprob=-0.5, rank=1),))
     expected = '[{"logprob":-1e-05,"token":"x","token_id":1,"top":[{"logprob":-0.5,"rank":1,"token":"x"}]}]'
     assert _steps_text((step,)) == expected  # msgspec alone would write -0.00001
-    monkeypatch.setattr(schemas.envelope, "_FAST_LOGPROBS", False)
+    monkeypatch.setattr(schemas.envelope_codec, "_FAST_LOGPROBS", False)
     assert _steps_text((step,)) is None
     env = _random_envelope(random.Random(3))
     assert env.canonical() == _reference(env)
@@ -187,13 +187,13 @@ def _random_envelope(rng: random.Random) -> Envelope:
 def test_envelope_fast_encoding_equals_the_reference_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
     encoded: list[str] = []
     by_msgspec: list[bool] = []
-    other_floats_plain = schemas.envelope._other_floats_plain
+    other_floats_plain = schemas.envelope_codec._other_floats_plain
 
     def spy_floats(env: Envelope) -> bool:
         by_msgspec.append(other_floats_plain(env))
         return by_msgspec[-1]
 
-    monkeypatch.setattr(schemas.envelope, "_other_floats_plain", spy_floats)
+    monkeypatch.setattr(schemas.envelope_codec, "_other_floats_plain", spy_floats)
 
     def spy(steps: tuple[StepLogprobs, ...]) -> str | None:
         text = _steps_text(steps)
@@ -201,7 +201,7 @@ def test_envelope_fast_encoding_equals_the_reference_byte_for_byte(monkeypatch: 
             encoded.append(text)
         return text
 
-    monkeypatch.setattr(schemas.envelope, "_steps_text", spy)
+    monkeypatch.setattr(schemas.envelope_codec, "_steps_text", spy)
     rng = random.Random(20261129)
     for _ in range(400):
         env = _random_envelope(rng)
@@ -213,25 +213,25 @@ def test_envelope_fast_encoding_equals_the_reference_byte_for_byte(monkeypatch: 
 
 def test_the_floats_outside_logprobs_are_the_ones_checked() -> None:
     """`_other_floats_plain` reads known fields; if a record gains a float field, the fast text must step aside."""
-    assert schemas.envelope._KNOWN_FLOATS
+    assert schemas.envelope_codec._KNOWN_FLOATS
 
     class Odd(BaseModel):
         ratio: float | None = None
         extra: dict[str, Any] = {}
         nested: Timings | None = None
 
-    assert schemas.envelope._float_fields(Odd) == {"ratio", "extra", "nested.upstream_ms", *_TIMING_FLOATS}
+    assert schemas.envelope_codec._float_fields(Odd) == {"ratio", "extra", "nested.upstream_ms", *_TIMING_FLOATS}
 
 
 def test_a_string_equal_to_the_splice_marker_takes_the_member_by_member_join(monkeypatch: pytest.MonkeyPatch) -> None:
     joined: list[int] = []
-    by_member = schemas.envelope._joined_by_member
+    by_member = schemas.envelope_codec._joined_by_member
 
     def spy(*args: Any) -> bytes:
         joined.append(1)
         return by_member(*args)
 
-    monkeypatch.setattr(schemas.envelope, "_joined_by_member", spy)
+    monkeypatch.setattr(schemas.envelope_codec, "_joined_by_member", spy)
     rng = random.Random(5)
     plain = _random_envelope(rng)
     while (

@@ -12,16 +12,15 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from capture.audit.archiver import Archiver
-from capture.audit.lake_cli import query_command
 from capture.audit.query import run_query
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
+from infra.cli import build_app
 from replayer.errors import EnvelopeNotFoundError
 from replayer.store import EnvelopeStore
 from schemas import DivergenceEvent, Envelope, FirstDivergence, StepCandidates, WorkflowRef
@@ -147,8 +146,7 @@ async def test_archiver_writes_parquet_and_duckdb_answers_the_audit_questions(au
     assert replays.rows == [(f"replays/date=2026-07-14/{envs[1].envelope_id()}/{events[1].result_id()}.json",)]
 
     # the CLI: same numbers, as JSON
-    app = typer.Typer()
-    app.command()(query_command)
+    app = build_app()
     env = {
         "REPROLANE_ARCHIVER_S3_ENDPOINT": a.info.s3_endpoint,
         "REPROLANE_ARCHIVER_S3_ACCESS_KEY": a.info.s3_access_key,
@@ -156,19 +154,19 @@ async def test_archiver_writes_parquet_and_duckdb_answers_the_audit_questions(au
         "REPROLANE_ARCHIVER_LAKE_BUCKET": a.bucket,
         "REPROLANE_ARCHIVER_LAKE_PREFIX": a.prefix,
     }
-    result = CliRunner().invoke(app, [TOP_POSITIONS, "--json"], env=env)
+    result = CliRunner().invoke(app, ["query", TOP_POSITIONS, "--json"], env=env)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)[1] == {"model": "m-b", "position": 3, "n": 2}
     sql = "SELECT request_id, model, output_len FROM envelopes ORDER BY 1"
-    table = CliRunner().invoke(app, [sql, "--date", "2026-07-14"], env=env)  # partitions of that day only
+    table = CliRunner().invoke(app, ["query", sql, "--date", "2026-07-14"], env=env)  # partitions of that day only
     assert table.exit_code == 0
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["request_id", "model", "output_len"]
     assert lines[2].split() == [f"r0-{a.suffix}", "m-a", "3"]
     assert lines[-1] == "(4 rows)"
-    bad = CliRunner().invoke(app, ["SELECT nope FROM envelopes"], env=env)
+    bad = CliRunner().invoke(app, ["query", "SELECT nope FROM envelopes"], env=env)
     assert bad.exit_code == 2
-    assert bad.stderr.startswith("error: query: Binder Error")
+    assert bad.stderr.startswith("reprolane: error: query: Binder Error")
 
 
 async def test_compaction_merges_small_files_and_drops_duplicates(audit_stack: AuditStack) -> None:

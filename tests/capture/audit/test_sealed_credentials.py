@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.capture.test_proxy import CHAT, only, sidecar
+from tests.capture.support import CHAT, only, sidecar
 
 SECRETS = ("sk-header-sekrit", "key-header-sekrit", "sk-body-sekrit", "pw-body-sekrit")
 

@@ -20,6 +20,7 @@ from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
+from infra.cli import build_app
 from replayer.cli import build_replay_app
 from replayer.errors import NotReplayableError
 from replayer.store import EnvelopeStore
@@ -117,10 +118,10 @@ async def test_sealed_envelope_opens_until_its_tenant_is_shredded(audit_stack: A
     def no_lane(_settings: Any) -> Any:
         raise AssertionError("a shredded envelope must not reach a lane")
 
-    app = build_replay_app(lane_factory=no_lane, store_factory=lambda _s: store)
-    result = CliRunner().invoke(app, ["request", secret_env.request_id])
+    app = build_app({"replay": build_replay_app(lane_factory=no_lane, store_factory=lambda _s: store)})
+    result = CliRunner().invoke(app, ["replay", "request", secret_env.request_id])
     assert result.exit_code == 2
-    assert result.stderr.strip() == f"error: {message}"
+    assert result.stderr.strip() == f"reprolane: error: {message}"
 
 
 async def test_keys_are_reused_and_a_shredded_tenant_gets_a_new_key(audit_stack: AuditStack) -> None:

@@ -1,7 +1,7 @@
-"""Turns a finished (or refused) request into an envelope (its canonical bytes: `build_envelope_bytes`) and puts
-it in the spool, per the capture mode.
+"""Writes each request's envelope into the spool, per the capture mode: a finished (or refused) request becomes
+an envelope (its canonical bytes: `capture.assembly.build_envelope_bytes`), appended to the spool.
 
-- ``guaranteed``: the proxy awaits `EnvelopeRecorder.finish` before it releases the response;
+- ``guaranteed``: the proxy awaits `EnvelopeWriter.finish` before it releases the response;
   `SpoolFullError` reaches the proxy, which answers 503 instead of serving an unrecorded answer.
 - ``best_effort``: the proxy hands the same coroutine to `later` after the response is released; it runs as a
   background task kept in a set (so shutdown can `drain` it); a full spool counts
@@ -20,11 +20,12 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from capture.assembly import EnvelopeInputs, Failure, build_envelope_bytes, prompt_record
+from capture.assembly import EnvelopeInputs, Failure, RequestContext, build_envelope_bytes, prompt_record
 from capture.edge import dumps
 from capture.errors import SpoolFullError, UpstreamError
 from capture.metrics import CaptureMetrics
-from capture.recording import OutputCollector, Prepared, RequestContext
+from capture.protocol.audit_fields import Prepared
+from capture.protocol.output import OutputCollector
 from capture.runtime import RuntimeProbe
 from capture.upstream import Upstream
 from schemas import ArtifactHashes, PromptRecord
@@ -45,7 +46,9 @@ class SpoolLike(Protocol):
     def bytes(self) -> int: ...
 
 
-class EnvelopeRecorder:
+class EnvelopeWriter:
+    """Builds the envelopes of one sidecar's requests and appends them to its spool, in the order its mode asks."""
+
     def __init__(
         self,
         *,
@@ -67,12 +70,7 @@ class EnvelopeRecorder:
         self.background: set[asyncio.Task[None]] = set()
 
     async def finish(
-        self,
-        ctx: RequestContext,
-        prepared: Prepared,
-        collector: OutputCollector,
-        error: Failure | None,
-        t0: float,
+        self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, error: Failure | None, t0: float
     ) -> None:
         """Build the envelope of a request that reached upstream and spool it."""
         if self.runtime.needs_probe:

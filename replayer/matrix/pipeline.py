@@ -1,4 +1,5 @@
-"""`run_matrix`: plan -> run (one process per engine configuration) -> judge every cell -> `MatrixReport`."""
+"""The matrix pipeline, `run_matrix`: plan -> execute (one process per engine configuration, see
+`replayer.matrix.execution`) -> judge every cell (`replayer.matrix.results`) -> `MatrixReport`."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from replayer.matrix.dimensions import Cell, Platform
+from replayer.lanes.batch_engine import Platform
+from replayer.matrix.dimensions import Cell
+from replayer.matrix.execution import CellJob, run_jobs
 from replayer.matrix.inputs import MatrixItem
 from replayer.matrix.results import BaselineMode, MatrixReport, baselines, evaluate_cell
-from replayer.matrix.runner import CellJob, run_jobs
 from replayer.settings import Thresholds
 
 MIN_ITEMS_FOR_SUBSET = 2

@@ -1,9 +1,9 @@
-"""Engines for the replay matrix and `reprolane explain`: many prompts per call, configurable per cell.
+"""The batch engine that the replay matrix and `reprolane explain` run: many prompts per call, one configuration.
 
-Unlike the replay lanes (one sequence at a time, by design), a `BatchEngine` submits a *list* of prompts in one
-``LLM.generate`` call, so vLLM's scheduler batches them dynamically (``max_num_seqs`` 256), which is what the
-matrix measures. Dtype, prefix cache, torch thread count and eager/compiled come from an
-`replayer.matrix.dimensions.EngineConfig`. The ``transformers`` engine is the reference lane
+It is not a replay lane. A lane runs one sequence at a time, by design; a `BatchEngine` submits a *list* of prompts
+in one ``LLM.generate`` call, so vLLM's scheduler batches them dynamically (up to `DYNAMIC_MAX_SEQS`), which is
+what the matrix measures. Its `EngineConfig` (engine, dtype, prefix cache, torch thread count, eager/compiled) is
+one axis of a matrix cell (`replayer.matrix.dimensions`). The ``transformers`` engine is the reference lane
 (`replayer.lanes.transformers_lane.TransformersLane`), one prompt at a time.
 
 Process-wide effects (why the matrix runs each engine configuration in its own spawned process): vLLM replaces
@@ -11,8 +11,10 @@ Process-wide effects (why the matrix runs each engine configuration in its own s
 ``torch.use_deterministic_algorithms``, and the environment (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) must be set
 before vLLM is imported. The thread count is therefore set *before* the engine starts.
 
-Also here: `probe_platform` (GPUs, cores, installed engine versions) and `render_chat` (the model's tokenizer and
-chat template, for the bundled workload prompts). Heavy imports stay inside functions.
+Also here, because they too need the heavy libraries: `probe_platform` (what this host offers the engine: GPUs,
+cores, installed engine versions, as a `Platform`) and `render_chat` (the model's tokenizer and chat template, for
+the bundled workload prompts). It lives under ``lanes/`` because torch, vLLM and transformers are imported only
+there (inside functions); the matrix imports it, never the other way round.
 """
 
 from __future__ import annotations
@@ -22,14 +24,48 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, Literal, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import cpu_model_name, quiet_imports
-from replayer.lanes.vllm_lane import ENGINE_SEED, sampling_kwargs, steps_from_vllm
-from replayer.matrix.dimensions import DYNAMIC_MAX_SEQS, EngineConfig, Platform
+from replayer.lanes.vllm_lane import ENGINE_SEED, steps_from_vllm
+from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
+
+EngineKind = Literal["vllm", "transformers"]
+
+#: vLLM's ``max_num_seqs`` for every configuration: how many sequences one call may batch.
+DYNAMIC_MAX_SEQS: Final = 256
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How one engine is started: the engine-side axis of a matrix cell."""
+
+    engine: EngineKind = "vllm"
+    dtype: str = "bfloat16"
+    prefix_caching: bool = False
+    threads: int | None = None  # None: the engine's default (every core)
+    compiled: bool = False  # torch.compile on the CPU, CUDA graphs on a GPU
+
+    @property
+    def key(self) -> str:
+        parts = [self.engine, self.dtype, "pc-on" if self.prefix_caching else "pc-off"]
+        parts.append(f"t{self.threads}" if self.threads else "t-default")
+        parts.append("compiled" if self.compiled else "eager")
+        return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What this host offers (built by `probe_platform`; tests build it by hand)."""
+
+    gpu_count: int
+    cpu_count: int
+    vllm_version: str | None
+    transformers_version: str | None
+    default_dtype: str = "bfloat16"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ the recorded prompt under a few variations, each changing one dimension, and rep
 reproduced the **recorded** tokens (token-identical to the captured output), and otherwise where it first
 diverged. The conclusion names only variations that reproduced the capture; when none did, it says so.
 
-The variations (each on a fresh engine of its configuration, via `replayer.matrix.runner`):
+The variations (each on a fresh engine of its configuration, via `replayer.matrix.execution`):
 
 - ``alone``: the recorded dtype, one sequence at a time, no prefix cache: the deterministic lane's schedule.
 - ``batch``: the request submitted at once with the other requests that were in flight when it was captured:
@@ -35,9 +35,10 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict
 
 from replayer.compare import compare
-from replayer.matrix.dimensions import Cell, EngineConfig, Platform, Schedule
+from replayer.lanes.batch_engine import EngineConfig, Platform
+from replayer.matrix.dimensions import Cell, Schedule
+from replayer.matrix.execution import CellJob, CellRun, run_jobs
 from replayer.matrix.inputs import MatrixItem, item_from_envelope
-from replayer.matrix.runner import CellJob, CellRun, run_jobs
 from replayer.settings import Thresholds
 from schemas import Envelope, FieldDiff, StepCandidates, diff_fingerprints
 

@@ -1,11 +1,12 @@
-"""Run matrix cells: one spawned process per engine configuration, every cell of that configuration inside it.
+"""Executing cells (for the matrix and for `reprolane explain`): one spawned process per engine configuration,
+every cell of that configuration inside it; outputs, latencies and peak RSS per cell.
 
 Why a process per configuration: vLLM keeps process-global state (it turns ``torch.set_num_threads`` into a no-op
 once its CPU worker starts; the transformers lane switches on ``torch.use_deterministic_algorithms``), so a
 thread-count or engine cell run after another engine in the same process would silently run under the first
-one's settings. Two vLLM engines one after the other in one process did start and generate here (measured), but
-isolation is what makes each cell's configuration and its peak memory trustworthy. A fresh process costs the
-vLLM import (a few seconds) on top of the engine start (~4-15 s on this 2-core host).
+one's settings. Two vLLM engines one after the other in one process do start and generate, but isolation is what
+makes each cell's configuration and its peak memory trustworthy. The price is one vLLM import per configuration,
+on top of the engine start that every configuration pays anyway.
 
 Inside the process the prompts are arranged by the cell's `Schedule` (`arrange`) and submitted:
 
@@ -16,7 +17,7 @@ Inside the process the prompts are arranged by the cell's `Schedule` (`arrange`)
 
 Before the first cell the engine generates one token from a one-token prompt (`BatchEngine.warm_up`), so the
 first timed request does not carry first-call set-up. Peak memory is the peak RSS of the cell's process (and its
-children), sampled every 20 ms while the cell runs; it includes the loaded engine.
+children), sampled every `RSS_INTERVAL_S` while the cell runs; it includes the loaded engine.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replayer.matrix.dimensions import Cell, EngineConfig, Schedule
+from replayer.errors import ReplayerError
+from replayer.lanes.batch_engine import BatchEngine, EngineConfig, GenRequest
+from replayer.matrix.dimensions import Cell, Schedule
 from replayer.matrix.inputs import MatrixItem
 from schemas import ReplayedOutput, RuntimeFingerprint
 
@@ -127,8 +130,6 @@ class _PeakRss:
 def _run_group(model_dir: str, config: EngineConfig, jobs: list[CellJob]) -> list[CellRun]:
     """Child process body: start the engine once, run each job's schedule, report outputs and timings."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from replayer.errors import ReplayerError
-    from replayer.lanes.batch import BatchEngine, GenRequest
 
     try:
         engine = BatchEngine(Path(model_dir), config)

@@ -1,0 +1,116 @@
+"""What the two answer flows of a captured request share: the upstream call, and the outcome recorded in the
+capture mode's order.
+
+A captured request is answered by `capture.non_streaming.forward_whole` or `capture.streaming.forward_stream`;
+both call upstream through `Forwarder.call` and end with the outcome recorded by the `EnvelopeWriter`:
+
+- ``guaranteed``: the envelope is durable in the spool before the answer is released (`Forwarder.finish` is
+  awaited first); a spool that filled while the request ran turns the answer into a refusal.
+- ``best_effort``: the answer is released first and its recording runs in the background (``writer.later``).
+
+`Forwarder.in_flight` counts the requests passing through the sidecar (`capture.proxy.CaptureProxy` counts
+them in and out); each envelope records it when its request ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, Final
+
+from capture.assembly import ErrorType, Failure, RequestContext
+from capture.edge import Send, error_body, forward_headers, send_json
+from capture.envelope_writer import EnvelopeWriter
+from capture.errors import SpoolFullError
+from capture.protocol import Endpoint, chat, completions
+from capture.protocol.audit_fields import Prepared
+from capture.protocol.output import OutputCollector
+from capture.upstream import Upstream, UpstreamCall
+
+PATHS: Final[dict[Endpoint, str]] = {"chat.completions": chat.PATH, "completions": completions.PATH}
+
+SPOOL_FULL: Final = error_body(
+    "the audit spool is full: the sidecar does not serve requests it cannot record (guaranteed mode)",
+    type_="service_unavailable",
+    code=503,
+)
+_CLIENT_GONE: Final[Failure] = ("client_disconnect", None, "client disconnected")
+
+
+class Forwarder:
+    """Sends captured requests upstream and records each outcome in the capture mode's order."""
+
+    def __init__(
+        self, *, upstream: Upstream, writer: EnvelopeWriter, guaranteed: bool, version_headers: tuple[str, ...]
+    ) -> None:
+        self.upstream = upstream
+        self.writer = writer
+        self.guaranteed = guaranteed
+        self.version_headers = version_headers  # response headers an envelope keeps (`OutputCollector.note_versions`)
+        self.in_flight = 0
+
+    def call(self, ctx: RequestContext, upstream_body: bytes, headers: dict[bytes, bytes]) -> UpstreamCall:
+        """The upstream request of a captured one: ``async with forwarder.call(...) as resp``."""
+        return self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forward_headers(headers))
+
+    def finish(
+        self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, error: Failure | None, t0: float
+    ) -> Coroutine[Any, Any, None]:
+        """The recording of this request (await it, or hand it to ``writer.later``); notes in-flight now."""
+        ctx.in_flight_at_end = self.in_flight
+        ctx.recorded = True
+        return self.writer.finish(ctx, prepared, collector, error, t0)
+
+    async def client_gone(self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, t0: float) -> int:
+        """The client hung up while upstream worked (the upstream call is cancelled): record the attempt, 499."""
+        await self.finish(ctx, prepared, collector, _CLIENT_GONE, t0)
+        return 499
+
+    async def answer(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        collector: OutputCollector,
+        error: Failure | None,
+        t0: float,
+        send: Send,
+        status: int,
+        body: bytes,
+        extra: list[tuple[bytes, bytes]] | None = None,
+        *,
+        refuse_when_full: bool = False,
+    ) -> int:
+        """Answer `body` with `status` and record the outcome, in the mode's order; returns the status sent.
+
+        In guaranteed mode a spool that is full by now raises `SpoolFullError`, or, with `refuse_when_full`,
+        answers 503 instead (the non-streamed answer: nothing of it has been sent yet).
+        """
+        rid = ctx.request_id.encode("ascii")
+        if self.guaranteed:
+            try:
+                await self.finish(ctx, prepared, collector, error, t0)
+            except SpoolFullError:
+                if not refuse_when_full:
+                    raise
+                await send_json(send, 503, SPOOL_FULL, rid)
+                return 503
+            await send_json(send, status, body, rid, extra)
+        else:
+            await send_json(send, status, body, rid, extra)
+            self.writer.later(self.finish(ctx, prepared, collector, error, t0))
+        return status
+
+    async def upstream_failed(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        collector: OutputCollector,
+        send: Send,
+        kind: ErrorType,
+        status: int,
+        exc: Exception,
+        t0: float,
+    ) -> int:
+        """Upstream failed (``kind``: unreachable, broken or timed out) before the answer started: `status`."""
+        message = str(exc)
+        body = error_body(message, type_="upstream_error", code=status)
+        return await self.answer(ctx, prepared, collector, (kind, None, message), t0, send, status, body)

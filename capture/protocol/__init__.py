@@ -1,0 +1,23 @@
+"""The OpenAI protocol as the capture sidecar reads and rewrites it (pure: no IO, no clock).
+
+One module per endpoint, as vLLM's ``entrypoints/openai`` keeps one protocol module per endpoint, and the
+parts both endpoints share:
+
+- `chat` / `completions`: what is particular to ``/v1/chat/completions`` and ``/v1/completions``: the
+  logprobs each asks for and answers with, where a choice's text is, and (completions) the echoed prompt.
+- `audit_fields`: `prepare` adds the audit fields to the upstream request (token ids, logprobs at the audit k,
+  an injected seed); `strip` takes what the client did not ask for back out of each response object.
+- `sampling`: the sampling contract read from a request, upstream's defaults made explicit.
+- `output`: `OutputCollector`, what upstream produced per choice, collected from a whole body or SSE chunks.
+- `token_text`: how upstream spells a token (``token_id:N``) and the text kept for it.
+- `sse`: the framing of a streamed answer (server-sent events).
+
+May import `schemas` (and pydantic); nothing else of the sidecar's: not its IO (`capture.edge`,
+`capture.upstream`, the spool) nor `capture.audit`. The request flow (`capture.proxy`, `capture.non_streaming`,
+`capture.streaming`) calls this package, never the other way round.
+"""
+
+from typing import Literal
+
+Endpoint = Literal["chat.completions", "completions"]
+"""The two captured endpoints, as an envelope names them."""

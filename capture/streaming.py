@@ -1,0 +1,131 @@
+"""A captured request answered as a stream (``stream: true``): upstream's server-sent events recorded and
+stripped one by one as they arrive, and passed on in the spelling upstream used.
+
+Each ``data`` event holding a JSON object is recorded (`OutputCollector.add`) and sent on stripped of the
+audit fields (`rewrite_event`); any other event passes unchanged, and upstream's ``data: [DONE]`` is held back
+until the outcome is recorded. In guaranteed mode the stream then ends with it, or, when the spool filled
+while the request ran, with an error event instead; a stream upstream ends without ``[DONE]``, or breaks, is
+recorded as an error. An error document upstream answers instead of a stream is relayed as it came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from capture.assembly import ErrorType, RequestContext
+from capture.edge import Send, Watch, consume_disconnect, decode_json, end_stream, response_headers
+from capture.errors import SpoolFullError, UpstreamError, UpstreamTimeoutError
+from capture.forwarding import SPOOL_FULL, Forwarder
+from capture.protocol.audit_fields import Prepared, strip
+from capture.protocol.output import OutputCollector
+from capture.protocol.sse import LONGEST_DONE, SSE_DONE, event_end, is_done, split_data, sse
+from capture.upstream import UpstreamResponse
+
+
+async def forward_stream(
+    fw: Forwarder,
+    ctx: RequestContext,
+    prepared: Prepared,
+    collector: OutputCollector,
+    upstream_body: bytes,
+    headers: dict[bytes, bytes],
+    send: Send,
+    watch: Watch,
+    t0: float,
+) -> int:
+    """Forward one streamed captured request and stream its answer; returns the status the client got."""
+    rid = ctx.request_id.encode("ascii")
+    t_up = time.perf_counter()
+    started = False
+    error: tuple[ErrorType, int | None, str] | None = None
+    done, last = False, SSE_DONE
+    try:
+        try:
+            async with fw.call(ctx, upstream_body, headers) as resp:
+                if resp.status != 200:
+                    return await _relay_refusal(fw, ctx, prepared, collector, resp, send, watch, t0, t_up)
+                collector.note_versions(resp.header, fw.version_headers)
+                await send({"type": "http.response.start", "status": 200, "headers": response_headers(resp, rid)})
+                started = True
+                buffer = b""
+                async for chunk in resp.chunks():
+                    buffer += chunk
+                    while (cut := event_end(buffer)) > 0:
+                        event, buffer = buffer[:cut], buffer[cut:]
+                        if event == SSE_DONE or (len(event) <= LONGEST_DONE and is_done(event)):
+                            done, last = True, event
+                            continue
+                        out, failure = rewrite_event(event, collector, prepared)
+                        if failure is not None:
+                            error = ("upstream_error", 200, failure)
+                        if ctx.first_token_ms is None and collector.chunks:
+                            ctx.first_token_ms = (time.perf_counter() - t_up) * 1000.0
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+        finally:
+            ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
+    except asyncio.CancelledError:
+        if not consume_disconnect(watch):
+            raise
+        return await fw.client_gone(ctx, prepared, collector, t0)
+    except UpstreamError as exc:
+        kind: ErrorType = "timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream_error"
+        if not started:
+            status = 504 if kind == "timeout" else 502
+            return await fw.upstream_failed(ctx, prepared, collector, send, kind, status, exc, t0)
+        error = (kind, None, f"upstream stream failed: {exc}")
+    watch.armed = False
+    if error is None and not done:
+        error = ("upstream_error", 200, "upstream stream ended without data: [DONE]")
+    if fw.guaranteed:
+        try:
+            await fw.finish(ctx, prepared, collector, error, t0)
+        except SpoolFullError:
+            await end_stream(send, sse(SPOOL_FULL))
+            return 503
+        await end_stream(send, last if done else b"")
+    else:
+        await end_stream(send, last if done else b"")
+        fw.writer.later(fw.finish(ctx, prepared, collector, error, t0))
+    return 200
+
+
+async def _relay_refusal(
+    fw: Forwarder,
+    ctx: RequestContext,
+    prepared: Prepared,
+    collector: OutputCollector,
+    resp: UpstreamResponse,
+    send: Send,
+    watch: Watch,
+    t0: float,
+    t_up: float,
+) -> int:
+    """A stream request upstream answered with an error document: relay it as it is, record it."""
+    content = await resp.read()
+    ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
+    watch.armed = False
+    kind: ErrorType = "bad_request" if 400 <= resp.status < 500 else "upstream_error"
+    err = (kind, resp.status, content[:2000].decode("utf-8", "replace"))
+    extra = [(b"content-type", resp.header("content-type", "application/json").encode("latin-1"))]
+    return await fw.answer(ctx, prepared, collector, err, t0, send, resp.status, content, extra)
+
+
+def rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) -> tuple[bytes, str | None]:
+    """Record one SSE event and return it stripped, spelled as it came (other events, and data that is not a
+    JSON object, pass unchanged); the second value is upstream's error when the event reports one."""
+    parts = split_data(event)
+    if parts is None:
+        return event, None
+    prefix, data, ending = parts
+    try:
+        obj, encode = decode_json(data)
+    except ValueError:
+        return event, None
+    if not isinstance(obj, dict):
+        return event, None
+    if "error" in obj and "choices" not in obj:
+        return event, f"upstream error in stream: {json.dumps(obj['error'])[:2000]}"
+    collector.add(obj)
+    return prefix + encode(strip(obj, prepared)) + ending, None

@@ -1,0 +1,104 @@
+"""What the replayer's commands share: their settings options, the settings those make, the default factories.
+
+Every replayer command (``replay``, ``replayer serve``, ``matrix``, ``explain``, and infra's ``gate``) builds one
+`ReplayerSettings` from the environment (``REPROLANE_REPLAYER_*``) overridden by the options given. Each such
+option is written once, in `OPTIONS`, under the settings field it sets; `settings_options` gives a command the
+ones it names and calls it with the settings they make::
+
+    @settings_options("lane", *S3_OPTIONS)
+    def replay(request_id: Annotated[str, typer.Argument()], settings: ReplayerSettings) -> None: ...
+
+The command's ``settings`` parameter is replaced, in its signature (the one typer reads), by those options, in
+that place; the command itself sees only the settings. Nothing here prints or exits: a bad ``--lane`` is a
+``typer.BadParameter`` and a value that does not validate a ``pydantic.ValidationError``, which the root of the
+command line (`infra.cli`) turns into one line and exit 2.
+
+The lane and store factories are parameters of the command builders, so tests inject a fake lane and a moto
+store; the defaults here import the lanes only when a lane is opened.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from replayer.lanes.base import Lane
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
+
+LaneFactory = Callable[[ReplayerSettings], Lane]
+StoreFactory = Callable[[ReplayerSettings], EnvelopeStore]
+Command = Callable[..., None]
+
+LANES = ("vllm", "remote", "transformers")
+
+#: Each settings option, under the `ReplayerSettings` field it sets (None: not given, the environment decides).
+OPTIONS: dict[str, Any] = {
+    "lane": Annotated[str | None, typer.Option("--lane", help="vllm | remote | transformers (default: settings)")],
+    "kafka_bootstrap": Annotated[str | None, typer.Option("--kafka-bootstrap", help="HOST:PORT")],
+    "group_id": Annotated[str | None, typer.Option("--group-id", help="consumer group")],
+    "replay_all": Annotated[bool | None, typer.Option("--replay-all/--flagged-only", help="replay every envelope")],
+    "metrics_port": Annotated[int | None, typer.Option("--metrics-port", help="Prometheus port (127.0.0.1)")],
+    "s3_endpoint": Annotated[str | None, typer.Option("--s3-endpoint", help="S3 endpoint URL")],
+    "s3_access_key": Annotated[str | None, typer.Option("--s3-access-key", help="S3 access key id")],
+    "s3_secret_key": Annotated[str | None, typer.Option("--s3-secret-key", help="S3 secret key")],
+    "s3_bucket": Annotated[str | None, typer.Option("--s3-bucket", help="audit bucket")],
+    "model_dir": Annotated[
+        Path | None, typer.Option("--model-dir", help="HF model folder of the local lanes (default: the fetched cache)")
+    ],
+    "remote_url": Annotated[str | None, typer.Option("--remote-url", help="base URL of the remote lane")],
+}
+S3_OPTIONS = ("s3_endpoint", "s3_access_key", "s3_secret_key", "s3_bucket")
+
+
+def build_settings(**options: Any) -> ReplayerSettings:
+    """Settings from the environment, overridden by the options that were given (None = not given).
+
+    Raises ``typer.BadParameter`` for a ``--lane`` that is not one of `LANES` and ``pydantic.ValidationError``
+    for any other value that does not validate."""
+    lane = options.get("lane")
+    if lane is not None and lane not in LANES:
+        raise typer.BadParameter(f"--lane must be one of {', '.join(LANES)}, not {lane!r}")
+    return ReplayerSettings(**{name: value for name, value in options.items() if value is not None})
+
+
+def settings_options(*fields: str) -> Callable[[Command], Command]:
+    """Give a command the options of `fields` (keys of `OPTIONS`) in place of its ``settings`` parameter, and call
+    it with the settings they make (see the module docstring)."""
+    unknown = sorted(set(fields) - OPTIONS.keys())
+    if unknown:
+        raise KeyError(f"no settings option for {', '.join(unknown)}")
+
+    def decorate(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        if "settings" not in signature.parameters:
+            raise TypeError(f"{command.__name__} has no `settings` parameter to replace")
+        params: list[inspect.Parameter] = []
+        for param in signature.parameters.values():
+            if param.name == "settings":
+                params += [inspect.Parameter(f, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=OPTIONS[f])
+                           for f in fields]  # fmt: skip
+            else:  # keyword-only, so the options may stand between parameters with and without defaults
+                params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+
+        @functools.wraps(command)
+        def with_settings(**given: Any) -> None:
+            options = {f: given.pop(f) for f in fields}
+            command(settings=build_settings(**options), **given)
+
+        with_settings.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return with_settings
+
+    return decorate
+
+
+def make_lane(settings: ReplayerSettings) -> Lane:
+    """The lane of `settings` (the lanes, and what they import, are loaded only here)."""
+    from replayer.lanes import make_lane as make
+
+    return make(settings)

@@ -1,0 +1,47 @@
+"""The sidecar under test: its app served on a loopback socket in front of a fake vLLM-shaped upstream."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from capture.app import build_app
+from capture.metrics import CaptureMetrics
+from capture.settings import CaptureSettings
+from schemas import Envelope
+from tests.capture.fake_spool import FakeSpool
+from tests.capture.fake_upstream import FakeUpstream, serve
+
+MODEL = "fake-model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+
+
+@contextlib.asynccontextmanager
+async def sidecar(
+    spool: FakeSpool | None = None, upstream: FakeUpstream | None = None, **overrides: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, FakeUpstream, FakeSpool, CaptureMetrics]]:
+    """A client of a sidecar built from `overrides` (settings), its upstream, its spool and its metrics."""
+    upstream = upstream or FakeUpstream()
+    spool = spool or FakeSpool()
+    metrics = CaptureMetrics()
+    async with serve(upstream.app()) as up_url:
+        settings = CaptureSettings(upstream=up_url, spool_max_bytes=1 << 20, **overrides)
+        app = build_app(settings, spool=spool, metrics=metrics)
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10.0) as client:
+            yield client, upstream, spool, metrics
+    assert spool.opened
+    assert spool.closed
+
+
+def upstream_calls(upstream: FakeUpstream, path: str) -> list[dict[str, Any]]:
+    """The JSON bodies upstream received on `path`, in order."""
+    return [s.body or {} for s in upstream.seen if s.path == path]
+
+
+def only(spool: FakeSpool) -> Envelope:
+    """The one envelope in `spool` (fails when there is not exactly one)."""
+    assert len(spool.envelopes) == 1, spool.envelopes
+    return spool.envelopes[0]
