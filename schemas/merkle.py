@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Final
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from schemas.base import Record, UtcDatetime
+from schemas.base import Record, UtcDatetime, decode_record
 from schemas.canonical import canonical_bytes
 from schemas.errors import ContractError
 
@@ -218,7 +218,4 @@ def verify_checkpoint(checkpoint: Checkpoint, public_raw: bytes) -> bool:
 
 
 def decode_checkpoint(data: bytes | str) -> Checkpoint:
-    try:
-        return Checkpoint.model_validate_json(data)
-    except ValidationError as exc:
-        raise ContractError.from_validation("checkpoint", exc) from exc
+    return decode_record(Checkpoint, "checkpoint", data)
