@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from replayer.golden import record_envelope
-from replayer.lanes import make_lane
+from replayer.lanes import GenRequest, make_lane
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
 from schemas import ArtifactHashes, SamplingContract
@@ -40,7 +40,7 @@ def main() -> None:
     startup = time.perf_counter() - t0
     try:
         sampling = SamplingContract(temperature=0.0, max_tokens=args.max_tokens, seed_scope="none", logprobs=5)
-        first = lane.replay(PROMPT, sampling, max_tokens=args.max_tokens, top_k_logprobs=5)
+        first = lane.replay(GenRequest(PROMPT, sampling, max_tokens=args.max_tokens, top_k_logprobs=5))
         env = record_envelope(
             request_id="bench-lanes-1",
             prompt_token_ids=PROMPT,

@@ -134,15 +134,16 @@ def prompts(model_dir: Path, limit: int) -> tuple[list[str], list[tuple[int, ...
 
 
 def lane_outputs(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int) -> tuple[Any, list[Any], float]:
+    from replayer.lanes.base import GenRequest
     from replayer.lanes.transformers_lane import TransformersLane
     from replayer.settings import ReplayerSettings
     from schemas import SamplingContract
 
     lane = TransformersLane(ReplayerSettings(lane="transformers", model_dir=model_dir))
     greedy = SamplingContract(temperature=0.0, seed_scope="none", max_tokens=max_tokens, logprobs=5)
-    lane.replay(ids[0][:4], greedy, max_tokens=1, top_k_logprobs=5)  # warm-up
+    lane.replay(GenRequest(ids[0][:4], greedy, max_tokens=1, top_k_logprobs=5))  # warm-up
     t0 = time.perf_counter()
-    outs = [lane.replay(p, greedy, max_tokens=max_tokens, top_k_logprobs=5) for p in ids]
+    outs = [lane.replay(GenRequest(p, greedy, max_tokens=max_tokens, top_k_logprobs=5)) for p in ids]
     seconds = time.perf_counter() - t0
     return lane, outs, sum(len(o.token_ids) for o in outs) / seconds
 

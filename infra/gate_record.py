@@ -30,7 +30,7 @@ from infra.fingerprint import artifacts_of
 from replayer.cli_options import LaneFactory
 from replayer.errors import GateInputError
 from replayer.golden import record_envelope, write_golden
-from replayer.lanes.base import resolve_model_dir
+from replayer.lanes.base import GenRequest, resolve_model_dir
 from replayer.settings import ReplayerSettings
 from replayer.vendor_gate import VERSION_HEADERS, Sampler, VendorCase
 from schemas import ArtifactHashes, ReproLevel, SamplingContract
@@ -106,7 +106,7 @@ def record_lane(
             ids, text = _token_ids(item, tokenize_url, settings.served_model_name)
             k = int(item.get("max_tokens", max_tokens))
             sampling = SamplingContract(temperature=0.0, max_tokens=k, seed_scope="none", logprobs=5)
-            output = lane.replay(ids, sampling, max_tokens=k, top_k_logprobs=5)
+            output = lane.replay(GenRequest(tuple(ids), sampling, max_tokens=k, top_k_logprobs=5))
             envelopes.append(
                 record_envelope(
                     request_id=str(item.get("request_id") or f"golden-{uuid.uuid4().hex[:8]}-{n}"),

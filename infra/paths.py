@@ -12,6 +12,7 @@ Two roots, both overridable through the environment so CI and tests can isolate 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 CACHE_DIR_ENV = "REPROLANE_CACHE_DIR"
@@ -21,14 +22,21 @@ RUN_DIR_ENV = "REPROLANE_RUN_DIR"
 MODEL_NAME = "smollm2-135m-instruct"
 
 
-def cache_dir(override: Path | None = None) -> Path:
-    """Root of the model cache: ``override``, else ``$REPROLANE_CACHE_DIR``, else ``~/.cache/reprolane``."""
+def _root(override: Path | None, env_var: str, default: Callable[[], Path]) -> Path:
+    """``override``, else the environment variable ``env_var`` when set and not empty, else ``default()``; absolute.
+
+    The default is a function so that it is looked up (home, current directory) only when it is used."""
     if override is not None:
         return override.expanduser().resolve()
-    env = os.environ.get(CACHE_DIR_ENV)
+    env = os.environ.get(env_var)
     if env:
         return Path(env).expanduser().resolve()
-    return (Path.home() / ".cache" / "reprolane").resolve()
+    return default().resolve()
+
+
+def cache_dir(override: Path | None = None) -> Path:
+    """Root of the model cache: ``override``, else ``$REPROLANE_CACHE_DIR``, else ``~/.cache/reprolane``."""
+    return _root(override, CACHE_DIR_ENV, lambda: Path.home() / ".cache" / "reprolane")
 
 
 def model_dir(cache: Path | None = None, name: str = MODEL_NAME) -> Path:
@@ -38,9 +46,4 @@ def model_dir(cache: Path | None = None, name: str = MODEL_NAME) -> Path:
 
 def run_dir(override: Path | None = None) -> Path:
     """Root of the stack's runtime files: ``override``, else ``$REPROLANE_RUN_DIR``, else ``./.reprolane/stack``."""
-    if override is not None:
-        return override.expanduser().resolve()
-    env = os.environ.get(RUN_DIR_ENV)
-    if env:
-        return Path(env).expanduser().resolve()
-    return (Path.cwd() / ".reprolane" / "stack").resolve()
+    return _root(override, RUN_DIR_ENV, lambda: Path.cwd() / ".reprolane" / "stack")

@@ -31,7 +31,7 @@ from typing import Final
 
 from replayer.compare import compare
 from replayer.errors import NotReplayableError
-from replayer.lanes.base import Lane
+from replayer.lanes.base import GenRequest, Lane
 from replayer.settings import ReplayerSettings
 from schemas import (
     CapturedOutput,
@@ -101,7 +101,7 @@ def replay_envelope(
     max_tokens, top_k = replay_budget(sampling, recorded)
     lane_fp = lane.fingerprint()
     started = time.perf_counter()
-    replayed = lane.replay(prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k)
+    replayed = lane.replay(GenRequest(prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k))
     replay_ms = (time.perf_counter() - started) * 1e3
 
     similarity: float | None = None

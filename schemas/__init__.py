@@ -4,6 +4,8 @@ This package is pure: pydantic models, a canonical encoding, topic names and the
 It imports nothing else of reprolane's and does no IO, so any service (or a non-Python consumer, via the
 exported JSON Schema) can depend on it.
 
+- `base`: the base model of every record (`Record`) and `decode_record`, which parses one from JSON and names
+  each offending field.
 - `envelope`: the Request Reproducibility Envelope and its captured outcome.
 - `envelope_codec`: the envelope's canonical bytes written fast (msgspec for the per-token logprobs), exactly.
 - `sampling`: the sampling contract (every parameter that changes which tokens come out).

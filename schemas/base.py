@@ -1,11 +1,14 @@
-"""The base model every contract record derives from: frozen, strict about unknown fields, versioned."""
+"""The base model every contract record derives from (frozen, strict about unknown fields, versioned), and the one
+way a record is parsed from JSON (`decode_record`)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+
+from schemas.errors import ContractError
 
 
 def _utc(value: datetime) -> datetime:
@@ -25,3 +28,15 @@ class Record(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+_R = TypeVar("_R", bound=Record)
+
+
+def decode_record(model: type[_R], what: str, data: bytes | str) -> _R:
+    """Parse ``data`` (JSON) as ``model``, raising `ContractError` that names each offending field (``what`` names
+    the record in the message: ``"invalid checkpoint: ..."``)."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        raise ContractError.from_validation(what, exc) from exc

@@ -16,11 +16,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from schemas.base import Record, UtcDatetime
+from schemas.base import Record, UtcDatetime, decode_record
 from schemas.canonical import canonical_bytes, sha256_hex
-from schemas.errors import ContractError
 from schemas.fingerprint import RuntimeFingerprint
 from schemas.levels import ReproLevel
 from schemas.sampling import SamplingContract
@@ -190,7 +189,4 @@ def use_canonical_writer(writer: Callable[[Envelope], bytes]) -> None:
 
 def decode_envelope(data: bytes | str) -> Envelope:
     """Parse an envelope from JSON bytes, raising `ContractError` that names each offending field."""
-    try:
-        return Envelope.model_validate_json(data)
-    except ValidationError as exc:
-        raise ContractError.from_validation("envelope", exc) from exc
+    return decode_record(Envelope, "envelope", data)

@@ -12,12 +12,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from schemas.base import Record
+from schemas.base import Record, decode_record
 from schemas.canonical import canonical_json, sha256_hex
 from schemas.envelope import ArtifactHashes
-from schemas.errors import ContractError
 from schemas.fingerprint import FieldDiff, RuntimeFingerprint, diff_fingerprints
 
 FINGERPRINT_SCHEMA_VERSION: Final = "reprolane.fingerprint/1"
@@ -61,7 +60,4 @@ def diff_environments(
 
 
 def decode_environment(data: bytes | str) -> EnvironmentFingerprint:
-    try:
-        return EnvironmentFingerprint.model_validate_json(data)
-    except ValidationError as exc:
-        raise ContractError.from_validation("environment fingerprint", exc) from exc
+    return decode_record(EnvironmentFingerprint, "environment fingerprint", data)

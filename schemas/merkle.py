@@ -12,7 +12,9 @@ An inclusion proof shows that one leaf sits at index ``i`` of a tree of ``n`` le
 consistency proof shows that the tree of ``m`` leaves is a prefix of the tree of ``n`` leaves (nothing that a
 checkpoint committed to was modified, removed, reordered or had something inserted before it). Verification
 follows the RFC's iterative algorithms (2.1.3.2 and 2.1.4.2), which are independent of the recursive proof
-construction here, so a test that round-trips the two checks one against the other.
+construction here, so a test that round-trips the two checks one against the other. Both algorithms walk up the
+tree the same way, with the bits of a leaf index and of the last index; that walk is written once
+(`_path_sides`), and each check hashes along it.
 
 A `Checkpoint` commits to ``(log_id, tree_size, root_hash)`` with an Ed25519 signature over the canonical
 JSON (`schemas.canonical`) of every field but the signature. Signing is pure computation (no IO), so it lives
@@ -27,9 +29,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Final
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from schemas.base import Record, UtcDatetime
+from schemas.base import Record, UtcDatetime, decode_record
 from schemas.canonical import canonical_bytes
 from schemas.errors import ContractError
 
@@ -92,26 +94,38 @@ def inclusion_proof(hashes: Sequence[bytes], index: int) -> list[bytes]:
     return [*inclusion_proof(hashes[k:], index - k), root_from_hashes(hashes[:k])]
 
 
+def _path_sides(fn: int, sn: int, path: Sequence[bytes]) -> list[bool] | None:
+    """The walk both RFC 9162 checks make from node ``fn`` up to the root (``sn``: the last node at that level):
+    for each node of ``path``, whether it is the left sibling (hash it before the running value) or the right.
+
+    None when the path does not fit the tree: longer than the way up (``sn`` reaches 0 first) or shorter.
+    """
+    sides = []
+    for _ in path:
+        if sn == 0:
+            return None
+        left = bool(fn & 1) or fn == sn
+        sides.append(left)
+        if left and not fn & 1:
+            while fn and not fn & 1:
+                fn >>= 1
+                sn >>= 1
+        fn >>= 1
+        sn >>= 1
+    return sides if sn == 0 else None
+
+
 def verify_inclusion(leaf: bytes, index: int, tree_size: int, proof: Sequence[bytes], root: bytes) -> bool:
     """RFC 9162 2.1.3.2: does `leaf` (a leaf *hash*) sit at `index` of the tree of `tree_size` with `root`?"""
     if not 0 <= index < tree_size:
         return False
-    fn, sn = index, tree_size - 1
+    sides = _path_sides(index, tree_size - 1, proof)
+    if sides is None:
+        return False
     r = leaf
-    for p in proof:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
-            r = node_hash(p, r)
-            if not fn & 1:
-                while fn and not fn & 1:
-                    fn >>= 1
-                    sn >>= 1
-        else:
-            r = node_hash(r, p)
-        fn >>= 1
-        sn >>= 1
-    return sn == 0 and r == root
+    for p, left in zip(proof, sides, strict=True):
+        r = node_hash(p, r) if left else node_hash(r, p)
+    return r == root
 
 
 def consistency_proof(hashes: Sequence[bytes], old_size: int) -> list[bytes]:
@@ -147,22 +161,17 @@ def verify_consistency(old_size: int, new_size: int, old_root: bytes, new_root: 
     while fn & 1:
         fn >>= 1
         sn >>= 1
+    sides = _path_sides(fn, sn, path[1:])
+    if sides is None:
+        return False
     fr = sr = path[0]
-    for c in path[1:]:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
+    for c, left in zip(path[1:], sides, strict=True):
+        if left:
             fr = node_hash(c, fr)
             sr = node_hash(c, sr)
-            if not fn & 1:
-                while fn and not fn & 1:
-                    fn >>= 1
-                    sn >>= 1
         else:
             sr = node_hash(sr, c)
-        fn >>= 1
-        sn >>= 1
-    return sn == 0 and fr == old_root and sr == new_root
+    return fr == old_root and sr == new_root
 
 
 class Checkpoint(Record):
@@ -218,7 +227,4 @@ def verify_checkpoint(checkpoint: Checkpoint, public_raw: bytes) -> bool:
 
 
 def decode_checkpoint(data: bytes | str) -> Checkpoint:
-    try:
-        return Checkpoint.model_validate_json(data)
-    except ValidationError as exc:
-        raise ContractError.from_validation("checkpoint", exc) from exc
+    return decode_record(Checkpoint, "checkpoint", data)

@@ -9,14 +9,13 @@ and a `ReplayResult` that adds the replayed output itself. Results are idempoten
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from schemas.base import Record
+from schemas.base import Record, decode_record
 from schemas.canonical import canonical_json, sha256_hex
 from schemas.envelope import RequestId, Sha256, StepLogprobs, TopCandidate
-from schemas.errors import ContractError
 from schemas.fingerprint import FieldDiff, RuntimeFingerprint
 from schemas.levels import ReproLevel
 
@@ -115,23 +114,13 @@ def replay_result_id(envelope_id: str, lane_fingerprint_sha256: str) -> str:
     return sha256_hex(canonical_json({"envelope_id": envelope_id, "lane": lane_fingerprint_sha256}))
 
 
-_R = TypeVar("_R", bound=Record)
-
-
-def _decode(model: type[_R], what: str, data: bytes | str) -> _R:
-    try:
-        return model.model_validate_json(data)
-    except ValidationError as exc:
-        raise ContractError.from_validation(what, exc) from exc
-
-
 def decode_replay_request(data: bytes | str) -> ReplayRequest:
-    return _decode(ReplayRequest, "replay request", data)
+    return decode_record(ReplayRequest, "replay request", data)
 
 
 def decode_divergence(data: bytes | str) -> DivergenceEvent:
-    return _decode(DivergenceEvent, "divergence event", data)
+    return decode_record(DivergenceEvent, "divergence event", data)
 
 
 def decode_replay_result(data: bytes | str) -> ReplayResult:
-    return _decode(ReplayResult, "replay result", data)
+    return decode_record(ReplayResult, "replay result", data)

@@ -27,12 +27,12 @@ from typing import Annotated, Final, Literal, NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from schemas.base import Record, UtcDatetime
+from schemas.base import Record, UtcDatetime, decode_record
 from schemas.canonical import canonical_bytes, canonical_json, sha256_hex
 from schemas.envelope import RequestId, Sha256, WorkflowRef
-from schemas.errors import ContractError, SealError
+from schemas.errors import SealError
 
 SEALED_SCHEMA_VERSION: Final = "reprolane.sealed/1"
 WRAPPED_KEY_SCHEMA_VERSION: Final = "reprolane.wrapped-key/1"
@@ -151,10 +151,7 @@ def unwrap_key(wrapped: WrappedKey, kek: bytes) -> bytes:
 
 
 def decode_wrapped_key(data: bytes | str) -> WrappedKey:
-    try:
-        return WrappedKey.model_validate_json(data)
-    except ValidationError as exc:
-        raise ContractError.from_validation("wrapped key", exc) from exc
+    return decode_record(WrappedKey, "wrapped key", data)
 
 
 # -- sealed envelopes ------------------------------------------------------------------------------------------
@@ -226,7 +223,4 @@ def is_sealed(data: bytes | str) -> bool:
 
 
 def decode_sealed(data: bytes | str) -> SealedEnvelope:
-    try:
-        return SealedEnvelope.model_validate_json(data)
-    except ValidationError as exc:
-        raise ContractError.from_validation("sealed envelope", exc) from exc
+    return decode_record(SealedEnvelope, "sealed envelope", data)

@@ -1,4 +1,5 @@
-"""Execution lanes behind one interface (`Lane`); `make_lane` builds the one the settings name.
+"""Execution lanes behind one interface (`Lane`, which runs a `GenRequest`); `make_lane` builds the one the
+settings name.
 
 - ``vllm``: vLLM in this process, one sequence at a time, no prefix cache (`replayer.lanes.vllm_lane`).
 - ``remote``: a deterministic OpenAI-compatible vLLM server elsewhere (`replayer.lanes.remote`).
@@ -16,10 +17,10 @@ functions, so importing this package costs nothing. This package imports `replay
 from __future__ import annotations
 
 from replayer.errors import LaneUnavailableError
-from replayer.lanes.base import Lane, resolve_model_dir
+from replayer.lanes.base import GenRequest, Lane, resolve_model_dir
 from replayer.settings import ReplayerSettings
 
-__all__ = ["Lane", "make_lane", "resolve_model_dir"]
+__all__ = ["GenRequest", "Lane", "make_lane", "resolve_model_dir"]
 
 
 def make_lane(settings: ReplayerSettings) -> Lane:

@@ -1,13 +1,15 @@
 """The lane interface: one execution environment that re-runs a recorded request.
 
-A lane takes the recorded prompt token ids and sampling contract and returns what it generated, with
-per-step top-k logprobs, plus the `schemas.RuntimeFingerprint` of itself (so a replay can name which
-environment fields differ from the capture). Lanes are blocking; the service runs them in a worker thread
-and never runs two replays on one lane at once (a lane is a fixed schedule: one sequence at a time).
+A lane takes one `GenRequest` (the recorded prompt token ids and sampling contract, with the replay's length
+and top-k) and returns what it generated, with per-step top-k logprobs, plus the `schemas.RuntimeFingerprint` of
+itself (so a replay can name which environment fields differ from the capture). Lanes are blocking; the service
+runs them in a worker thread and never runs two replays on one lane at once (a lane is a fixed schedule: one
+sequence at a time).
 
-Also here, what the lanes share: the model folder (`resolve_model_dir`), the host facts a fingerprint records
-(`cpu_model_name`, `cublas_version`) and the fingerprint of a lane on torch (`torch_lane_fingerprint`), the seed
-a replay may pass on (`effective_seed`), and the warning filter for engine start-up (`quiet_imports`).
+Also here, what the lanes share: the request (`GenRequest`, which the matrix's batch engine takes too), the model
+folder (`resolve_model_dir`), the host facts a fingerprint records (`cpu_model_name`, `cublas_version`) and the
+fingerprint of a lane on torch (`torch_lane_fingerprint`), the seed a replay may pass on (`effective_seed`), and
+the warning filter for engine start-up (`quiet_imports`).
 
 Heavy imports (torch, vllm, transformers) live in the lane modules, inside functions only.
 """
@@ -18,8 +20,9 @@ import importlib.metadata as md
 import os
 import platform
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,6 +36,22 @@ DEFAULT_MODEL_SUBDIR = "models/smollm2-135m-instruct"
 CUBLAS_DISTS = ("nvidia-cublas-cu13", "nvidia-cublas-cu12", "nvidia-cublas")
 
 
+@dataclass(frozen=True)
+class GenRequest:
+    """One generation: prompt ids and sampling contract, plus the length and top-k width the caller asks for.
+
+    ``max_tokens`` overrides the contract's (a replay is bounded by the recorded length,
+    `replayer.replay.replay_budget`); ``top_k_logprobs`` is how many alternatives each step reports (0: the
+    chosen token's logprob only).
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingContract
+    _: KW_ONLY
+    max_tokens: int
+    top_k_logprobs: int
+
+
 @runtime_checkable
 class Lane(Protocol):
     """An execution lane. Implementations: `VllmLane`, `RemoteLane`, `TransformersLane`."""
@@ -43,15 +62,8 @@ class Lane(Protocol):
         """The runtime fingerprint of this lane (stable for the lane's lifetime)."""
         ...
 
-    def replay(
-        self,
-        prompt_token_ids: Sequence[int],
-        sampling: SamplingContract,
-        *,
-        max_tokens: int,
-        top_k_logprobs: int,
-    ) -> ReplayedOutput:
-        """Generate from the prompt ids under the contract; blocking. ``max_tokens`` overrides the contract's."""
+    def replay(self, request: GenRequest) -> ReplayedOutput:
+        """Generate from the request's prompt ids under its contract; blocking."""
         ...
 
     def close(self) -> None:

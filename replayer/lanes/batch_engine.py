@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import cpu_model_name, quiet_imports
+from replayer.lanes.base import GenRequest, cpu_model_name, quiet_imports
 from replayer.lanes.vllm_lane import ENGINE_SEED, steps_from_vllm
 from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
@@ -66,14 +66,6 @@ class Platform:
     vllm_version: str | None
     transformers_version: str | None
     default_dtype: str = "bfloat16"
-
-
-@dataclass(frozen=True)
-class GenRequest:
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingContract
-    max_tokens: int
-    top_k_logprobs: int
 
 
 def _version(*dists: str) -> str | None:
@@ -189,27 +181,21 @@ class BatchEngine:
         """One 1-token generation from a 1-token prompt, so the first timed request does not pay for first-call
         set-up; with the prefix cache on, the cache is reset afterwards (the warm-up must not seed it)."""
         greedy = SamplingContract(temperature=0.0, seed_scope="none")
-        self.generate([GenRequest((0,), greedy, 1, 0)])
+        self.generate([GenRequest((0,), greedy, max_tokens=1, top_k_logprobs=0)])
         if self._llm is not None and self.config.prefix_caching:
             self._llm.reset_prefix_cache()
 
     def generate(self, requests: Sequence[GenRequest]) -> list[ReplayedOutput]:
         """All requests in one call (the transformers engine runs them one after another)."""
         if self._lane is not None:
-            return [
-                self._lane.replay(
-                    r.prompt_token_ids, r.sampling, max_tokens=r.max_tokens, top_k_logprobs=r.top_k_logprobs
-                )
-                for r in requests
-            ]
+            return [self._lane.replay(r) for r in requests]
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = []
         for r in requests:
-            kwargs = sampling_kwargs(r.sampling, max_tokens=r.max_tokens, top_k_logprobs=r.top_k_logprobs)
             try:
-                params.append(SamplingParams(**kwargs))
+                params.append(SamplingParams(**sampling_kwargs(r)))
             except (TypeError, ValueError) as exc:
                 raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]

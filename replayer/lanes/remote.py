@@ -23,9 +23,10 @@ from typing import Any
 import httpx
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
+from replayer.lanes.base import GenRequest
 from replayer.lanes.vllm_params import completion_body
 from replayer.settings import ReplayerSettings
-from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
+from schemas import ReplayedOutput, RuntimeFingerprint, StepLogprobs, TopCandidate
 
 TIMEOUT_S = 120.0
 _ID_PREFIX = "token_id:"
@@ -114,18 +115,8 @@ class RemoteLane:
     def fingerprint(self) -> RuntimeFingerprint:
         return self._fingerprint
 
-    def replay(
-        self,
-        prompt_token_ids: Sequence[int],
-        sampling: SamplingContract,
-        *,
-        max_tokens: int,
-        top_k_logprobs: int,
-    ) -> ReplayedOutput:
-        body = completion_body(
-            self._model, prompt_token_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k_logprobs
-        )
-        data = self._post_completion(body)
+    def replay(self, request: GenRequest) -> ReplayedOutput:
+        data = self._post_completion(completion_body(self._model, request))
         try:
             choice = data["choices"][0]
             token_ids = tuple(int(t) for t in choice["token_ids"])
@@ -134,7 +125,7 @@ class RemoteLane:
         return ReplayedOutput(
             token_ids=token_ids,
             text=choice.get("text") or "",
-            logprobs=steps_from_completion(choice, token_ids, top_k_logprobs),
+            logprobs=steps_from_completion(choice, token_ids, request.top_k_logprobs),
             finish_reason=choice.get("finish_reason"),
         )
 

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import effective_seed, quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.base import GenRequest, effective_seed, quiet_imports, resolve_model_dir, torch_lane_fingerprint
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
 
@@ -123,18 +122,12 @@ class TransformersLane:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self._tok)
         return kwargs
 
-    def replay(
-        self,
-        prompt_token_ids: Sequence[int],
-        sampling: SamplingContract,
-        *,
-        max_tokens: int,
-        top_k_logprobs: int,
-    ) -> ReplayedOutput:
+    def replay(self, request: GenRequest) -> ReplayedOutput:
         torch = self._torch
-        kwargs = self._generate_kwargs(sampling, max_tokens)
-        ids = torch.tensor([list(prompt_token_ids)], dtype=torch.long, device=self._device)
-        seed = effective_seed(sampling)
+        max_tokens, top_k_logprobs = request.max_tokens, request.top_k_logprobs
+        kwargs = self._generate_kwargs(request.sampling, max_tokens)
+        ids = torch.tensor([list(request.prompt_token_ids)], dtype=torch.long, device=self._device)
+        seed = effective_seed(request.sampling)
         with self._lock, torch.inference_mode(), torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.base import GenRequest, quiet_imports, resolve_model_dir, torch_lane_fingerprint
 from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
-from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
+from schemas import ReplayedOutput, RuntimeFingerprint, StepLogprobs, TopCandidate
 
 ENGINE_SEED = 0
 #: vLLM can report -inf for a token it masked; contract records refuse infinities, so clamp as vLLM's server does.
@@ -155,34 +155,26 @@ class VllmLane:
     def fingerprint(self) -> RuntimeFingerprint:
         return self._fingerprint
 
-    def replay(
-        self,
-        prompt_token_ids: Sequence[int],
-        sampling: SamplingContract,
-        *,
-        max_tokens: int,
-        top_k_logprobs: int,
-    ) -> ReplayedOutput:
+    def replay(self, request: GenRequest) -> ReplayedOutput:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        kwargs = sampling_kwargs(sampling, max_tokens=max_tokens, top_k_logprobs=top_k_logprobs)
         try:
-            params = SamplingParams(**kwargs)
+            params = SamplingParams(**sampling_kwargs(request))
         except (TypeError, ValueError) as exc:
             raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
         with self._lock:
             if self._closed:
                 raise LaneUnavailableError("the vllm lane is closed")
             outputs = self._llm.generate(
-                [TokensPrompt(prompt_token_ids=list(prompt_token_ids))], params, use_tqdm=False
+                [TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))], params, use_tqdm=False
             )
         out = outputs[0].outputs[0]
         token_ids = tuple(int(t) for t in out.token_ids)
         return ReplayedOutput(
             token_ids=token_ids,
             text=out.text,
-            logprobs=steps_from_vllm(token_ids, out.logprobs, top_k_logprobs),
+            logprobs=steps_from_vllm(token_ids, out.logprobs, request.top_k_logprobs),
             finish_reason=out.finish_reason,
         )
 

@@ -1,4 +1,5 @@
-"""The sampling contract as vLLM's sampling parameters, in the two forms the vLLM lanes send it.
+"""A lane's request (`replayer.lanes.base.GenRequest`) as vLLM's sampling parameters, in the two forms the vLLM
+lanes send it.
 
 - `sampling_kwargs`: keyword arguments of ``vllm.SamplingParams``, for vLLM in this process (the vllm lane and
   the matrix's batch engine);
@@ -19,18 +20,18 @@ string keys, and leaves an absent option out.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from replayer.errors import NotReplayableError
-from replayer.lanes.base import effective_seed
+from replayer.lanes.base import GenRequest, effective_seed
 from schemas import SamplingContract
 
 __all__ = ["completion_body", "sampling_kwargs"]
 
 
-def _contract_fields(sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int) -> dict[str, Any]:
+def _contract_fields(request: GenRequest) -> dict[str, Any]:
     """The parameters both forms spell alike."""
+    sampling, max_tokens = request.sampling, request.max_tokens
     if sampling.logits_processors:
         raise NotReplayableError(f"custom logits processors cannot be replayed: {list(sampling.logits_processors)}")
     return {
@@ -44,7 +45,7 @@ def _contract_fields(sampling: SamplingContract, *, max_tokens: int, top_k_logpr
         "max_tokens": max_tokens,
         "min_tokens": min(sampling.min_tokens, max_tokens),
         "ignore_eos": sampling.ignore_eos,
-        "logprobs": top_k_logprobs,
+        "logprobs": request.top_k_logprobs,
     }
 
 
@@ -60,10 +61,11 @@ def _with_extra(params: dict[str, Any], sampling: SamplingContract) -> dict[str,
     return params
 
 
-def sampling_kwargs(sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int) -> dict[str, Any]:
+def sampling_kwargs(request: GenRequest) -> dict[str, Any]:
     """The full contract as `vllm.SamplingParams` keyword arguments (``n`` is always 1: choice 0 only)."""
+    sampling = request.sampling
     kwargs: dict[str, Any] = {
-        **_contract_fields(sampling, max_tokens=max_tokens, top_k_logprobs=top_k_logprobs),
+        **_contract_fields(request),
         "top_k": sampling.top_k if sampling.top_k > 0 else 0,
         "stop": list(sampling.stop) or None,
         "stop_token_ids": list(sampling.stop_token_ids) or None,
@@ -73,14 +75,13 @@ def sampling_kwargs(sampling: SamplingContract, *, max_tokens: int, top_k_logpro
     return _with_extra(kwargs, sampling)
 
 
-def completion_body(
-    model: str, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-) -> dict[str, Any]:
-    """The ``/v1/completions`` body that replays the contract on a vLLM server."""
+def completion_body(model: str, request: GenRequest) -> dict[str, Any]:
+    """The ``/v1/completions`` body that replays the request on a vLLM server."""
+    sampling = request.sampling
     body: dict[str, Any] = {
         "model": model,
-        "prompt": list(prompt_token_ids),
-        **_contract_fields(sampling, max_tokens=max_tokens, top_k_logprobs=top_k_logprobs),
+        "prompt": list(request.prompt_token_ids),
+        **_contract_fields(request),
         "top_k": sampling.top_k if sampling.top_k > 0 else -1,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,

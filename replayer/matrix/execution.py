@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replayer.errors import ReplayerError
-from replayer.lanes.batch_engine import BatchEngine, EngineConfig, GenRequest
+from replayer.lanes.base import GenRequest
+from replayer.lanes.batch_engine import BatchEngine, EngineConfig
 from replayer.matrix.dimensions import Cell, Schedule
 from replayer.matrix.inputs import MatrixItem
 from schemas import ReplayedOutput, RuntimeFingerprint
@@ -147,7 +148,10 @@ def _run_group(model_dir: str, config: EngineConfig, jobs: list[CellJob]) -> lis
             started = time.perf_counter()
             try:
                 for group in batches(arranged, job.cell.schedule):
-                    reqs = [GenRequest(i.prompt_token_ids, i.sampling, i.max_tokens, i.top_k) for i in group]
+                    reqs = [
+                        GenRequest(i.prompt_token_ids, i.sampling, max_tokens=i.max_tokens, top_k_logprobs=i.top_k)
+                        for i in group
+                    ]
                     t0 = time.perf_counter()
                     outs = engine.generate(reqs)
                     ms = (time.perf_counter() - t0) * 1e3

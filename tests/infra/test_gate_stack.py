@@ -9,7 +9,7 @@ One engine per lane for the module; the CLI gets them through its lane factory (
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,9 @@ from infra.cli import build_app
 from infra.gate_cli import build_gate_app
 from infra.state import StackInfo
 from replayer.golden import load_golden_file
-from replayer.lanes import Lane, make_lane
+from replayer.lanes import GenRequest, Lane, make_lane
 from replayer.settings import ReplayerSettings
-from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
+from schemas import ReplayedOutput, RuntimeFingerprint
 
 pytestmark = pytest.mark.stack
 
@@ -44,10 +44,8 @@ class Kept:
     def fingerprint(self) -> RuntimeFingerprint:
         return self.lane.fingerprint()
 
-    def replay(
-        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-    ) -> ReplayedOutput:
-        return self.lane.replay(prompt_token_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k_logprobs)
+    def replay(self, request: GenRequest) -> ReplayedOutput:
+        return self.lane.replay(request)
 
     def close(self) -> None:
         pass

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 
+from replayer.lanes.base import GenRequest
 from replayer.lanes.remote import steps_from_completion
 from replayer.settings import ReplayerSettings
 from schemas import (
@@ -72,10 +73,8 @@ class FakeLane:
     def fingerprint(self) -> RuntimeFingerprint:
         return self.fp
 
-    def replay(
-        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-    ) -> ReplayedOutput:
-        prompt = tuple(prompt_token_ids)
+    def replay(self, request: GenRequest) -> ReplayedOutput:
+        prompt = request.prompt_token_ids
         with self._lock:
             self.calls.append(prompt)
         out = self.recorded[prompt]
@@ -197,11 +196,9 @@ class ArithmeticLane:
     def fingerprint(self) -> RuntimeFingerprint:
         return self.fp
 
-    def replay(
-        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-    ) -> ReplayedOutput:
-        self.calls.append(tuple(prompt_token_ids))
-        return arithmetic_output(prompt_token_ids, min(max_tokens, ARITH_LENGTH))
+    def replay(self, request: GenRequest) -> ReplayedOutput:
+        self.calls.append(request.prompt_token_ids)
+        return arithmetic_output(request.prompt_token_ids, min(request.max_tokens, ARITH_LENGTH))
 
     def close(self) -> None:
         pass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +21,7 @@ from replayer.golden import (
     record_envelope,
     write_golden,
 )
-from replayer.lanes.base import Lane
+from replayer.lanes.base import GenRequest, Lane
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import (
@@ -153,10 +152,8 @@ class DriftLane:
     def fingerprint(self) -> RuntimeFingerprint:
         return self.inner.fp
 
-    def replay(
-        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-    ) -> ReplayedOutput:
-        out = self.inner.replay(prompt_token_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k_logprobs)
+    def replay(self, request: GenRequest) -> ReplayedOutput:
+        out = self.inner.replay(request)
         steps = tuple(
             StepLogprobs(
                 token_id=s.token_id,

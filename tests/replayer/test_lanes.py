@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes import make_lane, resolve_model_dir
+from replayer.lanes import GenRequest, make_lane, resolve_model_dir
 from replayer.lanes.base import effective_seed
 from replayer.lanes.remote import RemoteLane, steps_from_completion
 from replayer.lanes.vllm_lane import steps_from_vllm
@@ -49,7 +49,7 @@ def test_effective_seed_drops_worker_global() -> None:
 
 
 def test_vllm_sampling_kwargs_carry_the_whole_contract() -> None:
-    kw = sampling_kwargs(SAMPLED, max_tokens=20, top_k_logprobs=5)
+    kw = sampling_kwargs(GenRequest((), SAMPLED, max_tokens=20, top_k_logprobs=5))
     assert kw == {
         "n": 1,
         "temperature": 0.8,
@@ -70,22 +70,25 @@ def test_vllm_sampling_kwargs_carry_the_whole_contract() -> None:
         "bad_words": ["never"],
     }
     greedy = SamplingContract(temperature=0.0, seed_scope="none")
-    assert sampling_kwargs(greedy, max_tokens=3, top_k_logprobs=0)["top_k"] == 0  # -1 (disabled) -> vLLM's 0
+    assert (
+        sampling_kwargs(GenRequest((), greedy, max_tokens=3, top_k_logprobs=0))["top_k"] == 0
+    )  # -1 (disabled) -> vLLM's 0
 
 
 def test_logits_processors_and_bad_extra_are_not_replayable() -> None:
+    processors = SAMPLED.model_copy(update={"logits_processors": ("my.proc",)})
+    bad_extra = SAMPLED.model_copy(update={"extra": {"bad_words": "{"}})
+    duplicate = SAMPLED.model_copy(update={"extra": {"seed": "1"}})
     with pytest.raises(NotReplayableError, match="logits processors"):
-        sampling_kwargs(SAMPLED.model_copy(update={"logits_processors": ("my.proc",)}), max_tokens=1, top_k_logprobs=0)
+        sampling_kwargs(GenRequest((), processors, max_tokens=1, top_k_logprobs=0))
     with pytest.raises(NotReplayableError, match=r"sampling\.extra\.bad_words is not JSON"):
-        completion_body(
-            "m", [1], SAMPLED.model_copy(update={"extra": {"bad_words": "{"}}), max_tokens=1, top_k_logprobs=0
-        )
+        completion_body("m", GenRequest((1,), bad_extra, max_tokens=1, top_k_logprobs=0))
     with pytest.raises(NotReplayableError, match="duplicates"):
-        sampling_kwargs(SAMPLED.model_copy(update={"extra": {"seed": "1"}}), max_tokens=1, top_k_logprobs=0)
+        sampling_kwargs(GenRequest((), duplicate, max_tokens=1, top_k_logprobs=0))
 
 
 def test_completion_body() -> None:
-    body = completion_body("smol", (1, 2, 3), SAMPLED, max_tokens=20, top_k_logprobs=5)
+    body = completion_body("smol", GenRequest((1, 2, 3), SAMPLED, max_tokens=20, top_k_logprobs=5))
     assert body["prompt"] == [1, 2, 3]
     assert body["seed"] == 7
     assert body["logprobs"] == 5
@@ -95,7 +98,7 @@ def test_completion_body() -> None:
     assert body["logit_bias"] == {"42": -100.0}
     assert body["bad_words"] == ["never"]
     worker = SAMPLED.model_copy(update={"seed_scope": "worker_global"})
-    assert "seed" not in completion_body("smol", (1,), worker, max_tokens=1, top_k_logprobs=0)
+    assert "seed" not in completion_body("smol", GenRequest((1,), worker, max_tokens=1, top_k_logprobs=0))
 
 
 @dataclass
@@ -166,7 +169,7 @@ def test_remote_lane_round_trip() -> None:
     lane = RemoteLane(ReplayerSettings(lane="remote", remote_url="http://lane"), client=client)
     fp = lane.fingerprint()
     assert (fp.engine, fp.engine_version, fp.system_fingerprint) == ("vllm", "0.32.0", "vllm-0.32.0-abc")
-    out = lane.replay((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2)
+    out = lane.replay(GenRequest((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2))
     assert out.token_ids == (5, 6)
     assert out.finish_reason == "length"
     assert bodies[-1]["prompt"] == [1, 2]
@@ -177,11 +180,11 @@ def test_remote_lane_translates_errors() -> None:
     client, _ = mock_server(status=400)
     lane = RemoteLane(ReplayerSettings(lane="remote", remote_url="http://lane"), client=client)
     with pytest.raises(NotReplayableError, match="prompt too long"):
-        lane.replay((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2)
+        lane.replay(GenRequest((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2))
     client5, _ = mock_server(status=503)
     lane5 = RemoteLane(ReplayerSettings(lane="remote", remote_url="http://lane"), client=client5)
     with pytest.raises(LaneUnavailableError, match="server error 503"):
-        lane5.replay((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2)
+        lane5.replay(GenRequest((1, 2), SAMPLED, max_tokens=2, top_k_logprobs=2))
 
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)

@@ -14,6 +14,7 @@ One engine per lane for the whole module (an engine start is the slow part of a 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +22,7 @@ import httpx
 import pytest
 
 from infra.state import StackInfo
-from replayer.lanes import Lane, make_lane
+from replayer.lanes import GenRequest, Lane, make_lane
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
 from schemas import (
@@ -117,11 +118,10 @@ def test_vllm_lane_replays_itself_bitwise(recorded: Envelope, vllm_lane: Lane) -
 def test_vllm_lane_seeded_sampling_replays_exactly(recorded: Envelope, vllm_lane: Lane) -> None:
     assert recorded.prompt is not None
     sampled = SamplingContract(temperature=0.8, seed=7, seed_scope="per_request", logprobs=TOP_K)
-    a = vllm_lane.replay(recorded.prompt.token_ids, sampled, max_tokens=MAX_TOKENS, top_k_logprobs=TOP_K)
-    b = vllm_lane.replay(recorded.prompt.token_ids, sampled, max_tokens=MAX_TOKENS, top_k_logprobs=TOP_K)
-    other = vllm_lane.replay(
-        recorded.prompt.token_ids, sampled.model_copy(update={"seed": 8}), max_tokens=MAX_TOKENS, top_k_logprobs=TOP_K
-    )
+    request = GenRequest(recorded.prompt.token_ids, sampled, max_tokens=MAX_TOKENS, top_k_logprobs=TOP_K)
+    a = vllm_lane.replay(request)
+    b = vllm_lane.replay(request)
+    other = vllm_lane.replay(replace(request, sampling=sampled.model_copy(update={"seed": 8})))
     assert a == b
     assert a.token_ids != other.token_ids
 

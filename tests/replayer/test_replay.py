@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pytest
 
 from replayer.errors import NotReplayableError
-from replayer.lanes import Lane
+from replayer.lanes import GenRequest, Lane
 from replayer.replay import EXTRA_TOKENS, replay_envelope
 from replayer.settings import ReplayerSettings
 from schemas import (
@@ -33,15 +32,13 @@ class ScriptedLane:
     output: ReplayedOutput
     fp: RuntimeFingerprint = field(default_factory=lambda: runtime(max_num_seqs=1, prefix_caching=False))
     name: str = "scripted"
-    calls: list[tuple[tuple[int, ...], SamplingContract, int, int]] = field(default_factory=list)
+    calls: list[GenRequest] = field(default_factory=list)
 
     def fingerprint(self) -> RuntimeFingerprint:
         return self.fp
 
-    def replay(
-        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-    ) -> ReplayedOutput:
-        self.calls.append((tuple(prompt_token_ids), sampling, max_tokens, top_k_logprobs))
+    def replay(self, request: GenRequest) -> ReplayedOutput:
+        self.calls.append(request)
         return self.output
 
     def close(self) -> None:
@@ -76,12 +73,12 @@ def test_bitwise_replay_builds_the_event() -> None:
     assert ev.replay_ms >= 0.0
     assert result.replayed == lane.output
     # the lane got the recorded prompt ids and contract, a bounded length and the recorded top-k
-    prompt, sampling, max_tokens, top_k = lane.calls[0]
+    request = lane.calls[0]
     assert env.prompt is not None
-    assert prompt == env.prompt.token_ids
-    assert sampling == env.sampling
-    assert max_tokens == 3 + EXTRA_TOKENS  # contract max_tokens 256, capped at recorded length + EXTRA_TOKENS
-    assert top_k == 5
+    assert request.prompt_token_ids == env.prompt.token_ids
+    assert request.sampling == env.sampling
+    assert request.max_tokens == 3 + EXTRA_TOKENS  # contract max_tokens 256, capped at recorded length + EXTRA_TOKENS
+    assert request.top_k_logprobs == 5
 
 
 def test_short_contract_max_tokens_is_used_as_is() -> None:
@@ -90,9 +87,9 @@ def test_short_contract_max_tokens_is_used_as_is() -> None:
     )
     lane = ScriptedLane(recorded_as_replayed())
     replay_envelope(env, lane, ReplayerSettings())
-    _, _, max_tokens, top_k = lane.calls[0]
-    assert max_tokens == 3
-    assert top_k == 2  # no contract logprobs: the widest recorded top-k list
+    request = lane.calls[0]
+    assert request.max_tokens == 3
+    assert request.top_k_logprobs == 2  # no contract logprobs: the widest recorded top-k list
 
 
 def test_divergence_names_fingerprint_fields() -> None:

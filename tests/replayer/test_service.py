@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from faststream.kafka import KafkaBroker, TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
 from replayer.errors import StoreError
+from replayer.lanes.base import GenRequest
 from replayer.metrics import ReplayerMetrics
 from replayer.service import ReplayerService
 from replayer.store import EnvelopeStore
@@ -29,7 +30,6 @@ from schemas import (
     Envelope,
     ReplayedOutput,
     ReplayRequest,
-    SamplingContract,
     Timings,
     decode_divergence,
 )
@@ -221,16 +221,14 @@ class SlowLane(FakeLane):
     peak: int = 0
     guard: threading.Lock = field(default_factory=threading.Lock)
 
-    def replay(
-        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-    ) -> ReplayedOutput:
+    def replay(self, request: GenRequest) -> ReplayedOutput:
         with self.guard:
             self.active += 1
             self.peak = max(self.peak, self.active)
         time.sleep(0.05)
         with self.guard:
             self.active -= 1
-        return super().replay(prompt_token_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k_logprobs)
+        return super().replay(request)
 
 
 async def test_one_replay_at_a_time_per_process(s3: S3Target) -> None:
@@ -244,9 +242,7 @@ async def test_one_replay_at_a_time_per_process(s3: S3Target) -> None:
 
 
 class ExplodingLane(FakeLane):
-    def replay(
-        self, prompt_token_ids: Sequence[int], sampling: SamplingContract, *, max_tokens: int, top_k_logprobs: int
-    ) -> ReplayedOutput:
+    def replay(self, request: GenRequest) -> ReplayedOutput:
         raise RuntimeError("kernel exploded")
 
 
