@@ -181,12 +181,9 @@ def log_id(day: str) -> str:
     return f"day={day}"
 
 
-def log_day_prefix(day: str) -> str:
-    return f"{LOG_PREFIX}{log_id(day)}/"
-
-
 def leaves_prefix(day: str) -> str:
-    return f"{log_day_prefix(day)}leaves/"
+    """Every leaf batch of the day's log, in start order."""
+    return f"{LOG_PREFIX}{log_id(day)}/leaves/"
 
 
 def leaves_key(day: str, start: int) -> str:

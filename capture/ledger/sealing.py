@@ -86,12 +86,9 @@ class Keyring:
         cache_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = client
-        self.bucket = bucket
-        self._kek = kek
-        self.cache_s = cache_s
-        self._clock = clock
-        self._cache: dict[str, tuple[str, bytes, float]] = {}
+        self._client, self.bucket, self._kek = client, bucket, kek
+        self.cache_s, self._clock = cache_s, clock  # a key is reused from memory this long (by `clock`)
+        self._cache: dict[str, tuple[str, bytes, float]] = {}  # tenant -> (key id, data key, fetched at)
         self._lock = threading.Lock()
 
     def _s3(self, what: str, call: Callable[[], Any]) -> Any:

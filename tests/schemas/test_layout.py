@@ -68,7 +68,7 @@ def test_merkle_log_keys() -> None:
     assert layout.leaves_key(DAY, 42) == f"audit/log/day={DAY}/leaves/000000000042.bin"
     assert layout.is_leaves_key(layout.leaves_key(DAY, 42))
     assert layout.leaves_start(layout.leaves_key(DAY, 42)) == 42
-    assert layout.log_day_prefix(DAY).startswith(layout.LOG_PREFIX)
+    assert layout.leaves_prefix(DAY).startswith(layout.LOG_PREFIX)
     assert layout.checkpoints_prefix(DAY) == f"audit/checkpoints/day={DAY}/"
     assert layout.checkpoint_key(DAY, 3) == f"audit/checkpoints/day={DAY}/000000000003.json"
     assert layout.checkpoint_key(DAY, 3).endswith(layout.checkpoint_key_suffix(3))
