@@ -80,8 +80,8 @@ def is_plain_float(value: float) -> bool:
 
 def canonical_text_of_plain(data: Any) -> str:
     """`canonical_text` of JSON-mode data whose every float `is_plain_float` (the caller knows it: nothing here
-    checks), written by msgspec with sorted keys in one C call: 3.5 instead of 17.8 us for an envelope without
-    its logprobs."""
+    checks), written by msgspec with sorted keys in one C call, several times faster than the generic path
+    (benchmarks/bench_envelope.py)."""
     if not MSGSPEC_TEXT_IS_CANONICAL:
         return canonical_text(data)
     return _SORTED(data).decode("utf-8")
