@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 import msgspec
 
@@ -33,6 +35,7 @@ HOP_BY_HOP = frozenset(
 )
 _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
 _JSON_SEP = (",", ":")
+_BODY_UNREAD: Final = frozenset({408, 413})
 
 
 class BadRequest(Exception):
@@ -103,11 +106,21 @@ def error_body(message: str, *, type_: str, code: int | str | None, param: str |
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
-async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
-    """The whole request body; `BadRequest` 413 past `limit` (a declared length is checked before reading)."""
+async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """The whole request body; `BadRequest` 413 past `limit` (a declared length is checked before reading), 408
+    when it has not arrived whole within `timeout_s` (a client that sends a byte now and then holds no request
+    of the sidecar's for longer than that)."""
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadRequest(413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_whole(receive, limit)
+    except TimeoutError:
+        raise BadRequest(408, f"the request body did not arrive within {timeout_s:g} s") from None
+
+
+async def _read_whole(receive: Receive, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
     while True:
@@ -121,6 +134,42 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+# What a forwarded target may hold unescaped: RFC 3986's pchar and "/", plus "%" so that the escapes a client
+# sent reach upstream as it sent them (``%2F`` stays one segment); everything else is escaped.
+_PATH_SAFE: Final = "/%:@!$&'()*+,;=-._~"
+_QUERY_SAFE: Final = _PATH_SAFE + "?"
+_BAD_ESCAPE: Final = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_DOT_SEGMENT: Final = re.compile(rb"(?:^|[/\\])\.{1,2}(?:[/\\]|$)")
+
+
+def request_target(scope: Scope) -> str:
+    """The target to ask upstream for (path and query, quoted), from what the client sent; `BadRequest` 400 for
+    a target that is not a plain path.
+
+    The raw target is the client's: uvicorn's h11 parser hands over ``%2F@10.0.0.5:9000/x`` as it came, and
+    appended to upstream's base URL that names another host (the sidecar as an open proxy). So the target must
+    begin with one ``/``; its decoded form (what upstream reads) must not begin with ``//`` or ``/\\`` nor
+    hold a ``.`` or ``..`` segment (``/..%2F..`` climbs out of a base path's prefix); and it is re-quoted, so
+    no byte that could end the path (``#``, a backslash, a space) reaches the URL unescaped.
+    `capture.upstream.Upstream.url` then checks that the URL names upstream's own scheme, host and port.
+    """
+    raw: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    if not raw.startswith(b"/") or raw.startswith(b"//"):
+        raise BadRequest(400, "the request target must be a path that begins with a single '/'")
+    if _BAD_ESCAPE.search(raw):
+        raise BadRequest(400, "the request target holds a '%' that is not a percent-escape")
+    decoded = unquote_to_bytes(raw)
+    if decoded.startswith((b"//", b"/\\")) or _DOT_SEGMENT.search(decoded):
+        raise BadRequest(400, "the request target must not begin with '//' or '/\\' nor hold '.' or '..' segments")
+    target = quote_from_bytes(raw, safe=_PATH_SAFE)
+    query: bytes = scope.get("query_string") or b""
+    if query:
+        if _BAD_ESCAPE.search(query):
+            raise BadRequest(400, "the query string holds a '%' that is not a percent-escape")
+        target += "?" + quote_from_bytes(query, safe=_QUERY_SAFE)
+    return target
 
 
 def forward_headers(headers: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:
@@ -139,9 +188,12 @@ def response_headers(resp: UpstreamResponse, rid: bytes) -> list[tuple[bytes, by
 async def send_json(
     send: Send, status: int, body: bytes, rid: bytes | None, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    """A complete non-streamed answer (``extra`` replaces the default JSON content type)."""
+    """A complete non-streamed answer (``extra`` replaces the default JSON content type). A 408 or 413 closes the
+    connection: the rest of that request's body is never read, so the connection cannot carry another."""
     headers = extra or [(b"content-type", b"application/json")]
     headers = [*headers, (b"content-length", str(len(body)).encode("ascii"))]
+    if status in _BODY_UNREAD:
+        headers.append((b"connection", b"close"))
     if rid is not None:
         headers.append((REQUEST_ID_HEADER, rid))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -189,7 +189,7 @@ class CaptureProxy:
         body = b""
         try:
             read_reprolane_headers(ctx, headers, self.policy)
-            body = await read_body(headers, receive, self.settings.max_body_bytes)
+            body = await read_body(headers, receive, self.settings.max_body_bytes, self.settings.request_body_timeout_s)
             ctx.body_sha256 = hashlib.sha256(body).hexdigest()
             try:
                 parsed, encode = decode_json(body)
