@@ -93,12 +93,47 @@ def decode_json(raw: bytes) -> tuple[Any, Callable[[Any], bytes]]:
     stripped.
     What only the standard library reads (NaN, Infinity, a lone surrogate, a number beyond float range, UTF-16)
     is read and written back by it, so it travels on as it came. Raises ValueError for a document neither
-    accepts (the standard library's message: the client's 400 quotes it).
+    accepts (the standard library's message: the client's 400 quotes it), and for one nested past the
+    interpreter's recursion limit (both decoders recurse; a RecursionError would be the sidecar's 500).
     """
     try:
         return _DECODER.decode(raw), _ENCODER.encode
     except msgspec.DecodeError:
+        pass
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+    try:
         return json.loads(raw), dumps
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+
+
+MAX_REQUEST_DEPTH: Final = 128  # nesting of arrays and objects a request may use (JSON schemas nest, not deeper)
+_TOO_DEEP: Final = "nested too deeply"
+
+
+def decode_request(raw: bytes) -> tuple[Any, Callable[[Any], bytes]]:
+    """`decode_json` of a client's body, and ValueError when it nests arrays and objects deeper than
+    `MAX_REQUEST_DEPTH`: what the sidecar walks of a request (the sampling contract's extra fields, the
+    credential filter) must not recurse without bound, and no OpenAI request nests that deep."""
+    doc, encode = decode_json(raw)
+    if raw.count(b"[") + raw.count(b"{") > MAX_REQUEST_DEPTH and _deeper_than(doc, MAX_REQUEST_DEPTH):
+        raise ValueError(f"nested deeper than {MAX_REQUEST_DEPTH} levels of arrays and objects")
+    return doc, encode
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether `doc` holds an array or object `limit` levels inside its outermost one (walked without recursion)."""
+    todo: list[tuple[Any, int]] = [(doc, 1)]
+    while todo:
+        node, depth = todo.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    return True
+                todo.append((child, depth + 1))
+    return False
 
 
 def error_body(message: str, *, type_: str, code: int | str | None, param: str | None = None) -> bytes:

@@ -39,7 +39,7 @@ from capture.edge import (
     Scope,
     Send,
     Watch,
-    decode_json,
+    decode_request,
     dumps,
     end_stream,
     error_body,
@@ -192,7 +192,7 @@ class CaptureProxy:
             body = await read_body(headers, receive, self.settings.max_body_bytes, self.settings.request_body_timeout_s)
             ctx.body_sha256 = hashlib.sha256(body).hexdigest()
             try:
-                parsed, encode = decode_json(body)
+                parsed, encode = decode_request(body)
             except ValueError as exc:
                 raise BadRequest(400, f"request body is not valid JSON: {exc}") from None
             if not isinstance(parsed, dict):

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
+from capture.edge import MAX_REQUEST_DEPTH
 from capture.http_server import Parser
+from capture.spool import Spool
+from schemas import CapturedError, CapturedOutput, Envelope, decode_envelope
 from tests.capture.cli_sidecar import (
     HOST,
     Bystander,
@@ -161,3 +164,51 @@ async def test_requests_beyond_the_concurrency_bound_get_503(tmp_path: Path) -> 
                 break
             await asyncio.sleep(0.1)
         assert status == 200
+
+
+async def spooled(spool_dir: Path) -> list[Envelope]:
+    """The envelopes a stopped sidecar left in its spool."""
+    spool = Spool(spool_dir, max_bytes=1 << 30)
+    await spool.open()
+    try:
+        return [decode_envelope(entry.payload) for entry in await spool.pending(10_000)]
+    finally:
+        await spool.close()
+
+
+def chat_with(extra: str) -> bytes:
+    """A chat request with `extra` (raw JSON) as the value of an extra field."""
+    return b'{"model":"fake-model","messages":[{"role":"user","content":"Hi"}],"x":' + extra.encode() + b"}"
+
+
+@pytest.mark.parametrize("depth", [1000, 129])
+async def test_a_deeply_nested_body_is_a_400_recorded_as_a_bad_request(tmp_path: Path, depth: int) -> None:
+    bodies = ["[" * depth + "]" * depth, '{"a":' * depth + "1" + "}" * depth]
+    async with real_sidecar(tmp_path) as (sidecar, upstream):
+        answers = []
+        for body in [*bodies, *(chat_with(b).decode() for b in bodies)]:
+            request = f"{CHAT_HEAD}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+            answers.append(await exchange(sidecar.port, request.encode()))
+        assert await chat_request(sidecar.port) == 200
+    assert "Traceback" not in sidecar.log_text()
+    for status, _, body in answers:
+        assert status == 400, body
+        error = json.loads(body)["error"]
+        assert error["type"] == "invalid_request_error"
+        assert "nested" in error["message"]
+    assert [s.path for s in upstream.seen].count("/v1/chat/completions") == 1
+    refused = [e.outcome for e in await spooled(sidecar.spool_dir) if isinstance(e.outcome, CapturedError)]
+    assert [(o.error_type, o.status_code) for o in refused] == [("bad_request", 400)] * len(answers)
+
+
+async def test_nesting_within_the_bound_is_served_and_recorded(tmp_path: Path) -> None:
+    deep = '{"a":' * (MAX_REQUEST_DEPTH - 1) + "1" + "}" * (MAX_REQUEST_DEPTH - 1)
+    async with real_sidecar(tmp_path) as (sidecar, _):
+        body = chat_with(deep)
+        request = f"{CHAT_HEAD}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+        status, _, _ = await exchange(sidecar.port, request)
+    assert status == 200
+    (env,) = await spooled(sidecar.spool_dir)
+    assert isinstance(env.outcome, CapturedOutput)
+    assert env.sampling is not None
+    assert env.sampling.extra["x"].count("{") == MAX_REQUEST_DEPTH - 1
