@@ -55,17 +55,36 @@ class FakeUpstream:
     #: How each SSE event is spelled: its field prefix and its terminator (vLLM: ``data: `` and LF LF;
     #: sse-starlette, behind many other OpenAI-compatible servers: CRLF CRLF).
     sse: tuple[bytes, bytes] = (b"data: ", b"\n\n")
+    #: Serve ``/detokenize`` (absent otherwise, as on a hosted API), each call taking this long; the most calls
+    #: in progress at once are kept in ``detokenize_peak``.
+    detokenize_delay_s: float | None = None
+    detokenize_status: int = 200
+    detokenize_in_flight: int = 0
+    detokenize_peak: int = 0
 
     def app(self) -> Starlette:
-        return Starlette(
-            routes=[
-                Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                Route("/v1/completions", self.completions, methods=["POST"]),
-                Route("/tokenize", self.tokenize, methods=["POST"]),
-                Route("/version", self.version),
-                Route("/v1/models", self.models),
-            ]
-        )
+        routes = [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/version", self.version),
+            Route("/v1/models", self.models),
+        ]
+        if self.detokenize_delay_s is not None:
+            routes.append(Route("/detokenize", self.detokenize, methods=["POST"]))
+        return Starlette(routes=routes)
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await self._note(request)
+        self.detokenize_in_flight += 1
+        self.detokenize_peak = max(self.detokenize_peak, self.detokenize_in_flight)
+        try:
+            await asyncio.sleep(self.detokenize_delay_s or 0.0)
+        finally:
+            self.detokenize_in_flight -= 1
+        if self.detokenize_status != 200:
+            return JSONResponse({"error": {"message": "no"}}, status_code=self.detokenize_status)
+        return JSONResponse({"prompt": "text of " + ",".join(str(t) for t in body.get("tokens", []))})
 
     async def _note(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
