@@ -136,6 +136,24 @@ def _deeper_than(doc: Any, limit: int) -> bool:
     return False
 
 
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates (text that reorders what follows it).
+_UNPRINTABLE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def loggable(text: str) -> str:
+    """`text` (a path, a header value: the client's) as it may be written to the log: a control character, an
+    ANSI escape or a line break would forge log lines or drive the operator's terminal, so each is written as
+    its escape (``\\x1b``, ``\\x0a``), and a backslash as two, so the escapes cannot be forged either."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return _UNPRINTABLE.sub(_escape, text.replace("\\", "\\\\"))
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def error_body(message: str, *, type_: str, code: int | str | None, param: str | None = None) -> bytes:
     """An OpenAI-format error document."""
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})

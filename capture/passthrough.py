@@ -57,7 +57,11 @@ class UncapturedPaths:
         self._counted["write"].inc()
         if path not in self._seen:
             self._seen.add(path)
-            log.warning("%s %s passes through uncaptured (no envelope is recorded for it)", scope["method"], path)
+            log.warning(
+                "%s %s passes through uncaptured (no envelope is recorded for it)",
+                edge.loggable(scope["method"]),
+                edge.loggable(path),
+            )
         await self._forward(scope, receive, send)
 
 

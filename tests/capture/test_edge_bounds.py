@@ -3,7 +3,10 @@ front of the fake upstream): an echoed request's ``/detokenize`` calls, control 
 
 from __future__ import annotations
 
+import logging
 import time
+
+import pytest
 
 from capture.proxy import DETOKENIZE_CONCURRENCY
 from tests.capture.fake_upstream import FakeUpstream
@@ -42,3 +45,25 @@ async def test_an_echo_stops_detokenizing_at_the_first_failure() -> None:
     assert resp.status_code == 200
     assert 1 <= len(upstream_calls(upstream, "/detokenize")) <= DETOKENIZE_CONCURRENCY
     assert "return_token_ids" not in upstream_calls(upstream, "/v1/completions")[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "shown"),
+    [
+        ("/x%1B%5B31mRED%1B%5B0m", "/x\\x1b[31mRED\\x1b[0m"),  # an ANSI colour
+        ("/x%0D2026-12-01 ERROR forged line", "/x\\x0d2026-12-01 ERROR forged line"),  # a forged log line
+        ("/x%09%7F%C2%85", "/x\\x09\\x7f\\x85"),  # a tab, DEL, a C1 control (NEL)
+        ("/x%E2%80%AEtxt.exe", "/x\\u202etxt.exe"),  # a right-to-left override
+        ("/x%5Cx1b", "/x\\\\x1b"),  # a backslash, doubled: an escape cannot be forged with one
+    ],
+)
+async def test_control_characters_of_a_path_reach_the_log_escaped(
+    caplog: pytest.LogCaptureFixture, path: str, shown: str
+) -> None:
+    async with sidecar() as (client, _, _, _):
+        with caplog.at_level(logging.WARNING, logger="capture.passthrough"):
+            await client.post(path, content=b"{}")
+    (record,) = [r for r in caplog.records if r.name == "capture.passthrough"]
+    message = record.getMessage()
+    assert shown in message, message
+    assert message.isprintable()
