@@ -26,7 +26,7 @@ from typing import Final
 import aiohttp
 from yarl import URL
 
-from capture.errors import UpstreamError, UpstreamTimeoutError
+from capture.errors import CaptureError, UpstreamError, UpstreamTimeoutError
 
 HeaderList = Sequence[tuple[bytes, bytes]]
 POOL_LIMIT = 512  # connections; sized for hundreds of concurrent generations through one sidecar
@@ -94,7 +94,7 @@ class Upstream:
         self.base_url = base_url.rstrip("/")
         self._base = URL(self.base_url)
         if not self._base.absolute or self._base.scheme not in ("http", "https"):
-            raise ValueError(f"upstream must be an http(s) URL, not {base_url!r}")
+            raise CaptureError(f"upstream must be an http(s) URL, not {base_url!r}")
         self._urls: dict[str, URL] = {}
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
@@ -136,7 +136,7 @@ class Upstream:
             scheme=base.scheme,
             user=base.raw_user,
             password=base.raw_password,
-            host=base.raw_host or "",
+            host=base.host_subcomponent or "",
             port=base.explicit_port,
             path=base.raw_path.rstrip("/") + path,
             query_string=query,

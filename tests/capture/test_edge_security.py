@@ -144,6 +144,8 @@ async def test_a_body_that_does_not_arrive_is_a_408_in_openai_format(tmp_path: P
         assert headers["connection"] == "close"
         assert json.loads(body)["error"]["type"] == "invalid_request_error"
     assert [s.path for s in upstream.seen].count("/v1/chat/completions") == 1  # only the complete one
+    refused = [e.outcome for e in await spooled(sidecar.spool_dir) if isinstance(e.outcome, CapturedError)]
+    assert [(o.error_type, o.status_code) for o in refused] == [("bad_request", 408)] * len(answers)
 
 
 async def test_requests_beyond_the_concurrency_bound_get_503(tmp_path: Path) -> None:
