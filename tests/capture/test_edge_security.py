@@ -129,6 +129,21 @@ async def test_half_sent_heads_are_dropped_and_the_sidecar_still_answers(tmp_pat
         assert await chat_request(sidecar.port) == 200
 
 
+async def test_half_a_head_after_an_answer_on_a_kept_alive_connection_is_dropped(tmp_path: Path) -> None:
+    """Sending part of the next head cancels uvicorn's keep-alive timer; the head deadline still runs."""
+    body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]})
+    async with real_sidecar(tmp_path, **BOUNDS) as (sidecar, _):
+        reader, writer = await asyncio.open_connection(HOST, sidecar.port)
+        writer.write(f"{CHAT_HEAD}Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(parse_response(head)[1]["content-length"])
+        await reader.readexactly(length)
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.write(CHAT_HEAD.encode()[:20])
+        assert await closed_within(reader, 4.0) == b""
+        writer.close()
+
+
 async def test_a_body_that_does_not_arrive_is_a_408_in_openai_format(tmp_path: Path) -> None:
     async with real_sidecar(tmp_path, **BOUNDS) as (sidecar, upstream):
         held = [await asyncio.open_connection(HOST, sidecar.port) for _ in range(10)]
