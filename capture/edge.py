@@ -1,6 +1,11 @@
 """ASGI plumbing of the sidecar's edge: bodies, headers, JSON, OpenAI-format errors, disconnects, request ids
 (the pass-through of the paths that are not captured is `capture.passthrough`).
 
+What a client sends is bounded here before anything else reads it: a body's size (413) and the time it may
+take to arrive (408), a request's nesting depth (`decode_request`, 400), the request target forwarded upstream
+(`request_target`, 400), and what of a path may reach the log (`loggable`). The connection itself (heads on a
+deadline, concurrency) is bounded by the server, `capture.http_server`.
+
 Raw ASGI rather than Starlette request/response objects: the capture hot path must stay well under a
 millisecond, and a streamed answer needs direct control of ``send`` and of the ``receive`` channel (a client
 that hangs up is only visible there while the sidecar waits on upstream).
