@@ -116,8 +116,9 @@ async def chat_request(port: int) -> int:
     return status
 
 
-async def test_half_sent_heads_are_dropped_and_the_sidecar_still_answers(tmp_path: Path) -> None:
-    async with real_sidecar(tmp_path, **BOUNDS) as (sidecar, _):
+@pytest.mark.parametrize("parser", PARSERS)
+async def test_half_sent_heads_are_dropped_and_the_sidecar_still_answers(tmp_path: Path, parser: Parser) -> None:
+    async with real_sidecar(tmp_path, **BOUNDS, http_parser=parser) as (sidecar, _):
         held = [await asyncio.open_connection(HOST, sidecar.port) for _ in range(50)]
         for i, (_, writer) in enumerate(held):
             if i % 5:  # one in five sends nothing at all
@@ -129,10 +130,13 @@ async def test_half_sent_heads_are_dropped_and_the_sidecar_still_answers(tmp_pat
         assert await chat_request(sidecar.port) == 200
 
 
-async def test_half_a_head_after_an_answer_on_a_kept_alive_connection_is_dropped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parser", PARSERS)
+async def test_half_a_head_after_an_answer_on_a_kept_alive_connection_is_dropped(
+    tmp_path: Path, parser: Parser
+) -> None:
     """Sending part of the next head cancels uvicorn's keep-alive timer; the head deadline still runs."""
     body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]})
-    async with real_sidecar(tmp_path, **BOUNDS) as (sidecar, _):
+    async with real_sidecar(tmp_path, **BOUNDS, http_parser=parser) as (sidecar, _):
         reader, writer = await asyncio.open_connection(HOST, sidecar.port)
         writer.write(f"{CHAT_HEAD}Content-Length: {len(body)}\r\n\r\n{body}".encode())
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
