@@ -314,6 +314,7 @@ def run_sidecar_null_sink(argv: list[str]) -> None:
 
     from capture.app import build_app
     from capture.cli import build_settings, build_spool
+    from capture.http_server import uvicorn_config
     from capture.metrics import CaptureMetrics
     from capture.publisher import Publisher
 
@@ -332,7 +333,7 @@ def run_sidecar_null_sink(argv: list[str]) -> None:
     spool = build_spool(settings, metrics)
     publisher = Publisher(spool, settings, metrics, sinks=[NullSink()])
     app = build_app(settings, spool=spool, metrics=metrics, publisher=publisher)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, backlog=2048)
+    config = uvicorn_config(app, settings)  # the server capture.cli.serve runs: its parser, bounds and deadlines
     uvicorn.Server(config).run()  # run() applies loop="auto" (uvloop), as capture.cli.serve does
 
 

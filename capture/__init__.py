@@ -8,6 +8,7 @@
 - `passthrough`: every path not captured, forwarded byte for byte, counted (refused under refuse_uncaptured).
 - `request_headers`: the request id and the ``X-Reprolane-*`` headers of a captured request.
 - `edge`: ASGI plumbing (bodies, headers, JSON, OpenAI-format errors, disconnects, recent request ids).
+- `http_server`: uvicorn as `capture serve` runs it: the parser pinned, concurrency bounded, heads on a deadline.
 - `upstream`: the pooled aiohttp client for the inference server, its errors translated.
 - `protocol`: the OpenAI protocol per endpoint (`chat`, `completions`) and what both share: audit fields
   added and stripped, the sampling contract, the collected output, token spellings, SSE framing.

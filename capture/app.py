@@ -47,14 +47,24 @@ class Startable(Protocol):
 class CaptureApp:
     """The ASGI app: exact-path dispatch of the capture endpoints, Starlette for the rest."""
 
-    def __init__(self, hot: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]], rest: Starlette) -> None:
+    def __init__(
+        self,
+        hot: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]],
+        rest: Starlette,
+        odd: Callable[[Scope, Receive, Send], Awaitable[None]],
+    ) -> None:
         self._hot = hot
+        self._odd = odd
         self.rest = rest
         self.state = rest.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             handler = self._hot.get(scope["path"])
+            if handler is None and not scope["path"].startswith("/"):
+                # A target without a leading "/" (h11 hands ``@host:port/x`` over as it came) matches no route:
+                # the pass-through answers it, with a 400 in OpenAI's format (`capture.edge.request_target`).
+                handler = self._odd
             if handler is not None:
                 await handler(scope, receive, send)
                 return
@@ -121,4 +131,4 @@ def build_app(
     rest.state.proxy = proxy
     rest.state.metrics = metrics
     hot = {chat.PATH: proxy.endpoint("chat.completions"), completions.PATH: proxy.endpoint("completions")}
-    return CaptureApp(hot, rest)
+    return CaptureApp(hot, rest, proxy.passthrough)

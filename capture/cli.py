@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from capture.app import build_app
 from capture.errors import CaptureError
+from capture.http_server import uvicorn_config
 from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings
@@ -67,7 +68,8 @@ def build_spool(settings: CaptureSettings, metrics: CaptureMetrics | None = None
 
 
 def serve(settings: CaptureSettings) -> None:
-    """Run the sidecar until interrupted (uvloop + httptools when installed).
+    """Run the sidecar until interrupted (uvloop when installed; the HTTP parser and the bounds of the edge as
+    `capture.http_server.uvicorn_config` sets them from `settings`).
 
     uvicorn, because nothing measured cheaper for this app: granian (ASGI, one worker, uvloop, pinned to the same
     core) spent more CPU per captured request (BENCHMARKS.md "Capture sidecar" has the figures).
@@ -80,18 +82,7 @@ def serve(settings: CaptureSettings) -> None:
     else:
         log.warning("no --kafka-bootstrap and no --s3-endpoint: envelopes stay in the spool %s", settings.spool_dir)
     app = build_app(settings, spool=spool, metrics=metrics, publisher=publisher)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="auto",
-        http="auto",
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        backlog=2048,
-        proxy_headers=False,  # the sidecar never reads the client address: no middleware call per request
-    )
+    config = uvicorn_config(app, settings)
     tune_gc()
     uvicorn.Server(config).run()  # run(), not asyncio.run(serve()): only run() applies loop="auto" (uvloop)
 

@@ -1,6 +1,11 @@
 """ASGI plumbing of the sidecar's edge: bodies, headers, JSON, OpenAI-format errors, disconnects, request ids
 (the pass-through of the paths that are not captured is `capture.passthrough`).
 
+What a client sends is bounded here before anything else reads it: a body's size (413) and the time it may
+take to arrive (408), a request's nesting depth (`decode_request`, 400), the request target forwarded upstream
+(`request_target`, 400), and what of a path may reach the log (`loggable`). The connection itself (heads on a
+deadline, concurrency) is bounded by the server, `capture.http_server`.
+
 Raw ASGI rather than Starlette request/response objects: the capture hot path must stay well under a
 millisecond, and a streamed answer needs direct control of ``send`` and of the ``receive`` channel (a client
 that hangs up is only visible there while the sidecar waits on upstream).
@@ -11,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 import msgspec
 
@@ -33,6 +40,7 @@ HOP_BY_HOP = frozenset(
 )
 _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
 _JSON_SEP = (",", ":")
+_BODY_UNREAD: Final = frozenset({408, 413})
 
 
 class BadRequest(Exception):
@@ -90,12 +98,65 @@ def decode_json(raw: bytes) -> tuple[Any, Callable[[Any], bytes]]:
     stripped.
     What only the standard library reads (NaN, Infinity, a lone surrogate, a number beyond float range, UTF-16)
     is read and written back by it, so it travels on as it came. Raises ValueError for a document neither
-    accepts (the standard library's message: the client's 400 quotes it).
+    accepts (the standard library's message: the client's 400 quotes it), and for one nested past the
+    interpreter's recursion limit (both decoders recurse; a RecursionError would be the sidecar's 500).
     """
     try:
         return _DECODER.decode(raw), _ENCODER.encode
     except msgspec.DecodeError:
+        pass
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+    try:
         return json.loads(raw), dumps
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+
+
+MAX_REQUEST_DEPTH: Final = 128  # nesting of arrays and objects a request may use (JSON schemas nest, not deeper)
+_TOO_DEEP: Final = "nested too deeply"
+
+
+def decode_request(raw: bytes) -> tuple[Any, Callable[[Any], bytes]]:
+    """`decode_json` of a client's body, and ValueError when it nests arrays and objects deeper than
+    `MAX_REQUEST_DEPTH`: what the sidecar walks of a request (the sampling contract's extra fields, the
+    credential filter) must not recurse without bound, and no OpenAI request nests that deep."""
+    doc, encode = decode_json(raw)
+    if raw.count(b"[") + raw.count(b"{") > MAX_REQUEST_DEPTH and _deeper_than(doc, MAX_REQUEST_DEPTH):
+        raise ValueError(f"nested deeper than {MAX_REQUEST_DEPTH} levels of arrays and objects")
+    return doc, encode
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether `doc` holds an array or object `limit` levels inside its outermost one (walked without recursion)."""
+    todo: list[tuple[Any, int]] = [(doc, 1)]
+    while todo:
+        node, depth = todo.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    return True
+                todo.append((child, depth + 1))
+    return False
+
+
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates (text that reorders what follows it).
+_UNPRINTABLE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def loggable(text: str) -> str:
+    """`text` (a path, a header value: the client's) as it may be written to the log: a control character, an
+    ANSI escape or a line break would forge log lines or drive the operator's terminal, so each is written as
+    its escape (``\\x1b``, ``\\x0a``), and a backslash as two, so the escapes cannot be forged either."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return _UNPRINTABLE.sub(_escape, text.replace("\\", "\\\\"))
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def error_body(message: str, *, type_: str, code: int | str | None, param: str | None = None) -> bytes:
@@ -103,11 +164,21 @@ def error_body(message: str, *, type_: str, code: int | str | None, param: str |
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
-async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
-    """The whole request body; `BadRequest` 413 past `limit` (a declared length is checked before reading)."""
+async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """The whole request body; `BadRequest` 413 past `limit` (a declared length is checked before reading), 408
+    when it has not arrived whole within `timeout_s` (a client that sends a byte now and then holds no request
+    of the sidecar's for longer than that)."""
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadRequest(413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_whole(receive, limit)
+    except TimeoutError:
+        raise BadRequest(408, f"the request body did not arrive within {timeout_s:g} s") from None
+
+
+async def _read_whole(receive: Receive, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
     while True:
@@ -121,6 +192,42 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+# What a forwarded target may hold unescaped: RFC 3986's pchar and "/", plus "%" so that the escapes a client
+# sent reach upstream as it sent them (``%2F`` stays one segment); everything else is escaped.
+_PATH_SAFE: Final = "/%:@!$&'()*+,;=-._~"
+_QUERY_SAFE: Final = _PATH_SAFE + "?"
+_BAD_ESCAPE: Final = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_DOT_SEGMENT: Final = re.compile(rb"(?:^|[/\\])\.{1,2}(?:[/\\]|$)")
+
+
+def request_target(scope: Scope) -> str:
+    """The target to ask upstream for (path and query, quoted), from what the client sent; `BadRequest` 400 for
+    a target that is not a plain path.
+
+    The raw target is the client's: uvicorn's h11 parser hands over ``%2F@10.0.0.5:9000/x`` as it came, and
+    appended to upstream's base URL that names another host (the sidecar as an open proxy). So the target must
+    begin with one ``/``; its decoded form (what upstream reads) must not begin with ``//`` or ``/\\`` nor
+    hold a ``.`` or ``..`` segment (``/..%2F..`` climbs out of a base path's prefix); and it is re-quoted, so
+    no byte that could end the path (``#``, a backslash, a space) reaches the URL unescaped.
+    `capture.upstream.Upstream.url` then checks that the URL names upstream's own scheme, host and port.
+    """
+    raw: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    if not raw.startswith(b"/") or raw.startswith(b"//"):
+        raise BadRequest(400, "the request target must be a path that begins with a single '/'")
+    if _BAD_ESCAPE.search(raw):
+        raise BadRequest(400, "the request target holds a '%' that is not a percent-escape")
+    decoded = unquote_to_bytes(raw)
+    if decoded.startswith((b"//", b"/\\")) or _DOT_SEGMENT.search(decoded):
+        raise BadRequest(400, "the request target must not begin with '//' or '/\\' nor hold '.' or '..' segments")
+    target = quote_from_bytes(raw, safe=_PATH_SAFE)
+    query: bytes = scope.get("query_string") or b""
+    if query:
+        if _BAD_ESCAPE.search(query):
+            raise BadRequest(400, "the query string holds a '%' that is not a percent-escape")
+        target += "?" + quote_from_bytes(query, safe=_QUERY_SAFE)
+    return target
 
 
 def forward_headers(headers: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:
@@ -139,9 +246,12 @@ def response_headers(resp: UpstreamResponse, rid: bytes) -> list[tuple[bytes, by
 async def send_json(
     send: Send, status: int, body: bytes, rid: bytes | None, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    """A complete non-streamed answer (``extra`` replaces the default JSON content type)."""
+    """A complete non-streamed answer (``extra`` replaces the default JSON content type). A 408 or 413 closes the
+    connection: the rest of that request's body is never read, so the connection cannot carry another."""
     headers = extra or [(b"content-type", b"application/json")]
     headers = [*headers, (b"content-length", str(len(body)).encode("ascii"))]
+    if status in _BODY_UNREAD:
+        headers.append((b"connection", b"close"))
     if rid is not None:
         headers.append((REQUEST_ID_HEADER, rid))
     await send({"type": "http.response.start", "status": status, "headers": headers})

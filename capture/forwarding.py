@@ -23,6 +23,7 @@ from capture.envelope_writer import EnvelopeWriter
 from capture.errors import SpoolFullError
 from capture.protocol import Endpoint, chat, completions
 from capture.protocol.audit_fields import Prepared
+from capture.protocol.credentials import credential_values, scrub
 from capture.protocol.output import OutputCollector
 from capture.upstream import Upstream, UpstreamCall
 
@@ -34,6 +35,21 @@ SPOOL_FULL: Final = error_body(
     code=503,
 )
 _CLIENT_GONE: Final[Failure] = ("client_disconnect", None, "client disconnected")
+_ERROR_CHARS: Final = 2000  # of an upstream error document, recorded
+_SCRUBBED_CHARS: Final = 4 * _ERROR_CHARS  # scrubbed before the cut, so no secret is cut in two
+
+
+def upstream_said(
+    prepared: Prepared, headers: dict[bytes, bytes], kind: ErrorType, status: int | None, text: bytes | str
+) -> Failure:
+    """The failure an envelope records of an error upstream answered: its text's start, with the request's
+    credentials scrubbed out (`capture.protocol.credentials.scrub`): a validation error may quote the request,
+    and a secret the envelope never records must not come back in through upstream's words."""
+    if isinstance(text, bytes):
+        text = text[:_SCRUBBED_CHARS].decode("utf-8", "replace")
+    secrets = credential_values(prepared.upstream_body, headers)
+    text = scrub(text[:_SCRUBBED_CHARS], secrets) if secrets else text
+    return kind, status, text[:_ERROR_CHARS]
 
 
 class Forwarder:

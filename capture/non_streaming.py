@@ -15,7 +15,7 @@ import time
 from capture.assembly import ErrorType, Failure, RequestContext
 from capture.edge import Send, Watch, consume_disconnect, decode_json
 from capture.errors import UpstreamError, UpstreamTimeoutError
-from capture.forwarding import Forwarder
+from capture.forwarding import Forwarder, upstream_said
 from capture.protocol.audit_fields import Prepared, strip
 from capture.protocol.output import OutputCollector
 
@@ -52,8 +52,7 @@ async def forward_whole(
 
     if resp.status != 200:
         kind: ErrorType = "bad_request" if 400 <= resp.status < 500 else "upstream_error"
-        message = content[:2000].decode("utf-8", "replace")
-        error: Failure | None = (kind, resp.status, message)
+        error: Failure | None = upstream_said(prepared, headers, kind, resp.status, content)
         out = content
     else:
         error = None

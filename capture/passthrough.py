@@ -5,7 +5,9 @@ The capture endpoints are ``POST /v1/chat/completions`` and ``POST /v1/completio
 `UncapturedPaths`. A read (GET, HEAD, OPTIONS) is forwarded and counted. A write is forwarded, counted and
 logged once per path, or, under ``refuse_uncaptured``, answered 403 unless its path is allowed: a sidecar that
 must record everything it serves then serves nothing it cannot record. The forwarding itself (`forward_as_is`)
-changes nothing but hop-by-hop headers and a redirect that points at upstream's own address.
+changes nothing but hop-by-hop headers and a redirect that points at upstream's own address; a target that is
+not a plain path (``%2F@host:port/x``, ``//host/x``, ``/..%2F..``) is answered 400 before anything is sent
+(`capture.edge.request_target`, `capture.upstream.Upstream.url`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class UncapturedPaths:
     def __init__(self, settings: CaptureSettings, *, upstream: Upstream, metrics: CaptureMetrics) -> None:
         self._refuse = settings.refuse_uncaptured
         self._allowed = frozenset(settings.uncaptured_allowed)
-        self._forward = forward_as_is(upstream, settings.max_body_bytes)
+        self._forward = forward_as_is(upstream, settings.max_body_bytes, settings.request_body_timeout_s)
         self._seen = edge.RecentIds(capacity=256)  # write paths already logged
         self._counted = {kind: metrics.uncaptured_total.labels(kind) for kind in ("read", "write", "refused")}
 
@@ -55,11 +57,15 @@ class UncapturedPaths:
         self._counted["write"].inc()
         if path not in self._seen:
             self._seen.add(path)
-            log.warning("%s %s passes through uncaptured (no envelope is recorded for it)", scope["method"], path)
+            log.warning(
+                "%s %s passes through uncaptured (no envelope is recorded for it)",
+                edge.loggable(scope["method"]),
+                edge.loggable(path),
+            )
         await self._forward(scope, receive, send)
 
 
-def forward_as_is(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
+def forward_as_is(upstream: Upstream, max_body_bytes: int, body_timeout_s: float) -> ASGIApp:
     """Any other path: forwarded as it is, answered as upstream answers (no envelope); a redirect to upstream's
     own address is pointed back at the sidecar (`_through_sidecar`)."""
 
@@ -69,21 +75,22 @@ def forward_as_is(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
         try:
-            body = await edge.read_body(headers, receive, max_body_bytes)
+            try:
+                url = upstream.url(edge.request_target(scope))  # before the body: nothing goes anywhere else
+            except ValueError as exc:
+                raise edge.BadRequest(400, str(exc)) from None
+            body = await edge.read_body(headers, receive, max_body_bytes, body_timeout_s)
         except edge.BadRequest as bad:
             await edge.send_json(
                 send, bad.status, edge.error_body(bad.message, type_="invalid_request_error", code=bad.status), None
             )
             return
-        target = (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1")
-        if scope["query_string"]:
-            target += "?" + scope["query_string"].decode("latin-1")
         fwd = [(k, v) for k, v in scope["headers"] if k not in hop_by_hop and not k.startswith(b"x-reprolane-")]
         if b"accept-encoding" in headers:
             fwd.append((b"accept-encoding", headers[b"accept-encoding"]))
         started = False
         try:
-            async with upstream.request(scope["method"], target, body=body, headers=fwd) as resp:
+            async with upstream.request(scope["method"], url, body=body, headers=fwd) as resp:
                 out_headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _PASS_DROP]
                 if 300 <= resp.status < 400:
                     out_headers = [
@@ -97,7 +104,7 @@ def forward_as_is(upstream: Upstream, max_body_bytes: int) -> ASGIApp:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except UpstreamError as exc:
             if started:
-                log.warning("pass-through %s failed mid-response: %s", target, exc)
+                log.warning("pass-through %s failed mid-response: %s", url.raw_path, exc)
                 await edge.end_stream(send, b"")
                 return
             status = 504 if isinstance(exc, UpstreamTimeoutError) else 502

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import time
 from datetime import UTC, datetime
+from typing import Final
 
 from prometheus_client import Counter, Histogram
 
@@ -39,7 +40,7 @@ from capture.edge import (
     Scope,
     Send,
     Watch,
-    decode_json,
+    decode_request,
     dumps,
     end_stream,
     error_body,
@@ -66,6 +67,8 @@ from capture.upstream import Upstream
 from schemas import ArtifactHashes
 
 log = logging.getLogger(__name__)
+
+DETOKENIZE_CONCURRENCY: Final = 8  # /detokenize calls one echoed request makes at once (`CaptureProxy._echo_texts`)
 
 
 class CaptureProxy:
@@ -189,10 +192,10 @@ class CaptureProxy:
         body = b""
         try:
             read_reprolane_headers(ctx, headers, self.policy)
-            body = await read_body(headers, receive, self.settings.max_body_bytes)
+            body = await read_body(headers, receive, self.settings.max_body_bytes, self.settings.request_body_timeout_s)
             ctx.body_sha256 = hashlib.sha256(body).hexdigest()
             try:
-                parsed, encode = decode_json(body)
+                parsed, encode = decode_request(body)
             except ValueError as exc:
                 raise BadRequest(400, f"request body is not valid JSON: {exc}") from None
             if not isinstance(parsed, dict):
@@ -235,21 +238,39 @@ class CaptureProxy:
     async def _echo_texts(self, prepared: Prepared) -> None:
         """The text upstream echoes for prompts given as token ids (its ``/detokenize``, the same decoding), so
         `capture.protocol.completions.Echo` can put it back; when upstream cannot say, the sidecar does not ask
-        for token ids (the client's answer comes first) and this request's envelope has none."""
+        for token ids (the client's answer comes first) and this request's envelope has none.
+
+        vLLM's ``/detokenize`` takes one prompt per call: a request of many prompts asks for them
+        `DETOKENIZE_CONCURRENCY` at a time (one after the other, its wait grew with every prompt; all at
+        once, one request could open hundreds of upstream connections). The first failure stops the rest."""
         echo = prepared.echo
         assert echo is not None
-        for position, ids in echo.pending():
-            doc = {"model": prepared.model, "tokens": ids}
-            try:
-                status, answer = await self.upstream.post_json("/detokenize", dumps(doc))
-            except UpstreamError:
-                status, answer = 0, None
-            text = answer.get("prompt") if isinstance(answer, dict) and status == 200 else None
-            if not isinstance(text, str):
-                prepared.upstream_body.pop("return_token_ids", None)
-                echo.abandon()
-                return
-            echo.resolve(position, text)
+        todo = iter(echo.pending())
+        failed = False
+
+        async def worker() -> None:
+            nonlocal failed
+            for position, ids in todo:  # one iterator shared by the workers: each prompt is asked for once
+                if failed:
+                    return
+                text = await self._detokenize(prepared.model, ids)
+                if text is None:
+                    failed = True
+                    return
+                echo.resolve(position, text)
+
+        await asyncio.gather(*(worker() for _ in range(min(DETOKENIZE_CONCURRENCY, len(echo.pending())))))
+        if failed:
+            prepared.upstream_body.pop("return_token_ids", None)
+            echo.abandon()
+
+    async def _detokenize(self, model: str, ids: list[int]) -> str | None:
+        try:
+            status, answer = await self.upstream.post_json("/detokenize", dumps({"model": model, "tokens": ids}))
+        except UpstreamError:
+            return None
+        text = answer.get("prompt") if isinstance(answer, dict) and status == 200 else None
+        return text if isinstance(text, str) else None
 
     async def drain(self) -> None:
         """Wait for every background recording (shutdown)."""

@@ -113,3 +113,18 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         default=(), description="tenants whose envelopes are sealed (AES-256-GCM) before they leave the sidecar"
     )
     data_key_cache_s: float = Field(default=300.0, ge=0.0, description="how long a data key is reused from memory")
+
+    # --- bounds of the HTTP edge (what one client may hold of the sidecar: capture/cli.py, capture/http_server.py)
+    http_parser: Literal["httptools", "h11"] = Field(
+        default="httptools",
+        description="uvicorn's HTTP parser, pinned so the dev install and the image parse request targets alike",
+    )
+    max_concurrency: int = Field(
+        default=2048, ge=1, description="open connections or requests in progress at once; above it: 503"
+    )
+    request_head_timeout_s: float = Field(
+        default=30.0, gt=0, description="a connection that has not sent a whole request head within this is closed"
+    )
+    request_body_timeout_s: float = Field(
+        default=60.0, gt=0, description="a request whose body has not arrived whole within this gets 408"
+    )

@@ -17,7 +17,7 @@ import time
 from capture.assembly import ErrorType, RequestContext
 from capture.edge import Send, Watch, consume_disconnect, decode_json, end_stream, response_headers
 from capture.errors import SpoolFullError, UpstreamError, UpstreamTimeoutError
-from capture.forwarding import SPOOL_FULL, Forwarder
+from capture.forwarding import SPOOL_FULL, Forwarder, upstream_said
 from capture.protocol.audit_fields import Prepared, strip
 from capture.protocol.output import OutputCollector
 from capture.protocol.sse import LONGEST_DONE, SSE_DONE, event_end, is_done, split_data, sse
@@ -45,7 +45,7 @@ async def forward_stream(
         try:
             async with fw.call(ctx, upstream_body, headers) as resp:
                 if resp.status != 200:
-                    return await _relay_refusal(fw, ctx, prepared, collector, resp, send, watch, t0, t_up)
+                    return await _relay_refusal(fw, ctx, prepared, collector, resp, headers, send, watch, t0, t_up)
                 collector.note_versions(resp.header, fw.version_headers)
                 await send({"type": "http.response.start", "status": 200, "headers": response_headers(resp, rid)})
                 started = True
@@ -59,7 +59,7 @@ async def forward_stream(
                             continue
                         out, failure = rewrite_event(event, collector, prepared)
                         if failure is not None:
-                            error = ("upstream_error", 200, failure)
+                            error = upstream_said(prepared, headers, "upstream_error", 200, failure)
                         if ctx.first_token_ms is None and collector.chunks:
                             ctx.first_token_ms = (time.perf_counter() - t_up) * 1000.0
                         await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -97,6 +97,7 @@ async def _relay_refusal(
     prepared: Prepared,
     collector: OutputCollector,
     resp: UpstreamResponse,
+    headers: dict[bytes, bytes],
     send: Send,
     watch: Watch,
     t0: float,
@@ -107,7 +108,7 @@ async def _relay_refusal(
     ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
     watch.armed = False
     kind: ErrorType = "bad_request" if 400 <= resp.status < 500 else "upstream_error"
-    err = (kind, resp.status, content[:2000].decode("utf-8", "replace"))
+    err = upstream_said(prepared, headers, kind, resp.status, content)
     extra = [(b"content-type", resp.header("content-type", "application/json").encode("latin-1"))]
     return await fw.answer(ctx, prepared, collector, err, t0, send, resp.status, content, extra)
 
@@ -126,6 +127,6 @@ def rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) 
     if not isinstance(obj, dict):
         return event, None
     if "error" in obj and "choices" not in obj:
-        return event, f"upstream error in stream: {json.dumps(obj['error'])[:2000]}"
+        return event, f"upstream error in stream: {json.dumps(obj['error'])}"  # upstream_said cuts it
     collector.add(obj)
     return prefix + encode(strip(obj, prepared)) + ending, None

@@ -9,20 +9,30 @@ Callers never see an aiohttp exception: connection failures become `UpstreamErro
 `UpstreamTimeoutError`. No cookie jar: the one session serves all clients. Responses are not decompressed
 (pass-through forwards bytes and Content-Encoding as they are; capture requests ask for ``identity``).
 Cancelling a caller closes its connection, which is how an abandoned generation is aborted upstream.
+
+Every request goes to upstream's own scheme, host and port, whatever its target says (`Upstream.url`): the URL is
+built from its parts, never by pasting a target after the base URL, and a target that would name anything else
+is refused before a connection is made.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Final
 
 import aiohttp
+from yarl import URL
 
-from capture.errors import UpstreamError, UpstreamTimeoutError
+from capture.errors import CaptureError, UpstreamError, UpstreamTimeoutError
 
 HeaderList = Sequence[tuple[bytes, bytes]]
 POOL_LIMIT = 512  # connections; sized for hundreds of concurrent generations through one sidecar
+# A target as `capture.edge.request_target` quotes it: an origin-form path and query of URL characters only.
+_QUOTED_TARGET: Final = re.compile(r"/(?!/)[A-Za-z0-9\-._~!$&'()*+,;=:@%/?]*")
+_URL_CACHE_LIMIT: Final = 64  # the sidecar's own few targets (the capture paths, /tokenize, ...)
 
 
 class UpstreamResponse:
@@ -82,6 +92,10 @@ class Upstream:
 
     def __init__(self, base_url: str, *, timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")
+        self._base = URL(self.base_url)
+        if not self._base.absolute or self._base.scheme not in ("http", "https"):
+            raise CaptureError(f"upstream must be an http(s) URL, not {base_url!r}")
+        self._urls: dict[str, URL] = {}
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
         # Per read, like a stream needs: a generation may run for minutes as long as tokens keep coming.
@@ -110,20 +124,57 @@ class Upstream:
             await self._session.close()
             self._session = None
 
+    def url(self, target: str) -> URL:
+        """The URL of `target` (a quoted origin-form path and query, as `capture.edge.request_target` makes them)
+        on upstream: its base URL's path, then the target's. ValueError when `target` is not such a path, or the
+        URL would name another scheme, host or port than upstream's."""
+        if _QUOTED_TARGET.fullmatch(target) is None:
+            raise ValueError(f"not a quoted path of upstream's: {target!r}")
+        base = self._base
+        path, _, query = target.partition("?")
+        url = URL.build(
+            scheme=base.scheme,
+            user=base.raw_user,
+            password=base.raw_password,
+            host=base.host_subcomponent or "",
+            port=base.explicit_port,
+            path=base.raw_path.rstrip("/") + path,
+            query_string=query,
+            encoded=True,
+        )
+        if (url.scheme, url.host, url.port) != (base.scheme, base.host, base.port):
+            raise ValueError(f"target {target!r} would leave upstream {self.base_url}")
+        return url
+
+    def _own_url(self, target: str) -> URL:
+        url = self.url(target)
+        if len(self._urls) < _URL_CACHE_LIMIT:
+            self._urls[target] = url
+        return url
+
     def request(
-        self, method: str, target: str, *, body: bytes = b"", headers: HeaderList = (), timeout_s: float | None = None
+        self,
+        method: str,
+        target: str | URL,
+        *,
+        body: bytes = b"",
+        headers: HeaderList = (),
+        timeout_s: float | None = None,
     ) -> UpstreamCall:
-        """One request: ``async with upstream.request(...) as resp`` (headers received inside the block)."""
+        """One request: ``async with upstream.request(...) as resp`` (headers received inside the block).
+
+        `target` is one of the sidecar's own paths (``/v1/completions``, ``/tokenize``: their URLs are built once),
+        or a URL `url` made of a client's target. ValueError for a path that is not upstream's, before anything
+        is sent."""
         if self._session is None:
             raise UpstreamError("upstream client is not started")
+        url = target if isinstance(target, URL) else self._urls.get(target) or self._own_url(target)
         hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         return UpstreamCall(
             # A redirect is the client's to follow (or not), through the sidecar: `capture.passthrough.forward_as_is`
             # points its Location back at the sidecar.
-            self._session.request(
-                method, self.base_url + target, data=body or None, headers=hdrs, timeout=timeout, allow_redirects=False
-            )
+            self._session.request(method, url, data=body or None, headers=hdrs, timeout=timeout, allow_redirects=False)
         )
 
     async def get_json(self, target: str, *, timeout_s: float = 5.0) -> tuple[int, object]:

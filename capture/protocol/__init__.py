@@ -8,6 +8,8 @@ parts both endpoints share:
 - `audit_fields`: `prepare` adds the audit fields to the upstream request (token ids, logprobs at the audit k,
   an injected seed); `strip` takes what the client did not ask for back out of each response object.
 - `sampling`: the sampling contract read from a request, upstream's defaults made explicit.
+- `credentials`: what looks like a credential (field names in any style), kept out of the contract and
+  scrubbed from the upstream error messages an envelope records.
 - `output`: `OutputCollector`, what upstream produced per choice, collected from a whole body or SSE chunks.
 - `token_text`: how upstream spells a token (``token_id:N``) and the text kept for it.
 - `sse`: the framing of a streamed answer (server-sent events).

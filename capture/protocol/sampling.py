@@ -4,17 +4,17 @@ defaults made explicit (a field the request leaves out is recorded as the value 
 `sampling_contract` reads one request; `frozen_contract` is what the proxy calls: the same record for the same
 fields (`_CONTRACTS`), since an application sends the same sampling fields request after request and
 validating a contract is most of the work of `capture.protocol.audit_fields.prepare`. Fields that look like
-credentials are never recorded, at any depth.
+credentials (`capture.protocol.credentials`) are never recorded, at any depth.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Final, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
 from capture.protocol import Endpoint
+from capture.protocol.credentials import is_credential, without_credentials
 from schemas import SamplingContract
 from schemas.canonical import canonical_json
 
@@ -58,21 +58,6 @@ _NOT_OUTPUT_AFFECTING: Final = frozenset(
     | {"return_token_ids", "return_tokens_as_token_ids", "request_id", "metadata", "store", "service_tier"}
     | {"parallel_tool_calls", "priority", "cache_salt"}
 )
-# Fields that carry credentials are never recorded (they do not change outputs): an API key put in the body
-# by a client library, a password inside a nested object, ... (names end with one of these words).
-_CREDENTIAL: Final = re.compile(
-    r"(?:^|[_\-])(?:api[_\-]?key|key|secret|password|passwd|passphrase|token|auth|authorization|credentials?|cookie)$",
-    re.IGNORECASE,
-)
-
-
-def _without_credentials(value: Any) -> Any:
-    """`value` with every object member whose name looks like a credential removed, at any depth."""
-    if isinstance(value, dict):
-        return {k: _without_credentials(v) for k, v in value.items() if not _CREDENTIAL.search(str(k))}
-    if isinstance(value, list):
-        return [_without_credentials(v) for v in value]
-    return value
 
 
 def default_of(body: dict[str, Any], name: str, defaults: SamplingDefaults) -> Any:
@@ -110,12 +95,9 @@ def sampling_contract(
     bias = body.get("logit_bias") or {}
     processors = body.get("logits_processors") or ()
     extra = {
-        name: canonical_json(_without_credentials(value)).decode("utf-8")
+        name: canonical_json(without_credentials(value)).decode("utf-8")
         for name, value in body.items()
-        if name not in _MAPPED
-        and name not in _NOT_OUTPUT_AFFECTING
-        and value is not None
-        and not _CREDENTIAL.search(name)
+        if name not in _MAPPED and name not in _NOT_OUTPUT_AFFECTING and value is not None and not is_credential(name)
     }
     try:
         return SamplingContract(

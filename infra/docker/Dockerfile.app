@@ -68,7 +68,8 @@ COPY schemas ./schemas
 COPY capture ./capture
 COPY replayer ./replayer
 COPY infra ./infra
-RUN pip install . && python -c "import infra.cli"
+# httptools: the HTTP parser `capture serve` pins (capture/http_server.py), the same as in the dev install
+RUN pip install . && python -c "import infra.cli, httptools, uvloop"
 
 COPY --chmod=0755 infra/docker/entrypoint.sh /usr/local/bin/reprolane-entrypoint
 

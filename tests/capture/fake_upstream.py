@@ -1,7 +1,8 @@
 """A tiny OpenAI-shaped upstream in vLLM 0.32's exact response shapes, and helpers to serve ASGI apps on TCP.
 
 Behaviour is chosen by the prompt text (the last message's content, or the completion prompt):
-``error400`` -> 400, ``error500`` -> 500, ``slow`` -> sleeps 5 s (timeouts, disconnects), ``drip`` -> streams one
+``error400`` -> 400, ``echo400`` -> 400 quoting the request back, ``error500`` -> 500, ``slow`` -> sleeps 5 s
+(timeouts, disconnects), ``drip`` -> streams one
 chunk every 0.2 s for 50 chunks, ``noids`` -> answers without prompt_token_ids (the /tokenize fallback).
 Every request's headers and JSON body are kept in ``seen`` for assertions.
 """
@@ -55,17 +56,36 @@ class FakeUpstream:
     #: How each SSE event is spelled: its field prefix and its terminator (vLLM: ``data: `` and LF LF;
     #: sse-starlette, behind many other OpenAI-compatible servers: CRLF CRLF).
     sse: tuple[bytes, bytes] = (b"data: ", b"\n\n")
+    #: Serve ``/detokenize`` (absent otherwise, as on a hosted API), each call taking this long; the most calls
+    #: in progress at once are kept in ``detokenize_peak``.
+    detokenize_delay_s: float | None = None
+    detokenize_status: int = 200
+    detokenize_in_flight: int = 0
+    detokenize_peak: int = 0
 
     def app(self) -> Starlette:
-        return Starlette(
-            routes=[
-                Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                Route("/v1/completions", self.completions, methods=["POST"]),
-                Route("/tokenize", self.tokenize, methods=["POST"]),
-                Route("/version", self.version),
-                Route("/v1/models", self.models),
-            ]
-        )
+        routes = [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/version", self.version),
+            Route("/v1/models", self.models),
+        ]
+        if self.detokenize_delay_s is not None:
+            routes.append(Route("/detokenize", self.detokenize, methods=["POST"]))
+        return Starlette(routes=routes)
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await self._note(request)
+        self.detokenize_in_flight += 1
+        self.detokenize_peak = max(self.detokenize_peak, self.detokenize_in_flight)
+        try:
+            await asyncio.sleep(self.detokenize_delay_s or 0.0)
+        finally:
+            self.detokenize_in_flight -= 1
+        if self.detokenize_status != 200:
+            return JSONResponse({"error": {"message": "no"}}, status_code=self.detokenize_status)
+        return JSONResponse({"prompt": "text of " + ",".join(str(t) for t in body.get("tokens", []))})
 
     async def _note(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -100,6 +120,8 @@ class FakeUpstream:
         return await self._answer(body, str(body.get("prompt", "")), chat=False)
 
     async def _answer(self, body: dict[str, Any], prompt: str, *, chat: bool) -> Response:
+        if "echo400" in prompt:
+            return JSONResponse(_echoing_error(body, self.seen[-1].headers), status_code=400)
         if "error400" in prompt:
             return JSONResponse(ERROR_400, status_code=400)
         if "error500" in prompt:
@@ -194,6 +216,22 @@ class FakeUpstream:
         except (asyncio.CancelledError, GeneratorExit):
             self.aborted += 1
             raise
+
+
+def _echoing_error(body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """A 400 that quotes the request back, as validation errors do: the whole body, the Authorization header,
+    and each long string value the way pydantic truncates it (its first 25 and last 24 characters)."""
+    quoted = [f"{v[:25]}...{v[-24:]}" for v in _strings(body) if len(v) > 50]
+    message = f"1 validation error: input_value={json.dumps(body)}; auth={headers.get('authorization')}; {quoted}"
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
 
 
 def _logprobs(body: dict[str, Any], steps: Any, chat: bool) -> dict[str, Any] | None:
