@@ -7,6 +7,9 @@ Layout of ``directory``::
     00000000000000004097.seg     ... the last segment is the only one ever written to
     acks.log                     append-only log of acknowledged seq ranges
 
+The directory is made 0700 and every file in it 0600 when the spool opens, whatever the umask: envelopes
+hold prompts and answers in plain text.
+
 Segment: ``b"RLSPOOL" + u8 version`` then records ``u32 length | u32 crc | u64 seq | payload`` (little endian),
 ``payload`` = ``envelope.canonical()``, ``crc`` = CRC32 (zlib) over the seq bytes and the payload.
 Ack log: the same 8-byte header (``b"RLACKS"`` + version) then ``u64 first | u64 last | u32 crc`` records.

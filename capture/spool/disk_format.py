@@ -40,6 +40,10 @@ _SEQ = struct.Struct("<Q")
 #: How many following seqs the torn-tail check looks for after a bad record.
 _RESYNC_WINDOW = 64
 
+#: The spool holds request and answer text: its files are the owner's alone, whatever the umask.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
 SEGMENT_HEADER = SEGMENT_MAGIC + bytes([FORMAT_VERSION])
 ACKLOG_HEADER = ACKLOG_MAGIC + bytes([FORMAT_VERSION])
 
@@ -95,9 +99,33 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def open_private(path: Path, flags: int) -> int:
+    """``os.open(path, flags | O_CREAT)`` with the file's mode set to `FILE_MODE` (a umask can only narrow the
+    mode given to ``open``, and an older file keeps its own: ``fchmod`` makes both exact)."""
+    fd = os.open(path, flags | os.O_CREAT, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_private_dir(directory: Path) -> None:
+    """Create ``directory`` (and its parents) if needed and make it `DIR_MODE`, its files `FILE_MODE`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chmod(directory, DIR_MODE)
+    except PermissionError as exc:  # a directory someone else owns (a mount point): its files still are ours
+        log.warning("spool %s: cannot make the directory private (%s); its files are made 0600", directory, exc)
+    for path in directory.iterdir():
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, FILE_MODE)
+
+
 def new_segment_file(path: Path) -> int:
     """Open ``path`` for writing, creating it with its header (file and directory fsynced) when new."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_private(path, os.O_RDWR)
     if os.fstat(fd).st_size == 0:
         os.pwrite(fd, SEGMENT_HEADER, 0)
         os.fsync(fd)
@@ -254,7 +282,7 @@ class AckLog:
         merged = merge_ranges(ranges)
         tmp = self.path.with_name(self.path.name + ".tmp")
         data = ACKLOG_HEADER + _encode_acks(merged)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         try:
             os.write(fd, data)
             os.fsync(fd)
