@@ -2,7 +2,7 @@
 an envelope (its canonical bytes: `capture.assembly.build_envelope_bytes`), appended to the spool.
 
 - ``guaranteed``: the proxy awaits `EnvelopeWriter.finish` before it releases the response;
-  `SpoolFullError` reaches the proxy, which answers 503 instead of serving an unrecorded answer.
+  `SpoolUnavailableError` reaches the answer flow, which answers 503 instead of serving an unrecorded answer.
 - ``best_effort``: the proxy hands the same coroutine to `later` after the response is released; it runs as a
   background task kept in a set (so shutdown can `drain` it); a full spool counts
   ``envelopes_dropped_total`` and logs one line per lost envelope.
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from capture.assembly import EnvelopeInputs, Failure, RequestContext, build_envelope_bytes, prompt_record
 from capture.edge import dumps
-from capture.errors import SpoolFullError, UpstreamError
+from capture.errors import SpoolUnavailableError, UpstreamError
 from capture.metrics import CaptureMetrics
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.output import OutputCollector
@@ -124,8 +124,8 @@ class EnvelopeWriter:
             return
         try:
             await self.append(ctx.request_id, payload)
-        except SpoolFullError:
-            log.error("spool full: envelope of refused request %s not recorded", ctx.request_id)
+        except SpoolUnavailableError as exc:
+            log.error("envelope of refused request %s not recorded: %s", ctx.request_id, exc)
 
     def _attempt_payload(self, ctx: RequestContext, error: Failure, model: str) -> bytes:
         """An error envelope with what the request's context alone says (no prompt, contract or output)."""
@@ -145,16 +145,16 @@ class EnvelopeWriter:
         )
 
     async def append(self, request_id: str, payload: bytes) -> None:
-        """Spool one envelope (its canonical bytes). Guaranteed: raises SpoolFullError. Best effort: counts and
-        logs the drop instead."""
+        """Spool one envelope (its canonical bytes). Guaranteed: raises `SpoolUnavailableError` (`SpoolFullError`
+        at the bound or on a full disk). Best effort: counts and logs the drop instead."""
         if self.guaranteed:
             await self.spool.append_payload(payload)
             return
         try:
             await self.spool.append_payload(payload)
-        except SpoolFullError:
+        except SpoolUnavailableError as exc:
             self.metrics.envelopes_dropped_total.inc()
-            log.error("spool full (best_effort): envelope of request %s dropped", request_id)
+            log.error("spool refused (best_effort): envelope of request %s dropped: %s", request_id, exc)
 
     def later(self, work: Awaitable[None]) -> None:
         """Run a recording in the background, tracked until it ends."""

@@ -20,7 +20,7 @@ from typing import Any, Final
 from capture.assembly import ErrorType, Failure, RequestContext
 from capture.edge import Send, error_body, forward_headers, send_json
 from capture.envelope_writer import EnvelopeWriter
-from capture.errors import SpoolFullError
+from capture.errors import SpoolUnavailableError
 from capture.protocol import Endpoint, chat, completions
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.output import OutputCollector
@@ -81,14 +81,15 @@ class Forwarder:
     ) -> int:
         """Answer `body` with `status` and record the outcome, in the mode's order; returns the status sent.
 
-        In guaranteed mode a spool that is full by now raises `SpoolFullError`, or, with `refuse_when_full`,
-        answers 503 instead (the non-streamed answer: nothing of it has been sent yet).
+        In guaranteed mode a spool that cannot take the envelope by now (full, or its disk refused the write)
+        raises `SpoolUnavailableError`, or, with `refuse_when_full`, answers 503 instead (the non-streamed
+        answer: nothing of it has been sent yet).
         """
         rid = ctx.request_id.encode("ascii")
         if self.guaranteed:
             try:
                 await self.finish(ctx, prepared, collector, error, t0)
-            except SpoolFullError:
+            except SpoolUnavailableError:
                 if not refuse_when_full:
                     raise
                 await send_json(send, 503, SPOOL_FULL, rid)

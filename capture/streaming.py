@@ -16,7 +16,7 @@ import time
 
 from capture.assembly import ErrorType, RequestContext
 from capture.edge import Send, Watch, consume_disconnect, decode_json, end_stream, response_headers
-from capture.errors import SpoolFullError, UpstreamError, UpstreamTimeoutError
+from capture.errors import SpoolUnavailableError, UpstreamError, UpstreamTimeoutError
 from capture.forwarding import SPOOL_FULL, Forwarder
 from capture.protocol.audit_fields import Prepared, strip
 from capture.protocol.output import OutputCollector
@@ -81,7 +81,7 @@ async def forward_stream(
     if fw.guaranteed:
         try:
             await fw.finish(ctx, prepared, collector, error, t0)
-        except SpoolFullError:
+        except SpoolUnavailableError:
             await end_stream(send, sse(SPOOL_FULL))
             return 503
         await end_stream(send, last if done else b"")

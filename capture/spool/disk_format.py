@@ -18,6 +18,8 @@ This module knows bytes and files only; the rules about *when* something is torn
 from __future__ import annotations
 
 import bisect
+import contextlib
+import errno
 import logging
 import os
 import struct
@@ -124,12 +126,18 @@ def make_private_dir(directory: Path) -> None:
 
 
 def new_segment_file(path: Path) -> int:
-    """Open ``path`` for writing, creating it with its header (file and directory fsynced) when new."""
+    """Open ``path`` for writing, creating it with its header (file and directory fsynced) when new. A header
+    that failed to be written (a full disk) is written again by the next call, which the writer retries."""
     fd = open_private(path, os.O_RDWR)
-    if os.fstat(fd).st_size == 0:
-        os.pwrite(fd, SEGMENT_HEADER, 0)
-        os.fsync(fd)
-        fsync_dir(path.parent)
+    try:
+        if os.fstat(fd).st_size < HEADER_SIZE:  # new, or a creation a full disk cut short: (re)write the header
+            if os.pwrite(fd, SEGMENT_HEADER, 0) != HEADER_SIZE:
+                raise OSError(errno.ENOSPC, f"short write of the header of {path}")
+            os.fsync(fd)
+            fsync_dir(path.parent)
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -270,10 +278,20 @@ class AckLog:
         return AckedSet(list(self.ranges))
 
     def append(self, ranges: list[tuple[int, int]]) -> None:
+        """Append and fsync. A write that failed (a full disk) is cut back, here or, if even that failed, before
+        the next append, so the records after it stay aligned (the publisher acks those seqs again)."""
         assert self._fd is not None
         data = _encode_acks(ranges)
-        os.write(self._fd, data)
-        os.fsync(self._fd)
+        try:
+            if os.fstat(self._fd).st_size != self.size:
+                os.ftruncate(self._fd, self.size)
+            if os.write(self._fd, data) != len(data):
+                raise OSError(errno.ENOSPC, f"short write to {self.path}")
+            os.fsync(self._fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.size)
+            raise
         self.ranges.extend(ranges)
         self.size += len(data)
 
