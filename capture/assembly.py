@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeAlias
 
 from pydantic import ValidationError
 
@@ -44,13 +44,21 @@ from schemas import (
     Timings,
     WorkflowRef,
 )
+from schemas import envelope as envelope_schema
 from schemas.envelope_codec import canonical_with_logprobs
 
-ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
+ErrorType: TypeAlias = envelope_schema.ErrorType
 Failure = tuple[ErrorType, int | None, str]
 """Why a request has no complete output: (error type, HTTP status when there was one, message)."""
 
 _NO_CHOICES: Final[Failure] = ("proxy_error", None, "upstream answered without choices")
+STARTED: Final[Failure] = (
+    "incomplete",
+    None,
+    "started: recorded before the answer was relayed (guaranteed mode); the envelope with this request id that "
+    "follows says how it ended, and none follows only when the sidecar stopped mid-answer",
+)
+"""The outcome of a started record (`schemas.envelope.ErrorType`'s ``incomplete``)."""
 
 
 @dataclass(slots=True)

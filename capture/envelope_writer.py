@@ -1,8 +1,11 @@
 """Writes each request's envelope into the spool, per the capture mode: a finished (or refused) request becomes
 an envelope (its canonical bytes: `capture.assembly.build_envelope_bytes`), appended to the spool.
 
-- ``guaranteed``: the proxy awaits `EnvelopeWriter.finish` before it releases the response;
-  `SpoolFullError` reaches the proxy, which answers 503 instead of serving an unrecorded answer.
+- ``guaranteed``: a stream's *started* record (`EnvelopeWriter.record_started`) is durable before the request
+  goes upstream, so no streamed byte reaches a client unrecorded (a spool that cannot take it refuses the request
+  with 503 before upstream sees it); the proxy awaits `EnvelopeWriter.finish` before it releases the response
+  (the stream's last event), and that envelope supersedes the started one;
+  `SpoolUnavailableError` reaches the answer flow, which answers 503 instead of serving an unrecorded answer.
 - ``best_effort``: the proxy hands the same coroutine to `later` after the response is released; it runs as a
   background task kept in a set (so shutdown can `drain` it); a full spool counts
   ``envelopes_dropped_total`` and logs one line per lost envelope.
@@ -20,9 +23,9 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from capture.assembly import EnvelopeInputs, Failure, RequestContext, build_envelope_bytes, prompt_record
+from capture.assembly import STARTED, EnvelopeInputs, Failure, RequestContext, build_envelope_bytes, prompt_record
 from capture.edge import dumps
-from capture.errors import SpoolFullError, UpstreamError
+from capture.errors import SpoolUnavailableError, UpstreamError
 from capture.metrics import CaptureMetrics
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.output import OutputCollector
@@ -111,6 +114,35 @@ class EnvelopeWriter:
             payload = self._attempt_payload(ctx, failure, prepared.model)
         await self.append(ctx.request_id, payload)
 
+    async def record_started(self, ctx: RequestContext, prepared: Prepared, in_flight: int) -> None:
+        """Guaranteed mode, before a stream goes upstream: the request's *started* record (its contract as known
+        before upstream answers, outcome ``incomplete``: `capture.assembly.STARTED`), durable when this returns.
+
+        Raises what `SpoolLike.append_payload` raises when the spool cannot take it (`SpoolUnavailableError`,
+        `SpoolCorruptError`): the request is then refused before upstream sees it. The envelope `finish` writes
+        later, with the same request id, supersedes this one.
+        """
+        ctx.in_flight_at_end = in_flight
+        try:
+            payload = build_envelope_bytes(
+                EnvelopeInputs(
+                    ctx,
+                    model=prepared.model,
+                    artifacts=self.artifacts,
+                    runtime=self.runtime.fingerprint(None),
+                    prompt=None,
+                    sampling=prepared.sampling,
+                    collector=None,
+                    error=STARTED,
+                    captured_at=datetime.now(UTC),
+                    sidecar_id=self.sidecar_id,
+                )
+            )
+        except Exception:  # a bug of ours: keep what the request's context alone says
+            log.exception("request %s: its started record could not be built; recording the attempt", ctx.request_id)
+            payload = self._attempt_payload(ctx, STARTED, prepared.model)
+        await self.spool.append_payload(payload)
+
     async def record_refused(self, ctx: RequestContext, error: Failure, t0: float) -> None:
         """An attempt the sidecar refused before upstream saw it (413, bad JSON, bad headers).
 
@@ -124,8 +156,8 @@ class EnvelopeWriter:
             return
         try:
             await self.append(ctx.request_id, payload)
-        except SpoolFullError:
-            log.error("spool full: envelope of refused request %s not recorded", ctx.request_id)
+        except SpoolUnavailableError as exc:
+            log.error("envelope of refused request %s not recorded: %s", ctx.request_id, exc)
 
     def _attempt_payload(self, ctx: RequestContext, error: Failure, model: str) -> bytes:
         """An error envelope with what the request's context alone says (no prompt, contract or output)."""
@@ -145,16 +177,16 @@ class EnvelopeWriter:
         )
 
     async def append(self, request_id: str, payload: bytes) -> None:
-        """Spool one envelope (its canonical bytes). Guaranteed: raises SpoolFullError. Best effort: counts and
-        logs the drop instead."""
+        """Spool one envelope (its canonical bytes). Guaranteed: raises `SpoolUnavailableError` (`SpoolFullError`
+        at the bound or on a full disk). Best effort: counts and logs the drop instead."""
         if self.guaranteed:
             await self.spool.append_payload(payload)
             return
         try:
             await self.spool.append_payload(payload)
-        except SpoolFullError:
+        except SpoolUnavailableError as exc:
             self.metrics.envelopes_dropped_total.inc()
-            log.error("spool full (best_effort): envelope of request %s dropped", request_id)
+            log.error("spool refused (best_effort): envelope of request %s dropped: %s", request_id, exc)
 
     def later(self, work: Awaitable[None]) -> None:
         """Run a recording in the background, tracked until it ends."""

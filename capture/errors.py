@@ -2,7 +2,9 @@
 
     Exception
      └── CaptureError                 base of everything raised by this package
-          ├── SpoolFullError          the spool reached its byte bound; guaranteed mode answers 503
+          ├── SpoolUnavailableError   the spool cannot take a record now (its write failed and was undone;
+          │    │                      the next append tries again); guaranteed mode answers 503
+          │    └── SpoolFullError     the spool reached its byte bound, or its disk has no space left
           ├── SpoolCorruptError       a spool segment could not be read back (names the file and offset)
           ├── SinkError               Kafka or S3 refused or could not be reached (translated at the boundary)
           ├── SealingError            a tenant's data key cannot be made or read to seal with (capture.ledger's
@@ -21,7 +23,11 @@ class CaptureError(Exception):
     """Base of the capture package's errors."""
 
 
-class SpoolFullError(CaptureError):
+class SpoolUnavailableError(CaptureError):
+    pass
+
+
+class SpoolFullError(SpoolUnavailableError):
     pass
 
 

@@ -5,7 +5,9 @@ A captured request is answered by `capture.non_streaming.forward_whole` or `capt
 both call upstream through `Forwarder.call` and end with the outcome recorded by the `EnvelopeWriter`:
 
 - ``guaranteed``: the envelope is durable in the spool before the answer is released (`Forwarder.finish` is
-  awaited first); a spool that filled while the request ran turns the answer into a refusal.
+  awaited first); a spool that filled while the request ran turns the answer into a refusal. A stream, whose
+  answer is relayed as it comes, first makes a started record durable (`Forwarder.record_start`), before
+  upstream is asked: a spool that cannot take it refuses the request with 503.
 - ``best_effort``: the answer is released first and its recording runs in the background (``writer.later``).
 
 `Forwarder.in_flight` counts the requests passing through the sidecar (`capture.proxy.CaptureProxy` counts
@@ -20,7 +22,7 @@ from typing import Any, Final
 from capture.assembly import ErrorType, Failure, RequestContext
 from capture.edge import Send, error_body, forward_headers, send_json
 from capture.envelope_writer import EnvelopeWriter
-from capture.errors import SpoolFullError
+from capture.errors import SpoolCorruptError, SpoolFullError, SpoolUnavailableError
 from capture.protocol import Endpoint, chat, completions
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.credentials import credential_values, scrub
@@ -31,6 +33,12 @@ PATHS: Final[dict[Endpoint, str]] = {"chat.completions": chat.PATH, "completions
 
 SPOOL_FULL: Final = error_body(
     "the audit spool is full: the sidecar does not serve requests it cannot record (guaranteed mode)",
+    type_="service_unavailable",
+    code=503,
+)
+SPOOL_UNAVAILABLE: Final = error_body(
+    "the audit spool cannot record this request now (its disk refuses writes): the sidecar does not serve requests "
+    "it cannot record (guaranteed mode)",
     type_="service_unavailable",
     code=503,
 )
@@ -76,6 +84,18 @@ class Forwarder:
         ctx.recorded = True
         return self.writer.finish(ctx, prepared, collector, error, t0)
 
+    async def record_start(self, ctx: RequestContext, prepared: Prepared, send: Send) -> int | None:
+        """Guaranteed mode, before a stream goes upstream: make its started record durable (None once it is), or
+        answer 503 when the spool cannot take it (full, failed, read-only, disk full) and return 503: the
+        request never reaches upstream, and nothing of an answer is relayed unrecorded."""
+        try:
+            await self.writer.record_started(ctx, prepared, self.in_flight)
+        except (SpoolUnavailableError, SpoolCorruptError) as exc:
+            body = SPOOL_FULL if isinstance(exc, SpoolFullError) else SPOOL_UNAVAILABLE
+            await send_json(send, 503, body, ctx.request_id.encode("ascii"))
+            return 503
+        return None
+
     async def client_gone(self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, t0: float) -> int:
         """The client hung up while upstream worked (the upstream call is cancelled): record the attempt, 499."""
         await self.finish(ctx, prepared, collector, _CLIENT_GONE, t0)
@@ -97,14 +117,15 @@ class Forwarder:
     ) -> int:
         """Answer `body` with `status` and record the outcome, in the mode's order; returns the status sent.
 
-        In guaranteed mode a spool that is full by now raises `SpoolFullError`, or, with `refuse_when_full`,
-        answers 503 instead (the non-streamed answer: nothing of it has been sent yet).
+        In guaranteed mode a spool that cannot take the envelope by now (full, or its disk refused the write)
+        raises `SpoolUnavailableError`, or, with `refuse_when_full`, answers 503 instead (the non-streamed
+        answer: nothing of it has been sent yet).
         """
         rid = ctx.request_id.encode("ascii")
         if self.guaranteed:
             try:
                 await self.finish(ctx, prepared, collector, error, t0)
-            except SpoolFullError:
+            except SpoolUnavailableError:
                 if not refuse_when_full:
                     raise
                 await send_json(send, 503, SPOOL_FULL, rid)

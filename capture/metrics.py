@@ -17,6 +17,7 @@ the same instance; the app renders it.
     reprolane_capture_envelopes_published_total{sink}     envelopes acknowledged by a sink
     reprolane_capture_envelopes_spooled_total             envelopes appended to the spool
     reprolane_capture_spool_full_total                    appends refused because the spool was full
+    reprolane_capture_spool_write_failures_total{reason}  spool writes the disk refused, undone (no_space, io_error)
 """
 
 from __future__ import annotations
@@ -100,6 +101,14 @@ class CaptureMetrics:
         )
         self.spool_full_total = Counter(
             "spool_full_total", "Appends refused because the spool was full", namespace=namespace, registry=r
+        )
+        self.spool_write_failures_total = Counter(
+            "spool_write_failures_total",
+            "Spool writes the disk refused (no_space: full disk or short write; io_error: anything else), each "
+            "undone to the last complete record; its appends were refused and the next ones try again",
+            ["reason"],
+            namespace=namespace,
+            registry=r,
         )
         self.uncaptured_total = Counter(
             "uncaptured_total",

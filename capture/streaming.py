@@ -3,9 +3,11 @@ stripped one by one as they arrive, and passed on in the spelling upstream used.
 
 Each ``data`` event holding a JSON object is recorded (`OutputCollector.add`) and sent on stripped of the
 audit fields (`rewrite_event`); any other event passes unchanged, and upstream's ``data: [DONE]`` is held back
-until the outcome is recorded. In guaranteed mode the stream then ends with it, or, when the spool filled
-while the request ran, with an error event instead; a stream upstream ends without ``[DONE]``, or breaks, is
-recorded as an error. An error document upstream answers instead of a stream is relayed as it came.
+until the outcome is recorded. In guaranteed mode a started record is durable before the request goes upstream
+(`Forwarder.record_start`: a spool that cannot take it refuses the request with 503), and the stream ends with
+``[DONE]`` once the finished envelope is durable too, or, when the spool filled while the request ran, with an
+error event instead; a stream upstream ends without ``[DONE]``, or breaks, is recorded as an error. An error
+document upstream answers instead of a stream is relayed as it came.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 
 from capture.assembly import ErrorType, RequestContext
 from capture.edge import Send, Watch, consume_disconnect, decode_json, end_stream, response_headers
-from capture.errors import SpoolFullError, UpstreamError, UpstreamTimeoutError
+from capture.errors import SpoolCorruptError, SpoolUnavailableError, UpstreamError, UpstreamTimeoutError
 from capture.forwarding import SPOOL_FULL, Forwarder, upstream_said
 from capture.protocol.audit_fields import Prepared, strip
 from capture.protocol.output import OutputCollector
@@ -37,11 +39,13 @@ async def forward_stream(
 ) -> int:
     """Forward one streamed captured request and stream its answer; returns the status the client got."""
     rid = ctx.request_id.encode("ascii")
-    t_up = time.perf_counter()
     started = False
     error: tuple[ErrorType, int | None, str] | None = None
     done, last = False, SSE_DONE
     try:
+        if fw.guaranteed and (refused := await fw.record_start(ctx, prepared, send)) is not None:
+            return refused
+        t_up = time.perf_counter()
         try:
             async with fw.call(ctx, upstream_body, headers) as resp:
                 if resp.status != 200:
@@ -81,7 +85,7 @@ async def forward_stream(
     if fw.guaranteed:
         try:
             await fw.finish(ctx, prepared, collector, error, t0)
-        except SpoolFullError:
+        except (SpoolUnavailableError, SpoolCorruptError):
             await end_stream(send, sse(SPOOL_FULL))
             return 503
         await end_stream(send, last if done else b"")

@@ -2,7 +2,9 @@
 
 Selection is decided before replayability: an envelope that is not selected is skipped quietly; a selected one
 that cannot be replayed (an error envelope, a request rejected before tokenization) is counted as
-not replayable and skipped. On-demand requests (the replay-request topic) bypass selection entirely.
+not replayable and skipped. A started record (outcome ``incomplete``: guaranteed mode writes one before it
+relays a stream) is never selected: the envelope with the same request id that supersedes it is the one judged,
+so a flagged stream is counted once. On-demand requests (the replay-request topic) bypass selection entirely.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ Decision = Literal["replay", "not_selected", "not_replayable"]
 
 def select(envelope: Envelope, settings: ReplayerSettings) -> Decision:
     """What the consumer does with `envelope` (see module docstring)."""
-    if not (envelope.flagged or settings.replay_all):
+    if envelope.is_started_record or not (envelope.flagged or settings.replay_all):
         return "not_selected"
     if not envelope.replayable:
         return "not_replayable"
@@ -26,6 +28,11 @@ def select(envelope: Envelope, settings: ReplayerSettings) -> Decision:
 
 def not_replayable_reason(envelope: Envelope) -> str:
     """Why `envelope.replayable` is False, in words."""
+    if envelope.is_started_record:
+        return (
+            "it is a started record, written before the answer was relayed: the envelope with this request id "
+            "written after it holds the outcome (none exists when the sidecar stopped mid-answer)"
+        )
     if envelope.prompt is None:
         return "no prompt token ids were recorded"
     if envelope.sampling is None:

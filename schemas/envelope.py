@@ -108,11 +108,20 @@ class CapturedOutput(Record):
     usage: dict[str, int] = Field(default_factory=dict)
 
 
+ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error", "incomplete"]
+"""Why a request has no complete output. ``incomplete``: the *started* record of a request whose answer had not
+been relayed yet when it was written (guaranteed mode writes one before it relays a stream, so no streamed
+byte reaches a client unrecorded); the envelope with the same request id written after it says how the
+request ended and supersedes it (the request-id index points there); a started record with none after it is
+a request the sidecar stopped serving mid-answer (a crash)."""
+
+
 class CapturedError(Record):
-    """The request did not produce a complete output: upstream error, timeout, client gone, bad input."""
+    """The request did not produce a complete output: upstream error, timeout, client gone, bad input, or (the
+    started record, ``incomplete``) not yet."""
 
     kind: Literal["error"] = "error"
-    error_type: Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error"]
+    error_type: ErrorType
     status_code: int | None = None
     message: str
     timings: Timings
@@ -167,6 +176,12 @@ class Envelope(Record):
     def envelope_id(self) -> str:
         """sha256 (hex) of the canonical encoding: the content address of this record."""
         return sha256_hex(self.canonical())
+
+    @property
+    def is_started_record(self) -> bool:
+        """The started record of a request (outcome ``incomplete``), written before its answer was relayed; the
+        envelope with the same request id written after it supersedes it (see `ErrorType`)."""
+        return isinstance(self.outcome, CapturedError) and self.outcome.error_type == "incomplete"
 
     @property
     def replayable(self) -> bool:

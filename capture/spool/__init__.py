@@ -7,6 +7,9 @@ Layout of ``directory``::
     00000000000000004097.seg     ... the last segment is the only one ever written to
     acks.log                     append-only log of acknowledged seq ranges
 
+The directory is made 0700 and every file in it 0600 when the spool opens, whatever the umask: envelopes
+hold prompts and answers in plain text.
+
 Segment: ``b"RLSPOOL" + u8 version`` then records ``u32 length | u32 crc | u64 seq | payload`` (little endian),
 ``payload`` = ``envelope.canonical()``, ``crc`` = CRC32 (zlib) over the seq bytes and the payload.
 Ack log: the same 8-byte header (``b"RLACKS"`` + version) then ``u64 first | u64 last | u32 crc`` records.
@@ -35,6 +38,11 @@ Invariants (what makes it correct):
 6. The bound: `bytes` (pending record bytes, headers included, plus appends in flight) never exceeds
    `max_bytes`; an append that would cross it raises `SpoolFullError` at once. Disk use can exceed it by up to
    one segment of acked records that share a file with pending ones.
+7. A write the disk refuses (no space, a short write, a failed fsync) is undone: the active segment is cut back
+   to its last complete record (truncate + fsync, retried before the next write if the disk refuses even
+   that), the batch's appends are refused (`SpoolFullError` for no space, else `SpoolUnavailableError`),
+   ``spool_write_failures_total{reason}`` counts it, and the next append tries again: the spool resumes by
+   itself when the disk takes writes again. Only an error that is not the disk's (a bug) stops all appends.
 
 All file IO runs in worker threads (`asyncio.to_thread`); in-memory state is touched only on the event loop.
 

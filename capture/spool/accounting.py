@@ -47,6 +47,8 @@ class SpoolBound:
                     size,
                     self.max_bytes,
                 )
+            if self._metrics is not None:
+                self._metrics.spool_full_total.inc()
             raise SpoolFullError(
                 f"spool {self.directory} is full: {self.bytes + self.reserved} of {self.max_bytes} bytes pending"
             )

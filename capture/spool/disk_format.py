@@ -18,6 +18,8 @@ This module knows bytes and files only; the rules about *when* something is torn
 from __future__ import annotations
 
 import bisect
+import contextlib
+import errno
 import logging
 import os
 import struct
@@ -39,6 +41,10 @@ ACK_RECORD = struct.Struct("<QQI")
 _SEQ = struct.Struct("<Q")
 #: How many following seqs the torn-tail check looks for after a bad record.
 _RESYNC_WINDOW = 64
+
+#: The spool holds request and answer text: its files are the owner's alone, whatever the umask.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 SEGMENT_HEADER = SEGMENT_MAGIC + bytes([FORMAT_VERSION])
 ACKLOG_HEADER = ACKLOG_MAGIC + bytes([FORMAT_VERSION])
@@ -95,13 +101,43 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def open_private(path: Path, flags: int) -> int:
+    """``os.open(path, flags | O_CREAT)`` with the file's mode set to `FILE_MODE` (a umask can only narrow the
+    mode given to ``open``, and an older file keeps its own: ``fchmod`` makes both exact)."""
+    fd = os.open(path, flags | os.O_CREAT, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_private_dir(directory: Path) -> None:
+    """Create ``directory`` (and its parents) if needed and make it `DIR_MODE`, its files `FILE_MODE`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chmod(directory, DIR_MODE)
+    except PermissionError as exc:  # a directory someone else owns (a mount point): its files still are ours
+        log.warning("spool %s: cannot make the directory private (%s); its files are made 0600", directory, exc)
+    for path in directory.iterdir():
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, FILE_MODE)
+
+
 def new_segment_file(path: Path) -> int:
-    """Open ``path`` for writing, creating it with its header (file and directory fsynced) when new."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    if os.fstat(fd).st_size == 0:
-        os.pwrite(fd, SEGMENT_HEADER, 0)
-        os.fsync(fd)
-        fsync_dir(path.parent)
+    """Open ``path`` for writing, creating it with its header (file and directory fsynced) when new. A header
+    that failed to be written (a full disk) is written again by the next call, which the writer retries."""
+    fd = open_private(path, os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size < HEADER_SIZE:  # new, or a creation a full disk cut short: (re)write the header
+            if os.pwrite(fd, SEGMENT_HEADER, 0) != HEADER_SIZE:
+                raise OSError(errno.ENOSPC, f"short write of the header of {path}")
+            os.fsync(fd)
+            fsync_dir(path.parent)
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -242,10 +278,20 @@ class AckLog:
         return AckedSet(list(self.ranges))
 
     def append(self, ranges: list[tuple[int, int]]) -> None:
+        """Append and fsync. A write that failed (a full disk) is cut back, here or, if even that failed, before
+        the next append, so the records after it stay aligned (the publisher acks those seqs again)."""
         assert self._fd is not None
         data = _encode_acks(ranges)
-        os.write(self._fd, data)
-        os.fsync(self._fd)
+        try:
+            if os.fstat(self._fd).st_size != self.size:
+                os.ftruncate(self._fd, self.size)
+            if os.write(self._fd, data) != len(data):
+                raise OSError(errno.ENOSPC, f"short write to {self.path}")
+            os.fsync(self._fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.size)
+            raise
         self.ranges.extend(ranges)
         self.size += len(data)
 
@@ -254,7 +300,7 @@ class AckLog:
         merged = merge_ranges(ranges)
         tmp = self.path.with_name(self.path.name + ".tmp")
         data = ACKLOG_HEADER + _encode_acks(merged)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         try:
             os.write(fd, data)
             os.fsync(fd)

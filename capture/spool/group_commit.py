@@ -4,9 +4,14 @@ An append returns only after its record's bytes *and* their file's growth are fs
 `capture.spool`). Which appends share a write: by default those that arrive while the loop keeps adding to the
 queue (at most ``group_commit_ms``), so a lone appender does not wait; with ``linger_ms`` (best_effort, where no
 client waits for the spool) every ``linger_ms`` after the first, which spares the CPU an fsync per envelope at
-a steady moderate load (BENCHMARKS.md); under a full load both form large batches. A write that fails leaves
-the segment as it was; a full disk refuses that batch (`SpoolFullError`), any other failure stops all appends
-(`SpoolCorruptError`) rather than risk a record that is not where the index says.
+a steady moderate load (BENCHMARKS.md); under a full load both form large batches.
+
+A write the disk refuses (a full disk, a short write, a failed fsync) is undone: the active segment is cut back
+to its last complete record (truncate + fsync; if even that fails, again before the next write, so no record
+is ever written after a partial one), the batch is refused (`SpoolFullError` when the disk has no space,
+`SpoolUnavailableError` otherwise), ``spool_write_failures_total{reason}`` counts it and the next batch tries
+again: the spool recovers by itself when space returns. Only an error that is not the disk's (a bug) stops all
+appends (`SpoolCorruptError`) rather than risk a record that is not where the index says.
 """
 
 from __future__ import annotations
@@ -16,11 +21,16 @@ import errno
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from capture.errors import SpoolCorruptError, SpoolFullError
+from capture.errors import SpoolCorruptError, SpoolFullError, SpoolUnavailableError
 from capture.spool.accounting import SpoolBound
 from capture.spool.disk_format import encode_record
 from capture.spool.segments import SegmentLog
+
+if TYPE_CHECKING:
+    from capture.metrics import CaptureMetrics
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +61,7 @@ class GroupCommitWriter:
         *,
         group_commit_s: float,
         linger_s: float,
+        metrics: CaptureMetrics | None = None,
     ) -> None:
         self._segments = segments
         self._bound = bound
@@ -61,9 +72,11 @@ class GroupCommitWriter:
         #: Called after every fsync of a segment (tests count group commits with it).
         self.on_fsync: Callable[[], None] | None = None
         self.fsync_count = 0
-        self.failed: BaseException | None = None  # set when a write failed: appends are refused from then on
+        self.failed: BaseException | None = None  # set when a write failed for a bug's sake: appends are refused
         self.queue: asyncio.Queue[PendingAppend] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._metrics = metrics
+        self._failing = 0  # failed batches since the last write that succeeded
 
     @property
     def running(self) -> bool:
@@ -124,6 +137,8 @@ class GroupCommitWriter:
         first_seq = segments.next_seq
         segments.next_seq += len(items)
         try:
+            if segments.needs_cut_back:
+                await self._cut_back()
             if segments.active_segment().size >= segments.segment_bytes:
                 await segments.roll(first_seq)
             seg = segments.active_segment()
@@ -131,26 +146,78 @@ class GroupCommitWriter:
             offsets = await asyncio.to_thread(
                 segments.write_sync, segments.active_fd, seg.size, first_seq, [p.payload for p in items]
             )
-        except Exception as exc:  # OSError from the disk; anything else is a bug, and must not hang appenders
+        except OSError as exc:  # the disk: undo the write, refuse this batch, let the next one try again
             segments.next_seq = first_seq
-            error: BaseException
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                error = SpoolFullError(f"spool {directory}: no space left on device")
-            else:
-                self.failed = exc
-                error = SpoolCorruptError(f"spool {directory}: write failed, appends stopped: {exc}")
-            log.error("spool %s: write of %d records failed: %s", directory, len(items), exc)
+            await self._undo(exc, len(items))
+            refusal = _refusal(directory, exc)
             for p in items:
-                _settle(p.future, error)
+                _settle(p.future, refusal)
             return
+        except Exception as exc:  # a bug: stop rather than risk a record that is not where the index says
+            segments.next_seq = first_seq
+            self.failed = exc
+            log.exception("spool %s: write of %d records failed; appends stopped", directory, len(items))
+            for p in items:
+                _settle(p.future, SpoolCorruptError(f"spool {directory}: write failed, appends stopped: {exc!r}"))
+            return
+        if self._failing:
+            log.info("spool %s: writes succeed again after %d failed batches", directory, self._failing)
+            self._failing = 0
         bound.bytes += segments.add_batch(seg, first_seq, offsets, [p.size for p in items])
         self.fsync_count += 1
         if self.on_fsync is not None:
             self.on_fsync()
+        if self._metrics is not None:
+            self._metrics.envelopes_spooled_total.inc(len(items))
         bound.grew(len(segments.index))
         self._has_pending.set()
         for p in items:
             _settle(p.future, None)
+
+    async def _cut_back(self) -> None:
+        """Cut the active segment back to its last complete record (raises OSError when the disk refuses)."""
+        segments = self._segments
+        assert segments.active_fd is not None
+        await asyncio.to_thread(segments.cut_back_sync, segments.active_fd, segments.active_segment().size)
+        segments.needs_cut_back = False
+
+    async def _undo(self, exc: OSError, records: int) -> None:
+        """After a failed write: cut the active segment back (or mark it to be cut back before the next write),
+        count the failure, and log the first of a run of them."""
+        segments = self._segments
+        try:
+            await self._cut_back()
+        except OSError as cut_exc:
+            segments.needs_cut_back = True
+            log.error(
+                "spool %s: cutting a failed write back failed too (%s); retried before the next write",
+                segments.directory,
+                cut_exc,
+            )
+        if self._metrics is not None:
+            self._metrics.spool_write_failures_total.labels(_reason(exc)).inc()
+        if not self._failing:
+            log.error(
+                "spool %s: write of %d records failed (%s); undone, those appends are refused and the next ones "
+                "try again",
+                segments.directory,
+                records,
+                exc,
+            )
+        self._failing += 1
+
+
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def _reason(exc: OSError) -> str:
+    return "no_space" if exc.errno in _NO_SPACE else "io_error"
+
+
+def _refusal(directory: Path, exc: OSError) -> SpoolUnavailableError:
+    if exc.errno in _NO_SPACE:
+        return SpoolFullError(f"spool {directory}: no space left on device ({exc}); the next append tries again")
+    return SpoolUnavailableError(f"spool {directory}: write failed ({exc}); undone, the next append tries again")
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

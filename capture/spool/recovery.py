@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capture.errors import SpoolCorruptError
-from capture.spool.disk_format import AckLog, ScanResult, delete_files, parse_segment_name, read_record, scan_segment
+from capture.spool.disk_format import (
+    AckLog,
+    ScanResult,
+    delete_files,
+    make_private_dir,
+    open_private,
+    parse_segment_name,
+    read_record,
+    scan_segment,
+)
 from capture.spool.segments import Segment, SegmentLog
 
 log = logging.getLogger(__name__)
@@ -35,8 +44,8 @@ def recover(segments: SegmentLog) -> int:
     """Open the spool's files into `segments` (blocking); returns the bytes of the records pending again.
     On any failure the files are closed again and the error raised."""
     directory = segments.directory
-    directory.mkdir(parents=True, exist_ok=True)
-    lock_fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    make_private_dir(directory)
+    lock_fd = open_private(directory / "LOCK", os.O_RDWR)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

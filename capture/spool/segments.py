@@ -47,6 +47,8 @@ class SegmentLog:
         self.index: OrderedDict[int, Location] = OrderedDict()  # pending seqs, oldest first
         self.next_seq = 1
         self.active_fd: int | None = None
+        #: A write failed and the active segment could not be cut back to its last complete record yet.
+        self.needs_cut_back = False
         self.lock_fd: int | None = None
         self.acks: AckLog | None = None
         #: Held while files may be deleted, and while pending records are read from them.
@@ -71,7 +73,11 @@ class SegmentLog:
 
     @staticmethod
     def write_sync(fd: int, at: int, first_seq: int, payloads: list[bytes]) -> list[int]:
-        """Write the records at offset ``at`` of ``fd`` and fsync; on failure leave the file as it was."""
+        """Write the records at offset ``at`` of ``fd`` and fsync; returns their offsets and the new end.
+
+        A short write is continued where it stopped (a signal, or the last free blocks); the write that can go
+        no further raises (``ENOSPC``). On any failure the caller cuts the file back to ``at`` (`cut_back_sync`).
+        """
         offsets: list[int] = []
         chunks: list[bytes] = []
         pos = at
@@ -80,20 +86,24 @@ class SegmentLog:
             offsets.append(pos)
             chunks.append(rec)
             pos += len(rec)
-        data = b"".join(chunks)
-        try:
-            written = os.pwrite(fd, data, at)
-            if written != len(data):
-                raise OSError(errno.EIO, f"short write: {written} of {len(data)} bytes")
-            os.fsync(fd)
-        except OSError:
-            try:  # leave no partial record behind for the next batch to follow
-                os.ftruncate(fd, at)
-            except OSError:
-                pass
-            raise
+        data = memoryview(b"".join(chunks))
+        done = 0
+        while done < len(data):
+            written = os.pwrite(fd, data[done:], at + done)
+            if written <= 0:
+                raise OSError(errno.ENOSPC, f"short write: {done} of {len(data)} bytes")
+            done += written
+        os.fsync(fd)
         offsets.append(pos)  # the new end of the segment
         return offsets
+
+    @staticmethod
+    def cut_back_sync(fd: int, end: int) -> None:
+        """Make ``end`` the durable end of the segment again: whatever a failed write left after its last complete
+        record goes (truncate + fsync). Raises when the disk refuses even that: the writer then cuts back again
+        before its next write, so no record is ever written after a partial one."""
+        os.ftruncate(fd, end)
+        os.fsync(fd)
 
     def roll_sync(self, first_seq: int) -> None:
         """Seal the active segment and start ``first_seq``'s (blocking: only while opening)."""

@@ -55,6 +55,7 @@ class Spool:
             self._has_pending,
             group_commit_s=group_commit_ms / 1000.0,
             linger_s=linger_ms / 1000.0,
+            metrics=metrics,
         )
         self._ack_lock = asyncio.Lock()
 

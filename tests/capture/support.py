@@ -11,7 +11,7 @@ import httpx
 from capture.app import build_app
 from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
-from schemas import Envelope
+from schemas import CapturedError, Envelope
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import FakeUpstream, serve
 
@@ -45,3 +45,15 @@ def only(spool: FakeSpool) -> Envelope:
     """The one envelope in `spool` (fails when there is not exactly one)."""
     assert len(spool.envelopes) == 1, spool.envelopes
     return spool.envelopes[0]
+
+
+def finished(spool: FakeSpool) -> Envelope:
+    """The finished envelope of a guaranteed stream, the one request in `spool`: its started record (outcome
+    ``incomplete``, the same request id) was spooled first, before the request went upstream."""
+    assert len(spool.envelopes) == 2, spool.envelopes
+    started, done = spool.envelopes
+    assert isinstance(started.outcome, CapturedError)
+    assert started.outcome.error_type == "incomplete"
+    assert started.request_id == done.request_id
+    assert not (isinstance(done.outcome, CapturedError) and done.outcome.error_type == "incomplete")
+    return done

@@ -162,7 +162,8 @@ async def test_streaming_is_transparent_and_recorded(stack: StackInfo, tmp_path:
     async with through_sidecar(stack, tmp_path) as (client, spool):
         via = await chunks(client)
         plain = await chunks(ref_client)
-        (entry,) = await spool.pending(10)
+        started, entry = await spool.pending(10)  # guaranteed: the started record, then the finished envelope
+        assert decode_envelope(started.payload).is_started_record
         env = decode_envelope(entry.payload)
     await ref_client.close()
     assert via == plain
@@ -198,8 +199,10 @@ async def test_completions_echo_is_transparent_and_recorded(
     async with through_sidecar(stack, tmp_path) as (client, spool):
         via = await answer(client)
         plain = await answer(ref_client)
-        (entry,) = await spool.pending(10)
-        env = decode_envelope(entry.payload)
+        entries = await spool.pending(10)
+        assert len(entries) == (2 if stream else 1)  # a guaranteed stream's started record comes first
+        assert decode_envelope(entries[0].payload).is_started_record == stream
+        env = decode_envelope(entries[-1].payload)
     audit = await ref_client.completions.create(**params, extra_body={"return_token_ids": True})
     await ref_client.close()
     assert via == plain

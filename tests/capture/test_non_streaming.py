@@ -20,7 +20,7 @@ from tests.capture.fake_upstream import (
     FakeUpstream,
     serve,
 )
-from tests.capture.support import CHAT, MODEL, only, sidecar, upstream_calls
+from tests.capture.support import CHAT, MODEL, finished, only, sidecar, upstream_calls
 
 
 @pytest.mark.parametrize("mode", ["guaranteed", "best_effort"])  # best_effort collects after the answer is sent
@@ -129,7 +129,7 @@ async def test_upstream_500_is_relayed_as_upstream_error() -> None:
         resp = await client.post("/v1/completions", json={"model": MODEL, "prompt": "error500", "stream": True})
     assert resp.status_code == 500
     assert resp.json()["error"]["message"] == "boom"
-    env = only(spool)
+    env = finished(spool)  # a stream request: its started record came first
     assert isinstance(env.outcome, CapturedError)
     assert env.outcome.error_type == "upstream_error"
 

@@ -15,6 +15,7 @@ from capture.errors import SpoolCorruptError, SpoolFullError
 from capture.metrics import CaptureMetrics
 from capture.spool import Spool
 from capture.spool.disk_format import encode_record
+from capture.spool.segments import SegmentLog
 from schemas import Envelope
 from tests.factories import envelope
 
@@ -354,14 +355,19 @@ async def test_disk_full_refuses_the_batch_and_recovers(spool: Spool, monkeypatc
     assert [e.seq for e in await spool.pending(10)] == [1]
 
 
-async def test_io_error_stops_appends_instead_of_hanging(spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken_disk(fd: int) -> None:
-        raise OSError(errno.EIO, "Input/output error")
+async def test_a_bug_in_the_write_stops_appends_instead_of_hanging(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error that is not the disk's stops the spool (a disk's error is undone and retried:
+    tests/capture/spool/test_disk_full.py)."""
 
-    monkeypatch.setattr(os, "fsync", broken_disk)
+    def broken_writer(*_args: object) -> list[int]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(SegmentLog, "write_sync", staticmethod(broken_writer))
     with pytest.raises(SpoolCorruptError, match="write failed"):
-        await spool.append(envelope(request_id="eio"))
+        await spool.append(envelope(request_id="bug"))
     monkeypatch.undo()
     with pytest.raises(SpoolCorruptError, match="stopped accepting appends"):
-        await spool.append(envelope(request_id="eio-again"))
+        await spool.append(envelope(request_id="bug-again"))
     assert spool.depth == 0

@@ -14,7 +14,7 @@ from tests.capture.fake_upstream import (
     PROMPT_IDS,
     FakeUpstream,
 )
-from tests.capture.support import CHAT, MODEL, only, sidecar
+from tests.capture.support import CHAT, MODEL, finished, sidecar
 
 
 async def test_chat_stream_chunks_are_stripped_and_recorded() -> None:
@@ -30,7 +30,7 @@ async def test_chat_stream_chunks_are_stripped_and_recorded() -> None:
         assert chunk["choices"][0]["logprobs"] is None
         assert chunk["choices"][0]["token_ids"] is None
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "The capital."
-    env = only(spool)
+    env = finished(spool)
     assert env.request_id == rid
     assert env.context.stream is True
     assert env.prompt is not None
@@ -50,7 +50,7 @@ async def test_completions_stream_with_client_logprobs() -> None:
     chunks = [json.loads(e[len("data: ") :]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
     assert all(c["choices"][0]["token_ids"] is None and c["choices"][0]["prompt_token_ids"] is None for c in chunks)
     assert chunks[0]["choices"][0]["logprobs"]["tokens"] == ["tok504"]
-    env = only(spool)
+    env = finished(spool)
     assert env.endpoint == "completions"
     assert env.prompt is not None
     assert list(env.prompt.token_ids) == PROMPT_IDS
@@ -71,12 +71,12 @@ async def test_client_disconnect_mid_stream_is_recorded_and_upstream_aborted() -
                 seen += line.startswith("data: ")
                 if seen == 3:
                     break
-        envs = await spool.wait_for(1)
+        await spool.wait_for(2)
         for _ in range(50):
             if upstream.aborted:
                 break
             await asyncio.sleep(0.05)
-    env = envs[0]
+    env = finished(spool)
     assert isinstance(env.outcome, CapturedError)
     assert env.outcome.error_type == "client_disconnect"
     assert env.outcome.partial
@@ -106,7 +106,7 @@ async def test_streams_spelled_otherwise_are_relayed_as_spelled_stripped_and_rec
     assert len(chunks) == 4
     assert all(c["choices"][0].get("logprobs") is None and c["choices"][0].get("token_ids") is None for c in chunks)
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "The capital."
-    env = only(spool)
+    env = finished(spool)
     assert isinstance(env.outcome, CapturedOutput)
     assert list(env.outcome.choices[0].token_ids) == OUTPUT_IDS
     assert env.outcome.choices[0].logprobs is not None

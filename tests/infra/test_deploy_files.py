@@ -466,6 +466,8 @@ def test_rule_file_structure() -> None:
     assert {
         "ReprolaneDivergenceRateHigh",
         "ReprolaneSpoolNearFull",
+        "ReprolaneSpoolFull",
+        "ReprolaneSpoolWriteFailing",
         "ReprolanePublishLagHigh",
         "ReprolaneReplayerLag",
         "ReprolaneDeadLettersGrowing",
