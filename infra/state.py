@@ -172,7 +172,8 @@ class StackState(BaseModel):
         """Write ``stack.json`` and ``s3_secret_key`` atomically (readers never see half a file), 0600 in a 0700
         run dir."""
         private_run_dir(self.run_dir)
-        write_private(self.run_dir / STATE_FILE, json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+        text = json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        write_private(self.run_dir / STATE_FILE, text)
         s3_secret_file(self.run_dir, self.credentials.secret_key)
 
     @classmethod

@@ -22,10 +22,11 @@ from capture.audit.signing_keys import keygen, load_private, signing_key
 from capture.settings import CaptureSettings
 from infra.buckets import S3Credentials
 from infra.stack_env import apply_stack_defaults
-from infra.state import S3_SECRET_FILE, STATE_FILE, ServerRecord, StackState
+from infra.state import ServerRecord, StackState
 from replayer.settings import ReplayerSettings
 
 SECRET = "0123456789abcdef0123456789abcdef"
+STATE_FILE, S3_SECRET_FILE = "stack.json", "s3_secret_key"  # infra.state's names, spelled out: a test of the layout
 
 
 @pytest.fixture
