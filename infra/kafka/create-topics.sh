@@ -84,6 +84,8 @@ USERS=(
     "monitor|kafka_monitor_password|Describe:topic:* Describe:group:* DescribeConfigs:topic:*"
 )
 set -f  # the ACL specs hold a literal "*": no globbing
+USER_CONFIG=$(mktemp)
+trap 'rm -f "$ADMIN_CONFIG" "$USER_CONFIG"' EXIT
 for spec in "${USERS[@]}"; do
     IFS='|' read -r user secret acls <<< "$spec"
     password=$(cat "$SECRETS/$secret")
@@ -91,8 +93,10 @@ for spec in "${USERS[@]}"; do
         echo "create-topics: $SECRETS/$secret is empty: Kafka user $user needs a password" >&2
         exit 2
     fi
+    # from a 0600 file, not the command line, where the container's process list would show it
+    printf '%s\n' "$MECHANISM=[password=$password]" > "$USER_CONFIG"
     "$BIN/kafka-configs.sh" --bootstrap-server "$BOOTSTRAP" "${AUTH[@]}" --alter --entity-type users \
-        --entity-name "$user" --add-config "$MECHANISM=[password=$password]" > /dev/null
+        --entity-name "$user" --add-config-file "$USER_CONFIG" > /dev/null
     for acl in $acls; do
         IFS=':' read -r operation kind resource pattern <<< "$acl"
         args=(--allow-principal "User:$user" --operation "$operation" "--$kind" "$resource")

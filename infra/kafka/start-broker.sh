@@ -66,6 +66,8 @@ sasl.jaas.config=$jaas
 EOF
 
 # Format once (the admin's SCRAM credential goes into the first metadata); later starts keep the storage.
+# kafka-storage.sh takes the credential only as an argument: it is on this container's process list for the
+# second the format runs, before the broker (and anything that could connect) starts.
 "$BIN/kafka-storage.sh" format --ignore-formatted --cluster-id "${CLUSTER_ID:?CLUSTER_ID is required}" \
     --config "$CONFIG" --add-scram "$MECHANISM=[name=$ADMIN_USER,password=$password]"
 exec "$BIN/kafka-server-start.sh" "$CONFIG"

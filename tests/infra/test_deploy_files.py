@@ -615,7 +615,10 @@ def test_topic_script_logs_in_as_admin_and_grants_each_user_its_topics(tmp_path:
     assert 'username="admin" password="pw-admin"' in config
     users = [line for line in lines if "--entity-type users" in line]
     assert [re.search(r"--entity-name (\S+)", u).group(1) for u in users] == list(_script_users())  # type: ignore[union-attr]
-    assert all("SCRAM-SHA-512=[password=pw-" in u for u in users)
+    assert not any("pw-" in line for line in lines), "a password on a command line"
+    assert all("--add-config-file" in u for u in users)
+    for user in _script_users():
+        assert f"SCRAM-SHA-512=[password=pw-{user}]" in config  # the users' files, as kafka-configs read them
     acls = [line for line in lines if line.startswith("kafka-acls.sh")]
 
     def granted(user: str) -> set[str]:
