@@ -5,6 +5,11 @@
 credentials become *defaults* for the ``REPROLANE_CAPTURE_*``, ``REPROLANE_REPLAYER_*`` and
 ``REPROLANE_ARCHIVER_*`` settings:
 anything already set in the environment, and any flag, still wins.
+
+The S3 secret is handed over as a file, never as a value: the defaults name ``<run-dir>/s3_secret_key`` (0600,
+`infra.state.s3_secret_file`) in ``REPROLANE_*_S3_SECRET_KEY_FILE``, and each service's settings read it
+(`schemas.connection`). So neither this process's environment nor any child's (the demo's services, vLLM)
+holds it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 from infra import paths
 from infra.manifest import MANIFEST_NAME
 from infra.servers import VLLM_RUNTIME_FILE
-from infra.state import StackInfo
+from infra.state import StackInfo, s3_secret_file
 
 AUDIT_SIGNING_KEY_FILE = "audit-signing.pem"
 
@@ -27,7 +32,7 @@ def stack_defaults(info: StackInfo) -> dict[str, str]:
         "KAFKA_BOOTSTRAP": info.kafka_bootstrap,
         "S3_ENDPOINT": info.s3_endpoint,
         "S3_ACCESS_KEY": info.s3_access_key,
-        "S3_SECRET_KEY": info.s3_secret_key,
+        "S3_SECRET_KEY_FILE": str(s3_secret_file(info.run_dir, info.s3_secret_key)),
         "S3_REGION": info.s3_region,
         "S3_BUCKET": info.audit_bucket,
     }

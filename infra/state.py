@@ -5,9 +5,13 @@ It is written by ``up``/``start``/``stop`` (atomically: temp file + rename) and 
 should read :class:`StackInfo` (addresses and credentials, nothing about processes) through
 :meth:`StackInfo.load`; :class:`StackState` adds the per-server process records the launcher needs.
 
+Both hold the S3 secret, so the run dir is private: it is made (and kept) mode 0700, and ``stack.json`` and
+``s3_secret_key`` are written 0600 whatever the umask (docs/SECURITY.md).
+
 Layout of a run dir::
 
-    <run-dir>/stack.json          this state
+    <run-dir>/stack.json          this state (0600)
+    <run-dir>/s3_secret_key       the S3 secret alone (0600): the services read it as REPROLANE_*_S3_SECRET_KEY_FILE
     <run-dir>/stack.lock          flock held while a command changes the stack
     <run-dir>/pids/<name>.pid     one pid per running server (informational)
     <run-dir>/logs/<name>.log     each server's stdout and stderr, appended across restarts
@@ -36,6 +40,38 @@ KafkaStorage = Literal["s3", "memory"]
 
 STATE_FILE = "stack.json"
 STATE_VERSION = 1
+S3_SECRET_FILE = "s3_secret_key"
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def private_run_dir(run_dir: Path) -> None:
+    """Make `run_dir` (and missing parents) and set it to mode 0700: only its owner lists or opens what is in it."""
+    run_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    if run_dir.stat().st_mode & 0o777 != PRIVATE_DIR_MODE:
+        os.chmod(run_dir, PRIVATE_DIR_MODE)
+
+
+def write_private(target: Path, text: str) -> None:
+    """Write `target` atomically (temp file + rename) with mode 0600 from the start, whatever the umask."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)  # an existing temp file keeps its mode through O_CREAT
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, target)
+
+
+def s3_secret_file(run_dir: Path, secret: str) -> Path:
+    """``<run_dir>/s3_secret_key``, written (0600) when missing: what the services read the S3 secret from."""
+    target = run_dir / S3_SECRET_FILE
+    if not target.is_file() or target.read_text(encoding="utf-8") != secret:
+        write_private(target, secret)
+    return target
 
 
 class ServerRecord(BaseModel):
@@ -133,12 +169,12 @@ class StackState(BaseModel):
         return self.model_copy(update={"servers": {**self.servers, record.name: record}})
 
     def save(self) -> None:
-        """Write ``stack.json`` atomically (readers never see half a file)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        target = self.run_dir / STATE_FILE
-        tmp = target.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, target)
+        """Write ``stack.json`` and ``s3_secret_key`` atomically (readers never see half a file), 0600 in a 0700
+        run dir."""
+        private_run_dir(self.run_dir)
+        text = json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        write_private(self.run_dir / STATE_FILE, text)
+        s3_secret_file(self.run_dir, self.credentials.secret_key)
 
     @classmethod
     def load(cls, run_dir: Path) -> StackState:

@@ -9,6 +9,10 @@ re-replay of the same envelope on the same lane collapses onto it.
 Sealed envelopes (encrypted tenants, `schemas.sealed`): an object that holds a `SealedEnvelope` is opened with
 the tenant's data key, read from ``keys/tenant=T/<key_id>.json`` in the keys bucket and unwrapped with the
 configured KEK. When that key no longer exists (crypto-shredded) the envelope raises `NotReplayableError`.
+The store remembers, for the envelopes it opened (a bounded map), the tenant's key id and data key: the replay
+result of such an envelope is written sealed under the same key (`schemas.sealed.SealedReplayResult`) and read
+back through it, and `is_encrypted` tells the service to publish a redacted divergence event. A shred of the
+tenant then leaves neither its envelopes nor its replayed text readable in S3.
 
 boto3 is synchronous: async callers run these methods in a worker thread (``asyncio.to_thread``). Every
 botocore error is translated here into `StoreError` (or `EnvelopeNotFoundError` for a missing index), so no
@@ -18,8 +22,9 @@ caller ever sees a raw backend exception.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -39,12 +44,31 @@ from schemas.layout import (
     workflow_index_prefix,
 )
 from schemas.replay import replay_result_id
-from schemas.sealed import decode_sealed, decode_wrapped_key, is_sealed, open_envelope, parse_kek, unwrap_key
+from schemas.sealed import (
+    decode_sealed,
+    decode_sealed_result,
+    decode_wrapped_key,
+    is_sealed,
+    is_sealed_result,
+    open_envelope,
+    open_replay_result,
+    parse_kek,
+    seal_replay_result,
+    unwrap_key,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 _T = TypeVar("_T")
+#: How many opened envelopes' data keys the store keeps for sealing their results (a replay needs one at a time).
+SEALING_KEYS_KEPT = 4096
+
+
+class _TenantKey(NamedTuple):
+    tenant: str
+    key_id: str
+    data_key: bytes
 
 
 def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
@@ -61,6 +85,7 @@ class EnvelopeStore:
         self.bucket = bucket
         self.keys_bucket = keys_bucket
         self._kek = kek
+        self._sealing: OrderedDict[str, _TenantKey] = OrderedDict()  # envelope id -> its tenant's key
 
     @classmethod
     def from_settings(cls, settings: ReplayerSettings) -> EnvelopeStore:
@@ -141,22 +166,34 @@ class EnvelopeStore:
 
     def _open_sealed(self, data: bytes, where: str) -> bytes:
         sealed = decode_sealed(data)
-        if self._kek is None or self.keys_bucket is None:
-            raise NotReplayableError(
-                f"envelope {where} is sealed (tenant {sealed.tenant} is encrypted) and no KEK is configured "
-                "(REPROLANE_REPLAYER_KEK or REPROLANE_REPLAYER_KEK_FILE)"
-            )
-        key = data_key_key(sealed.tenant, sealed.key_id)
-        wrapped = self._get(key, self.keys_bucket)
-        if wrapped is None:
-            raise NotReplayableError(
-                f"tenant {sealed.tenant}'s data key was destroyed (crypto-shredded): "
-                f"request {sealed.request_id} cannot be replayed"
-            )
+        what = f"envelope {where} is sealed (tenant {sealed.tenant} is encrypted)"
+        gone = f"request {sealed.request_id} cannot be replayed"
         try:
-            return open_envelope(sealed, unwrap_key(decode_wrapped_key(wrapped), self._kek))
+            data_key = self._data_key(sealed.tenant, sealed.key_id, what, gone)
+            plaintext = open_envelope(sealed, data_key)
         except SealError as exc:
             raise ContractError(f"sealed envelope {where} does not open: {exc}") from exc
+        self._sealing[sealed.envelope_id] = _TenantKey(sealed.tenant, sealed.key_id, data_key)
+        self._sealing.move_to_end(sealed.envelope_id)
+        while len(self._sealing) > SEALING_KEYS_KEPT:
+            self._sealing.popitem(last=False)
+        return plaintext
+
+    def _data_key(self, tenant: str, key_id: str, what: str, gone: str) -> bytes:
+        """The tenant's unwrapped data key `key_id`; `NotReplayableError` without a KEK or once it is shredded,
+        `SealError` when it does not unwrap."""
+        if self._kek is None or self.keys_bucket is None:
+            raise NotReplayableError(
+                f"{what} and no KEK is configured (REPROLANE_REPLAYER_KEK or REPROLANE_REPLAYER_KEK_FILE)"
+            )
+        wrapped = self._get(data_key_key(tenant, key_id), self.keys_bucket)
+        if wrapped is None:
+            raise NotReplayableError(f"tenant {tenant}'s data key was destroyed (crypto-shredded): {gone}")
+        return unwrap_key(decode_wrapped_key(wrapped), self._kek)
+
+    def is_encrypted(self, envelope: Envelope) -> bool:
+        """True when `envelope` came sealed (its tenant is encrypted): what is derived from it is sealed too."""
+        return envelope.envelope_id() in self._sealing
 
     # -- envelopes -------------------------------------------------------------------------------------------
 
@@ -230,23 +267,41 @@ class EnvelopeStore:
     # -- replay results --------------------------------------------------------------------------------------
 
     def get_result(self, envelope: Envelope, lane_fingerprint_sha256: str) -> ReplayResult | None:
-        """The stored result of this envelope on this lane, or None if it was never replayed there."""
+        """The stored result of this envelope on this lane, or None if it was never replayed there. A sealed one
+        is opened with its tenant's key (`NotReplayableError` once shredded)."""
         key = result_key(envelope, lane_fingerprint_sha256)
         data = self._get(key)
         if data is None:
             return None
+        where = f"s3://{self.bucket}/{key}"
         try:
+            if is_sealed_result(data):
+                sealed = decode_sealed_result(data)
+                what = f"replay result {where} is sealed (tenant {sealed.tenant} is encrypted)"
+                gone = f"replay result {sealed.result_id} cannot be read"
+                try:
+                    data_key = self._data_key(sealed.tenant, sealed.key_id, what, gone)
+                    return open_replay_result(sealed, data_key)
+                except SealError as exc:
+                    raise ContractError(f"sealed replay result {where} does not open: {exc}") from exc
             return decode_replay_result(data)
         except ContractError as exc:
-            raise StoreError(f"stored replay result s3://{self.bucket}/{key} does not decode: {exc}") from exc
+            raise StoreError(f"stored replay result {where} does not decode: {exc}") from exc
 
     def put_result(self, envelope: Envelope, result: ReplayResult) -> bool:
-        """Write the result once. True if this call wrote it; False if a result was already there (kept)."""
+        """Write the result once (sealed under the tenant's key when the envelope came sealed). True if this call
+        wrote it; False if a result was already there (kept)."""
         event = result.event
         if event.envelope_id != envelope.envelope_id():
             raise ValueError("result does not belong to this envelope")
         key = result_key(envelope, event.lane_fingerprint_sha256)
-        body = result.model_dump_json().encode("utf-8")
+        tenant_key = self._sealing.get(event.envelope_id)
+        if tenant_key is None:
+            body = result.model_dump_json().encode("utf-8")
+        else:
+            body = seal_replay_result(
+                result, tenant=tenant_key.tenant, key_id=tenant_key.key_id, data_key=tenant_key.data_key
+            ).canonical()
         written = self._s3(
             "put",
             f"s3://{self.bucket}/{key}",

@@ -12,6 +12,12 @@ source, with the tenant and key id as AAD, so a wrapped key copied to another te
 Crypto-shredding = deleting every stored version of a tenant's wrapped keys: the write-once records stay where
 they are, and nobody can read them again.
 
+What the replayer derives from an encrypted tenant's envelope is sealed the same way, under the same data key:
+a replay result (the replayed text, token ids and logprobs) is stored as a `SealedReplayResult`, and the
+divergence event published to Kafka is `redact_divergence_event`'s copy, with every token of the fork (ids,
+text, top-k) left out: numbers and ids only, which the dashboards and the audit lake need. The full event lives
+in the sealed result. So a shred leaves no plaintext of the tenant in S3, and none on the divergence topic.
+
 Pure: no IO. Randomness (nonces, new data keys) comes from `os.urandom`.
 """
 
@@ -32,9 +38,11 @@ from pydantic import Field
 from schemas.base import Record, UtcDatetime, decode_record
 from schemas.canonical import canonical_bytes, canonical_json, sha256_hex
 from schemas.envelope import RequestId, Sha256, WorkflowRef
-from schemas.errors import SealError
+from schemas.errors import ContractError, SealError
+from schemas.replay import DivergenceEvent, ReplayResult, StepCandidates, decode_replay_result
 
 SEALED_SCHEMA_VERSION: Final = "reprolane.sealed/1"
+SEALED_RESULT_SCHEMA_VERSION: Final = "reprolane.sealed-result/1"
 WRAPPED_KEY_SCHEMA_VERSION: Final = "reprolane.wrapped-key/1"
 KEY_BYTES: Final = 32  # AES-256
 NONCE_BYTES: Final = 12
@@ -224,3 +232,93 @@ def is_sealed(data: bytes | str) -> bool:
 
 def decode_sealed(data: bytes | str) -> SealedEnvelope:
     return decode_record(SealedEnvelope, "sealed envelope", data)
+
+
+# -- sealed replay results and redacted divergence events -----------------------------------------------------
+
+
+class SealedReplayResult(Record):
+    """A replay result encrypted under its tenant's data key; outside ``ciphertext`` only the ids that place it."""
+
+    schema_version: Literal["reprolane.sealed-result/1"] = SEALED_RESULT_SCHEMA_VERSION
+    result_id: Sha256
+    request_id: RequestId
+    envelope_id: Sha256
+    lane_fingerprint_sha256: Sha256
+    tenant: RequestId
+    key_id: KeyId
+    algorithm: Literal["AES-256-GCM"] = "AES-256-GCM"
+    nonce: B64
+    ciphertext: B64
+
+    def aad(self) -> bytes:
+        """The authenticated metadata: every field but the nonce and the ciphertext, canonically encoded."""
+        return canonical_bytes(self, exclude={"nonce", "ciphertext"})
+
+    def canonical(self) -> bytes:
+        return canonical_bytes(self)
+
+
+def seal_replay_result(result: ReplayResult, *, tenant: str, key_id: str, data_key: bytes) -> SealedReplayResult:
+    """Seal a replay result (its canonical JSON) under the tenant's data key, its ids as authenticated data."""
+    event = result.event
+    draft = SealedReplayResult(
+        result_id=event.result_id(),
+        request_id=event.request_id,
+        envelope_id=event.envelope_id,
+        lane_fingerprint_sha256=event.lane_fingerprint_sha256,
+        tenant=tenant,
+        key_id=key_id,
+        nonce="AAAA",
+        ciphertext="AAAA",
+    )
+    blob = seal(canonical_bytes(result), data_key, draft.aad())
+    return draft.model_copy(update={"nonce": b64e(blob.nonce), "ciphertext": b64e(blob.ciphertext)})
+
+
+def open_replay_result(sealed: SealedReplayResult, data_key: bytes) -> ReplayResult:
+    """The replay result, or `SealError` when it does not open or is not the result its metadata names."""
+    blob = SealedBlob(b64d(sealed.nonce, "nonce"), b64d(sealed.ciphertext, "ciphertext"))
+    plaintext = open_sealed(blob, data_key, sealed.aad())
+    try:
+        result = decode_replay_result(plaintext)
+    except ContractError as exc:
+        raise SealError(f"sealed replay result {sealed.result_id}: the plaintext is not a replay result") from exc
+    event = result.event
+    if (event.result_id(), event.request_id, event.envelope_id) != (
+        sealed.result_id,
+        sealed.request_id,
+        sealed.envelope_id,
+    ):
+        raise SealError(f"sealed replay result {sealed.result_id}: the plaintext is another result")
+    return result
+
+
+def is_sealed_result(data: bytes | str) -> bool:
+    """True when `data` is JSON of a sealed replay result (by its schema version); never raises."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("schema_version") == SEALED_RESULT_SCHEMA_VERSION
+
+
+def decode_sealed_result(data: bytes | str) -> SealedReplayResult:
+    return decode_record(SealedReplayResult, "sealed replay result", data)
+
+
+def redact_divergence_event(event: DivergenceEvent) -> DivergenceEvent:
+    """The event an encrypted tenant's replay publishes: the fork's position, margins and near-tie flag stay,
+    its tokens (chosen ids, top-k ids and text) go. Every other field is numbers, ids and lane metadata."""
+    first = event.first_divergence
+    if first is None:
+        return event
+
+    def bare(step: StepCandidates) -> StepCandidates:
+        return step.model_copy(
+            update={"recorded_token_id": None, "replayed_token_id": None, "recorded_top": (), "replayed_top": ()}
+        )
+
+    before = None if first.before is None else bare(first.before)
+    redacted = first.model_copy(update={"at": bare(first.at), "before": before})
+    return event.model_copy(update={"first_divergence": redacted})

@@ -2,6 +2,10 @@
 
 A key setting is either a path to a file (PEM, or a file holding the base64 of the raw key) or the base64
 itself. Only the 32 raw bytes leave this module; `schemas.merkle` signs and verifies with them.
+
+A private key file that its group or others may read is refused (`SigningKeyError` naming the path and its
+mode): whoever reads the checkpoint key can sign a forged log root, so it must be the owner's alone, as
+`keygen` writes it (0600). Public key files may be readable by anyone.
 """
 
 from __future__ import annotations
@@ -15,10 +19,21 @@ from capture.audit.errors import SigningKeyError
 from capture.audit.settings import AuditSettings
 
 
-def _material(spec: str, what: str) -> bytes:
+def _check_private_mode(path: Path) -> None:
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise SigningKeyError(
+            f"signing key {path}: mode {mode:04o} lets its group or others read it; "
+            f"make it the owner's alone: chmod 600 {path}"
+        )
+
+
+def _material(spec: str, what: str, *, private: bool = False) -> bytes:
     path = Path(spec)
     try:
         if path.is_file():
+            if private:
+                _check_private_mode(path)
             return path.read_bytes().strip()
     except OSError as exc:
         raise SigningKeyError(f"{what} {spec}: cannot read: {exc}") from exc
@@ -44,7 +59,7 @@ def load_private(spec: str) -> bytes:
         load_pem_private_key,
     )
 
-    data = _material(spec, "signing key")
+    data = _material(spec, "signing key", private=True)
     if not data.startswith(b"-----BEGIN"):
         return _raw(data, "signing key")
     try:

@@ -361,9 +361,14 @@ def test_cli_parse_helper_rejects_unknown_commands_and_options() -> None:
         _parse_cli(["model", "fetch", "--no-such-option"])
 
 
-@pytest.mark.parametrize("service", _reprolane_services())
-def test_service_environment_builds_its_settings(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the entrypoint hands the process (secrets read, empty values dropped) builds the real settings."""
+def _settings_class(prefix: str) -> Any:
+    module, cls_name = SETTINGS_BY_PREFIX[prefix].split(":")
+    return getattr(importlib.import_module(module), cls_name)
+
+
+def _service_settings(service: str, monkeypatch: pytest.MonkeyPatch, secret_dir: Path | None) -> list[Any]:
+    """Build the settings objects of `service` from its compose environment, as the entrypoint hands it over:
+    each ``/run/secrets/NAME`` is `secret_dir`/NAME, or the committed example file when `secret_dir` is None."""
     env = _env(_services()[service])
     for key in list(os.environ):
         if key.startswith("REPROLANE_"):
@@ -377,19 +382,149 @@ def test_service_environment_builds_its_settings(service: str, monkeypatch: pyte
     assert not unknown, f"{service}: no settings object known for {sorted(unknown)} (add it to SETTINGS_BY_PREFIX)"
     for key, value in env.items():
         if key.endswith("_FILE") and key.startswith("REPROLANE_"):
-            value = (SECRETS / (Path(value).name + ".example")).read_text(encoding="utf-8").strip()
-            key = key.removesuffix("_FILE")
+            name = Path(value).name
+            value = str(SECRETS / f"{name}.example" if secret_dir is None else secret_dir / name)
         if value:
             monkeypatch.setenv(key, value)
+    built = []
     for prefix in prefixes:
-        module, cls_name = SETTINGS_BY_PREFIX[prefix].split(":")
-        cls = getattr(importlib.import_module(module), cls_name)
+        cls = _settings_class(prefix)
         fields = set(cls.model_fields)
         for key in env:
             if key.startswith(prefix):
-                field = key.removeprefix(prefix).removesuffix("_FILE").lower()
-                assert field in fields, f"{service}: {key} sets no field of {cls_name} (a typo is silently ignored)"
-        cls()  # validates every value (types, literals, ranges)
+                field = key.removeprefix(prefix).lower()
+                assert field in fields, f"{service}: {key} sets no field of {cls.__name__} (a typo is silently ignored)"
+        built.append(cls())  # validates every value (types, literals, ranges) and reads the secret files
+    return built
+
+
+def _own_secrets(tmp_path: Path) -> Path:
+    """A secret directory holding a value of one's own for every compose secret."""
+    out = tmp_path / "secrets"
+    out.mkdir()
+    for name in _compose()["secrets"]:
+        (out / name).write_text(f"own-{name}-value\n", encoding="utf-8")
+    return out
+
+
+@pytest.mark.parametrize("service", _reprolane_services())
+def test_service_environment_builds_its_settings(service: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What the entrypoint hands the process (secret *files*, empty values dropped) builds the real settings,
+    and the settings read each secret from its file: no secret value is in the environment."""
+    secrets = _own_secrets(tmp_path)
+    for settings in _service_settings(service, monkeypatch, secrets):
+        for field in ("s3_secret_key", "kafka_sasl_password"):
+            if field in type(settings).model_fields and getattr(settings, f"{field}_file") is not None:
+                assert getattr(settings, field).get_secret_value().startswith("own-")
+    leaked = {k for k, v in os.environ.items() if k.startswith("REPROLANE_") and v.startswith("own-")}
+    assert not leaked
+
+
+@pytest.mark.parametrize("service", [n for n in _reprolane_services() if _services()[n].get("secrets")])
+def test_service_refuses_the_example_secrets(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copied as they are, the committed *.example secrets do not start a service: the error names the field
+    and the file to change."""
+    with pytest.raises(ValueError, match=r"is the committed example value: change the file .*\.example"):
+        _service_settings(service, monkeypatch, None)
+
+
+def test_every_example_secret_is_refused() -> None:
+    from schemas.connection import EXAMPLE_SECRETS
+
+    identities = {"minio_root_user.example", "s3_access_key.example"}  # user names, not secrets
+    values = {p.read_text(encoding="utf-8").strip() for p in SECRETS.glob("*.example") if p.name not in identities}
+    assert "" not in values, "an empty example would be taken for 'unset', not refused"
+    assert values <= EXAMPLE_SECRETS, f"add {sorted(values - EXAMPLE_SECRETS)} to schemas.connection.EXAMPLE_SECRETS"
+
+
+def _kafka_clients() -> dict[str, dict[str, str]]:
+    """Every compose service that talks to Kafka -> its Kafka client settings (prefix removed)."""
+    out = {}
+    for name in _reprolane_services():
+        env = _env(_services()[name])
+        kafka = {
+            key.split("_KAFKA_", 1)[1]: value
+            for key, value in env.items()
+            if "_KAFKA_" in key and key.startswith(tuple(SETTINGS_BY_PREFIX))
+        }
+        if kafka:
+            out[name] = kafka
+    return out
+
+
+def _script_users() -> dict[str, str]:
+    """create-topics.sh's Kafka users -> their password secret."""
+    text = (INFRA / "kafka" / "create-topics.sh").read_text(encoding="utf-8")
+    return dict(re.findall(r'^\s+"([a-z]+)\|([a-z_]+)\|', text, re.MULTILINE))
+
+
+def test_every_kafka_client_authenticates_as_its_own_user() -> None:
+    clients = _kafka_clients()
+    assert set(clients) == {"capture-gpu", "capture-cpu", "replayer-gpu", "replayer-cpu", "archiver"}
+    users = _script_users()
+    assert set(users) == {"capture", "replayer", "archiver", "monitor"}
+    for name, kafka in clients.items():
+        assert kafka["SECURITY_PROTOCOL"] in {"SASL_PLAINTEXT", "SASL_SSL"}, f"{name}: {kafka['SECURITY_PROTOCOL']}"
+        assert kafka["SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        user = kafka["SASL_USERNAME"]
+        assert user == name.removesuffix("-gpu").removesuffix("-cpu"), f"{name}: logs in as {user!r}"
+        assert kafka["SASL_PASSWORD_FILE"] == f"/run/secrets/{users[user]}", name
+        assert users[user] in _services()[name]["secrets"], f"{name}: does not mount its password"
+        others = {s for u, s in users.items() if u != user}
+        assert not others & set(_services()[name]["secrets"]), f"{name}: mounts another user's Kafka password"
+    # with TLS asked for, every client switches: the protocol comes from one variable
+    tls = {n: interpolate(_services()[n]["environment"], {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}) for n in clients}
+    assert all(any(v == "SASL_SSL" for v in env.values()) for env in tls.values())
+
+
+def test_the_broker_requires_sasl_and_acls() -> None:
+    kafka = _services()["kafka"]
+    assert kafka["command"] == ["/bin/bash", "/opt/reprolane/start-broker.sh"]
+    assert "kafka_admin_password" in kafka["secrets"]
+    script = (INFRA / "kafka" / "start-broker.sh").read_text(encoding="utf-8")
+    for line in (
+        "listeners=SASL://0.0.0.0:9092,CONTROLLER://127.0.0.1:9093",
+        "listener.security.protocol.map=SASL:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found=false",
+        "sasl.enabled.mechanisms=$MECHANISM",
+    ):
+        assert f"\n{line}\n" in script, line
+    assert "PLAINTEXT://" not in script  # no unauthenticated listener off the loopback
+    exporter = " ".join(_services()["kafka-exporter"]["command"])
+    assert "--sasl.enabled" in exporter
+    assert "--sasl.username=monitor" in exporter
+
+
+def test_broker_script_writes_a_sasl_config_and_refuses_an_example_password(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    for tool in ("kafka-storage.sh", "kafka-server-start.sh"):
+        stub = tmp_path / tool
+        stub.write_text(f'#!/bin/bash\necho "{tool} $*" >> {calls}\n', encoding="utf-8")
+        stub.chmod(0o755)
+    password = tmp_path / "admin"
+    password.write_text("own-admin-password\n", encoding="utf-8")
+    config, admin = tmp_path / "server.properties", tmp_path / "admin.properties"
+    env = {
+        "PATH": os.environ["PATH"],
+        "KAFKA_BIN": str(tmp_path),
+        "KAFKA_CONFIG": str(config),
+        "ADMIN_CONFIG": str(admin),
+        "KAFKA_ADMIN_PASSWORD_FILE": str(password),
+        "CLUSTER_ID": "cmVwcm9sYW5lLWxvY2FsMQ",
+    }
+    script = str(INFRA / "kafka" / "start-broker.sh")
+    subprocess.run(["bash", script], env=env, check=True, capture_output=True)
+    lines = calls.read_text(encoding="utf-8").splitlines()
+    assert "--add-scram SCRAM-SHA-512=[name=admin,password=own-admin-password]" in lines[0]
+    assert lines[1] == f"kafka-server-start.sh {config}"
+    assert 'username="admin" password="own-admin-password"' in config.read_text(encoding="utf-8")
+    assert config.stat().st_mode & 0o077 == 0
+    assert admin.stat().st_mode & 0o077 == 0
+    password.write_text((SECRETS / "kafka_admin_password.example").read_text(encoding="utf-8"), encoding="utf-8")
+    refused = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "example value" in refused.stderr
 
 
 def test_runtime_files_are_runtime_fingerprints() -> None:
@@ -401,7 +536,8 @@ def test_runtime_files_are_runtime_fingerprints() -> None:
     assert used == {f"/etc/reprolane/runtime/{f.name}" for f in files}
 
 
-def test_entrypoint_reads_secret_files_and_drops_empty_values(tmp_path: Path) -> None:
+def test_entrypoint_keeps_secrets_in_files_and_drops_empty_values(tmp_path: Path) -> None:
+    """The entrypoint never turns a secret file into an environment variable: the settings read the file."""
     secret, empty = tmp_path / "secret", tmp_path / "empty"
     secret.write_text("s3cr3t value\n", encoding="utf-8")
     empty.write_text("", encoding="utf-8")
@@ -415,7 +551,12 @@ def test_entrypoint_reads_secret_files_and_drops_empty_values(tmp_path: Path) ->
     script = str(INFRA / "docker" / "entrypoint.sh")
     out = subprocess.run(["sh", script, "env"], env=env, capture_output=True, text=True, check=True).stdout
     got = dict(line.split("=", 1) for line in out.splitlines() if line.startswith("REPROLANE_"))
-    assert got == {"REPROLANE_CAPTURE_S3_SECRET_KEY": "s3cr3t value", "REPROLANE_CAPTURE_PORT": "8100"}
+    assert got == {
+        "REPROLANE_CAPTURE_S3_SECRET_KEY_FILE": str(secret),
+        "REPROLANE_CAPTURE_KAFKA_SASL_PASSWORD_FILE": str(empty),
+        "REPROLANE_CAPTURE_PORT": "8100",
+    }
+    assert "s3cr3t" not in out
     env["REPROLANE_CAPTURE_S3_ACCESS_KEY_FILE"] = str(tmp_path / "missing")
     failed = subprocess.run(["sh", script, "env"], env=env, capture_output=True, text=True)
     assert failed.returncode == 2
@@ -441,6 +582,59 @@ def test_topic_script_creates_the_layout_topics(tmp_path: Path) -> None:
     assert "--partitions 12" in envelope
     assert int(re.search(r"max.message.bytes=(\d+)", envelope).group(1)) >= 4 * 1024 * 1024  # type: ignore[union-attr]
     assert any("--alter --topic reprolane.envelopes.v1 --partitions 12" in line for line in lines)
+
+
+def test_topic_script_logs_in_as_admin_and_grants_each_user_its_topics(tmp_path: Path) -> None:
+    calls, secrets = tmp_path / "calls", tmp_path / "secrets"
+    secrets.mkdir()
+    for user in ("admin", "capture", "replayer", "archiver", "monitor"):
+        (secrets / f"kafka_{user}_password").write_text(f"pw-{user}\n", encoding="utf-8")
+    for tool in ("kafka-topics.sh", "kafka-configs.sh", "kafka-acls.sh"):
+        stub = tmp_path / tool
+        stub.write_text(
+            f'#!/bin/bash\necho "{tool} $*" >> {calls}\n'
+            # the admin's client config, as the tool sees it
+            f'[[ "$*" == *--command-config* ]] && cat "${{@: -1:1}}" > /dev/null; '
+            f'for a in "$@"; do [[ -f "$a" && "$a" != */secrets/* ]] && cat "$a" >> {calls}.config; done\n'
+            '[[ "$*" == *--describe* ]] && echo "Topic: t PartitionCount: 1 ReplicationFactor: 1"\nexit 0\n',
+            encoding="utf-8",
+        )
+        stub.chmod(0o755)
+    env = {
+        "PATH": os.environ["PATH"],
+        "KAFKA_BIN": str(tmp_path),
+        "KAFKA_ADMIN_PASSWORD_FILE": str(secrets / "kafka_admin_password"),
+        "SECRETS_DIR": str(secrets),
+    }
+    subprocess.run(["bash", str(INFRA / "kafka" / "create-topics.sh")], env=env, check=True, capture_output=True,
+                   cwd=tmp_path)  # fmt: skip
+    lines = calls.read_text(encoding="utf-8").splitlines()
+    assert all("--command-config" in line for line in lines), "every call logs in as the admin"
+    config = (tmp_path / "calls.config").read_text(encoding="utf-8")
+    assert "security.protocol=SASL_PLAINTEXT" in config
+    assert 'username="admin" password="pw-admin"' in config
+    users = [line for line in lines if "--entity-type users" in line]
+    assert [re.search(r"--entity-name (\S+)", u).group(1) for u in users] == list(_script_users())  # type: ignore[union-attr]
+    assert not any("pw-" in line for line in lines), "a password on a command line"
+    assert all("--add-config-file" in u for u in users)
+    for user in _script_users():
+        assert f"SCRAM-SHA-512=[password=pw-{user}]" in config  # the users' files, as kafka-configs read them
+    acls = [line for line in lines if line.startswith("kafka-acls.sh")]
+
+    def granted(user: str) -> set[str]:
+        out = set()
+        for line in acls:
+            if f"User:{user} " in line:
+                op = re.search(r"--operation (\S+)", line).group(1)  # type: ignore[union-attr]
+                kind, name = re.search(r"--(topic|group) (\S+)", line).groups()  # type: ignore[union-attr]
+                out.add(f"{op}:{kind}:{name}")
+        return out
+
+    assert granted("capture") == {"Write:topic:reprolane.envelopes.v1", "Write:topic:reprolane.dead-letter.v1"}
+    assert "Write:topic:reprolane.replay-requests.v1" not in set().union(*(granted(u) for u in _script_users()))
+    assert "Read:group:reprolane-replayer" in granted("replayer")
+    assert "Describe:topic:*" in granted("monitor")  # a literal "*", not a glob of the working directory
+    assert not any("Write" in g or "Read" in g for g in granted("monitor"))
 
 
 # ------------------------------------------------------------------------------------------------ prometheus

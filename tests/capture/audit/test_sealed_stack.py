@@ -185,3 +185,98 @@ async def test_the_replayer_service_opens_sealed_messages_and_skips_shredded_one
         await service.handle_envelope_bytes(tampered)
     Keyring(s3, a.bucket, None).shred(tenant)
     assert (await service.handle_envelope_bytes(message)).outcome == "not_replayable"
+
+
+async def test_after_a_shred_no_plaintext_of_the_tenant_remains_in_s3(audit_stack: AuditStack, tmp_path: Path) -> None:
+    """Issue 18, finding 7: the envelope *and what the replayer derived from it* (the replay result in the locked
+    bucket, the divergence event) are sealed or redacted; after ``reprolane keys shred`` every object of the
+    tenant in S3 is scanned for the prompt, the recorded output and the replayed output."""
+    from faststream.kafka import KafkaBroker, TestKafkaBroker
+    from faststream.kafka.annotations import KafkaMessage
+
+    from replayer.service import ReplayerService
+    from replayer.settings import ReplayerSettings
+    from schemas import PromptRecord, decode_divergence
+    from schemas.layout import replay_results_prefix, request_index_key, tenant_envelopes_prefix
+    from tests.replayer.support import FakeLane
+
+    a = audit_stack
+    tenant = f"enc-{a.suffix}"
+    prompt_text = f"the secret question {uuid.uuid4().hex}"
+    env = envelope(
+        request_id=f"req-{uuid.uuid4().hex[:12]}",
+        tenant=tenant,
+        workflow=None,
+        flagged=True,
+        prompt=PromptRecord(token_ids=(1, 9690, 198, 2683, 314), source="upstream", text=prompt_text),
+    )
+    await publish(capture_settings(a, tmp_path, tenant), a.envelope_topic, [env])
+    [message] = await a.consume(a.envelope_topic, 1)
+    lane = FakeLane()
+    lane.learn(env)
+    replayed_text = f"the replayed answer {uuid.uuid4().hex}"  # the same token ids, its own text: a marker
+    [(prompt_ids, recorded)] = lane.recorded.items()
+    lane.recorded[prompt_ids] = recorded.model_copy(update={"text": replayed_text})
+    s3 = a.client()
+    store = EnvelopeStore(s3, a.info.audit_bucket, keys_bucket=a.bucket, kek=a.kek)
+    settings = ReplayerSettings(metrics_port=None, divergence_topic=a.divergence_topic)
+    service = ReplayerService(settings, lane, store, broker=KafkaBroker())
+    published: list[bytes] = []
+
+    @service.broker.subscriber(a.divergence_topic)
+    async def _events(msg: KafkaMessage) -> None:
+        published.append(msg.body)
+
+    async with TestKafkaBroker(service.broker):
+        handled = await service.handle_envelope_bytes(message)
+    assert handled.outcome == "replayed"
+    assert lane.calls, "the envelope reached the lane"
+    [event] = published
+    for marker in ("Paris", prompt_text, replayed_text):
+        assert marker.encode() not in event
+    assert decode_divergence(event).verdict == "bitwise"
+
+    # everything of this tenant in S3: its envelopes, its request's index, its replay results, its keys
+    audit_keys = [
+        obj["Key"]
+        for prefix in (
+            tenant_envelopes_prefix(tenant),
+            request_index_key(env.request_id),
+            replay_results_prefix(env.envelope_id(), env.captured_at),
+        )
+        for obj in s3.list_objects_v2(Bucket=a.info.audit_bucket, Prefix=prefix).get("Contents", [])
+    ]
+    results = [k for k in audit_keys if k.startswith(replay_results_prefix(env.envelope_id(), env.captured_at))]
+    assert len(results) == 1, "the replay result is stored"
+
+    shred = audit_cli_keys(a, "keys", "shred", tenant, "--yes")
+    assert shred.returncode == 0, shred.stderr
+    assert s3.list_objects_v2(Bucket=a.bucket, Prefix=data_key_prefix(tenant)).get("KeyCount", 0) == 0
+    scanned = 0
+    for key in audit_keys:
+        body = s3.get_object(Bucket=a.info.audit_bucket, Key=key)["Body"].read()
+        scanned += 1
+        for marker in ("Paris", prompt_text, replayed_text):
+            assert marker.encode() not in body, f"{key} still holds {marker!r} after the shred"
+    assert scanned >= 3  # the envelope, its index, its replay result
+    with pytest.raises(NotReplayableError, match="crypto-shredded"):
+        store.get_result(env, service.lane_fingerprint_sha256)
+
+
+def audit_cli_keys(a: AuditStack, *args: str) -> Any:
+    """``reprolane ARGS`` as an operator runs it, with the archiver's S3 settings on this test's keys bucket."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {
+        **os.environ,
+        "REPROLANE_ARCHIVER_S3_ENDPOINT": a.info.s3_endpoint,
+        "REPROLANE_ARCHIVER_S3_ACCESS_KEY": a.info.s3_access_key,
+        "REPROLANE_ARCHIVER_S3_SECRET_KEY": a.info.s3_secret_key,
+        "REPROLANE_ARCHIVER_KEYS_BUCKET": a.bucket,
+    }
+    return subprocess.run(
+        [sys.executable, "-c", "from infra.cli import app; app()", *args],
+        env=environ, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
