@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import SinkError
+from infra.clients.connection import S3ConnectionFields
 from infra.clients.s3 import S3Policy, error_code, is_already_written, make_s3_client, s3_errors
-from schemas.connection import S3ConnectionFields
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

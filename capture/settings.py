@@ -12,11 +12,11 @@ from typing import Annotated, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
+from infra.clients.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
 
 
 class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields):
-    """The sidecar's settings; the Kafka, S3 and data-key fields come from `schemas.connection`."""
+    """The sidecar's settings; the Kafka, S3 and data-key fields come from `infra.clients.connection`."""
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_CAPTURE_", extra="forbid", frozen=True)
 

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.clients.connection import S3ConnectionFields
 from infra.clients.s3 import S3Policy, make_s3_client
 from infra.errors import StackError
-from schemas.connection import S3ConnectionFields
 from schemas.layout import LAKE_BUCKET
 
 if TYPE_CHECKING:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from infra.clients.connection import KafkaConnectionFields
 from infra.clients.kafka import aiokafka_kwargs
 from infra.errors import DemoError
-from schemas.connection import KafkaConnectionFields
 
 Progress = Callable[[int], None]
 _POLL_MS = 500

@@ -8,7 +8,7 @@ anything already set in the environment, and any flag, still wins.
 
 The S3 secret is handed over as a file, never as a value: the defaults name ``<run-dir>/s3_secret_key`` (0600,
 `infra.state.s3_secret_file`) in ``REPROLANE_*_S3_SECRET_KEY_FILE``, and each service's settings read it
-(`schemas.connection`). So neither this process's environment nor any child's (the demo's services, vLLM)
+(`infra.clients.connection`). So neither this process's environment nor any child's (the demo's services, vLLM)
 holds it.
 """
 

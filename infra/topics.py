@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from infra.clients.connection import KafkaConnectionFields
 from infra.clients.kafka import aiokafka_kwargs
 from infra.errors import StackError
-from schemas.connection import KafkaConnectionFields
 from schemas.layout import ALL_TOPICS
 
 DEFAULT_PARTITIONS = 4

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
+from infra.clients.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
 from schemas.layout import TOPIC_DEAD_LETTER, TOPIC_DIVERGENCES, TOPIC_ENVELOPES, TOPIC_REPLAY_REQUESTS
 
 
@@ -26,7 +26,7 @@ class Thresholds(BaseSettings):
 
 class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields):
     """The replayer's settings; the Kafka, S3 and data-key fields (the KEK that opens sealed envelopes) come from
-    `schemas.connection`."""
+    `infra.clients.connection`."""
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_REPLAYER_", extra="forbid", frozen=True)
 

@@ -1,9 +1,9 @@
 """The reprolane contract: what is recorded, replayed and reported, and how it is encoded.
 
 This package is pure: pydantic models, a canonical encoding, topic names and the object-key layout.
-It imports nothing else of reprolane's and does no IO (one exception: `connection` reads the secret files a
-service's settings name, when they are built), so any service (or a non-Python consumer, via the exported JSON
-Schema) can depend on it.
+It imports nothing else of reprolane's and does no IO, so any service (or a non-Python consumer, via the exported
+JSON Schema) can depend on it. The connection fields the services' settings share (and read secret files for)
+live beside the clients they configure, in `infra.clients.connection`.
 
 - `base`: the base model of every record (`Record`) and `decode_record`, which parses one from JSON and names
   each offending field.
@@ -15,8 +15,6 @@ Schema) can depend on it.
 - `replay`: replay results and divergence events.
 - `canonical`: deterministic bytes and the sha256 identities built on them.
 - `layout`: Kafka topic names, header names and every S3 object key, prefix and partition path.
-- `connection`: the Kafka and S3 connection fields every service's settings inherit; secrets from their files,
-  never an example value.
 - `manifest`: the model manifest and the runtime file a deployment declares, each with its one decoder.
 - `sealed`: per-tenant encryption of stored envelopes (AES-256-GCM) and wrapped data keys (crypto-shredding).
 - `errors`: the one exception a consumer of the contract needs to catch.

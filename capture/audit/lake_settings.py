@@ -12,12 +12,12 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.connection import KafkaConnectionFields, S3ConnectionFields
+from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
 from schemas.layout import LAKE_BUCKET, LAKE_PREFIX, TOPIC_DIVERGENCES, TOPIC_ENVELOPES
 
 
 class LakeSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
-    """The Kafka and S3 connection fields come from `schemas.connection`."""
+    """The Kafka and S3 connection fields come from `infra.clients.connection`."""
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_ARCHIVER_", extra="forbid", frozen=True)
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.connection import S3ConnectionFields
+from infra.clients.connection import S3ConnectionFields
 
 
 class AuditSettings(BaseSettings, S3ConnectionFields):

@@ -10,5 +10,5 @@
 
 Imports: only `schemas` and `infra.clients` (S3). It imports nothing of the sidecar (``capture.*`` modules) or of
 the audit jobs (`capture.audit`); both import it. It reads the sidecar's records through a protocol
-(`records.StoredRecord`) and its KEK through the shared data-key fields (`schemas.connection.DataKeyFields`).
+(`records.StoredRecord`) and its KEK through the shared data-key fields (`infra.clients.connection.DataKeyFields`).
 """

@@ -17,7 +17,7 @@ time; the newest is the tenant's current key, and older ones stay readable for t
 
 boto3 is blocking: the publisher calls `Sealer.seal_batch` in a worker thread. Every botocore error becomes
 `KeyringError`. The KEK is read from the data-key fields every settings class with data keys inherits
-(`schemas.connection.DataKeyFields`); the sidecar builds its sealer (`capture.publisher`).
+(`infra.clients.connection.DataKeyFields`); the sidecar builds its sealer (`capture.publisher`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from capture.ledger.errors import KeyringError
 from capture.ledger.records import StoredRecord
+from infra.clients.connection import DataKeyFields
 from infra.clients.s3 import error_code, is_missing, s3_errors
 from schemas import ContractError, WorkflowRef
-from schemas.connection import DataKeyFields
 from schemas.errors import SealError
 from schemas.layout import data_key_id, data_key_key, data_key_prefix
 from schemas.sealed import (

@@ -1,6 +1,8 @@
 """The one home of the Kafka and S3 clients every service builds: the leaf of ``infra`` that services may import.
 
-- `kafka`: the connection fields (`schemas.connection.KafkaConnectionFields`) translated once into aiokafka
+- `connection`: the Kafka, S3 and data-key fields every service's settings inherit (pydantic mixins, each
+  service keeping its own environment prefix); secrets read from the files they name, never an example value.
+- `kafka`: the connection fields (`infra.clients.connection.KafkaConnectionFields`) translated once into aiokafka
   options (`aiokafka_kwargs`: security protocol, SASL, and an `ssl.SSLContext` for every client that asks for
   SSL) and into FastStream's security object (`faststream_security`).
 - `s3`: one boto3 client factory (`make_s3_client`) with one named timeout/retry policy per use (`S3Policy`),

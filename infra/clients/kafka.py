@@ -18,7 +18,7 @@ from __future__ import annotations
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from schemas.connection import KafkaConnectionFields
+from infra.clients.connection import KafkaConnectionFields
 
 if TYPE_CHECKING:
     from faststream.security import BaseSecurity

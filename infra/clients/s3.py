@@ -1,6 +1,6 @@
 """The S3 client every service builds, and the one reading of botocore's errors.
 
-`make_s3_client` builds a boto3 client from the connection fields (`schemas.connection.S3ConnectionFields`, which
+`make_s3_client` builds a boto3 client from the connection fields (`infra.clients.connection.S3ConnectionFields`, which
 every service's settings inherit): path-style addressing (SeaweedFS, MinIO and AWS all take
 it), TLS verified unless ``s3_verify_tls`` is off, and the timeouts and retries of a named `S3Policy`, one per
 use, because the uses want different things:
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from schemas.connection import S3ConnectionFields
+from infra.clients.connection import S3ConnectionFields
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -33,13 +33,13 @@ from capture.s3_workers import Put, run_put
 from capture.settings import CaptureSettings
 from capture.sinks import KafkaSink, S3Sink
 from infra.buckets import S3Credentials, s3_client
+from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
 from infra.clients.kafka import aiokafka_kwargs, faststream_security
 from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client
 from replayer.errors import StoreError
 from replayer.service import ReplayerService
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
-from schemas.connection import KafkaConnectionFields, S3ConnectionFields
 from tests.infra.self_signed import self_signed
 from tests.replayer.support import FakeLane, make_envelope
 from tests.replayer.test_store import replay_result

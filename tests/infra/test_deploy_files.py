@@ -429,12 +429,14 @@ def test_service_refuses_the_example_secrets(service: str, monkeypatch: pytest.M
 
 
 def test_every_example_secret_is_refused() -> None:
-    from schemas.connection import EXAMPLE_SECRETS
+    from infra.clients.connection import EXAMPLE_SECRETS
 
     identities = {"minio_root_user.example", "s3_access_key.example"}  # user names, not secrets
     values = {p.read_text(encoding="utf-8").strip() for p in SECRETS.glob("*.example") if p.name not in identities}
     assert "" not in values, "an empty example would be taken for 'unset', not refused"
-    assert values <= EXAMPLE_SECRETS, f"add {sorted(values - EXAMPLE_SECRETS)} to schemas.connection.EXAMPLE_SECRETS"
+    assert values <= EXAMPLE_SECRETS, (
+        f"add {sorted(values - EXAMPLE_SECRETS)} to infra.clients.connection.EXAMPLE_SECRETS"
+    )
 
 
 def _kafka_clients() -> dict[str, dict[str, str]]:

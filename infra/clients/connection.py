@@ -1,6 +1,6 @@
 """The connection fields every service's settings share: how to reach Kafka and S3, and the tenants' data keys.
 
-Pure pydantic field mixins, no IO: each service's settings class (``CaptureSettings``, ``AuditSettings``,
+Pydantic field mixins beside the clients they configure: each service's settings class (``CaptureSettings``, ``AuditSettings``,
 ``LakeSettings``, ``ReplayerSettings``) inherits them and keeps its own environment prefix, so the variable
 names stay per service (``REPROLANE_CAPTURE_KAFKA_BOOTSTRAP``, ``REPROLANE_ARCHIVER_KAFKA_BOOTSTRAP``, ...).
 A class whose default differs redeclares just that field (the replayer and the archiver default
@@ -16,8 +16,7 @@ Secrets, checked when the settings are built (docs/SECURITY.md, "Keys and secret
   (a Docker secret under ``/run/secrets``, a mounted Kubernetes secret) whose content, trailing newline removed,
   becomes the value when the value itself is unset; an empty file means unset. The file is read here, at
   settings build, so the secret never passes through the process environment, where every child process and
-  ``/proc/<pid>/environ`` would see it. This is the one read this package does, and it reads only a path the
-  operator configured.
+  ``/proc/<pid>/environ`` would see it. It reads only a path the operator configured.
 - *Never an example value.* `EXAMPLE_SECRETS` lists every value committed in ``infra/secrets/*.example`` (a test
   keeps the two in step); a service configured with one refuses to start, naming the field and the file to
   change. The local stack (`infra.stack`) makes its own random S3 secret, which is never one of them.
