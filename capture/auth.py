@@ -2,7 +2,7 @@
 
 Modes (``CaptureSettings.auth_mode``):
 
-- ``keys`` (the default): every request carries an API key of the key file (``api_keys_file``); no key or an
+- ``keys`` (the default): every request carries an API key of the key file (``api_keys_path``); no key or an
   unknown one is a 401 in OpenAI's format before anything is read further or sent upstream (and nothing is
   recorded: an unauthenticated caller cannot fill the spool).
 - ``anonymous-allowed``: as ``keys``, but a request without any key is served and recorded as tenant
@@ -130,7 +130,7 @@ def write_key_file(path: Path, entries: Sequence[dict[str, Any]]) -> None:
     path.write_text(json.dumps({"keys": list(entries)}, indent=2) + "\n", encoding="utf-8")
 
 
-def load_key_file(path: Path, *, field: str = "api_keys_file") -> dict[str, KeyEntry]:
+def load_key_file(path: Path, *, field: str = "api_keys_path") -> dict[str, KeyEntry]:
     """The key file's entries by id; `CaptureError` naming `field` when it cannot be trusted or read."""
     try:
         mode = path.stat().st_mode
@@ -180,7 +180,7 @@ class Authenticator:
     @classmethod
     def from_settings(cls, settings: Any) -> Authenticator:
         """From `CaptureSettings` (the key file read now: a bad one fails the start, naming the field)."""
-        path: Path | None = settings.api_keys_file
+        path: Path | None = settings.api_keys_path
         keys = load_key_file(path) if path is not None and settings.auth_mode in ("keys", "anonymous-allowed") else {}
         return cls(settings.auth_mode, keys, settings.trusted_proxies)
 

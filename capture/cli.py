@@ -153,7 +153,7 @@ def serve_command(
     auth_mode: Annotated[
         str | None, typer.Option(help="keys (default) | anonymous-allowed | trusted-proxy | off (local dev only)")
     ] = None,
-    api_keys_file: Annotated[Path | None, typer.Option(help="the API key file (`capture add-key` writes it)")] = None,
+    api_keys_path: Annotated[Path | None, typer.Option(help="the API key file (`capture add-key` writes it)")] = None,
     trusted_proxy: Annotated[
         list[str] | None, typer.Option(help="trusted-proxy mode: a network (CIDR) whose headers are trusted")
     ] = None,
@@ -171,7 +171,7 @@ def serve_command(
                 "--upstream-override-generation-config", upstream_override_generation_config
             ),
             refuse_uncaptured=refuse_uncaptured, flag_tenants=tuple(flag_tenant) if flag_tenant else None,
-            sample_rate=sample_rate, sidecar_id=sidecar_id, auth_mode=auth_mode, api_keys_file=api_keys_file,
+            sample_rate=sample_rate, sidecar_id=sidecar_id, auth_mode=auth_mode, api_keys_path=api_keys_path,
             trusted_proxies=tuple(trusted_proxy) if trusted_proxy else None,
         )  # fmt: skip
     except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2

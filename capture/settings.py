@@ -118,11 +118,11 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     # --- who may call (capture/auth.py): the tenant and the right to flag come from the caller's credential
     auth_mode: Literal["keys", "anonymous-allowed", "trusted-proxy", "off"] = Field(
         default="keys",
-        description="keys: an API key of api_keys_file on every request (401 without); anonymous-allowed: a request "
+        description="keys: an API key of api_keys_path on every request (401 without); anonymous-allowed: a request "
         "without a key is recorded as tenant 'anonymous'; trusted-proxy: only peers in trusted_proxies, whose "
         "X-Reprolane-Tenant/-Flag headers are trusted; off: local development, headers trusted from anyone",
     )
-    api_keys_file: Path | None = Field(
+    api_keys_path: Path | None = Field(
         default=None, description="the key file (JSON, hashed keys, mode 0600): read once at start"
     )
     trusted_proxies: tuple[str, ...] = Field(
@@ -138,8 +138,8 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
 
     @model_validator(mode="after")
     def _auth_complete(self) -> CaptureSettings:
-        if self.auth_mode == "keys" and self.api_keys_file is None:
-            raise ValueError("api_keys_file: required when auth_mode is 'keys' (or choose another auth_mode)")
+        if self.auth_mode == "keys" and self.api_keys_path is None:
+            raise ValueError("api_keys_path: required when auth_mode is 'keys' (or choose another auth_mode)")
         if self.auth_mode == "trusted-proxy" and not self.trusted_proxies:
             raise ValueError("trusted_proxies: required when auth_mode is 'trusted-proxy'")
         return self

@@ -172,7 +172,7 @@ class Demo:
         self.step(2, f"starting the capture sidecar in front of vLLM ({info.vllm_url}) ...")
         capture = start_capture(
             info, port=capture_port, spool_dir=demo_dir / "spool", sample_rate=o.sample_rate,
-            flag_tenants=o.flag_tenants, api_keys_file=demo_dir / "api-keys.json", ready_key=next(iter(keys.values())),
+            flag_tenants=o.flag_tenants, api_keys_path=demo_dir / "api-keys.json", ready_key=next(iter(keys.values())),
             log=info.run_dir / "logs" / "demo-capture.log",
         )  # fmt: skip
         out.services.append(capture)

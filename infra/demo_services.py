@@ -99,14 +99,14 @@ def write_demo_keys(path: Path, tenants: Sequence[str]) -> dict[str, str]:
 
 
 def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: float, flag_tenants: Sequence[str],
-                  api_keys_file: Path, ready_key: str, log: Path) -> Service:  # fmt: skip
+                  api_keys_path: Path, ready_key: str, log: Path) -> Service:  # fmt: skip
     """``reprolane capture serve`` in front of the stack's vLLM, guaranteed mode, Kafka + S3 sinks, callers
-    authenticated by the keys of `api_keys_file` (`ready_key`: one of them, for the readiness probe)."""
+    authenticated by the keys of `api_keys_path` (`ready_key`: one of them, for the readiness probe)."""
     env = {**clean_environment(info.run_dir), **stack_defaults(info)}
     args = [
         "capture", "serve", "--port", str(port), "--mode", "guaranteed", "--spool-dir", str(spool_dir),
         "--sample-rate", str(sample_rate), "--sidecar-id", "demo-capture",
-        "--auth-mode", "keys", "--api-keys-file", str(api_keys_file),
+        "--auth-mode", "keys", "--api-keys-path", str(api_keys_path),
     ]  # fmt: skip
     for tenant in flag_tenants:
         args += ["--flag-tenant", tenant]

@@ -34,7 +34,7 @@ def keys(tmp_path: Path) -> ApiKeys:
 
 
 def keyed(keys: ApiKeys, **overrides: Any) -> dict[str, Any]:
-    return {"auth_mode": "keys", "api_keys_file": keys.path, **overrides}
+    return {"auth_mode": "keys", "api_keys_path": keys.path, **overrides}
 
 
 def asked(upstream: FakeUpstream) -> list[Seen]:
@@ -126,7 +126,7 @@ async def test_the_key_is_neither_forwarded_nor_recorded(keys: ApiKeys) -> None:
 
 
 async def test_anonymous_allowed_records_keyless_requests_as_anonymous(keys: ApiKeys) -> None:
-    async with sidecar(auth_mode="anonymous-allowed", api_keys_file=keys.path) as (client, _up, spool, _m):
+    async with sidecar(auth_mode="anonymous-allowed", api_keys_path=keys.path) as (client, _up, spool, _m):
         anonymous = await client.post(CHAT_PATH, json=CHAT, headers={"X-Reprolane-Tenant": "acme-bank"})
         plain = await client.post(CHAT_PATH, json=CHAT)
         flag = await client.post(CHAT_PATH, json=CHAT, headers={"X-Reprolane-Flag": "1"})
@@ -187,20 +187,20 @@ def test_an_untrustworthy_key_file_refuses_the_start_naming_the_field(
     path = tmp_path / "keys.json"
     path.write_text(content)
     path.chmod(mode)
-    settings = CaptureSettings(upstream="http://127.0.0.1:9", auth_mode="keys", api_keys_file=path)
-    with pytest.raises(CaptureError, match=rf"api_keys_file: .*{message}"):
+    settings = CaptureSettings(upstream="http://127.0.0.1:9", auth_mode="keys", api_keys_path=path)
+    with pytest.raises(CaptureError, match=rf"api_keys_path: .*{message}"):
         build_app(settings, spool=FakeSpool(), metrics=CaptureMetrics())
 
 
 def test_a_missing_key_file_refuses_the_start(tmp_path: Path) -> None:
-    settings = CaptureSettings(upstream="http://127.0.0.1:9", auth_mode="keys", api_keys_file=tmp_path / "none")
-    with pytest.raises(CaptureError, match="api_keys_file: cannot read"):
+    settings = CaptureSettings(upstream="http://127.0.0.1:9", auth_mode="keys", api_keys_path=tmp_path / "none")
+    with pytest.raises(CaptureError, match="api_keys_path: cannot read"):
         build_app(settings, spool=FakeSpool(), metrics=CaptureMetrics())
 
 
 def test_keys_mode_is_the_default_and_needs_a_key_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REPROLANE_CAPTURE_AUTH_MODE", raising=False)  # tests/conftest.py turns it off elsewhere
-    with pytest.raises(CaptureError, match="api_keys_file"):
+    with pytest.raises(CaptureError, match="api_keys_path"):
         build_settings(upstream="http://127.0.0.1:9")
     with pytest.raises(CaptureError, match="trusted_proxies"):
         build_settings(upstream="http://127.0.0.1:9", auth_mode="trusted-proxy")

@@ -54,7 +54,7 @@ def test_a_key_file_others_can_read_stops_the_cli_sidecar(tmp_path: Path) -> Non
     env = sidecar_env({
         "REPROLANE_CAPTURE_UPSTREAM": "http://127.0.0.1:9",
         "REPROLANE_CAPTURE_AUTH_MODE": "keys",
-        "REPROLANE_CAPTURE_API_KEYS_FILE": str(keys.path),
+        "REPROLANE_CAPTURE_API_KEYS_PATH": str(keys.path),
     })  # fmt: skip
     args = ["capture", "serve", "--port", str(free_port()), "--spool-dir", str(tmp_path / "spool")]
     try:
@@ -62,7 +62,7 @@ def test_a_key_file_others_can_read_stops_the_cli_sidecar(tmp_path: Path) -> Non
     except subprocess.TimeoutExpired:
         pytest.fail("the sidecar served with a world-readable key file")
     assert done.returncode == 1
-    assert "api_keys_file" in done.stderr
+    assert "api_keys_path" in done.stderr
     assert "readable by others" in done.stderr
 
 
@@ -78,7 +78,7 @@ def sidecar_url(stack: StackInfo, keys: ApiKeys, tmp_path: Path) -> Iterator[str
     env = sidecar_env({
         **stack_defaults(stack),
         "REPROLANE_CAPTURE_AUTH_MODE": "keys",
-        "REPROLANE_CAPTURE_API_KEYS_FILE": str(keys.path),
+        "REPROLANE_CAPTURE_API_KEYS_PATH": str(keys.path),
     })  # fmt: skip
     args = ["capture", "serve", "--port", str(port), "--spool-dir", str(tmp_path / "spool"), "--sidecar-id",
             f"auth-test-{uuid.uuid4().hex[:6]}"]  # fmt: skip

@@ -45,7 +45,7 @@ def test_the_demo_sidecar_needs_keys_and_its_workload_sends_them(stack: StackInf
     assert set(keys) == {"finance", "health", "insurance"}
     port, spool_dir = free_port(), tmp_path / "spool"
     capture = start_capture(
-        stack, port=port, spool_dir=spool_dir, sample_rate=0.0, flag_tenants=(), api_keys_file=keys_file,
+        stack, port=port, spool_dir=spool_dir, sample_rate=0.0, flag_tenants=(), api_keys_path=keys_file,
         ready_key=keys["finance"], log=tmp_path / "capture.log",
     )  # fmt: skip
     try:
