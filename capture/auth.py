@@ -14,7 +14,9 @@ Modes (``CaptureSettings.auth_mode``):
 
 The key travels as ``X-Reprolane-Key: <key>`` when upstream needs the ``Authorization`` header itself (it is
 then forwarded untouched), else as ``Authorization: Bearer <key>`` (what the official clients send with
-``api_key=...``), which the sidecar then consumes: it is not forwarded upstream. ``X-Reprolane-*`` headers are
+``api_key=...``), which the sidecar then consumes: it is not forwarded upstream. A Bearer token that is not
+one of ours (no ``rlk_`` prefix) is upstream's: under ``anonymous-allowed`` it travels on untouched with an
+anonymous request, under ``keys`` the request has no key (401). ``X-Reprolane-*`` headers are
 never forwarded, and no request header is recorded in the envelope.
 
 Where identity comes from a key, ``X-Reprolane-Tenant`` may be sent only with the key's own tenant (another is
@@ -54,6 +56,7 @@ Role = Literal["capture", "flag"]
 ROLES: Final = frozenset({"capture", "flag"})
 ANONYMOUS_TENANT: Final = "anonymous"
 KEY_PREFIX: Final = "rlk_"
+_KEY_PREFIX_BYTES: Final = KEY_PREFIX.encode("ascii")
 KEY_HEADER: Final = b"x-reprolane-key"
 _AUTHORIZATION: Final = b"authorization"
 _ID_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
@@ -196,8 +199,9 @@ class Authenticator:
         key = headers.get(KEY_HEADER)
         if key is None:
             auth = headers.get(_AUTHORIZATION)
-            if auth is not None and auth[:7].lower() == b"bearer ":
-                header, key = _AUTHORIZATION, auth[7:].strip()
+            token = auth[7:].strip() if auth is not None and auth[:7].lower() == b"bearer " else b""
+            if token.startswith(_KEY_PREFIX_BYTES):  # any other token is upstream's, not a key of ours
+                header, key = _AUTHORIZATION, token
         if key is None:
             if self.mode == "anonymous-allowed":
                 return Caller(tenant=ANONYMOUS_TENANT, key_id=None, roles=frozenset({"capture"}))

@@ -126,15 +126,21 @@ async def test_the_key_is_neither_forwarded_nor_recorded(keys: ApiKeys) -> None:
 
 
 async def test_anonymous_allowed_records_keyless_requests_as_anonymous(keys: ApiKeys) -> None:
-    async with sidecar(auth_mode="anonymous-allowed", api_keys_path=keys.path) as (client, _up, spool, _m):
+    async with sidecar(auth_mode="anonymous-allowed", api_keys_path=keys.path) as (client, upstream, spool, _m):
         anonymous = await client.post(CHAT_PATH, json=CHAT, headers={"X-Reprolane-Tenant": "acme-bank"})
         plain = await client.post(CHAT_PATH, json=CHAT)
         flag = await client.post(CHAT_PATH, json=CHAT, headers={"X-Reprolane-Flag": "1"})
         wrong = await client.post(CHAT_PATH, json=CHAT, headers=bearer("rlk_bank-1_guess"))
         keyed_ = await client.post(CHAT_PATH, json=CHAT, headers=bearer(keys.bank))
-    codes = [r.status_code for r in (anonymous, plain, flag, wrong, keyed_)]
-    assert codes == [403, 200, 403, 401, 200]
-    assert [e.tenant for e in spool.envelopes] == ["anonymous", "anonymous", "anonymous", "acme-bank"]
+        upstreams = await client.post(CHAT_PATH, json=CHAT, headers=bearer("sk-upstream"))  # not ours: upstream's
+    codes = [r.status_code for r in (anonymous, plain, flag, wrong, keyed_, upstreams)]
+    assert codes == [403, 200, 403, 401, 200, 200]
+    assert [e.tenant for e in spool.envelopes] == ["anonymous", "anonymous", "anonymous", "acme-bank", "anonymous"]
+    assert [s.headers.get("authorization") for s in asked(upstream) if s.path == CHAT_PATH] == [
+        None,
+        None,
+        "Bearer sk-upstream",
+    ]
 
 
 async def test_trusted_proxy_trusts_the_headers_of_its_networks_only() -> None:
