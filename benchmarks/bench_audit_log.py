@@ -84,6 +84,7 @@ def stack(run_dir: Path, count: int) -> None:
     client.create_bucket(Bucket=bucket)
     settings = CaptureSettings(
         upstream="http://127.0.0.1:9",
+        auth_mode="off",
         s3_endpoint=info.s3_endpoint,
         s3_access_key=info.s3_access_key,
         s3_secret_key=info.s3_secret_key,

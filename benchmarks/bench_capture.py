@@ -328,7 +328,7 @@ def run_sidecar_null_sink(argv: list[str]) -> None:
             return None
 
     port, spool_dir, upstream = int(argv[0]), Path(argv[1]), argv[2]
-    settings = build_settings(upstream=upstream, port=port, mode="best_effort", spool_dir=spool_dir)
+    settings = build_settings(upstream=upstream, port=port, mode="best_effort", spool_dir=spool_dir, auth_mode="off")
     metrics = CaptureMetrics()
     spool = build_spool(settings, metrics)
     publisher = Publisher(spool, settings, metrics, sinks=[NullSink()])
@@ -402,7 +402,7 @@ class Procs:
             cmd,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "REPROLANE_CAPTURE_AUTH_MODE": "off", **(env or {})},  # measured without API keys
             cwd=ROOT,
             preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
@@ -564,7 +564,7 @@ async def _read_spool(directory: Path) -> list[bytes]:
 
 
 def spooled_request_ids(directory: Path) -> set[str]:
-    return {json.loads(p)["request_id"] for p in asyncio.run(_read_spool(directory))}
+    return {json.loads(p).get("client_request_id") for p in asyncio.run(_read_spool(directory))}  # the X-Request-Id
 
 
 @contextlib.contextmanager

@@ -74,6 +74,7 @@ class RequestContext:
     stream: bool
     in_flight_at_start: int
     in_flight_at_end: int = 0
+    client_request_id: str | None = None
     body_sha256: str | None = None
     upstream_ms: float = 0.0
     first_token_ms: float | None = None
@@ -161,6 +162,7 @@ def build_envelope_checked(inputs: EnvelopeInputs) -> Envelope:
         outcome = CapturedError(error_type=kind, status_code=status, message=message, timings=timings, partial=choices)
     return Envelope(
         request_id=ctx.request_id,
+        client_request_id=ctx.client_request_id,
         captured_at=inputs.captured_at,
         tenant=ctx.tenant,
         workflow=ctx.workflow,
@@ -213,6 +215,7 @@ def _envelope_doc(inputs: EnvelopeInputs, choices: list[dict[str, Any]]) -> dict
         }
     return {
         "request_id": ctx.request_id,
+        "client_request_id": ctx.client_request_id,
         "captured_at": inputs.captured_at,
         "tenant": ctx.tenant,
         "workflow": ctx.workflow,

@@ -18,6 +18,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from capture.app import build_app
+from capture.auth import load_key_file, new_key, write_key_file
 from capture.errors import CaptureError
 from capture.http_server import uvicorn_config
 from capture.metrics import CaptureMetrics
@@ -140,6 +141,13 @@ def serve_command(
     flag_tenant: Annotated[list[str] | None, typer.Option(help="flag this tenant's requests (repeatable)")] = None,
     sample_rate: Annotated[float | None, typer.Option(help="fraction of requests flagged for replay")] = None,
     sidecar_id: Annotated[str | None, typer.Option(help="name recorded in every envelope")] = None,
+    auth_mode: Annotated[
+        str | None, typer.Option(help="keys (default) | anonymous-allowed | trusted-proxy | off (local dev only)")
+    ] = None,
+    api_keys_path: Annotated[Path | None, typer.Option(help="the API key file (`capture add-key` writes it)")] = None,
+    trusted_proxy: Annotated[
+        list[str] | None, typer.Option(help="trusted-proxy mode: a network (CIDR) whose headers are trusted")
+    ] = None,
 ) -> None:
     """Serve the capture sidecar in front of --upstream."""
     try:
@@ -154,10 +162,27 @@ def serve_command(
                 "--upstream-override-generation-config", upstream_override_generation_config
             ),
             refuse_uncaptured=refuse_uncaptured, flag_tenants=tuple(flag_tenant) if flag_tenant else None,
-            sample_rate=sample_rate, sidecar_id=sidecar_id,
+            sample_rate=sample_rate, sidecar_id=sidecar_id, auth_mode=auth_mode, api_keys_path=api_keys_path,
+            trusted_proxies=tuple(trusted_proxy) if trusted_proxy else None,
         )  # fmt: skip
     except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2
         raise typer.BadParameter(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
     serve(settings)  # a CaptureError (unreadable manifest, spool held by another process) is exit 1 (infra.cli)
+
+
+@capture_app.command("add-key")
+def add_key_command(
+    keys_file: Annotated[Path, typer.Argument(help="the key file (created 0600 when missing)")],
+    key_id: Annotated[str, typer.Option("--id", help="the key's id ([A-Za-z0-9-], unique in the file)")],
+    tenant: Annotated[str, typer.Option(help="the tenant every request with this key is recorded under")],
+    role: Annotated[list[str] | None, typer.Option(help="capture (default) and/or flag (repeatable)")] = None,
+) -> None:
+    """Mint an API key: its hashed entry is added to KEYS_FILE, the key itself printed once (store it now)."""
+    entries = load_key_file(keys_file, field="KEYS_FILE") if keys_file.exists() else {}
+    if key_id in entries:
+        raise typer.BadParameter(f"--id {key_id!r} is already in {keys_file}")
+    key, entry = new_key(key_id, tenant, role or ("capture",))
+    write_key_file(keys_file, [*(e.as_entry() for e in entries.values()), entry])
+    typer.echo(key)

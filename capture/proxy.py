@@ -4,7 +4,8 @@ Every other path (and any other method on these two) goes to `capture.passthroug
 byte for byte and counted (writes there are logged once per path, or refused under ``refuse_uncaptured``).
 A captured request runs as:
 
-    read body (413 above max_body_bytes) -> parse (400) -> prepare (audit fields) -> upstream
+    authenticate (401: nothing read, sent or recorded; `capture.auth`)
+    -> read body (413 above max_body_bytes) -> parse (400) -> prepare (audit fields) -> upstream
     -> record + strip each body / SSE chunk -> [guaranteed: envelope durable in the spool] -> release
     -> [best_effort: envelope built and spooled in a tracked background task]
 
@@ -32,11 +33,11 @@ from typing import Final
 from prometheus_client import Counter, Histogram
 
 from capture.assembly import RequestContext
+from capture.auth import Authenticator, Unauthenticated, authenticated, send_unauthenticated
 from capture.edge import (
     ASGIApp,
     BadRequest,
     Receive,
-    RecentIds,
     Scope,
     Send,
     Watch,
@@ -59,7 +60,7 @@ from capture.protocol import Endpoint
 from capture.protocol.audit_fields import Prepared, prepare
 from capture.protocol.output import OutputCollector
 from capture.protocol.sampling import BUILTIN_DEFAULTS, SamplingDefaults
-from capture.request_headers import read_reprolane_headers, request_id
+from capture.request_headers import new_request_id, read_reprolane_headers
 from capture.runtime import RuntimeProbe
 from capture.settings import CaptureSettings
 from capture.streaming import forward_stream
@@ -91,7 +92,7 @@ class CaptureProxy:
         self.metrics = metrics
         self.upstream = upstream
         self.policy = ReplayPolicy(flag_tenants=settings.flag_tenants, sample_rate=settings.sample_rate)
-        self.recent_ids = RecentIds()
+        self.auth = Authenticator.from_settings(settings)
         self._guaranteed = settings.mode == "guaranteed"
         self.writer = EnvelopeWriter(
             guaranteed=self._guaranteed,
@@ -109,7 +110,7 @@ class CaptureProxy:
             version_headers=settings.version_headers,
         )
         metrics.in_flight.set_function(lambda: forwarder.in_flight)  # read at scrape time: no lock per request
-        self.passthrough = UncapturedPaths(settings, upstream=upstream, metrics=metrics)
+        self.passthrough = authenticated(UncapturedPaths(settings, upstream=upstream, metrics=metrics), self.auth)
         self._answered_children: dict[tuple[Endpoint, int], Counter] = {}
         self._upstream_children: dict[Endpoint, Histogram] = {}
 
@@ -131,7 +132,7 @@ class CaptureProxy:
         status = 500
         headers = dict(scope["headers"])
         ctx = RequestContext(
-            request_id=request_id(headers.get(b"x-request-id"), self.recent_ids),
+            request_id=new_request_id(),
             received_at=datetime.now(UTC),
             tenant=self.settings.default_tenant,
             workflow=None,
@@ -189,9 +190,16 @@ class CaptureProxy:
         self, ctx: RequestContext, scope: Scope, headers: dict[bytes, bytes], receive: Receive, send: Send, t0: float
     ) -> int:
         rid = ctx.request_id.encode("ascii")
+        try:
+            caller = self.auth.authenticate(headers, scope.get("client"))
+        except Unauthenticated as exc:
+            await send_unauthenticated(send, str(exc), rid)
+            return 401
+        if caller.credential_header is not None:
+            del headers[caller.credential_header]  # the sidecar's key is not upstream's
         body = b""
         try:
-            read_reprolane_headers(ctx, headers, self.policy)
+            read_reprolane_headers(ctx, headers, self.policy, caller)
             body = await read_body(headers, receive, self.settings.max_body_bytes, self.settings.request_body_timeout_s)
             ctx.body_sha256 = hashlib.sha256(body).hexdigest()
             try:
@@ -204,7 +212,12 @@ class CaptureProxy:
             await send_json(
                 send,
                 bad.status,
-                error_body(bad.message, type_="invalid_request_error", code=bad.status, param=bad.param),
+                error_body(
+                    bad.message,
+                    type_="permission_error" if bad.status == 403 else "invalid_request_error",
+                    code=bad.status,
+                    param=bad.param,
+                ),
                 rid,
             )
             ctx.in_flight_at_end = self.forwarder.in_flight

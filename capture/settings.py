@@ -6,10 +6,11 @@ Every field can be set from the environment with the prefix ``REPROLANE_CAPTURE_
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.clients.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
@@ -128,3 +129,32 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     request_body_timeout_s: float = Field(
         default=60.0, gt=0, description="a request whose body has not arrived whole within this gets 408"
     )
+
+    # --- who may call (capture/auth.py): the tenant and the right to flag come from the caller's credential
+    auth_mode: Literal["keys", "anonymous-allowed", "trusted-proxy", "off"] = Field(
+        default="keys",
+        description="keys: an API key of api_keys_path on every request (401 without); anonymous-allowed: a request "
+        "without a key is recorded as tenant 'anonymous'; trusted-proxy: only peers in trusted_proxies, whose "
+        "X-Reprolane-Tenant/-Flag headers are trusted; off: local development, headers trusted from anyone",
+    )
+    api_keys_path: Path | None = Field(
+        default=None, description="the key file (JSON, hashed keys, mode 0600): read once at start"
+    )
+    trusted_proxies: tuple[str, ...] = Field(
+        default=(), description="trusted-proxy mode: the networks (CIDR) whose identity headers are trusted"
+    )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for network in value:
+            ipaddress.ip_network(network, strict=False)  # ValueError names the bad network
+        return value
+
+    @model_validator(mode="after")
+    def _auth_complete(self) -> CaptureSettings:
+        if self.auth_mode == "keys" and self.api_keys_path is None:
+            raise ValueError("api_keys_path: required when auth_mode is 'keys' (or choose another auth_mode)")
+        if self.auth_mode == "trusted-proxy" and not self.trusted_proxies:
+            raise ValueError("trusted_proxies: required when auth_mode is 'trusted-proxy'")
+        return self

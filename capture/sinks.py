@@ -22,6 +22,8 @@ S3 (`S3Sink`), per envelope, with boto3 in a thread pool, or in worker processes
   an error envelope) overwrites it. The audit bucket is versioned (Object Lock requires it), so an overwrite is
   a new version and the older pointer stays readable. Within one batch only the newest record per index key is
   written, so concurrent puts cannot leave an older envelope on top.
+- with a client ``X-Request-Id``, ``index/client-request-id/tenant=<t>/<client id>/<request_id>.json`` (same
+  body), written once with ``IfNoneMatch="*"``: one per envelope, so a tenant's retries are all found.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from schemas.layout import (
     HEADER_SCHEMA,
     MAX_MESSAGE_BYTES,
     TOPIC_ENVELOPES,
+    client_request_index_key,
     envelope_key,
     index_body,
     request_index_key,
@@ -79,6 +82,7 @@ class _RouteFields(msgspec.Struct):
     captured_at: str
     schema_version: str
     workflow: _WorkflowFields | None = None
+    client_request_id: str | None = None
 
 
 _ROUTE_DECODER = msgspec.json.Decoder(_RouteFields)
@@ -97,6 +101,7 @@ class Outgoing:
     schema_version: str
     workflow_id: str | None
     workflow_step: int | None
+    client_request_id: str | None = None
 
     @classmethod
     def from_entry(cls, entry: SpoolEntry) -> Outgoing:
@@ -112,6 +117,7 @@ class Outgoing:
                 schema_version=doc.schema_version,
                 workflow_id=doc.workflow.workflow_id if doc.workflow is not None else None,
                 workflow_step=doc.workflow.step if doc.workflow is not None else None,
+                client_request_id=doc.client_request_id,
             )
         except (ValueError, msgspec.DecodeError) as exc:
             raise SinkError(f"spool record seq {entry.seq} is not a routable envelope: {exc!r}") from exc
@@ -254,6 +260,17 @@ class S3Sink:
             for key in item.index_keys():
                 newest[key] = item
         puts += [Put(key, item.index_body(), {"ContentType": "application/json"}) for key, item in newest.items()]
+        # the client's X-Request-Id, per tenant: one object per envelope, written once (never overwritten)
+        puts += [
+            Put(
+                client_request_index_key(item.tenant, item.client_request_id, item.request_id),
+                item.index_body(),
+                {"ContentType": "application/json", "IfNoneMatch": "*"},
+                created_is_enough=True,
+            )
+            for item in batch
+            if item.client_request_id is not None
+        ]
         if self._threads is None:
             assert self._processes is not None  # one of the two modes, chosen in __init__
             await self._processes.run(self.bucket, puts)

@@ -1,10 +1,11 @@
 """``reprolane demo``: the whole product on one machine, end to end, in a few minutes.
 
 1. the local stack (`infra.stack.LocalStack`: SeaweedFS, Tansu, vLLM CPU), reused when it already runs;
-2. the capture sidecar in front of vLLM (the production lane: dynamic batching, bfloat16), guaranteed mode;
+2. the capture sidecar in front of vLLM (the production lane: dynamic batching, bfloat16), guaranteed mode, with
+   authentication on (a fresh API key per tenant in ``<run dir>/demo/api-keys.json``, 0600);
 3. the replayer service on the in-process vLLM lane (the deterministic lane: one sequence at a time), in a fresh
    consumer group whose offsets are committed at the envelope topic's end first, so it replays exactly this run;
-4. the bundled workload (`infra.demo_workload`) through the sidecar with the ``openai`` client;
+4. the bundled workload (`infra.demo_workload`) through the sidecar with the ``openai`` client and those keys;
 5. wait until every flagged envelope has its divergence event (read back from Kafka);
 6. the summary (`infra.demo_summary`) and one replay by request id, run as the auditor would type it.
 
@@ -28,9 +29,9 @@ from typing import Any
 
 from infra import paths
 from infra.demo_kafka import Mark, collect, mark, start_group_at
-from infra.demo_services import Service, run_cli, start_capture, start_replayer
+from infra.demo_services import Service, run_cli, start_capture, start_replayer, write_demo_keys
 from infra.demo_summary import DemoFacts, auditor_pick, render_summary, worst
-from infra.demo_workload import Sent, count_requests, drive, load_workload
+from infra.demo_workload import Sent, count_requests, drive, load_workload, tenants
 from infra.errors import DemoError, InfraError
 from infra.ports import allocate_ports
 from infra.stack import LocalStack
@@ -165,16 +166,20 @@ class Demo:
         asyncio.run(start_group_at(info.kafka_bootstrap, group_id, marks[TOPIC_ENVELOPES]))
         capture_port, metrics_port = allocate_ports(2)
         demo_dir = info.run_dir / "demo"
+        workload = load_workload(quick=o.quick)
+        keys = write_demo_keys(demo_dir / "api-keys.json", tenants(workload))
 
         self.step(2, f"starting the capture sidecar in front of vLLM ({info.vllm_url}) ...")
         capture = start_capture(
             info, port=capture_port, spool_dir=demo_dir / "spool", sample_rate=o.sample_rate,
-            flag_tenants=o.flag_tenants, log=info.run_dir / "logs" / "demo-capture.log",
+            flag_tenants=o.flag_tenants, api_keys_path=demo_dir / "api-keys.json", ready_key=next(iter(keys.values())),
+            log=info.run_dir / "logs" / "demo-capture.log",
         )  # fmt: skip
         out.services.append(capture)
         seconds = capture.wait_ready(90.0)
         echo(
             f"      ready at http://127.0.0.1:{capture_port}/v1 (pid {capture.ref.pid}, {seconds:.1f} s);"
+            f" API keys for {', '.join(keys)} in {demo_dir / 'api-keys.json'};"
             f" flags: header X-Reprolane-Flag, tenant {','.join(o.flag_tenants) or '-'}, sample {o.sample_rate:.0%}"
         )
 
@@ -189,12 +194,11 @@ class Demo:
             " its lane loads while the traffic flows"
         )
 
-        workload = load_workload(quick=o.quick)
         total = count_requests(workload, quick=o.quick)
         self.step(4, f"driving the workload through the sidecar: {total} requests (run id {out.run_id}) ...")
         t = time.monotonic()
         base_url = f"http://127.0.0.1:{capture_port}/v1"
-        out.sent = asyncio.run(drive(base_url, info.model_name, out.run_id, workload, quick=o.quick, echo=echo))
+        out.sent = asyncio.run(drive(base_url, info.model_name, out.run_id, workload, keys, quick=o.quick, echo=echo))
         traffic_s = time.monotonic() - t
 
         self.step(5, "waiting for the envelopes and the replays ...")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from capture.auth import new_key, write_key_file
 from infra import paths, process
 from infra.errors import DemoError
 from infra.process import ProcessRef
@@ -52,6 +53,7 @@ class Service:
     ref: ProcessRef
     log: Path
     ready_url: str
+    ready_headers: Mapping[str, str] | None = None
 
     def alive(self) -> bool:
         return process.is_alive(self.ref)
@@ -63,7 +65,7 @@ class Service:
             if not self.alive():
                 raise DemoError(f"{self.name} exited during start-up; last lines of {self.log}:\n{self.tail()}")
             try:
-                if httpx.get(self.ready_url, timeout=2.0).status_code == 200:
+                if httpx.get(self.ready_url, headers=self.ready_headers, timeout=2.0).status_code == 200:
                     return time.monotonic() - started
             except httpx.HTTPError:
                 pass
@@ -78,22 +80,38 @@ class Service:
         process.stop(self.ref, timeout_s)
 
 
-def _spawn(name: str, args: Sequence[str], env: Mapping[str, str], log: Path, ready_url: str, cwd: Path) -> Service:
+def _spawn(name: str, args: Sequence[str], env: Mapping[str, str], log: Path, ready_url: str, cwd: Path,
+           ready_headers: Mapping[str, str] | None = None) -> Service:  # fmt: skip
     ref = process.spawn([*reprolane_argv(), *args], env, log, cwd)
-    return Service(name, ref, log, ready_url)
+    return Service(name, ref, log, ready_url, ready_headers)
+
+
+def write_demo_keys(path: Path, tenants: Sequence[str]) -> dict[str, str]:
+    """A key file (0600) with one fresh API key per tenant (roles capture and flag: the workflows flag their
+    steps); returns the keys by tenant. Fresh every run: only this run's workload holds them."""
+    keys: dict[str, str] = {}
+    entries = []
+    for tenant in tenants:
+        keys[tenant], entry = new_key(f"demo-{tenant}", tenant, ("capture", "flag"))
+        entries.append(entry)
+    write_key_file(path, entries)
+    return keys
 
 
 def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: float, flag_tenants: Sequence[str],
-                  log: Path) -> Service:  # fmt: skip
-    """``reprolane capture serve`` in front of the stack's vLLM, guaranteed mode, Kafka + S3 sinks."""
+                  api_keys_path: Path, ready_key: str, log: Path) -> Service:  # fmt: skip
+    """``reprolane capture serve`` in front of the stack's vLLM, guaranteed mode, Kafka + S3 sinks, callers
+    authenticated by the keys of `api_keys_path` (`ready_key`: one of them, for the readiness probe)."""
     env = {**clean_environment(info.run_dir), **stack_defaults(info)}
     args = [
         "capture", "serve", "--port", str(port), "--mode", "guaranteed", "--spool-dir", str(spool_dir),
         "--sample-rate", str(sample_rate), "--sidecar-id", "demo-capture",
+        "--auth-mode", "keys", "--api-keys-path", str(api_keys_path),
     ]  # fmt: skip
     for tenant in flag_tenants:
         args += ["--flag-tenant", tenant]
-    return _spawn("capture sidecar", args, env, log, f"http://127.0.0.1:{port}/v1/models", info.run_dir)
+    ready, headers = f"http://127.0.0.1:{port}/v1/models", {"Authorization": f"Bearer {ready_key}"}
+    return _spawn("capture sidecar", args, env, log, ready, info.run_dir, headers)
 
 
 def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path) -> Service:

@@ -81,7 +81,7 @@ def _workflow_rows(sent: Sequence[Sent], events: Mapping[str, DivergenceEvent]) 
     names = list(dict.fromkeys(s.workflow for s in sent if s.workflow is not None))
     for name in names:
         steps = [s for s in sent if s.workflow == name]
-        workflow_id = steps[0].request_id.rsplit("-s", 1)[0]
+        workflow_id = steps[0].workflow_id or "-"
         verdicts = " ".join(f"{s.step}:{events[s.request_id].verdict}" if s.request_id in events else f"{s.step}:-"
                             for s in steps)  # fmt: skip
         first = next((s for s in steps if s.request_id in events and not events[s.request_id].target_met), None)
@@ -128,6 +128,8 @@ def render_summary(facts: DemoFacts, *, worst_n: int = 3) -> str:
     for i, ev in enumerate(top, start=1):
         s = by_id.get(ev.request_id)
         how = f"{s.group}, tenant {s.tenant}, prompt {s.prompt_id}" if s is not None else ev.tenant
+        if s is not None and s.client_request_id != s.request_id:
+            how += f", X-Request-Id {s.client_request_id}"
         lines.append("")
         lines.append(f"  {i}. {ev.request_id} ({how}): {ev.verdict}, cause {ev.cause_hint}")
         detail = facts.details.get(ev.request_id, "")

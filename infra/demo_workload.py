@@ -9,9 +9,12 @@ the deterministic lane, which replays one sequence at a time. Every sixth prompt
 Workflows (``infra/workload/workflows.json``) are driven live: step k+1's messages are the whole conversation so
 far, step k's actual answer included. The three workflows run side by side, so their steps are batched too.
 
-Every request carries its own request id in ``X-Request-Id``, which the sidecar records (``<run id>-c07``,
-``<run id>-wf1-s2``), and its tenant; workflow steps also carry the workflow id, the step and
-``X-Reprolane-Flag: 1``. Nothing here reads Kafka or S3: `drive` returns what was sent and what came back.
+Each tenant's requests go with that tenant's API key (``api_key=...``: the sidecar records the key's tenant, and
+only keys with the ``flag`` role may flag). Every request carries the demo's own id in ``X-Request-Id``
+(``<run id>-c07``, ``<run id>-wf1-s2``), which the sidecar records as the envelope's ``client_request_id``; the
+request id is the sidecar's own, read from its ``X-Reprolane-Request-Id`` answer header. Workflow steps also
+carry the workflow id, the step and ``X-Reprolane-Flag: 1``. Nothing here reads Kafka or S3: `drive` returns
+what was sent and what came back.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ WAVES: tuple[tuple[int, int], ...] = ((1, 6), (4, 12), (12, 18))  # (sent at onc
 QUICK_WAVES: tuple[tuple[int, int], ...] = ((1, 2), (4, 4))
 SEEDED_EVERY = 6
 SAMPLED_TEMPERATURE = 0.8
+REQUEST_ID_HEADER = "x-reprolane-request-id"  # the sidecar's request id of the answer
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,8 @@ class Workload:
 
 @dataclass
 class Sent:
-    """One request of the demo: how it was sent and what came back."""
+    """One request of the demo: how it was sent and what came back. ``request_id`` is the demo's own id until
+    the sidecar answers, then the sidecar's (the demo's stays in ``client_request_id``)."""
 
     request_id: str
     group: str  # "alone", "4 at once", "12 at once", "workflow"
@@ -76,6 +81,11 @@ class Sent:
     error: str | None = None
     seconds: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
+    client_request_id: str = ""
+    workflow_id: str | None = None
+
+    def __post_init__(self) -> None:
+        self.client_request_id = self.client_request_id or self.request_id
 
 
 def _read_json(name: str) -> Any:
@@ -124,38 +134,50 @@ def count_requests(workload: Workload, *, quick: bool = False) -> int:
 class Driver:
     """Sends the workload through the sidecar with the official ``openai`` client."""
 
-    def __init__(self, base_url: str, model: str, run_id: str, *, quick: bool, echo: Echo) -> None:
+    def __init__(
+        self, base_url: str, model: str, run_id: str, keys: dict[str, str], *, quick: bool, echo: Echo
+    ) -> None:
         try:
             from openai import AsyncOpenAI  # the official client, as a user of the sidecar would
         except ImportError as exc:
             raise DemoError("the demo drives its traffic with the openai client: pip install 'openai>=1.40'") from exc
 
-        self.client = AsyncOpenAI(base_url=base_url, api_key="demo", max_retries=0, timeout=120.0)
+        self.clients = {  # one client per tenant, with that tenant's API key
+            tenant: AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120.0)
+            for tenant, key in keys.items()
+        }
         self.model = model
         self.run_id = run_id
         self.quick = quick
         self.echo = echo
 
     async def close(self) -> None:
-        await self.client.close()
+        for client in self.clients.values():
+            await client.close()
 
     async def _chat(self, sent: Sent, messages: list[dict[str, str]], max_tokens: int, headers: dict[str, str]) -> None:
-        from openai import OpenAIError
+        from openai import APIStatusError, OpenAIError
 
+        client = self.clients.get(sent.tenant)
+        if client is None:
+            raise DemoError(f"the demo has no API key for tenant {sent.tenant!r}")
         kwargs: dict[str, Any] = {"temperature": 0.0}
         if sent.seed is not None:
             kwargs = {"temperature": SAMPLED_TEMPERATURE, "seed": sent.seed}
         started = time.monotonic()
         try:
-            response = await self.client.chat.completions.create(
+            raw = await client.chat.completions.with_raw_response.create(
                 model=self.model,
                 messages=messages,  # type: ignore[arg-type]
                 max_tokens=max_tokens,
-                extra_headers={"X-Request-Id": sent.request_id, "X-Reprolane-Tenant": sent.tenant, **headers},
+                extra_headers={"X-Request-Id": sent.client_request_id, **headers},
                 **kwargs,
             )
-            sent.answer = response.choices[0].message.content or ""
+            sent.request_id = raw.headers.get(REQUEST_ID_HEADER, sent.request_id)
+            sent.answer = raw.parse().choices[0].message.content or ""
         except OpenAIError as exc:
+            if isinstance(exc, APIStatusError):
+                sent.request_id = exc.response.headers.get(REQUEST_ID_HEADER, sent.request_id)
             sent.error = f"{type(exc).__name__}: {exc}"
         sent.seconds = time.monotonic() - started
 
@@ -195,7 +217,7 @@ class Driver:
         for step, text in enumerate(workflow.steps, start=1):
             messages.append({"role": "user", "content": text})
             sent = Sent(f"{workflow_id}-s{step}", "workflow", workflow.tenant, f"{workflow.name}#{step}", None)
-            sent.workflow, sent.step = workflow.name, step
+            sent.workflow, sent.step, sent.workflow_id = workflow.name, step, workflow_id
             headers = {"X-Reprolane-Workflow-Id": workflow_id, "X-Reprolane-Step": str(step), "X-Reprolane-Flag": "1"}
             await self._chat(sent, messages, self._max_tokens("medium"), headers)
             out.append(sent)
@@ -215,9 +237,17 @@ class Driver:
         return out
 
 
-async def drive(base_url: str, model: str, run_id: str, workload: Workload, *, quick: bool, echo: Echo) -> list[Sent]:
-    """Send the whole workload (chat waves, then the workflows); return every request in send order."""
-    driver = Driver(base_url, model, run_id, quick=quick, echo=echo)
+def tenants(workload: Workload) -> list[str]:
+    """Every tenant the workload sends as (each needs an API key)."""
+    return sorted({p.tenant for p in workload.prompts} | {w.tenant for w in workload.workflows})
+
+
+async def drive(
+    base_url: str, model: str, run_id: str, workload: Workload, keys: dict[str, str], *, quick: bool, echo: Echo
+) -> list[Sent]:
+    """Send the whole workload (chat waves, then the workflows) with each tenant's key in `keys`; return every
+    request in send order."""
+    driver = Driver(base_url, model, run_id, keys, quick=quick, echo=echo)
     try:
         chats = await driver.chat_waves(workload)
         return chats + await driver.workflows(workload)

@@ -1,6 +1,7 @@
 """The replayer's command line: two typer sub-apps that `infra.cli` registers as ``replay`` and ``replayer``.
 
     reprolane replay request REQUEST_ID [--lane vllm|remote|transformers] [--json] [--s3-endpoint URL ...]
+    reprolane replay request --client-request-id ID --tenant T [same options]   (the newest envelope it names)
     reprolane replay workflow WORKFLOW_ID [same options]
     reprolane replayer serve [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
 
@@ -34,7 +35,11 @@ from schemas import Envelope, ReplayResult
 #: The settings options of ``replay request`` and ``replay workflow``.
 REPLAY_OPTIONS = ("lane", *S3_OPTIONS, "model_dir", "remote_url")
 
-RequestIdArg = Annotated[str, typer.Argument(help="the request id the sidecar recorded")]
+RequestIdArg = Annotated[str | None, typer.Argument(help="the request id the sidecar recorded")]
+ClientIdOpt = Annotated[
+    str | None, typer.Option("--client-request-id", help="the client's X-Request-Id instead (with --tenant)")
+]
+TenantOpt = Annotated[str | None, typer.Option("--tenant", help="the tenant of --client-request-id")]
 WorkflowIdArg = Annotated[str, typer.Argument(help="the agent workflow id the sidecar recorded")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the replay result(s) as JSON")]
 
@@ -55,9 +60,23 @@ def build_replay_app(
 
     @app.command("request")
     @settings_options(*REPLAY_OPTIONS)
-    def request(request_id: RequestIdArg, settings: ReplayerSettings, as_json: JsonOpt = False) -> None:
+    def request(
+        settings: ReplayerSettings,
+        request_id: RequestIdArg = None,
+        as_json: JsonOpt = False,
+        client_request_id: ClientIdOpt = None,
+        tenant: TenantOpt = None,
+    ) -> None:
         """Replay one recorded request and print what diverged (exit 0: target held, 1: not, 2: no verdict)."""
-        envelope = store_factory(settings).get_by_request_id(request_id)
+        if (request_id is None) == (client_request_id is None) or (client_request_id is None) != (tenant is None):
+            raise typer.BadParameter("give REQUEST_ID, or --client-request-id with --tenant")
+        store = store_factory(settings)
+        if client_request_id is not None and tenant is not None:
+            envelope = store.find_by_client_request_id(tenant, client_request_id)[-1]
+            request_id = envelope.request_id
+        else:
+            assert request_id is not None
+            envelope = store.get_by_request_id(request_id)
         if not envelope.replayable:
             raise NotReplayableError(f"request {request_id} is not replayable: {not_replayable_reason(envelope)}")
         lane = lane_factory(settings)

@@ -35,6 +35,7 @@ from schemas import ContractError, Envelope, ReplayResult, decode_envelope, deco
 from schemas.envelope import is_valid_request_id
 from schemas.errors import SealError
 from schemas.layout import (
+    client_request_index_prefix,
     data_key_key,
     is_envelope_key,
     replay_key,
@@ -212,6 +213,23 @@ class EnvelopeStore:
             raise EnvelopeNotFoundError(f"no envelope is indexed under workflow {workflow_id!r}")
         envelopes = [self._envelope_from_index(key, f"workflow {workflow_id!r} ({key})") for key in keys]
         return sorted(envelopes, key=lambda e: (e.workflow.step if e.workflow else -1, e.captured_at))
+
+    def find_by_client_request_id(self, tenant: str, client_request_id: str) -> list[Envelope]:
+        """The envelopes `tenant`'s client sent as ``X-Request-Id: client_request_id`` (a retry is one more),
+        oldest first; only those whose stored tenant and client id are these (an index entry pointing
+        elsewhere is refused as a `StoreError`); `EnvelopeNotFoundError` when there is none."""
+        if not is_valid_request_id(tenant) or not is_valid_request_id(client_request_id):
+            raise EnvelopeNotFoundError(f"{tenant!r} / {client_request_id!r} is not a valid tenant / client id")
+        what = f"client request id {client_request_id!r} of tenant {tenant!r}"
+        keys = self._list(client_request_index_prefix(tenant, client_request_id))
+        if not keys:
+            raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
+        envelopes = [self._envelope_from_index(key, f"{what} ({key})") for key in keys]
+        for env, key in zip(envelopes, keys, strict=True):
+            if env.tenant != tenant or env.client_request_id != client_request_id:
+                raise StoreError(f"index object s3://{self.bucket}/{key} points at an envelope of tenant "
+                                 f"{env.tenant!r}, client id {env.client_request_id!r}: not {what}")  # fmt: skip
+        return sorted(envelopes, key=lambda e: e.captured_at)
 
     def list_tenant(self, tenant: str, *, limit: int | None = None) -> list[Envelope]:
         """Envelopes recorded for `tenant` (``envelopes/tenant=<tenant>/``, key order = day, then envelope id),

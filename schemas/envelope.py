@@ -142,7 +142,10 @@ class ExecutionContext(Record):
 
 class Envelope(Record):
     schema_version: Literal["reprolane.envelope/1"] = ENVELOPE_SCHEMA_VERSION
-    request_id: RequestId
+    request_id: RequestId = Field(description="the sidecar's own id of the request (random, never the client's)")
+    client_request_id: RequestId | None = Field(
+        default=None, description="the client's X-Request-Id, as sent (its tenant's lookup key; not unique)"
+    )
     captured_at: UtcDatetime
     tenant: RequestId = "default"
     workflow: WorkflowRef | None = None

@@ -13,6 +13,7 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     envelopes/tenant=<tenant>/date=<YYYY-MM-DD>/<envelope_id>.json           envelope_key
     index/request-id/<request_id>.json                                       request_index_key
     index/workflow/<workflow_id>/<step:06d>-<request_id>.json                 workflow_index_key
+    index/client-request-id/tenant=<t>/<client_id>/<request_id>.json          client_request_index_key
     replays/date=<YYYY-MM-DD>/<envelope_id>/<result_id>.json                 replay_key (date: the envelope's)
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
@@ -142,6 +143,16 @@ def workflow_index_prefix(workflow_id: str) -> str:
 
 def workflow_index_key(workflow_id: str, step: int, request_id: str) -> str:
     return f"{workflow_index_prefix(workflow_id)}{step:06d}-{request_id}.json"
+
+
+def client_request_index_prefix(tenant: str, client_request_id: str) -> str:
+    """Every envelope a tenant's client sent under one ``X-Request-Id`` (its retries each have their own key)."""
+    return f"{INDEX_PREFIX}client-request-id/tenant={tenant}/{client_request_id}/"
+
+
+def client_request_index_key(tenant: str, client_request_id: str, request_id: str) -> str:
+    """One envelope's client-request-id index object, written once (``IfNoneMatch``)."""
+    return f"{client_request_index_prefix(tenant, client_request_id)}{request_id}.json"
 
 
 def index_body(envelope_id: str, key: str, tenant: str, captured_at: datetime) -> bytes:

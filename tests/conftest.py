@@ -22,6 +22,10 @@ from infra import process
 from infra.stack import LocalStack
 from infra.state import StackInfo, StackState
 
+# Tests that are not about authentication run the sidecar without it (`capture.auth`); those that are set
+# auth_mode and a key file explicitly. Set before any CaptureSettings is built; subprocesses inherit it.
+os.environ.setdefault("REPROLANE_CAPTURE_AUTH_MODE", "off")
+
 #: Run dir of an already running stack to reuse instead of starting a private one.
 ATTACH_ENV = "REPROLANE_TEST_RUN_DIR"
 

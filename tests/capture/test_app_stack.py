@@ -21,6 +21,7 @@ from capture.spool import Spool
 from infra.state import StackInfo
 from schemas import CapturedOutput, Envelope, decode_envelope
 from tests.capture.fake_upstream import serve
+from tests.capture.keys import write_test_keys
 
 pytestmark = pytest.mark.stack
 
@@ -33,15 +34,18 @@ PROMPT = "The capital of France is"
 async def through_sidecar(stack: StackInfo, tmp_path: Path) -> AsyncIterator[tuple[openai.AsyncOpenAI, Spool]]:
     assert stack.vllm_url is not None
     assert stack.model_dir is not None
+    keys = write_test_keys(tmp_path)
     settings = CaptureSettings(
         upstream=stack.vllm_url,
         mode="guaranteed",
         spool_dir=tmp_path / "spool",
         manifest_path=stack.model_dir / "reprolane-manifest.json",
+        auth_mode="keys",
+        api_keys_path=keys.path,
     )
     spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
     async with serve(build_app(settings, spool=spool)) as url:
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-not-recorded", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=keys.bank, max_retries=0)
         try:
             yield client, spool
         finally:

@@ -71,16 +71,18 @@ async def test_in_flight_gauge_counts_a_request_waiting_on_upstream() -> None:
 
 
 async def test_request_id_rules() -> None:
+    """The request id is always the sidecar's own; the client's X-Request-Id is recorded beside it (issue 18)."""
     async with sidecar() as (client, _, spool, _m):
         a = await client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "order-42"})
         b = await client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "order-42"})
         c = await client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "bad id with spaces"})
     ids = [r.headers["x-reprolane-request-id"] for r in (a, b, c)]
-    assert ids[0] == "order-42"
-    assert ids[1] != "order-42"
-    assert ids[2] != "bad id with spaces"
+    assert all(i.startswith("rl-") and len(i) == 35 for i in ids)
     assert len(set(ids)) == 3
+    assert (a.status_code, b.status_code, c.status_code) == (200, 200, 400)
+    assert c.json()["error"]["param"] == "X-Request-Id"
     assert [e.request_id for e in spool.envelopes] == ids
+    assert [e.client_request_id for e in spool.envelopes] == ["order-42", "order-42", None]
 
 
 async def test_secret_headers_forwarded_not_recorded_and_reprolane_headers_stripped() -> None:

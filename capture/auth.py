@@ -1,0 +1,265 @@
+"""Who is calling: the sidecar's callers authenticate, and their tenant and roles come from the credential.
+
+Modes (``CaptureSettings.auth_mode``):
+
+- ``keys`` (the default): every request carries an API key of the key file (``api_keys_path``); no key or an
+  unknown one is a 401 in OpenAI's format before anything is read further or sent upstream (and nothing is
+  recorded: an unauthenticated caller cannot fill the spool).
+- ``anonymous-allowed``: as ``keys``, but a request without any key is served and recorded as tenant
+  ``anonymous`` without roles beyond ``capture`` (a wrong key is still a 401).
+- ``trusted-proxy``: no keys; requests are accepted only from the peer networks ``trusted_proxies`` (a gateway
+  that authenticated the caller), whose ``X-Reprolane-Tenant`` and ``X-Reprolane-Flag`` are trusted; any other
+  peer gets 401.
+- ``off``: local development only: anyone, and the headers are trusted as they come.
+
+The key travels as ``X-Reprolane-Key: <key>`` when upstream needs the ``Authorization`` header itself (it is
+then forwarded untouched), else as ``Authorization: Bearer <key>`` (what the official clients send with
+``api_key=...``), which the sidecar then consumes: it is not forwarded upstream. A Bearer token that is not
+one of ours (no ``rlk_`` prefix) is upstream's: under ``anonymous-allowed`` it travels on untouched with an
+anonymous request, under ``keys`` the request has no key (401). ``X-Reprolane-*`` headers are
+never forwarded, and no request header is recorded in the envelope.
+
+Where identity comes from a key, ``X-Reprolane-Tenant`` may be sent only with the key's own tenant (another is
+403), and ``X-Reprolane-Flag`` only with the ``flag`` role (else 403): a caller is told, never silently
+re-labelled. Roles: ``capture`` (may send traffic at all: a key without it gets 403) and ``flag``.
+
+The key file (JSON, written by the operator, mode 0600 or 0640; refused at start when unreadable, world-readable,
+group- or world-writable, or malformed)::
+
+    {"keys": [{"id": "acme-1", "tenant": "acme", "roles": ["capture", "flag"],
+               "hash": "sha256:<salt hex>:<sha256(salt + key) hex>"}]}
+
+A key is ``rlk_<id>_<secret>`` with a 256-bit random secret (`new_key`), so its entry is found by id and one
+salted sha256 compared in constant time (`hmac.compare_digest`) proves it: a slow password hash (scrypt) adds
+milliseconds per request and protects only guessable secrets, which these are not. The file never holds a key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import secrets
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from capture.edge import ASGIApp, Receive, Scope, Send, error_body, send_json
+from capture.errors import CaptureError
+from schemas.envelope import is_valid_request_id
+
+AuthMode = Literal["keys", "anonymous-allowed", "trusted-proxy", "off"]
+Role = Literal["capture", "flag"]
+ROLES: Final = frozenset({"capture", "flag"})
+ANONYMOUS_TENANT: Final = "anonymous"
+KEY_PREFIX: Final = "rlk_"
+_KEY_PREFIX_BYTES: Final = KEY_PREFIX.encode("ascii")
+KEY_HEADER: Final = b"x-reprolane-key"
+_AUTHORIZATION: Final = b"authorization"
+_ID_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+
+
+class Unauthenticated(Exception):
+    """The request carries no acceptable credential (answered 401)."""
+
+
+class Forbidden(Exception):
+    """The caller is known but may not do this (answered 403)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request. ``tenant`` None: the headers say (``off``, ``trusted-proxy``), else the credential's."""
+
+    tenant: str | None
+    key_id: str | None
+    roles: frozenset[str]
+    credential_header: bytes | None = None  # the header that carried the key (not forwarded upstream)
+
+    @property
+    def may_flag(self) -> bool:
+        return "flag" in self.roles
+
+
+HEADER_TRUSTED: Final = Caller(tenant=None, key_id=None, roles=ROLES)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    key_id: str
+    tenant: str
+    roles: frozenset[str]
+    salt: bytes
+    digest: bytes
+
+    def as_entry(self) -> dict[str, Any]:
+        """This entry as the key file holds it."""
+        hashed = f"sha256:{self.salt.hex()}:{self.digest.hex()}"
+        return {"id": self.key_id, "tenant": self.tenant, "roles": sorted(self.roles), "hash": hashed}
+
+
+def _digest(salt: bytes, key: str) -> bytes:
+    return hashlib.sha256(salt + key.encode("utf-8")).digest()
+
+
+def new_key(key_id: str, tenant: str, roles: Iterable[str] = ("capture",)) -> tuple[str, dict[str, Any]]:
+    """A fresh key and its key-file entry (the key is shown once; only the entry is stored)."""
+    roles = frozenset(roles)
+    if not key_id or not set(key_id) <= _ID_CHARS or len(key_id) > 64:
+        raise CaptureError(f"key id {key_id!r} must be 1-64 of [A-Za-z0-9-]")
+    if not is_valid_request_id(tenant):
+        raise CaptureError(f"tenant {tenant!r} must match [A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}")
+    if not set(roles) <= ROLES:
+        raise CaptureError(f"roles must be of {sorted(ROLES)}, not {sorted(roles)}")
+    key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+    salt = secrets.token_bytes(16)
+    entry = {
+        "id": key_id,
+        "tenant": tenant,
+        "roles": sorted(roles),
+        "hash": f"sha256:{salt.hex()}:{_digest(salt, key).hex()}",
+    }
+    return key, entry
+
+
+def write_key_file(path: Path, entries: Sequence[dict[str, Any]]) -> None:
+    """Write a key file readable by its owner only (0600), as `load_key_file` wants it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(json.dumps({"keys": list(entries)}, indent=2) + "\n", encoding="utf-8")
+
+
+def load_key_file(path: Path, *, field: str = "api_keys_path") -> dict[str, KeyEntry]:
+    """The key file's entries by id; `CaptureError` naming `field` when it cannot be trusted or read."""
+    try:
+        mode = path.stat().st_mode
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CaptureError(f"{field}: cannot read {path}: {exc.strerror or exc}") from None
+    if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
+        raise CaptureError(f"{field}: {path} is readable by others or writable by its group (mode "
+                           f"{stat.S_IMODE(mode):04o}): chmod 600 it")  # fmt: skip
+    try:
+        doc = json.loads(raw)
+        items = doc["keys"]
+        if not isinstance(items, list):
+            raise TypeError("'keys' is not a list")
+        entries: dict[str, KeyEntry] = {}
+        for n, item in enumerate(items):
+            key_id, tenant, roles, hashed = item["id"], item["tenant"], item["roles"], item["hash"]
+            if not isinstance(key_id, str) or not key_id or not set(key_id) <= _ID_CHARS or len(key_id) > 64:
+                raise ValueError(f"entry {n}: id must be 1-64 of [A-Za-z0-9-]")
+            if key_id in entries:
+                raise ValueError(f"entry {n}: id {key_id!r} appears twice")
+            if not isinstance(tenant, str) or not is_valid_request_id(tenant):
+                raise ValueError(f"entry {n}: tenant must match [A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}")
+            if not isinstance(roles, list) or not set(roles) <= ROLES:
+                raise ValueError(f"entry {n}: roles must be a list of {sorted(ROLES)}")
+            scheme, salt_hex, digest_hex = str(hashed).split(":")
+            if scheme != "sha256" or len(digest_hex) != 64 or len(salt_hex) < 16:
+                raise ValueError(f"entry {n}: hash must be sha256:<salt hex>:<64 hex digits>")
+            entries[key_id] = KeyEntry(
+                key_id, tenant, frozenset(roles), bytes.fromhex(salt_hex), bytes.fromhex(digest_hex)
+            )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CaptureError(f"{field}: {path} is malformed: {exc!r}") from None
+    return entries
+
+
+class Authenticator:
+    """The sidecar's one decision of who a request comes from (built once at start)."""
+
+    def __init__(
+        self, mode: AuthMode, keys: dict[str, KeyEntry] | None = None, trusted_proxies: Sequence[str] = ()
+    ) -> None:
+        self.mode = mode
+        self._keys = keys or {}
+        self._networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Authenticator:
+        """From `CaptureSettings` (the key file read now: a bad one fails the start, naming the field)."""
+        path: Path | None = settings.api_keys_path
+        keys = load_key_file(path) if path is not None and settings.auth_mode in ("keys", "anonymous-allowed") else {}
+        return cls(settings.auth_mode, keys, settings.trusted_proxies)
+
+    def authenticate(self, headers: dict[bytes, bytes], client: Sequence[Any] | None) -> Caller:
+        """The caller of a request (`Unauthenticated` when it has no acceptable credential)."""
+        if self.mode == "off":
+            return HEADER_TRUSTED
+        if self.mode == "trusted-proxy":
+            if client is None or not self._trusted_peer(str(client[0])):
+                raise Unauthenticated("requests must come through the trusted proxy")
+            return HEADER_TRUSTED
+        header = KEY_HEADER
+        key = headers.get(KEY_HEADER)
+        if key is None:
+            auth = headers.get(_AUTHORIZATION)
+            token = auth[7:].strip() if auth is not None and auth[:7].lower() == b"bearer " else b""
+            if token.startswith(_KEY_PREFIX_BYTES):  # any other token is upstream's, not a key of ours
+                header, key = _AUTHORIZATION, token
+        if key is None:
+            if self.mode == "anonymous-allowed":
+                return Caller(tenant=ANONYMOUS_TENANT, key_id=None, roles=frozenset({"capture"}))
+            raise Unauthenticated("no API key: send Authorization: Bearer <key> or X-Reprolane-Key: <key>")
+        entry = self._check(key.decode("latin-1"))
+        if entry is None:
+            raise Unauthenticated("incorrect API key provided")
+        return Caller(tenant=entry.tenant, key_id=entry.key_id, roles=entry.roles, credential_header=header)
+
+    def _check(self, key: str) -> KeyEntry | None:
+        if not key.startswith(KEY_PREFIX):
+            return None
+        key_id, _, secret = key[len(KEY_PREFIX) :].partition("_")
+        entry = self._keys.get(key_id)
+        if entry is None or not secret:
+            return None
+        return entry if hmac.compare_digest(_digest(entry.salt, key), entry.digest) else None
+
+    def _trusted_peer(self, host: str) -> bool:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self._networks)
+
+
+def unauthenticated_body(message: str) -> bytes:
+    """OpenAI's 401 document."""
+    return error_body(message, type_="invalid_request_error", code="invalid_api_key")
+
+
+def forbidden_body(message: str) -> bytes:
+    return error_body(message, type_="permission_error", code=403)
+
+
+async def send_unauthenticated(send: Send, message: str, rid: bytes | None) -> None:
+    extra = [(b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="reprolane"')]
+    await send_json(send, 401, unauthenticated_body(message), rid, extra)
+
+
+def authenticated(app: ASGIApp, authenticator: Authenticator) -> ASGIApp:
+    """`app` (the pass-through) for authenticated callers with the ``capture`` role only; the header that
+    carried the key is removed before `app` sees the request, so it never reaches upstream."""
+    if authenticator.mode == "off":
+        return app
+
+    async def gate(scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            caller = authenticator.authenticate(dict(scope["headers"]), scope.get("client"))
+        except Unauthenticated as exc:
+            await send_unauthenticated(send, str(exc), None)
+            return
+        if "capture" not in caller.roles:
+            await send_json(send, 403, forbidden_body("this API key has no 'capture' role"), None)
+            return
+        if caller.credential_header is not None:
+            drop = caller.credential_header
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != drop]}
+        await app(scope, receive, send)
+
+    return gate
