@@ -14,7 +14,7 @@ is said as an informational ``sealed`` finding.
 
 ``reprolane verify --range DAY[:FROM:TO]``: every checkpoint's signature, each checkpoint's root against the
 current leaf prefix, a consistency proof between consecutive checkpoints, every leaf has its object, every
-object of the day is a leaf, and every object's bytes still hash to its id.
+object of the day is a leaf, and every object's bytes still hash to what its leaf commits to.
 
 What each finding means (``fatal`` ones make the verdict fail, exit 1):
 

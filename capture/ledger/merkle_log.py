@@ -23,7 +23,9 @@ batch is published, and the S3 sink takes "already there" as success, so after a
 the leaf append the object holds an earlier sealing than the record in hand: the writer reads every sealed
 object back and commits to what is stored when it is a sealing of the same envelope (same id, request,
 tenant, capture time and workflow), and to the record in hand otherwise, so ``reprolane verify`` names a
-foreign object as modified instead of the log vouching for it. That is one GET per sealed envelope.
+foreign object as modified instead of the log vouching for it. That is one GET per sealed envelope. What this
+cannot tell: a sealing of the same metadata that someone with PutObject wrote under the key *before* the sidecar
+did (they would need the envelope id before it was stored); the writer holds no data key to open it.
 
 Duplicates: delivery is at-least-once (a crash after the append and before the spool ack republishes the
 batch), and a restarted writer has forgotten what it appended. Rather than a fragile seen-set, the rule is:
@@ -65,7 +67,8 @@ from schemas.sealed import SEALED_SCHEMA_VERSION, SealedEnvelope, decode_sealed
 log = logging.getLogger(__name__)
 
 MAX_RACE_RETRIES = 20
-#: Ids a writer remembers having appended (`RecentIds`): far more than one publisher batch, a few MiB.
+#: Ids a writer remembers having appended (`RecentIds`): far more than a publisher batch holds (its memory at
+#: this size: BENCHMARKS.md, ``bench_audit_log.py --seen-ids``).
 SEEN_IDS = 65_536
 READ_BACK_WORKERS = 8
 
