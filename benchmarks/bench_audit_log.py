@@ -1,6 +1,11 @@
 """Benchmark of the audit Merkle log: pure tree math, and the publisher / checkpoint / verify on a real stack.
 
     .venv/bin/python benchmarks/bench_audit_log.py [--leaves 100000] [--run-dir /work/devstack] [--envelopes 300]
+    .venv/bin/python benchmarks/bench_audit_log.py --seen-ids 1000000
+
+`--seen-ids N` (only that, no IO): the memory of the writer's seen-set after N appended ids, 256 per batch, as
+RSS and tracemalloc before and after: the bounded `RecentIds` of `MerkleLogWriter` (its default capacity), and
+for comparison what the unbounded per-day sets of hex ids it replaced held for the same N.
 
 Part 1 (no IO): root, inclusion proof and consistency proof over `--leaves` leaves, and their verification.
 Part 2 (needs a running stack, skipped without --run-dir): a fresh bucket without Object Lock; `--envelopes`
@@ -45,6 +50,52 @@ def pure(n: int) -> None:
     cproof = timed(f"consistency proof {n // 2} -> {n}", consistency_proof, hashes, n // 2)
     old = root_from_hashes(hashes[: n // 2])
     timed("verify consistency", verify_consistency, n // 2, n, old, root, cproof)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def seen_memory(n: int) -> None:
+    import gc
+    import tracemalloc
+
+    from capture.ledger.merkle_log import SEEN_IDS, RecentIds
+
+    def measure(label: str, add) -> None:  # type: ignore[no-untyped-def]
+        gc.collect()
+        rss, (before, _) = _rss_mib(), tracemalloc.get_traced_memory()
+        started = time.perf_counter()
+        batch: list[str] = []
+        for eid in ids_again():
+            batch.append(eid)
+            if len(batch) == 256:
+                add(batch)
+                batch = []
+        add(batch)
+        elapsed = time.perf_counter() - started
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+        print(
+            f"{label:<44} tracemalloc {(after - before) / 2**20:8.1f} MiB, RSS {rss:7.1f} -> {_rss_mib():7.1f} MiB, "
+            f"{n / elapsed:9.0f} ids/s"
+        )
+
+    def ids_again():  # type: ignore[no-untyped-def]
+        return (hashlib.sha256(i.to_bytes(8, "big")).hexdigest() for i in range(n))
+
+    tracemalloc.start()
+    recent = RecentIds(SEEN_IDS)
+    measure(f"seen-set after {n} ids: RecentIds({SEEN_IDS})", recent.add_all)
+    assert len(recent) == min(n, SEEN_IDS)
+    del recent
+    unbounded: set[str] = set()
+    measure(f"seen-set after {n} ids: unbounded set (before)", unbounded.update)
+    tracemalloc.stop()
 
 
 async def publish(settings, envs, audit: bool) -> float:  # type: ignore[no-untyped-def]
@@ -118,7 +169,11 @@ def main() -> None:
     parser.add_argument("--leaves", type=int, default=100_000)
     parser.add_argument("--run-dir", type=Path)
     parser.add_argument("--envelopes", type=int, default=300)
+    parser.add_argument("--seen-ids", type=int, help="measure only the writer's seen-set memory after this many ids")
     args = parser.parse_args()
+    if args.seen_ids:
+        seen_memory(args.seen_ids)
+        return
     pure(args.leaves)
     if args.run_dir:
         stack(args.run_dir, args.envelopes)

@@ -1,7 +1,19 @@
 """Tamper evidence, the pure part: RFC 9162 (RFC 6962) Merkle tree math and the signed checkpoint record.
 
-The log of a day is the sequence of envelope ids in the order the publisher stored them. Leaf ``i`` is the
-32 raw bytes of the ``i``-th envelope id (the hex id decoded). Hashes, exactly as in RFC 9162 section 2.1:
+The log of a day is the sequence of stored envelopes in the order the publisher stored them. What a leaf commits
+to is versioned by its leaf batch (`encode_leaf_batch`, `decode_leaf_batch`):
+
+    format 2  the batch starts with the 16 bytes ``reprolane.leaf/2``, then 64 bytes per leaf: the envelope id and
+              the sha256 of the object's stored bytes (both raw). Leaf data = those 64 bytes. For a plaintext
+              envelope the two are equal (its id is the hash of its bytes); for a sealed one
+              (`schemas.sealed`) the second binds the exact ciphertext, nonce, key id and metadata stored.
+    format 1  (logs written before format 2) 32 bytes per leaf, the envelope id; leaf data = those 32 bytes. It
+              binds a plaintext object's bytes (through its id) but only the *claimed* id of a sealed one: junk
+              or a re-sealing under that id cannot be told from the original under format 1.
+
+A batch's format is told from its length alone (format 1: a multiple of 32; format 2: 16 more than a multiple of
+64), so a log's size is known from a listing; both formats can follow one another in one day's log, and the leaf
+data of the two never collide (32 and 64 bytes). Hashes, exactly as in RFC 9162 section 2.1:
 
     leaf hash   = sha256(0x00 || data)
     node hash   = sha256(0x01 || left || right)
@@ -27,7 +39,7 @@ import base64
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Final
+from typing import Annotated, Final, NamedTuple
 
 from pydantic import Field
 
@@ -37,6 +49,9 @@ from schemas.errors import ContractError
 
 CHECKPOINT_SCHEMA_VERSION: Final = "reprolane.checkpoint/1"
 HASH_SIZE: Final = 32
+LEAF_BATCH_MAGIC: Final = b"reprolane.leaf/2"  # 16 bytes: a format-2 leaf batch starts with it
+FORMAT_1_SIZE: Final = HASH_SIZE
+FORMAT_2_SIZE: Final = 2 * HASH_SIZE
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
@@ -50,14 +65,71 @@ def node_hash(left: bytes, right: bytes) -> bytes:
 
 
 def leaf_data(envelope_id: str) -> bytes:
-    """The leaf data of an envelope: the 32 raw bytes of its sha256 hex id."""
+    """The format-1 leaf data of an envelope (and the first half of format 2's): the 32 raw bytes of its id."""
+    return _raw_hash(envelope_id, "envelope id")
+
+
+def _raw_hash(value: str, what: str) -> bytes:
     try:
-        raw = bytes.fromhex(envelope_id)
+        raw = bytes.fromhex(value)
     except ValueError as exc:
-        raise ContractError(f"envelope id {envelope_id!r} is not hex", ("envelope_id",)) from exc
+        raise ContractError(f"{what} {value!r} is not hex", (what.replace(" ", "_"),)) from exc
     if len(raw) != HASH_SIZE:
-        raise ContractError(f"envelope id {envelope_id!r} is not 32 bytes", ("envelope_id",))
+        raise ContractError(f"{what} {value!r} is not 32 bytes", (what.replace(" ", "_"),))
     return raw
+
+
+class LeafEntry(NamedTuple):
+    """One leaf: the envelope id and (format 2) the sha256 hex of the object's stored bytes, None in format 1."""
+
+    envelope_id: str
+    object_sha256: str | None = None
+
+    def data(self) -> bytes:
+        """The leaf data its hash is taken over (see module doc)."""
+        if self.object_sha256 is None:
+            return leaf_data(self.envelope_id)
+        return leaf_data(self.envelope_id) + _raw_hash(self.object_sha256, "object sha256")
+
+    def hash(self) -> bytes:
+        return leaf_hash(self.data())
+
+
+def encode_leaf_batch(entries: Sequence[LeafEntry]) -> bytes:
+    """A format-2 leaf batch of `entries` (each must name its object's sha256)."""
+    parts = [LEAF_BATCH_MAGIC]
+    for entry in entries:
+        if entry.object_sha256 is None:
+            raise ContractError(f"leaf of {entry.envelope_id} has no object sha256", ("object_sha256",))
+        parts.append(entry.data())
+    return b"".join(parts)
+
+
+def leaf_batch_count(nbytes: int) -> int:
+    """How many leaves a batch of `nbytes` holds, whole ones only (from a listing's size: see module doc)."""
+    if nbytes % FORMAT_2_SIZE == len(LEAF_BATCH_MAGIC):
+        return (nbytes - len(LEAF_BATCH_MAGIC)) // FORMAT_2_SIZE
+    return nbytes // FORMAT_1_SIZE
+
+
+def decode_leaf_batch(body: bytes) -> tuple[list[LeafEntry], str | None]:
+    """The whole leaves of a batch, and what is wrong with it (a torn length) or None."""
+    if body.startswith(LEAF_BATCH_MAGIC):
+        rest, size = body[len(LEAF_BATCH_MAGIC) :], FORMAT_2_SIZE
+    else:
+        rest, size = body, FORMAT_1_SIZE
+    entries = []
+    for off in range(0, len(rest) - len(rest) % size, size):
+        raw = rest[off : off + size]
+        if size == FORMAT_1_SIZE:
+            entries.append(LeafEntry(raw.hex()))
+        else:
+            entries.append(LeafEntry(raw[:HASH_SIZE].hex(), raw[HASH_SIZE:].hex()))
+    problem = None
+    if len(rest) % size:
+        fmt = 1 if size == FORMAT_1_SIZE else 2
+        problem = f"is {len(body)} bytes, not a whole number of format-{fmt} leaves of {size} bytes"
+    return entries, problem
 
 
 def _split(n: int) -> int:

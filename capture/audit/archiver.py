@@ -6,7 +6,10 @@ SSL context, SASL). It buffers rows per (table, day, tenant) and writes one Parq
 ``flush_rows`` rows are buffered or the oldest buffered row is ``flush_seconds`` old, on a
 rebalance that takes partitions away, and on stop. The offsets are committed only *after* every buffered row
 is in S3: a crash re-delivers what was not written, so nothing is lost, and what was written and re-delivered
-is a duplicate that the query views and compaction collapse (by ``envelope_id`` / ``result_id``). Each file is
+is a duplicate that the query views and compaction collapse (by ``envelope_id`` / ``result_id``). A commit that
+fails (Kafka unreachable, or the group rebalanced meanwhile) is counted in ``commit_failures`` and logged, and the
+archiver goes on: the rows are in the lake already, the next commit covers their offsets, and whoever reads them
+again writes copies that collapse, so a Kafka outage costs duplicates, never rows or the process. Each file is
 duplicate-free on its own (a redelivery inside one flush is dropped by id), which lets the query views skip
 deduplicating partitions of a single file.
 
@@ -48,6 +51,7 @@ class ArchiverStats:
     files_written: int = 0
     skipped: int = 0
     flushes: int = 0
+    commit_failures: int = 0
 
 
 class Archiver:
@@ -133,7 +137,11 @@ class Archiver:
     async def _flush_and_commit(self) -> None:
         await self.flush()
         if self._consumer is not None:
-            await self._consumer.commit()
+            try:
+                await self._consumer.commit()
+            except kafka_errors() as exc:  # see the module doc: the rows are written, a redelivery collapses
+                self.stats.commit_failures += 1
+                log.warning("archiver: offset commit failed (%r); the rows are in the lake, continuing", exc)
 
     def _make_consumer(self) -> Any:
         from aiokafka import AIOKafkaConsumer

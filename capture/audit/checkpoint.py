@@ -9,9 +9,9 @@ for ``reprolane verify --range``, not something a checkpoint may paper over.
 Run it often (a cron every few minutes, and once after the day ends): everything after the latest checkpoint
 is only as trustworthy as the bucket's write permissions; everything before it is signed.
 
-`reconcile` appends the ids of a day's envelope objects that are in no leaf (the crash window of
-`capture.ledger.merkle_log`), and says which. It is an operator action: it cannot tell such an envelope
-from an inserted one.
+`reconcile` appends the leaves (id and the sha256 of the bytes stored) of a day's envelope objects that are in no
+leaf (the crash window of `capture.ledger.merkle_log`), and says which. It is an operator action: it cannot tell
+such an envelope from an inserted one.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from capture.audit.errors import AuditError
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import append_leaves, read_leaves
+from schemas import sha256_hex
 from schemas.errors import ContractError
 from schemas.layout import (
     ENVELOPES_PREFIX,
@@ -34,7 +35,7 @@ from schemas.layout import (
     log_id,
     partition_value,
 )
-from schemas.merkle import Checkpoint, decode_checkpoint, leaf_data, merkle_root, sign_checkpoint
+from schemas.merkle import Checkpoint, LeafEntry, decode_checkpoint, merkle_root, sign_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def write_checkpoint(
     if size == 0 or any(c.tree_size == size for c in existing):
         return None
     issued = now or datetime.now(UTC)
-    root = merkle_root([leaf_data(i) for i in leaves.ids])
+    root = merkle_root([e.data() for e in leaves.entries])
     checkpoint = sign_checkpoint(private_raw, log_id(day), size, root, issued)
     until = issued + retention if retention is not None else None
     if not store.put_new(checkpoint_key(day, size), checkpoint.canonical(), until):
@@ -108,11 +109,19 @@ def day_objects(store: AuditStore, day: str) -> dict[str, str]:
 
 
 def reconcile(store: AuditStore, day: str, *, retention: timedelta | None, dry_run: bool = False) -> list[str]:
-    """Append (in key order) the ids of the day's objects that are in no leaf; return them."""
+    """Append (in key order) leaves of the day's objects that are in no leaf, committing to the bytes stored now;
+    return their ids."""
     logged = set(read_leaves(store, day).ids)
-    missing = sorted(eid for eid in day_objects(store, day) if eid not in logged)
+    objects = day_objects(store, day)
+    missing = sorted(eid for eid in objects if eid not in logged)
     if missing and not dry_run:
+        entries = []
+        for eid in missing:
+            body = store.get(objects[eid])
+            if body is None:
+                raise AuditError(f"reconcile {day}: {objects[eid]} vanished while reading it")
+            entries.append(LeafEntry(eid, sha256_hex(body)))
         until = datetime.now(UTC) + retention if retention is not None else None
-        start = append_leaves(store, day, missing, until)
+        start = append_leaves(store, day, entries, until)
         log.warning("audit: reconcile %s appended %d ids at leaf %d", day, len(missing), start)
     return missing

@@ -5,6 +5,12 @@ network cannot do, and the PyPI wheel does not bundle it. So the lake's files ar
 S3 filesystem as Arrow datasets and *registered* in DuckDB (projection and filter pushdown still apply); that
 works offline and with any S3 pyarrow reaches.
 
+The SQL is the caller's, so once the lake is registered the connection is shut: no file or network access
+(``read_text('/etc/passwd')``, ``COPY ... TO``, ``ATTACH``), no extension installed or loaded, no scan of a
+Python variable by name, and the configuration locked so a ``SET`` cannot undo any of it (`LOCKDOWN`). What
+such a statement gets is `QueryError` (bad input, exit 2), not a result. The registered Arrow datasets are
+read by pyarrow, outside DuckDB's file system, so the views keep working.
+
 Views (every query sees these names):
 
 - ``envelopes``: one row per envelope id (at-least-once copies collapsed: the first archived copy wins);
@@ -58,6 +64,18 @@ CREATE VIEW replays AS
 """
 
 
+#: Applied after the lake's datasets are registered; ``lock_configuration`` last, so nothing after it can
+#: change the others (DuckDB's names, checked against the installed version by tests/capture/audit/test_query.py).
+LOCKDOWN = (
+    "SET python_enable_replacements = false",
+    "SET autoinstall_known_extensions = false",
+    "SET autoload_known_extensions = false",
+    "SET allow_community_extensions = false",
+    "SET enable_external_access = false",
+    "SET lock_configuration = true",
+)
+
+
 class QueryError(LakeError):
     """The SQL itself was refused (syntax, unknown column, ...): the caller's input, not the lake."""
 
@@ -69,16 +87,19 @@ class QueryResult:
 
 
 def connect(lake: Lake, day: str | None = None) -> Any:
-    """A DuckDB connection with the lake's tables (of one partition day, if given) and the views."""
+    """A DuckDB connection with the lake's tables (of one partition day, if given) and the views, locked down
+    (`LOCKDOWN`): it reads the lake and nothing else."""
     import duckdb
 
-    con = duckdb.connect()
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
     for table in TABLES:
         single, multi = lake.split_datasets(table, day)
         con.register(f"{table}_single", single)
         con.register(f"{table}_multi", multi)
         con.execute(TABLE_VIEWS.format(t=table, key=DEDUPE_KEY[table]))
     con.execute(VIEWS)
+    for statement in LOCKDOWN:
+        con.execute(statement)
     return con
 
 
@@ -93,6 +114,10 @@ def run_query(lake: Lake, sql: str, day: str | None = None) -> QueryResult:
         return QueryResult(list(rel.columns), rel.fetchall())
     except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException) as exc:
         raise QueryError(f"query: {str(exc).splitlines()[0]}") from exc
+    except duckdb.PermissionException as exc:  # the lockdown said no
+        raise QueryError(f"query refused: {str(exc).splitlines()[0]} (only the lake's views can be read)") from exc
+    except duckdb.InvalidInputException as exc:  # e.g. a SET of a locked option
+        raise QueryError(f"query refused: {str(exc).splitlines()[0]}") from exc
     except duckdb.Error as exc:
         raise LakeError(f"query failed: {str(exc).splitlines()[0]}") from exc
     finally:

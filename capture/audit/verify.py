@@ -1,16 +1,25 @@
 """Verification: inclusion of one envelope, consistency of a day's checkpoints, and tamper findings.
 
-``reprolane verify REQUEST_ID``: index -> envelope object -> its stored bytes must hash to the id in its key
-name (a sealed object must carry that id) -> its first leaf in the day log -> an RFC 9162 inclusion proof
-against the latest signed checkpoint covering it, whose Ed25519 signature is checked with the public key.
+``reprolane verify REQUEST_ID``: index -> envelope object -> its first leaf in the day log -> the object's stored
+bytes must hash to what that leaf commits to -> an RFC 9162 inclusion proof of the leaf against the latest signed
+checkpoint covering it, whose Ed25519 signature is checked with the public key.
+
+What binds the stored bytes (`check_object`): a format-2 leaf (`schemas.merkle`) commits to the sha256 of the
+exact bytes stored, so any change to an object, sealed or not (junk, another envelope's bytes, the same
+plaintext sealed again, a truncation), is ``modified``, and the message says what the bytes are now. A
+plaintext object must also hash to the id in its key name, and a sealed one must be a sealed record of that id.
+A format-1 leaf (older logs) and an object in no leaf commit to the id only: a plaintext object is still bound
+(its id is its hash), a sealed one only by the id it claims, which anyone with write access can forge; that
+is said as an informational ``sealed`` finding.
 
 ``reprolane verify --range DAY[:FROM:TO]``: every checkpoint's signature, each checkpoint's root against the
 current leaf prefix, a consistency proof between consecutive checkpoints, every leaf has its object, every
-object of the day is a leaf, and every object's bytes still hash to its id.
+object of the day is a leaf, and every object's bytes still hash to what its leaf commits to.
 
 What each finding means (``fatal`` ones make the verdict fail, exit 1):
 
-    modified          stored bytes hash to something else than the id (or a sealed record names another id)
+    modified          stored bytes hash to something else than the leaf committed to (or than the id; or a sealed
+                      record names another id)
     deleted           a leaf has no object, or a signed checkpoint is larger than the log now is
     reordered         the leaves under a checkpoint are a permutation of what was signed (the swap is named
                       when it is a single one)
@@ -47,10 +56,9 @@ from schemas.layout import (
 )
 from schemas.merkle import (
     Checkpoint,
+    LeafEntry,
     consistency_proof,
     inclusion_proof,
-    leaf_data,
-    leaf_hash,
     root_from_hashes,
     verify_checkpoint,
     verify_consistency,
@@ -91,24 +99,59 @@ class Verdict:
         return {f.kind for f in self.findings if f.fatal}
 
 
-def check_object(store: AuditStore, key: str) -> Finding | None:
-    """None when the object's bytes still match the id in its key name (see module doc), else a finding."""
+def _what_it_is(body: bytes, name: str) -> str:
+    """What the bytes stored under envelope `name`'s key are, to name a modification."""
+    if is_sealed(body):
+        try:
+            sealed = decode_sealed(body)
+        except ContractError:
+            return "sealed JSON that is not a valid sealed envelope (forged)"
+        if sealed.envelope_id != name:
+            return f"a sealed record of another envelope ({sealed.envelope_id}: replaced)"
+        return f"a sealed record of this envelope with other bytes (re-sealed: key {sealed.key_id}, another nonce)"
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return f"{len(body)} bytes that are not JSON (truncated or overwritten)"
+    if isinstance(doc, dict) and isinstance(doc.get("request_id"), str):
+        return f"an envelope of request {doc['request_id']} that is not the logged one (edited or replaced)"
+    return "JSON that is not an envelope (overwritten)"
+
+
+def check_object(store: AuditStore, key: str, leaf: LeafEntry | None = None) -> Finding | None:
+    """None when the object's bytes are what its leaf (if given) and its key name say (see module doc), else a
+    finding: ``modified``, ``deleted``, or ``sealed`` (informational) when only a claimed id binds it."""
     name = envelope_id_of_key(key)
     body = store.get(key)
     if body is None:
         return Finding("deleted", f"deleted: envelope object {key} is gone")
-    if is_sealed(body):
-        try:
-            sealed = decode_sealed(body)
-        except ContractError as exc:
-            return Finding("modified", f"modified: {key} is not a valid sealed envelope any more: {exc}")
-        if sealed.envelope_id != name:
-            return Finding("modified", f"modified: sealed record in {key} says envelope {sealed.envelope_id}")
-        return Finding("sealed", f"{key} is sealed: its id is checked, its contents are not opened here")
     actual = sha256_hex(body)
-    if actual != name:
-        return Finding("modified", f"modified: stored bytes of {key} hash to {actual}, id says {name}")
-    return None
+    if leaf is not None and leaf.object_sha256 is not None and actual != leaf.object_sha256:
+        return Finding(
+            "modified",
+            f"modified: stored bytes of {key} hash to {actual}, the log committed to {leaf.object_sha256}; "
+            f"they are {_what_it_is(body, name)}",
+        )
+    if not is_sealed(body):
+        if actual != name:
+            return Finding(
+                "modified",
+                f"modified: stored bytes of {key} hash to {actual}, id says {name}; they are {_what_it_is(body, name)}",
+            )
+        return None
+    try:
+        sealed = decode_sealed(body)
+    except ContractError as exc:
+        return Finding("modified", f"modified: {key} is not a valid sealed envelope any more: {exc}")
+    if sealed.envelope_id != name:
+        return Finding("modified", f"modified: sealed record in {key} says envelope {sealed.envelope_id}")
+    if leaf is not None and leaf.object_sha256 is not None:
+        return None  # its exact bytes are the logged ones
+    return Finding(
+        "sealed",
+        f"{key} is sealed and its leaf commits to its id only (leaf format 1, or no leaf): the id it claims is "
+        "checked, its bytes are not bound",
+    )
 
 
 def expired_ids(store: AuditStore) -> set[str]:
@@ -166,7 +209,7 @@ def _prefix_problem(ids: list[str], hashes: list[bytes], start: int, cp: Checkpo
 def _check_chain(day: str, leaves: LeafLog, good: list[Checkpoint], verdict: Verdict) -> list[Checkpoint]:
     """Each checkpoint against the current leaves, and consistency between consecutive ones; returns those that
     still match the leaves."""
-    hashes = [leaf_hash(leaf_data(i)) for i in leaves.ids]
+    hashes = leaves.hashes()
     matching: list[Checkpoint] = []
     last_good = 0
     previous: Checkpoint | None = None
@@ -203,16 +246,18 @@ def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Ver
     envelope_id = envelope_id_of_key(key)
     if indexed_id != envelope_id:
         verdict.add("modified", f"modified: the index says envelope {indexed_id} but points at {key}")
-    finding = check_object(store, key)
-    if finding is not None:
-        verdict.findings.append(finding)
-    if finding is None or not finding.fatal:
-        verdict.lines.append(f"  object: {key} (stored bytes match the id)")
     day = capture_day_of_key(key)
     if day is None or not _ID_RE.match(envelope_id):
         verdict.add("modified", f"modified: {key} is not an envelope key")
         return verdict
     leaves = read_leaves(store, day)
+    leaf = leaves.first_entries().get(envelope_id)
+    finding = check_object(store, key, leaf)
+    if finding is not None:
+        verdict.findings.append(finding)
+    if finding is None or not finding.fatal:
+        bound = "the logged bytes" if leaf is not None and leaf.object_sha256 is not None else "the id"
+        verdict.lines.append(f"  object: {key} (stored bytes match {bound})")
     for problem in leaves.problems:
         verdict.add("broken_log", f"broken_log: {problem}")
     index = leaves.first_index().get(envelope_id)
@@ -233,7 +278,7 @@ def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Ver
             )
         return verdict
     cp = covering[-1]
-    hashes = [leaf_hash(leaf_data(i)) for i in leaves.ids[: cp.tree_size]]
+    hashes = leaves.hashes()[: cp.tree_size]
     proof = inclusion_proof(hashes, index)
     if not verify_inclusion(hashes[index], index, cp.tree_size, proof, bytes.fromhex(cp.root_hash)):
         verdict.add("altered", f"altered: inclusion proof of leaf {index} fails against checkpoint {cp.tree_size}")
@@ -294,10 +339,10 @@ def _check_leaves_and_objects(
             verdict.add("expired", f"expired: leaf {index} (envelope id {eid}) was deleted by an expiry run")
         else:
             verdict.add("deleted", f"deleted: leaf {index} (envelope id {eid}) has no object")
-    logged = set(leaves.ids)
+    logged = leaves.first_entries()
     ordered = sorted(objects.items())
     with ThreadPoolExecutor(max_workers=CHECK_WORKERS, thread_name_prefix="audit-verify") as pool:
-        checked = list(pool.map(lambda item: check_object(store, item[1]), ordered))
+        checked = list(pool.map(lambda item: check_object(store, item[1], logged.get(item[0])), ordered))
     for (eid, key), finding in zip(ordered, checked, strict=True):
         if eid not in logged:
             verdict.add(

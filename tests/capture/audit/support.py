@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from capture.publisher import Publisher
@@ -64,3 +66,20 @@ def audit_cli(stack: StackInfo, bucket: str, *args: str, **env: str) -> subproce
         timeout=60,
         check=False,
     )
+
+
+def new_key() -> tuple[bytes, bytes]:
+    """A fresh Ed25519 (private, public) raw key pair to sign checkpoints with."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+    key = Ed25519PrivateKey.generate()
+    return (
+        key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()),
+        key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw),
+    )
+
+
+def random_day() -> datetime:
+    """A capture day no other test (or earlier run) uses: somewhere in years 2100..7000."""
+    return datetime(2100, 1, 1, 10, 0, tzinfo=UTC) + timedelta(days=random.randrange(1_800_000))

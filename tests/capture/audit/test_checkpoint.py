@@ -22,7 +22,7 @@ from capture.settings import CaptureSettings
 from capture.sinks import Outgoing, S3Sink
 from capture.spool import SpoolEntry
 from schemas.layout import leaves_key
-from schemas.merkle import decode_checkpoint, leaf_data, merkle_root, verify_checkpoint
+from schemas.merkle import LeafEntry, decode_checkpoint, merkle_root, verify_checkpoint
 from tests.factories import FIXED_TIME, envelope
 from tests.moto_s3 import moto_server
 
@@ -87,12 +87,12 @@ def load_private_fresh() -> bytes:
 def test_checkpoint_signs_the_whole_log_once_per_size(store: AuditStore) -> None:
     private = load_private_fresh()
     ids = [envelope(request_id=f"req-cp-{i}").envelope_id() for i in range(3)]
-    append_leaves(store, DAY, ids, None)
+    append_leaves(store, DAY, [LeafEntry(i, i) for i in ids], None)
     now = datetime(2026, 11, 29, tzinfo=UTC)
     cp = write_checkpoint(store, DAY, private, retention=None, now=now)
     assert cp is not None
     assert cp.tree_size == 3
-    assert cp.root_hash == merkle_root([leaf_data(i) for i in ids]).hex()
+    assert cp.root_hash == merkle_root([LeafEntry(i, i).data() for i in ids]).hex()
     assert verify_checkpoint(cp, public_of(private))
     stored = store.get(f"audit/checkpoints/day={DAY}/000000000003.json")
     assert stored is not None
@@ -105,11 +105,12 @@ async def test_reconcile_appends_stored_but_unlogged_envelopes(settings: Capture
     items = [outgoing(1, request_id="req-rec-1"), outgoing(2, request_id="req-rec-2")]
     await sink.publish(items)
     await sink.close()
-    append_leaves(store, DAY, [items[0].envelope_id], None)
+    append_leaves(store, DAY, [LeafEntry(items[0].envelope_id, items[0].envelope_id)], None)
     assert reconcile(store, DAY, retention=None, dry_run=True) == [items[1].envelope_id]
     assert read_leaves(store, DAY).ids == [items[0].envelope_id]
     assert reconcile(store, DAY, retention=None) == [items[1].envelope_id]
     assert read_leaves(store, DAY).ids == [items[0].envelope_id, items[1].envelope_id]
+    assert read_leaves(store, DAY).entries[1].object_sha256 == items[1].envelope_id  # the bytes stored, hashed
     assert reconcile(store, DAY, retention=None) == []
 
 

@@ -10,7 +10,6 @@ real code: Spool -> Publisher (S3 sink, then the Merkle log writer) -> checkpoin
 from __future__ import annotations
 
 import contextlib
-import random
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -31,25 +30,14 @@ from infra.buckets import s3_client
 from infra.state import StackInfo
 from schemas import Envelope
 from schemas.layout import checkpoint_key, envelope_key, leaves_key
-from schemas.merkle import merkle_root, sign_checkpoint
-from tests.capture.audit.support import audit_cli, publish_through_s3
+from schemas.merkle import LEAF_BATCH_MAGIC, LeafEntry, merkle_root, sign_checkpoint
+from tests.capture.audit.support import audit_cli, new_key, publish_through_s3, random_day
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
 
 N = 6
 BUCKET = "reprolane-test-audit-tamper"
-
-
-def new_key() -> tuple[bytes, bytes]:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
-
-    key = Ed25519PrivateKey.generate()
-    return (
-        key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()),
-        key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw),
-    )
 
 
 @dataclass
@@ -79,11 +67,6 @@ class Log:
             public_key=base64.b64encode(self.public).decode(),
             signing_key=base64.b64encode(self.private).decode(),
         )
-
-
-def random_day() -> datetime:
-    """A capture day no other test (or earlier run) uses: somewhere in years 2100..7000."""
-    return datetime(2100, 1, 1, 10, 0, tzinfo=UTC) + timedelta(days=random.randrange(1_800_000))
 
 
 @pytest.fixture
@@ -144,7 +127,11 @@ def test_a_modified_envelope_is_named(log: Log) -> None:
     assert "modified" in verdict.kinds()
     from schemas import sha256_hex
 
-    expected = f"modified: stored bytes of {key} hash to {sha256_hex(forged)}, id says {log.envs[2].envelope_id()}"
+    expected = (
+        f"modified: stored bytes of {key} hash to {sha256_hex(forged)}, the log committed to "
+        f"{log.envs[2].envelope_id()}; they are an envelope of request {log.envs[2].request_id} that is not the "
+        "logged one (edited or replaced)"
+    )
     assert expected in messages(verdict)
     ranged = verify_range(log.store, log.day, log.public)
     assert ranged.kinds() == {"modified"}
@@ -169,8 +156,9 @@ def test_a_deleted_envelope_is_named(log: Log) -> None:
 def test_reordered_leaves_are_detected_and_the_swap_named(log: Log) -> None:
     key = leaves_key(log.day, 2)  # batch_size 2: this batch object holds leaves 2 and 3
     body = log.client.get_object(Bucket=log.bucket, Key=key)["Body"].read()
-    assert len(body) == 64
-    log.client.put_object(Bucket=log.bucket, Key=key, Body=body[32:] + body[:32])
+    head, leaf2, leaf3 = body[:16], body[16:80], body[80:]
+    assert (head, len(leaf2), len(leaf3)) == (LEAF_BATCH_MAGIC, 64, 64)
+    log.client.put_object(Bucket=log.bucket, Key=key, Body=head + leaf3 + leaf2)
     verdict = verify_range(log.store, log.day, log.public)
     assert verdict.kinds() == {"reordered"}
     assert "reordered: leaves 2 and 3" in messages(verdict)
@@ -181,7 +169,7 @@ def test_reordered_leaves_are_detected_and_the_swap_named(log: Log) -> None:
     more = [envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=log.captured + timedelta(minutes=5))]
     from capture.ledger.merkle_log import append_leaves
 
-    append_leaves(log.store, log.day, [more[0].envelope_id()], None)
+    append_leaves(log.store, log.day, [LeafEntry(more[0].envelope_id(), more[0].envelope_id())], None)
     assert write_checkpoint(log.store, log.day, log.private, retention=None) is not None
     again = verify_range(log.store, log.day, log.public)
     assert "reordered" in again.kinds()
@@ -200,7 +188,9 @@ def test_an_inserted_leaf_breaks_the_signed_root(log: Log) -> None:
     forged = envelope(request_id=f"req-{uuid.uuid4().hex[:10]}")
     key = leaves_key(log.day, 0)
     body = log.client.get_object(Bucket=log.bucket, Key=key)["Body"].read()
-    log.client.put_object(Bucket=log.bucket, Key=key, Body=body[:32] + bytes.fromhex(forged.envelope_id()) + body[32:])
+    at = len(LEAF_BATCH_MAGIC) + 64  # after the first format-2 leaf
+    extra = LeafEntry(forged.envelope_id(), forged.envelope_id()).data()
+    log.client.put_object(Bucket=log.bucket, Key=key, Body=body[:at] + extra + body[at:])
     verdict = verify_range(log.store, log.day, log.public)
     assert {"altered", "deleted", "broken_log"} <= verdict.kinds()
     assert f"deleted: leaf 1 (envelope id {forged.envelope_id()}) has no object" in messages(verdict)
@@ -208,9 +198,9 @@ def test_an_inserted_leaf_breaks_the_signed_root(log: Log) -> None:
 
 def test_a_forged_or_foreign_checkpoint_is_refused(log: Log) -> None:
     other_private, _ = new_key()
-    leaves = read_leaves(log.store, log.day).ids
+    leaves = read_leaves(log.store, log.day).entries
     fake = sign_checkpoint(
-        other_private, f"day={log.day}", 4, merkle_root([bytes.fromhex(i) for i in leaves[:4]]), log.captured
+        other_private, f"day={log.day}", 4, merkle_root([e.data() for e in leaves[:4]]), log.captured
     )
     log.client.put_object(Bucket=log.bucket, Key=checkpoint_key(log.day, 4), Body=fake.canonical())
     verdict = verify_range(log.store, log.day, log.public)
@@ -254,7 +244,7 @@ def test_a_republished_duplicate_leaf_is_harmless(log: Log) -> None:
     from capture.ledger.merkle_log import append_leaves
 
     # a crash after the leaf append and before the spool ack: the restarted publisher appends the id again
-    append_leaves(log.store, log.day, [log.envs[1].envelope_id()], None)
+    append_leaves(log.store, log.day, [LeafEntry(log.envs[1].envelope_id(), log.envs[1].envelope_id())], None)
     assert write_checkpoint(log.store, log.day, log.private, retention=None) is not None
     single = verify_request(log.store, log.envs[1].request_id, log.public)
     assert single.ok, messages(single)
