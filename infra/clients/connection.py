@@ -2,7 +2,8 @@
 
 Pydantic field mixins beside the clients they configure: each service's settings class (``CaptureSettings``,
 ``AuditSettings``, ``LakeSettings``, ``ReplayerSettings``) inherits them and keeps its own environment prefix,
-so the variable names stay per service (``REPROLANE_CAPTURE_KAFKA_BOOTSTRAP``, ``REPROLANE_ARCHIVER_KAFKA_BOOTSTRAP``, ...).
+so the variable names stay per service (``REPROLANE_CAPTURE_KAFKA_BOOTSTRAP``,
+``REPROLANE_ARCHIVER_KAFKA_BOOTSTRAP``, ...).
 A class whose default differs redeclares just that field (the replayer and the archiver default
 ``kafka_bootstrap`` to the local stack's broker; the sidecar's is unset: no Kafka sink).
 
