@@ -31,7 +31,7 @@ from capture.protocol.audit_fields import Prepared
 from capture.protocol.output import OutputCollector
 from capture.runtime import RuntimeProbe
 from capture.upstream import Upstream
-from schemas import ArtifactHashes, PromptRecord
+from schemas import ArtifactHashes, PromptRecord, RuntimeFingerprint
 
 log = logging.getLogger(__name__)
 
@@ -93,26 +93,40 @@ class EnvelopeWriter:
         if self.guaranteed:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
         try:
-            payload = build_envelope_bytes(
-                EnvelopeInputs(
-                    ctx,
-                    model=prepared.model,
-                    artifacts=self.artifacts,
-                    runtime=self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version()),
-                    prompt=prompt,
-                    more_prompts=more,
-                    sampling=prepared.sampling,
-                    collector=collector,
-                    error=error,
-                    captured_at=datetime.now(UTC),
-                    sidecar_id=self.sidecar_id,
-                )
-            )
+            runtime = self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version())
+            payload = self._payload(ctx, prepared, runtime, collector, error, prompt, more)
         except Exception as exc:  # a bug of ours must not cost the audit record: keep what is certain
             log.exception("request %s: its envelope could not be built; recording the attempt", ctx.request_id)
             failure: Failure = ("proxy_error", None, f"the sidecar could not record the answer: {type(exc).__name__}")
             payload = self._attempt_payload(ctx, failure, prepared.model)
         await self.append(ctx.request_id, payload)
+
+    def _payload(
+        self,
+        ctx: RequestContext,
+        prepared: Prepared,
+        runtime: RuntimeFingerprint,
+        collector: OutputCollector | None,
+        error: Failure | None,
+        prompt: PromptRecord | None = None,
+        more: tuple[PromptRecord, ...] | None = None,
+    ) -> bytes:
+        """The canonical bytes of the request's envelope, as gathered so far (built now: ``captured_at``)."""
+        return build_envelope_bytes(
+            EnvelopeInputs(
+                ctx,
+                model=prepared.model,
+                artifacts=self.artifacts,
+                runtime=runtime,
+                prompt=prompt,
+                more_prompts=more,
+                sampling=prepared.sampling,
+                collector=collector,
+                error=error,
+                captured_at=datetime.now(UTC),
+                sidecar_id=self.sidecar_id,
+            )
+        )
 
     async def record_started(self, ctx: RequestContext, prepared: Prepared, in_flight: int) -> None:
         """Guaranteed mode, before a stream goes upstream: the request's *started* record (its contract as known
@@ -124,20 +138,7 @@ class EnvelopeWriter:
         """
         ctx.in_flight_at_end = in_flight
         try:
-            payload = build_envelope_bytes(
-                EnvelopeInputs(
-                    ctx,
-                    model=prepared.model,
-                    artifacts=self.artifacts,
-                    runtime=self.runtime.fingerprint(None),
-                    prompt=None,
-                    sampling=prepared.sampling,
-                    collector=None,
-                    error=STARTED,
-                    captured_at=datetime.now(UTC),
-                    sidecar_id=self.sidecar_id,
-                )
-            )
+            payload = self._payload(ctx, prepared, self.runtime.fingerprint(None), None, STARTED)
         except Exception:  # a bug of ours: keep what the request's context alone says
             log.exception("request %s: its started record could not be built; recording the attempt", ctx.request_id)
             payload = self._attempt_payload(ctx, STARTED, prepared.model)

@@ -221,13 +221,18 @@ def open_envelope(sealed: SealedEnvelope, data_key: bytes) -> bytes:
     return plaintext
 
 
-def is_sealed(data: bytes | str) -> bool:
-    """True when `data` is JSON of a sealed record (by its schema version); never raises."""
+def _has_schema_version(data: bytes | str, version: str) -> bool:
+    """True when `data` is a JSON object whose ``schema_version`` is `version`; never raises."""
     try:
         doc = json.loads(data)
     except ValueError:
         return False
-    return isinstance(doc, dict) and doc.get("schema_version") == SEALED_SCHEMA_VERSION
+    return isinstance(doc, dict) and doc.get("schema_version") == version
+
+
+def is_sealed(data: bytes | str) -> bool:
+    """True when `data` is JSON of a sealed record (by its schema version); never raises."""
+    return _has_schema_version(data, SEALED_SCHEMA_VERSION)
 
 
 def decode_sealed(data: bytes | str) -> SealedEnvelope:
@@ -296,11 +301,7 @@ def open_replay_result(sealed: SealedReplayResult, data_key: bytes) -> ReplayRes
 
 def is_sealed_result(data: bytes | str) -> bool:
     """True when `data` is JSON of a sealed replay result (by its schema version); never raises."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("schema_version") == SEALED_RESULT_SCHEMA_VERSION
+    return _has_schema_version(data, SEALED_RESULT_SCHEMA_VERSION)
 
 
 def decode_sealed_result(data: bytes | str) -> SealedReplayResult:
