@@ -17,10 +17,10 @@ them in and out); each envelope records it when its request ends.
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from capture.assembly import ErrorType, Failure, RequestContext
-from capture.edge import Send, error_body, forward_headers, send_json
+from capture.edge import Send, Watch, error_body, forward_headers, send_json
 from capture.envelope_writer import EnvelopeWriter
 from capture.errors import SpoolCorruptError, SpoolFullError, SpoolUnavailableError
 from capture.protocol import Endpoint, chat, completions
@@ -58,6 +58,20 @@ def upstream_said(
     secrets = credential_values(prepared.upstream_body, headers)
     text = scrub(text[:_SCRUBBED_CHARS], secrets) if secrets else text
     return kind, status, text[:_ERROR_CHARS]
+
+
+class Exchange(NamedTuple):
+    """One captured request on its way through an answer flow (`capture.non_streaming.forward_whole`,
+    `capture.streaming.forward_stream`): what both take besides the `Forwarder`."""
+
+    ctx: RequestContext
+    prepared: Prepared
+    collector: OutputCollector
+    upstream_body: bytes  # the request as upstream gets it (audit fields added)
+    headers: dict[bytes, bytes]  # the client's request headers
+    send: Send
+    watch: Watch  # the client-disconnect watch (`capture.edge.watch_disconnect`)
+    t0: float  # when the request arrived (perf_counter)
 
 
 class Forwarder:

@@ -12,26 +12,16 @@ from __future__ import annotations
 import asyncio
 import time
 
-from capture.assembly import ErrorType, Failure, RequestContext
-from capture.edge import Send, Watch, consume_disconnect, decode_json
+from capture.assembly import ErrorType, Failure
+from capture.edge import consume_disconnect, decode_json
 from capture.errors import UpstreamError, UpstreamTimeoutError
-from capture.forwarding import Forwarder, upstream_said
-from capture.protocol.audit_fields import Prepared, strip
-from capture.protocol.output import OutputCollector
+from capture.forwarding import Exchange, Forwarder, upstream_said
+from capture.protocol.audit_fields import strip
 
 
-async def forward_whole(
-    fw: Forwarder,
-    ctx: RequestContext,
-    prepared: Prepared,
-    collector: OutputCollector,
-    upstream_body: bytes,
-    headers: dict[bytes, bytes],
-    send: Send,
-    watch: Watch,
-    t0: float,
-) -> int:
+async def forward_whole(fw: Forwarder, ex: Exchange) -> int:
     """Forward one non-streamed captured request and answer it; returns the status the client got."""
+    ctx, prepared, collector, upstream_body, headers, send, watch, t0 = ex
     t_up = time.perf_counter()
     try:
         try:

@@ -51,7 +51,7 @@ from capture.edge import (
 )
 from capture.envelope_writer import EnvelopeWriter, SpoolLike
 from capture.errors import UpstreamError
-from capture.forwarding import SPOOL_FULL, Forwarder
+from capture.forwarding import SPOOL_FULL, Exchange, Forwarder
 from capture.metrics import CaptureMetrics
 from capture.non_streaming import forward_whole
 from capture.passthrough import UncapturedPaths
@@ -244,7 +244,8 @@ class CaptureProxy:
             upstream_body = encode(prepared.upstream_body)
             collector = OutputCollector(ctx.endpoint, echo=prepared.echo)
             forward = forward_stream if prepared.stream else forward_whole
-            return await forward(self.forwarder, ctx, prepared, collector, upstream_body, headers, send, watch, t0)
+            exchange = Exchange(ctx, prepared, collector, upstream_body, headers, send, watch, t0)
+            return await forward(self.forwarder, exchange)
         finally:
             watcher.cancel()
 

@@ -19,25 +19,16 @@ import time
 from capture.assembly import ErrorType, RequestContext
 from capture.edge import Send, Watch, consume_disconnect, decode_json, end_stream, response_headers
 from capture.errors import SpoolCorruptError, SpoolUnavailableError, UpstreamError, UpstreamTimeoutError
-from capture.forwarding import SPOOL_FULL, Forwarder, upstream_said
+from capture.forwarding import SPOOL_FULL, Exchange, Forwarder, upstream_said
 from capture.protocol.audit_fields import Prepared, strip
 from capture.protocol.output import OutputCollector
 from capture.protocol.sse import LONGEST_DONE, SSE_DONE, event_end, is_done, split_data, sse
 from capture.upstream import UpstreamResponse
 
 
-async def forward_stream(
-    fw: Forwarder,
-    ctx: RequestContext,
-    prepared: Prepared,
-    collector: OutputCollector,
-    upstream_body: bytes,
-    headers: dict[bytes, bytes],
-    send: Send,
-    watch: Watch,
-    t0: float,
-) -> int:
+async def forward_stream(fw: Forwarder, ex: Exchange) -> int:
     """Forward one streamed captured request and stream its answer; returns the status the client got."""
+    ctx, prepared, collector, upstream_body, headers, send, watch, t0 = ex
     rid = ctx.request_id.encode("ascii")
     started = False
     error: tuple[ErrorType, int | None, str] | None = None
