@@ -5,7 +5,8 @@ not (n completions of thousands of tokens with top-k logprobs, or a large prompt
 `schemas.layout.CLAIM_CHECK_BYTES` is stored whole in S3 as usual (its envelope object) and the envelope topic
 carries a `ClaimCheck` instead: where the object is, how long it is and its sha256, with the header
 `schemas.layout.HEADER_CLAIM_CHECK`. A consumer reads the object and checks length and sha256 before it uses the
-bytes (`verify_claimed`), so a reference cannot make it trust bytes other than those the publisher stored.
+bytes (`verify_claimed`), so a reference cannot make it trust bytes other than those the publisher stored, and
+a reference names only the envelope object of its own envelope id (checked when it is decoded).
 
 ``sha256`` is of the stored bytes (a sealed tenant's stored bytes are the sealed record, so it differs from
 ``envelope_id``, which is always the plaintext's hash). Pure: no IO.
@@ -17,11 +18,12 @@ import hashlib
 import json
 from typing import Annotated, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.base import Record, decode_record
 from schemas.envelope import Sha256
 from schemas.errors import ContractError
+from schemas.layout import ENVELOPES_PREFIX, envelope_id_of_key, is_envelope_key
 
 CLAIM_CHECK_SCHEMA_VERSION: Final = "reprolane.claim-check/1"
 #: A reference is a few hundred bytes; anything longer on the topic is not one (and is never parsed as one).
@@ -36,6 +38,16 @@ class ClaimCheck(Record):
     key: Annotated[str, Field(min_length=1, max_length=1024)]
     size: Annotated[int, Field(ge=0)]
     sha256: Sha256
+
+    @model_validator(mode="after")
+    def _names_its_envelope_object(self) -> ClaimCheck:
+        """Only an envelope object, and only the one of this envelope id: a reference cannot point a consumer at
+        an index entry, a replay result or another envelope."""
+        if not (self.key.startswith(ENVELOPES_PREFIX) and is_envelope_key(self.key)):
+            raise ValueError(f"key {self.key!r} is not an envelope object key")
+        if envelope_id_of_key(self.key) != self.envelope_id:
+            raise ValueError(f"key {self.key!r} does not name envelope {self.envelope_id}")
+        return self
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode("utf-8")
