@@ -189,8 +189,6 @@ class Sink(Protocol):
     #: True for a sink whose records may refer to objects the other sinks store (Kafka's claim checks): the
     #: publisher gives it a batch holding such records only after the others confirmed it.
     refers_to_objects: bool
-    #: True for the sink that stores the envelope objects (S3): a record it refused has no object to log.
-    stores_objects: bool
 
     async def publish(self, batch: Sequence[Outgoing]) -> None: ...
 
@@ -200,7 +198,6 @@ class Sink(Protocol):
 class KafkaSink:
     name = "kafka"
     refers_to_objects = True
-    stores_objects = False
 
     def __init__(
         self,
@@ -315,7 +312,6 @@ async def _quiet_stop(producer: Any) -> None:
 class S3Sink:
     name = "s3"
     refers_to_objects = False
-    stores_objects = True
 
     def __init__(
         self,
@@ -447,7 +443,6 @@ class AuditLogSink:
 
     name = "audit-log"
     refers_to_objects = False
-    stores_objects = False
 
     def __init__(self, writer: MerkleLogWriter) -> None:
         self.writer = writer

@@ -45,7 +45,6 @@ class FakeSink:
     def __init__(self, name: str, *, refers_to_objects: bool = False, fail_first: int = 0) -> None:
         self.name = name
         self.refers_to_objects = refers_to_objects
-        self.stores_objects = False
         self.sent: list[Outgoing] = []
         self.fail_first = fail_first
         self.attempts = 0
