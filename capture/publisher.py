@@ -17,7 +17,9 @@ invalid record), or that is not an envelope at all, would block every record beh
 an outage. It is quarantined instead (`capture.quarantine`): made durable in the local quarantine with its
 reason, sent to the dead-letter topic when Kafka takes it, counted in ``records_quarantined_total{sink,code}``,
 left out of the later sinks (the ``then`` sinks never log a record a sink refused) and acked with its batch.
-Transient failures (timeouts, 5xx, connection errors) keep being retried as above.
+Its envelope object may still be in S3 (when Kafka refused it, or S3 refused only an index key): the reason file
+and the dead letter say which sink refused what. Transient failures (timeouts, 5xx, connection errors, throttling,
+a missing bucket or permission) keep being retried as above, since every record would meet them alike.
 
 A crash or a stop anywhere before 3 leaves the batch pending: the next start publishes it again. Duplicates
 are therefore possible and harmless (the envelope id is the content hash; S3 writes are content-addressed

@@ -280,8 +280,8 @@ class KafkaSink:
 
     async def dead_letter(self, refusal: Refusal, *, timeout_s: float = 10.0) -> bool:
         """Send a refused record to the dead-letter topic (`TOPIC_DEAD_LETTER`) with its reason; False (logged)
-        when Kafka cannot take it now (the local quarantine holds it either way). A value too large is sent empty."""
-        value = refusal.payload if len(refusal.payload) <= CLAIM_CHECK_BYTES else b""
+        when Kafka cannot take it now (the local quarantine holds it either way). A value Kafka refuses for good
+        (too large) is sent again empty: the headers still say what was refused and why."""
         headers = [
             (HEADER_DLQ_REASON, f"{refusal.code}: {refusal.reason}"[:_REASON_LIMIT].encode()),
             (HEADER_DLQ_SINK, refusal.sink.encode()),
@@ -289,14 +289,19 @@ class KafkaSink:
         ]
         key = (refusal.request_id or "")[:256].encode() or None
         unsent: tuple[type[BaseException], ...] = (*kafka_errors(), SinkError, TimeoutError)
-        try:
-            producer = await self._ensure_started()
-            future = await producer.send(self.dead_letter_topic, value=value, key=key, headers=headers)
-            await asyncio.wait_for(future, timeout_s)
-        except unsent as exc:
-            log.warning("publisher: dead letter of seq %d not sent (%r); it stays in the quarantine", refusal.seq, exc)
-            return False
-        return True
+        values = [refusal.payload, b""] if len(refusal.payload) <= CLAIM_CHECK_BYTES else [b""]
+        for value in values:
+            try:
+                producer = await self._ensure_started()
+                future = await producer.send(self.dead_letter_topic, value=value, key=key, headers=headers)
+                await asyncio.wait_for(future, timeout_s)
+                return True
+            except _kafka_refusals() as exc:
+                log.warning("publisher: dead letter of seq %d refused with its value (%r)", refusal.seq, exc)
+            except unsent as exc:
+                log.warning("publisher: dead letter of seq %d not sent (%r); it stays in quarantine", refusal.seq, exc)
+                return False
+        return False
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None

@@ -165,3 +165,44 @@ async def test_refused_and_oversized_records_do_not_stop_the_pipeline(
     assert headers[HEADER_ENVELOPE_ID] == refused.envelope_id().encode()
     assert metrics.value("reprolane_capture_records_quarantined_total", {"sink": "s3", "code": "KeyTooLongError"}) == 1
     assert metrics.value("reprolane_capture_claim_checks_total") == 1
+
+
+async def test_a_record_kafka_refuses_for_good_is_quarantined_not_retried(
+    stack: StackInfo, spool: Spool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the claim check out of the way, Kafka's own refusal (record over ``max_request_size``) is classified
+    as for good: quarantined and dead-lettered (empty value: it would not fit either), the rest flow."""
+    monkeypatch.setattr("capture.sinks.CLAIM_CHECK_BYTES", 2 * MAX_MESSAGE_BYTES)
+    settings = settings_for(stack, tmp_path / "spool")
+    topic, dead, tenant = unique("envelopes"), unique("dead-letter"), unique("tenant")
+    extra = {"junk": "\\" * (4 * 1024 * 1024 + 256)}
+    sampling = SamplingContract(temperature=0.7, max_tokens=16, seed=1, seed_scope="per_request", extra=extra)
+    large = envelope(request_id=unique("req-large"), tenant=tenant, captured_at=datetime.now(UTC), sampling=sampling)
+    normal = [envelope(request_id=unique("req"), tenant=tenant, captured_at=datetime.now(UTC)) for _ in range(3)]
+    for env in [large, *normal]:
+        await spool.append(env)
+    metrics = CaptureMetrics()
+    publisher = Publisher(
+        spool, settings, metrics, sinks=[KafkaSink(settings, topic=topic, dead_letter_topic=dead), S3Sink(settings)]
+    )
+    await publisher.start()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while spool.depth:
+            assert loop.time() < deadline, f"spool blocked: {spool.depth} of 4 records still pending"
+            await asyncio.sleep(0.1)
+    finally:
+        await publisher.stop()
+    records = await consume(stack, topic, len(normal))
+    assert {dict(r.headers)[HEADER_ENVELOPE_ID].decode() for r in records} == {e.envelope_id() for e in normal}
+    code = "MessageSizeTooLargeError"
+    assert metrics.value("reprolane_capture_records_quarantined_total", {"sink": "kafka", "code": code}) == 1
+    digest = sha256_hex(large.canonical())
+    assert (quarantine_dir(settings.spool_dir) / f"{digest}.record").read_bytes() == large.canonical()
+    (letter,) = await consume(stack, dead, 1)
+    assert letter.value in (b"", None)
+    assert code.encode() in dict(letter.headers)[HEADER_DLQ_REASON]
+    client = s3_client(stack.s3_endpoint, stack.s3_credentials)  # S3 took it: the record is stored as well
+    key = envelope_key(large.envelope_id(), tenant, large.captured_at)
+    assert client.get_object(Bucket=stack.audit_bucket, Key=key)["Body"].read() == large.canonical()
