@@ -93,8 +93,9 @@ async def spool(tmp_path: Path) -> AsyncIterator[Spool]:
     await s.close()
 
 
+@pytest.mark.parametrize("s3_processes", [0, 2], ids=["s3-threads", "s3-processes"])
 async def test_refused_and_oversized_records_do_not_stop_the_pipeline(
-    stack: StackInfo, spool: Spool, tmp_path: Path
+    stack: StackInfo, spool: Spool, tmp_path: Path, s3_processes: int
 ) -> None:
     settings = settings_for(stack, tmp_path / "spool")
     topic, dead, tenant = unique("envelopes"), unique("dead-letter"), unique("tenant")
@@ -118,7 +119,10 @@ async def test_refused_and_oversized_records_do_not_stop_the_pipeline(
         spool,
         settings,
         metrics,
-        sinks=[KafkaSink(settings, topic=topic, dead_letter_topic=dead), S3Sink(settings, metrics=metrics)],
+        sinks=[
+            KafkaSink(settings, topic=topic, dead_letter_topic=dead),
+            S3Sink(settings, processes=s3_processes, metrics=metrics),
+        ],
         batch_size=4,
         backoff_max_s=1.0,
     )
