@@ -17,6 +17,7 @@ exported JSON Schema) can depend on it.
 - `connection`: the Kafka and S3 connection fields every service's settings inherit (no IO).
 - `manifest`: the model manifest and the runtime file a deployment declares, each with its one decoder.
 - `sealed`: per-tenant encryption of stored envelopes (AES-256-GCM) and wrapped data keys (crypto-shredding).
+- `claim_check`: the reference Kafka carries instead of an envelope too large for a record (S3 key, size, sha256).
 - `errors`: the one exception a consumer of the contract needs to catch.
 """
 

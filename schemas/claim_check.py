@@ -28,6 +28,7 @@ from schemas.layout import ENVELOPES_PREFIX, envelope_id_of_key, is_envelope_key
 CLAIM_CHECK_SCHEMA_VERSION: Final = "reprolane.claim-check/1"
 #: A reference is a few hundred bytes; anything longer on the topic is not one (and is never parsed as one).
 _MAX_REFERENCE_BYTES: Final = 4096
+_MARK: Final = CLAIM_CHECK_SCHEMA_VERSION.encode()  # a substring test first: most values are not references
 
 
 class ClaimCheck(Record):
@@ -60,7 +61,7 @@ def claim_check_for(envelope_id: str, key: str, stored: bytes) -> ClaimCheck:
 
 def is_claim_check(data: bytes | None) -> bool:
     """True when a topic value is a claim check (by its schema version); never raises."""
-    if data is None or len(data) > _MAX_REFERENCE_BYTES:
+    if data is None or len(data) > _MAX_REFERENCE_BYTES or _MARK not in data:
         return False
     try:
         doc = json.loads(data)
