@@ -85,6 +85,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_RETENTION = timedelta(days=1)
+#: Kafka's INVALID_RECORD error code (aiokafka has no class for it: it arrives as a plain KafkaError).
+_INVALID_RECORD = 87
 #: Longest dead-letter reason header (a refusal message can quote a whole key).
 _REASON_LIMIT = 1000
 
@@ -269,7 +271,7 @@ class KafkaSink:
             raise SinkError(f"kafka send to {self.topic} failed: {exc!r}") from exc
         failed: list[BaseException] = []
         for (item, _), result in zip(sent, results, strict=True):
-            if isinstance(result, refusals):
+            if isinstance(result, refusals) or getattr(result, "errno", None) == _INVALID_RECORD:
                 refused[item.seq] = (type(result).__name__, f"kafka refused the record: {result!r}"[:_REASON_LIMIT])
             elif isinstance(result, BaseException):
                 failed.append(result)

@@ -19,15 +19,22 @@ from typing import Any
 
 import boto3
 import pytest
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+)
 from botocore.exceptions import ClientError
 
-from capture.errors import SinkError
+from capture.errors import RecordsRefused, SinkError
 from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
 from capture.quarantine import Quarantine, Refusal, quarantine_dir
 from capture.s3_workers import is_refused_for_good
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing, S3Sink
+from capture.sinks import KafkaSink, Outgoing, S3Sink
 from capture.spool import Spool, SpoolEntry
 from infra.clients.s3 import S3Policy, make_s3_client
 from schemas import Envelope, WorkflowRef, sha256_hex
@@ -284,3 +291,54 @@ def test_the_quarantine_is_write_once(tmp_path: Path) -> None:
 def test_s3_answers_are_classified_permanent_or_transient(code: str, status: int, for_good: bool) -> None:
     exc = ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
     assert is_refused_for_good(exc) is for_good
+
+
+class FakeProducer:
+    """aiokafka's producer surface the sink uses: `send` returns a future per record (or raises)."""
+
+    def __init__(self, outcomes: dict[bytes, BaseException | None]) -> None:
+        self.outcomes = outcomes
+
+    async def send(self, topic: str, *, value: bytes, key: bytes, headers: Any) -> asyncio.Future[None]:
+        outcome = self.outcomes.get(key)
+        if isinstance(outcome, MessageSizeTooLargeError):
+            raise outcome  # the producer's own size check refuses before sending
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if outcome is None:
+            future.set_result(None)
+        else:
+            future.set_exception(outcome)
+        return future
+
+    async def stop(self) -> None:
+        pass
+
+
+def invalid_record() -> KafkaError:
+    error = KafkaError("INVALID_RECORD")
+    error.errno = 87  # type: ignore[attr-defined]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "refused", "transient"),
+    [
+        ({b"r1": MessageSizeTooLargeError("too big")}, {1}, False),
+        ({b"r2": RecordTooLargeError("too big")}, {2}, False),
+        ({b"r1": invalid_record(), b"r3": CorruptRecordException("crc")}, {1, 3}, False),
+        ({b"r1": MessageSizeTooLargeError("too big"), b"r2": KafkaTimeoutError()}, set(), True),
+    ],
+)
+async def test_kafka_answers_are_classified_per_record(
+    settings: CaptureSettings, outcomes: dict[bytes, BaseException | None], refused: set[int], transient: bool
+) -> None:
+    sink = KafkaSink(settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:9"}))
+    sink._producer = FakeProducer(outcomes)
+    batch = [Outgoing.from_entry(SpoolEntry(i, envelope(request_id=f"r{i}").canonical())) for i in (1, 2, 3)]
+    with pytest.raises(SinkError) as caught:
+        await sink.publish(batch)
+    if transient:
+        assert not isinstance(caught.value, RecordsRefused)
+    else:
+        assert isinstance(caught.value, RecordsRefused)
+        assert set(caught.value.refused) == refused
