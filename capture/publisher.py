@@ -228,7 +228,7 @@ class Publisher:
                 if result is None:
                     self._count("envelopes_published_total", sink.name, len(batch))
                     continue
-                if isinstance(result, RecordsRefused):
+                if isinstance(result, RecordsRefused) and result.refused.keys() <= by_seq.keys():
                     for seq, (code, reason) in result.refused.items():
                         item = by_seq[seq]
                         log.error("publisher: %s refused seq %d (%s) for good: %s", sink.name, seq, code, reason)

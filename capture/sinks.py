@@ -435,7 +435,7 @@ class S3Sink:
         until = self.retain_until(item.captured_at, item.tenant)
         if until is not None:
             params.update(ObjectLockMode=self.lock_mode, ObjectLockRetainUntilDate=until)
-        return Put(item.object_key, item.payload, params, created_is_enough=True)
+        return Put(item.object_key, item.payload, params, created_is_enough=True, seq=item.seq)
 
     async def close(self) -> None:
         if self._threads is not None:

@@ -73,17 +73,26 @@ class KeyLimitS3(S3Sink):
     """moto stores keys of any length; SeaweedFS and AWS refuse one over 1,024 bytes with a 400 KeyTooLongError.
     This S3 sink answers that refusal the way botocore reports it, before the (moto) PUTs of the batch."""
 
-    def __init__(self, settings: CaptureSettings) -> None:
+    def __init__(self, settings: CaptureSettings, *, max_body: int | None = None) -> None:
         super().__init__(settings)
         self._real = make_s3_client(settings, policy=S3Policy.SIDECAR)
-        self._threads = (_KeyLimitClient(self._real), self._threads[1])  # type: ignore[index]
+        self._threads = (_KeyLimitClient(self._real, max_body), self._threads[1])  # type: ignore[index]
 
 
 class _KeyLimitClient:
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: Any, max_body: int | None) -> None:
         self._real = real
+        self._max_body = max_body
 
     def put_object(self, **kwargs: Any) -> Any:
+        if self._max_body is not None and len(kwargs["Body"]) > self._max_body:
+            raise ClientError(
+                {
+                    "Error": {"Code": "EntityTooLarge", "Message": "Your proposed upload exceeds the maximum size."},
+                    "ResponseMetadata": {"HTTPStatusCode": 400},
+                },
+                "PutObject",
+            )
         if len(kwargs["Key"].encode()) > MAX_KEY_BYTES:
             raise ClientError(
                 {
@@ -202,6 +211,31 @@ async def test_a_record_s3_refuses_for_good_is_quarantined_and_the_rest_flow(
     for path in (record, reason):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(qdir.stat().st_mode) == 0o700
+
+
+async def test_an_envelope_object_s3_refuses_for_good_is_quarantined(
+    spool: Spool, settings: CaptureSettings, s3: Any
+) -> None:
+    big = envelope(
+        request_id=unique("req-big"), sampling=envelope().sampling.model_copy(update={"extra": {"x": "y" * 9000}})
+    )
+    good = envelope(request_id=unique("req"))
+    kafka = FakeSink("kafka")
+    metrics = CaptureMetrics()
+    sinks = [kafka, KeyLimitS3(settings, max_body=8000)]
+    publisher = Publisher(spool, settings, metrics, sinks=sinks, backoff_initial_s=0.01)
+    await spool.append(big)
+    await spool.append(good)
+    await publisher.start()
+    try:
+        await drained(spool)
+    finally:
+        await publisher.stop()
+    assert metrics.value("reprolane_capture_records_quarantined_total", {"sink": "s3", "code": "EntityTooLarge"}) == 1
+    why = json.loads((quarantine_dir(settings.spool_dir) / f"{sha256_hex(big.canonical())}.s3.reason.json").read_text())
+    assert (why["code"], why["request_id"]) == ("EntityTooLarge", big.request_id)
+    key = envelope_key(good.envelope_id(), good.tenant, good.captured_at)
+    assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == good.canonical()
 
 
 async def test_a_spool_record_that_is_not_an_envelope_is_quarantined_not_blocking(
