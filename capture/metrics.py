@@ -18,6 +18,10 @@ the same instance; the app renders it.
     reprolane_capture_envelopes_spooled_total             envelopes appended to the spool
     reprolane_capture_spool_full_total                    appends refused because the spool was full
     reprolane_capture_spool_write_failures_total{reason}  spool writes the disk refused, undone (no_space, io_error)
+    reprolane_capture_records_quarantined_total{sink,code}  records a sink refused for good, kept in the local
+                                                          quarantine (and the dead-letter topic) and acked
+    reprolane_capture_claim_checks_total                  envelopes too large for Kafka, sent as a claim check
+    reprolane_capture_index_conflicts_total               index entries another record had written first (kept)
 """
 
 from __future__ import annotations
@@ -115,6 +119,26 @@ class CaptureMetrics:
             "Requests on paths the sidecar does not capture: reads (GET, HEAD, OPTIONS) and writes passed through, "
             "writes refused (refuse_uncaptured)",
             ["kind"],
+            namespace=namespace,
+            registry=r,
+        )
+
+        self.records_quarantined_total = Counter(
+            "records_quarantined_total",
+            "Records a sink refused for good, quarantined locally (and dead-lettered) and acked",
+            ["sink", "code"],
+            namespace=namespace,
+            registry=r,
+        )
+        self.claim_checks_total = Counter(
+            "claim_checks_total",
+            "Envelopes too large for a Kafka record, sent to Kafka as a claim check on their S3 object",
+            namespace=namespace,
+            registry=r,
+        )
+        self.index_conflicts_total = Counter(
+            "index_conflicts_total",
+            "Index entries (request id, workflow step) another record had written first: the first is kept",
             namespace=namespace,
             registry=r,
         )

@@ -6,22 +6,29 @@ One loop, oldest first:
 2. publish the batch to every sink concurrently; a sink that fails is retried alone (the others keep their
    confirmation), with capped exponential backoff, for as long as it takes. Every failed attempt counts in
    ``publish_errors_total{sink}``; ``publish_lag_seconds`` is the age (from ``captured_at``) of the oldest
-   entry still unpublished;
+   entry still unpublished. A batch holding an envelope too large for Kafka (a claim check,
+   `capture.sinks`) goes to S3 first and to Kafka only after S3 stored it;
 3. only when *every* sink has confirmed the whole batch, hand it to the ``then`` sinks the same way (the
    audit Merkle log, `capture.sinks.AuditLogSink` over `capture.ledger.merkle_log`, when ``audit_log`` is on:
    a leaf must never precede its stored object), and only when those confirmed too, `Spool.ack` it.
 
+A record a sink refuses *for good* (`capture.errors.RecordsRefused`: too large, a key S3 will not take, an
+invalid record), or that is not an envelope at all, would block every record behind it if it were retried like
+an outage. It is quarantined instead (`capture.quarantine`): made durable in the local quarantine with its
+reason, sent to the dead-letter topic when Kafka takes it, counted in ``records_quarantined_total{sink,code}``,
+left out of the later sinks (the ``then`` sinks never log a record a sink refused) and acked with its batch.
+Its envelope object may still be in S3 (when Kafka refused it, or S3 refused only an index key): the reason file
+and the dead letter say which sink refused what. Transient failures (timeouts, 5xx, connection errors, throttling,
+a missing bucket or permission) keep being retried as above, since every record would meet them alike.
+
 A crash or a stop anywhere before 3 leaves the batch pending: the next start publishes it again. Duplicates
 are therefore possible and harmless (the envelope id is the content hash; S3 writes are content-addressed
-and conditional).
+and conditional; the quarantine's files are named by the record's hash).
 
 Tenants in ``settings.encrypt_tenants`` are sealed between 1 and 2 (`capture.ledger.sealing.Sealer`): the
 sinks receive the `schemas.sealed.SealedEnvelope` bytes, never the plaintext (which exists only in the local spool).
 A keyring failure (the ledger's `KeyringError`, here a `SealingError`) is retried like a failing sink; at
 construction (no KEK) it is raised.
-
-A record that cannot even be routed (not an envelope) is logged at ERROR and retried like a failing sink: it
-blocks the spool rather than vanishing, and the lag metric shows it.
 """
 
 from __future__ import annotations
@@ -34,10 +41,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from capture.errors import CaptureError, SealingError, SinkError
+from capture.errors import CaptureError, RecordsRefused, SealingError, SinkError
 from capture.ledger.errors import KeyringError
 from capture.ledger.sealing import Keyring, Sealer, load_kek
-from capture.sinks import AuditLogSink, Outgoing, Sink, default_sinks
+from capture.quarantine import Quarantine, Refusal, quarantine_dir
+from capture.sinks import AuditLogSink, KafkaSink, Outgoing, Sink, default_sinks
 from capture.spool import Spool, SpoolEntry
 from infra.clients.s3 import S3Policy, make_s3_client
 
@@ -72,6 +80,7 @@ class Publisher:
         sinks: Sequence[Sink] | None = None,
         then: Sequence[Sink] | None = None,
         sealer: Sealer | None = None,
+        quarantine: Quarantine | None = None,
         batch_size: int = 256,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 5.0,
@@ -85,6 +94,8 @@ class Publisher:
         if sealer is None and settings.encrypt_tenants:
             sealer = _sealer(settings)  # a missing KEK fails here, at construction
         self._sealer = sealer
+        self.quarantine = quarantine if quarantine is not None else Quarantine(quarantine_dir(settings.spool_dir))
+        self.quarantined = 0  # records quarantined since start
         self.batch_size = batch_size
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -96,7 +107,7 @@ class Publisher:
     @property
     def sinks(self) -> list[Sink]:
         if self._sinks is None:
-            self._sinks = default_sinks(self._settings)
+            self._sinks = default_sinks(self._settings, self._metrics)
         return self._sinks
 
     @property
@@ -148,42 +159,65 @@ class Publisher:
             backoff = min(backoff * 2, self.backoff_max_s)
 
     async def _step(self) -> None:
-        """One batch: wait for entries, publish them everywhere, ack them."""
+        """One batch: wait for entries, publish them everywhere, quarantine what a sink refused for good, ack."""
         if not await self.spool.wait_pending(self.idle_poll_s):
             self._set_lag(None)
             return
         entries = await self.spool.pending(self.batch_size)
         if not entries:
             return
-        batch = await self._routable(entries)
-        if batch is not None and self._sealer is not None:
+        batch, refused = self._routable(entries)
+        if batch and self._sealer is not None:
             try:
                 batch = await asyncio.to_thread(self._sealer.seal_batch, batch)
             except KeyringError as exc:
                 raise SealingError(str(exc)) from exc
-        if batch is None or not await self._publish_everywhere(batch, self.sinks):
+        if batch and not await self._publish_stages(batch, refused):
             return  # stopping: the batch stays pending
-        if self.then and not await self._publish_everywhere(batch, self.then):
+        stored = [item for item in batch if item.seq not in refused]
+        if self.then and stored and not await self._publish_everywhere(stored, self.then, refused):
             return
+        if refused:
+            await self._quarantine(list(refused.values()))
         await self.spool.ack(e.seq for e in entries)
-        self.published += len(entries)
+        self.published += len(entries) - len(refused)
         if self.spool.depth == 0:
             self._set_lag(None)
 
-    async def _routable(self, entries: Sequence[SpoolEntry]) -> list[Outgoing] | None:
-        backoff = self.backoff_initial_s
-        while True:
+    def _routable(self, entries: Sequence[SpoolEntry]) -> tuple[list[Outgoing], dict[int, Refusal]]:
+        """The entries as `Outgoing`, and the refusals of those that are not routable envelopes."""
+        batch: list[Outgoing] = []
+        refused: dict[int, Refusal] = {}
+        for entry in entries:
             try:
-                return [Outgoing.from_entry(e) for e in entries]
+                batch.append(Outgoing.from_entry(entry))
             except SinkError as exc:
-                log.error("publisher: %s; retrying (nothing is dropped)", exc)
-                if await self._sleep(backoff):
-                    return None
-                backoff = min(backoff * 2, self.backoff_max_s)
+                log.error("publisher: %s; quarantining it", exc)
+                refused[entry.seq] = Refusal(entry.seq, entry.payload, "route", "NotAnEnvelope", str(exc)[:1000])
+        return batch, refused
 
-    async def _publish_everywhere(self, batch: list[Outgoing], sinks: Sequence[Sink]) -> bool:
-        """Publish to every one of `sinks` until all have confirmed; False when stopping first."""
+    async def _publish_stages(self, batch: list[Outgoing], refused: dict[int, Refusal]) -> bool:
+        """Publish to `sinks`, in two stages when a record's Kafka value is a claim check (S3 first)."""
+        sinks = self.sinks
+        stages = [sinks]
+        if any(item.claim_checked for item in batch):
+            first = [s for s in sinks if not getattr(s, "refers_to_objects", False)]
+            stages = [first, [s for s in sinks if s not in first]]
+            if self._metrics is not None:
+                self._metrics.claim_checks_total.inc(sum(item.claim_checked for item in batch))
+        for stage in stages:
+            pending = [item for item in batch if item.seq not in refused]
+            if stage and pending and not await self._publish_everywhere(pending, stage, refused):
+                return False
+        return True
+
+    async def _publish_everywhere(
+        self, batch: list[Outgoing], sinks: Sequence[Sink], refused: dict[int, Refusal]
+    ) -> bool:
+        """Publish to every one of `sinks` until all have confirmed (records they refuse for good are added to
+        `refused`); False when stopping first."""
         oldest = min(item.captured_at for item in batch)
+        by_seq = {item.seq: item for item in batch}
         remaining = list(sinks)
         backoff = self.backoff_initial_s
         while remaining:
@@ -193,6 +227,25 @@ class Publisher:
             for sink, result in zip(remaining, results, strict=True):
                 if result is None:
                     self._count("envelopes_published_total", sink.name, len(batch))
+                    continue
+                if isinstance(result, RecordsRefused) and result.refused.keys() <= by_seq.keys():
+                    for seq, (code, reason) in result.refused.items():
+                        item = by_seq[seq]
+                        log.error("publisher: %s refused seq %d (%s) for good: %s", sink.name, seq, code, reason)
+                        refused.setdefault(
+                            seq,
+                            Refusal(
+                                seq,
+                                item.payload,
+                                sink.name,
+                                code,
+                                reason,
+                                item.envelope_id,
+                                item.request_id,
+                                item.tenant,
+                            ),
+                        )
+                    self._count("envelopes_published_total", sink.name, len(batch) - len(result.refused))
                     continue
                 if not isinstance(result, SinkError):
                     if isinstance(result, asyncio.CancelledError):
@@ -208,6 +261,27 @@ class Publisher:
                     return False
                 backoff = min(backoff * 2, self.backoff_max_s)
         return True
+
+    async def _quarantine(self, refusals: list[Refusal]) -> None:
+        """Durable in the local quarantine (a disk error raises: the batch stays pending), then dead-lettered
+        when Kafka takes it, and counted."""
+        await asyncio.to_thread(self.quarantine.keep, refusals)
+        kafka = next((s for s in self.sinks if isinstance(s, KafkaSink)), None)
+        for refusal in refusals:
+            if kafka is not None:
+                await kafka.dead_letter(refusal)
+            if self._metrics is not None:
+                self._metrics.records_quarantined_total.labels(sink=refusal.sink, code=refusal.code).inc()
+            log.error(
+                "publisher: quarantined seq %d (%s, %d bytes) in %s: %s refused it (%s)",
+                refusal.seq,
+                refusal.envelope_id or refusal.digest,
+                len(refusal.payload),
+                self.quarantine.directory,
+                refusal.sink,
+                refusal.code,
+            )
+        self.quarantined += len(refusals)
 
     async def _sleep(self, seconds: float) -> bool:
         """Sleep, waking early when stopping; True when stopping."""

@@ -2,7 +2,8 @@
 
 Per envelope message (consumer group ``settings.group_id``, one message at a time, offsets committed by hand):
 
-1. decode; bytes that are not JSON or not a valid envelope go to the dead-letter topic with the reason
+1. decode (a claim check, `schemas.claim_check`, is first resolved from S3 and its sha256 checked); bytes that
+   are not JSON or not a valid envelope go to the dead-letter topic with the reason
    (headers ``reprolane-dlq-reason``, ``reprolane-dlq-source`` = ``topic/partition/offset``), then commit;
 2. select (`replayer.selection`): not selected -> commit and skip; not replayable -> count, commit, skip;
 3. if S3 already holds the result for (envelope id, lane fingerprint), take its event (a redelivery: nothing is
@@ -46,6 +47,7 @@ from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import ContractError, DivergenceEvent, Envelope, decode_envelope, decode_replay_request
+from schemas.claim_check import is_claim_check
 from schemas.layout import (
     HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE,
@@ -201,7 +203,14 @@ class ReplayerService:
         """One message of the envelope topic (raises `_DeadLetter` or a transient error; see `_guarded`).
 
         A sealed envelope (encrypted tenant) is opened through the store with its tenant's data key; one whose
-        key was shredded, or that this replayer has no KEK for, is counted as not replayable and skipped."""
+        key was shredded, or that this replayer has no KEK for, is counted as not replayable and skipped. A claim
+        check (an envelope too large for Kafka) is resolved from S3 first, its size and sha256 checked; a bad
+        reference is dead-lettered (``claim_check``), an object not there yet is retried like any store error."""
+        if is_claim_check(body):
+            try:
+                body = await asyncio.to_thread(self.store.resolve_claim_check, body)
+            except ContractError as exc:
+                raise _DeadLetter("claim_check", f"claim_check: {exc}") from exc
         try:
             if is_sealed(body):
                 envelope = await asyncio.to_thread(self.store.decode_message, body)

@@ -1,7 +1,9 @@
 """Envelopes and replay results in S3: lookup by request id or workflow, idempotent result writes.
 
 The capture side writes each envelope once under `schemas.layout.envelope_key` and an index object per request
-id (and per workflow step) whose body is ``{"envelope_id": ..., "key": ...}``. This module reads those, and
+id (and per workflow step), written once, whose body is `schemas.layout.index_body` (envelope id, key, tenant,
+capture time). This module reads those, trusting an entry only when the envelope it points to has the entry's
+tenant and envelope id and the request id (or workflow step) the entry is filed under, and
 writes replay results under `schemas.layout.replay_key` with the envelope's capture day, so the key is a pure
 function of (envelope id, lane fingerprint): the first write wins (``If-None-Match: *``) and every later
 re-replay of the same envelope on the same lane collapses onto it.
@@ -32,6 +34,7 @@ from infra.clients.s3 import S3Policy, error_code, is_already_written, is_missin
 from replayer.errors import EnvelopeNotFoundError, NotReplayableError, StoreError
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result
+from schemas.claim_check import decode_claim_check, verify_claimed
 from schemas.envelope import is_valid_request_id
 from schemas.errors import SealError
 from schemas.layout import (
@@ -76,6 +79,12 @@ def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
     """Where the result of replaying `envelope` on the lane with that fingerprint lives (deterministic)."""
     envelope_id = envelope.envelope_id()
     return replay_key(envelope_id, replay_result_id(envelope_id, lane_fingerprint_sha256), envelope.captured_at)
+
+
+def _filed_step(workflow_id: str, key: str) -> tuple[str, int] | None:
+    """(workflow id, step) a `schemas.layout.workflow_index_key` is filed under; None when the name has no step."""
+    step = key.removeprefix(workflow_index_prefix(workflow_id)).split("-", 1)[0]
+    return (workflow_id, int(step)) if step.isdigit() else None
 
 
 class EnvelopeStore:
@@ -134,21 +143,65 @@ class EnvelopeStore:
 
         return sorted(self._s3("list", f"s3://{self.bucket}/{prefix}", keys, none_if=lambda _: False) or [])
 
-    def _envelope_from_index(self, index_key: str, what: str) -> Envelope:
+    def _envelope_from_index(
+        self, index_key: str, what: str, *, request_id: str | None = None, workflow: tuple[str, int] | None = None
+    ) -> Envelope:
+        """The envelope an index entry points at, checked against the entry (`_check_index`)."""
         body = self._get(index_key)
         if body is None:
             raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
         try:
             index: Any = json.loads(body)
-            key = index["key"]
-            if not isinstance(key, str):
-                raise TypeError("key is not a string")
+            key, tenant, envelope_id = index["key"], index["tenant"], index["envelope_id"]
+            if not all(isinstance(v, str) for v in (key, tenant, envelope_id)):
+                raise TypeError("key, tenant and envelope_id must be strings")
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"index object s3://{self.bucket}/{index_key} is malformed: {exc}") from exc
         data = self._get(key)
         if data is None:
             raise EnvelopeNotFoundError(f"{what} is indexed at {key}, but that object is missing (shredded?)")
-        return self.decode(data, f"s3://{self.bucket}/{key}")
+        envelope = self.decode(data, f"s3://{self.bucket}/{key}")
+        self._check_index(index_key, envelope, tenant, envelope_id, request_id, workflow)
+        return envelope
+
+    def _check_index(
+        self,
+        index_key: str,
+        envelope: Envelope,
+        tenant: str,
+        envelope_id: str,
+        request_id: str | None,
+        workflow: tuple[str, int] | None,
+    ) -> None:
+        """An index entry is trusted only when the envelope it points at agrees with it: the same tenant and
+        envelope id as the entry, the request id (and workflow step) the entry is filed under. Anything else is a
+        `StoreError`: an entry written by someone other than the capture side, or one moved to another record."""
+        found: list[str] = []
+        if envelope.tenant != tenant:
+            found.append(f"tenant {envelope.tenant!r}, the entry says {tenant!r}")
+        if envelope.envelope_id() != envelope_id:
+            found.append(f"envelope id {envelope.envelope_id()}, the entry says {envelope_id}")
+        if request_id is not None and envelope.request_id != request_id:
+            found.append(f"request id {envelope.request_id!r}, the entry is filed under {request_id!r}")
+        if workflow is not None:
+            got = (envelope.workflow.workflow_id, envelope.workflow.step) if envelope.workflow is not None else None
+            if got != workflow:
+                found.append(f"workflow {got}, the entry is filed under {workflow}")
+        if found:
+            raise StoreError(
+                f"index object s3://{self.bucket}/{index_key} does not match the envelope it points to: "
+                + "; ".join(found)
+            )
+
+    def resolve_claim_check(self, reference: bytes) -> bytes:
+        """The envelope bytes a claim check (`schemas.claim_check`, an envelope too large for Kafka) names, read
+        from S3 and checked against the reference's size and sha256: `ContractError` when the reference is bad or
+        the object is not the referenced bytes, `StoreError` when S3 fails or the object is not there (yet)."""
+        ref = decode_claim_check(reference)
+        data = self._get(ref.key)
+        if data is None:
+            raise StoreError(f"claim check names s3://{self.bucket}/{ref.key}, which is not there")
+        return verify_claimed(ref, data)
 
     def decode(self, data: bytes, where: str) -> Envelope:
         """An envelope from stored bytes, opening a sealed one with its tenant's data key."""
@@ -202,7 +255,9 @@ class EnvelopeStore:
         """The envelope recorded for `request_id`; `EnvelopeNotFoundError` when none is indexed."""
         if not is_valid_request_id(request_id):
             raise EnvelopeNotFoundError(f"{request_id!r} is not a valid request id")
-        return self._envelope_from_index(request_index_key(request_id), f"request id {request_id!r}")
+        return self._envelope_from_index(
+            request_index_key(request_id), f"request id {request_id!r}", request_id=request_id
+        )
 
     def list_workflow(self, workflow_id: str) -> list[Envelope]:
         """Every recorded step of a workflow, ordered by step; `EnvelopeNotFoundError` when there is none."""
@@ -211,7 +266,10 @@ class EnvelopeStore:
         keys = self._list(workflow_index_prefix(workflow_id))
         if not keys:
             raise EnvelopeNotFoundError(f"no envelope is indexed under workflow {workflow_id!r}")
-        envelopes = [self._envelope_from_index(key, f"workflow {workflow_id!r} ({key})") for key in keys]
+        envelopes = [
+            self._envelope_from_index(key, f"workflow {workflow_id!r} ({key})", workflow=_filed_step(workflow_id, key))
+            for key in keys
+        ]
         return sorted(envelopes, key=lambda e: (e.workflow.step if e.workflow else -1, e.captured_at))
 
     def find_by_client_request_id(self, tenant: str, client_request_id: str) -> list[Envelope]:

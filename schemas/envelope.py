@@ -109,6 +109,8 @@ class CapturedOutput(Record):
 
 
 ErrorType = Literal["upstream_error", "timeout", "client_disconnect", "bad_request", "proxy_error", "incomplete"]
+#: The error type of a started record (`Envelope.is_started_record`).
+STARTED_ERROR_TYPE: Final = "incomplete"
 """Why a request has no complete output. ``incomplete``: the *started* record of a request whose answer had not
 been relayed yet when it was written (guaranteed mode writes one before it relays a stream, so no streamed
 byte reaches a client unrecorded); the envelope with the same request id written after it says how the
@@ -184,7 +186,7 @@ class Envelope(Record):
     def is_started_record(self) -> bool:
         """The started record of a request (outcome ``incomplete``), written before its answer was relayed; the
         envelope with the same request id written after it supersedes it (see `ErrorType`)."""
-        return isinstance(self.outcome, CapturedError) and self.outcome.error_type == "incomplete"
+        return isinstance(self.outcome, CapturedError) and self.outcome.error_type == STARTED_ERROR_TYPE
 
     @property
     def replayable(self) -> bool:

@@ -8,6 +8,11 @@ spells ``"index/..."``. Kafka (at-least-once: duplicates are expected and collap
     reprolane.replay-requests.v1  key = request_id, value = ReplayRequest JSON (on-demand replays)
     reprolane.dead-letter.v1      key = original key, value = original bytes, reason in headers
 
+An envelope over `CLAIM_CHECK_BYTES` travels on the envelope topic as a `schemas.claim_check.ClaimCheck` (header
+`HEADER_CLAIM_CHECK`) naming its envelope object; the capture side's dead letters (records a sink refused for
+good) carry `HEADER_DLQ_REASON`, `HEADER_DLQ_SINK` and `HEADER_ENVELOPE_ID`, and their value is the record itself
+when it fits in `MAX_MESSAGE_BYTES` (else empty: the sidecar's local quarantine holds it).
+
 S3, the audit bucket (Object Lock; every object is written once, keys are content addresses):
 
     envelopes/tenant=<tenant>/date=<YYYY-MM-DD>/<envelope_id>.json           envelope_key
@@ -270,3 +275,15 @@ def lake_part_key(table: str, day: str, tenant: str, part_id: str, prefix: str =
 def is_lake_part(key: str) -> bool:
     """True for a lake data file (the lake reads nothing else under a table's prefix)."""
     return key.endswith(".parquet")
+
+
+# ------------------------------------------------------------------------------------- large records, refusals
+
+#: An envelope longer than this goes to Kafka as a claim check (`schemas.claim_check`): the record limit less
+#: room for the key, the headers and the record batch's own framing.
+CLAIM_CHECK_BYTES: Final = MAX_MESSAGE_BYTES - 64 * 1024
+HEADER_CLAIM_CHECK: Final = "reprolane-claim-check"
+#: The sink that refused a dead-lettered record for good (``kafka``, ``s3``, ``route``).
+HEADER_DLQ_SINK: Final = "reprolane-dlq-sink"
+#: The longest object key S3 accepts (bytes of UTF-8).
+MAX_KEY_BYTES: Final = 1024

@@ -13,6 +13,11 @@ again writes copies that collapse, so a Kafka outage costs duplicates, never row
 duplicate-free on its own (a redelivery inside one flush is dropped by id), which lets the query views skip
 deduplicating partitions of a single file.
 
+A claim check (an envelope too large for Kafka, `schemas.claim_check`) is resolved from the audit bucket
+(``s3_bucket``) before it becomes a row, its size and sha256 checked: an S3 failure or an object not there is a
+`LakeError` (offsets stay uncommitted: a restart re-reads it); a reference that does not match its object is
+skipped like any message that is not archivable.
+
 Sealed envelopes (encrypted tenants) become metadata-only rows; the archiver holds no key. A message that is
 neither an envelope nor a sealed envelope nor a divergence event (the replayer dead-letters those) is counted
 in ``skipped``, logged at ERROR with its topic/partition/offset, and committed past: the lake is a derived
@@ -26,6 +31,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +43,9 @@ from capture.audit.lake import Lake
 from capture.audit.lake_schema import DEDUPE_KEY, SCHEMAS, day, divergence_row, envelope_row, sealed_row
 from capture.audit.lake_settings import LakeSettings
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
+from infra.clients.s3 import S3Policy, error_code, is_missing, make_s3_client, s3_errors
 from schemas import ContractError, decode_divergence, decode_envelope, sha256_hex
+from schemas.claim_check import decode_claim_check, is_claim_check, verify_claimed
 from schemas.layout import HEADER_ENVELOPE_ID
 from schemas.sealed import decode_sealed, is_sealed
 
@@ -57,9 +65,11 @@ class ArchiverStats:
 class Archiver:
     """Buffers rows and writes them to the lake; `run` drives it from Kafka (see module docstring)."""
 
-    def __init__(self, settings: LakeSettings, lake: Lake) -> None:
+    def __init__(self, settings: LakeSettings, lake: Lake, *, read_audit: Callable[[str], bytes] | None = None) -> None:
+        """`read_audit(key)`: an object of the audit bucket (claim checks); default: an S3 client of `settings`."""
         self.settings = settings
         self.lake = lake
+        self._read_audit = read_audit
         self.stats = ArchiverStats()
         self._buffers: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
         self._buffered = 0
@@ -106,6 +116,32 @@ class Archiver:
         if self._oldest is None:
             self._oldest = time.monotonic()
         return True
+
+    def resolve(self, value: bytes | None, source: str = "?") -> bytes | None:
+        """`value`, or the envelope bytes its claim check names (module docstring); blocking (call in a thread).
+        A reference that does not match its object is returned as it is (then skipped by `add`)."""
+        if not is_claim_check(value):
+            return value
+        assert value is not None
+        try:
+            ref = decode_claim_check(value)
+        except ContractError as exc:
+            log.error("archiver: bad claim check at %s: %s", source, exc)
+            return value
+        if self._read_audit is None:
+            client = make_s3_client(self.settings, policy=S3Policy.AUDIT)
+            bucket = self.settings.s3_bucket
+            self._read_audit = lambda key: client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        try:
+            stored = self._read_audit(ref.key)
+        except s3_errors() as exc:
+            what = "is not there" if is_missing(exc) else f"cannot be read: {error_code(exc) or exc}"
+            raise LakeError(f"archiver: claim check at {source} names {ref.key}, which {what}") from exc
+        try:
+            return verify_claimed(ref, stored)
+        except ContractError as exc:
+            log.error("archiver: claim check at %s does not match its object: %s", source, exc)
+            return value
 
     def due(self) -> bool:
         if self._buffered >= self.settings.flush_rows:
@@ -193,7 +229,11 @@ class Archiver:
                     for rec in records:
                         consumed = True
                         claimed = next((v for k, v in rec.headers or () if k == HEADER_ENVELOPE_ID), None)
-                        self.add(tp.topic, rec.value, f"{tp.topic}/{tp.partition}/{rec.offset}", claimed)
+                        source = f"{tp.topic}/{tp.partition}/{rec.offset}"
+                        value = rec.value
+                        if is_claim_check(value):
+                            value = await asyncio.to_thread(self.resolve, value, source)
+                        self.add(tp.topic, value, source, claimed)
                 if self.due() or (consumed and self._buffered == 0):  # all skipped: commit past them
                     await self._flush_and_commit()
             await self._flush_and_commit()

@@ -218,24 +218,38 @@ async def test_restart_republishes_what_was_not_acked(settings: CaptureSettings,
         assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == env.canonical()
 
 
-async def test_request_index_points_at_the_latest_envelope(spool: Spool, settings: CaptureSettings, s3: Any) -> None:
+async def test_request_index_keeps_the_first_envelope_and_counts_later_claimants(
+    spool: Spool, settings: CaptureSettings, s3: Any
+) -> None:
+    """Index objects are written once (this replaces "the index points at the latest envelope", which let a
+    second envelope claiming a request id move the pointer): the first claimant keeps it, within a batch (the
+    lowest spool seq, although the puts run concurrently) and across batches; every later claimant is counted
+    and keeps its own envelope object."""
     request_id = fresh_request_id()
     envs = [envelope(request_id=request_id, flagged=flag) for flag in (False, True)]
     later = envelope(request_id=request_id, flagged=False, captured_at=datetime.now(UTC))
-    for env in envs:  # same batch: the newer one must win although the puts run concurrently
+    for env in envs:
         await spool.append(env)
-    publisher = Publisher(spool, settings, sinks=[FakeKafka(), S3Sink(settings)])
+    metrics = CaptureMetrics()
+    publisher = Publisher(spool, settings, metrics, sinks=[FakeKafka(), S3Sink(settings, metrics=metrics)])
     await publisher.start()
     try:
         await drained(spool)
         index = json.loads(s3.get_object(Bucket=BUCKET, Key=request_index_key(request_id))["Body"].read())
-        assert index["envelope_id"] == envs[1].envelope_id()
-        await spool.append(later)  # a later batch overwrites it
+        assert index["envelope_id"] == envs[0].envelope_id()
+        assert metrics.value("reprolane_capture_index_conflicts_total") == 2  # request id and workflow step
+        await spool.append(later)  # a later batch does not move it either
+        await drained(spool)
+        await spool.append(envs[0])  # a redelivery of the first finds its own entry: no conflict
         await drained(spool)
     finally:
         await publisher.stop()
     index = json.loads(s3.get_object(Bucket=BUCKET, Key=request_index_key(request_id))["Body"].read())
-    assert index["envelope_id"] == later.envelope_id()
+    assert index["envelope_id"] == envs[0].envelope_id()
+    assert metrics.value("reprolane_capture_index_conflicts_total") == 4
+    for env in [*envs, later]:
+        key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+        assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == env.canonical()
 
 
 async def test_retention_never_ends_in_the_past(settings: CaptureSettings) -> None:

@@ -38,7 +38,7 @@ from schemas import (
     TopCandidate,
     WorkflowRef,
 )
-from schemas.layout import envelope_key, request_index_key, workflow_index_key
+from schemas.layout import envelope_key, index_body, request_index_key, workflow_index_key
 from tests import factories
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def seed_envelope(client: S3Client, bucket: str, envelope: Envelope) -> str:
     envelope_id = envelope.envelope_id()
     key = envelope_key(envelope_id, envelope.tenant, envelope.captured_at)
     client.put_object(Bucket=bucket, Key=key, Body=envelope.canonical(), ContentType="application/json")
-    index = json.dumps({"envelope_id": envelope_id, "key": key, "request_id": envelope.request_id}).encode()
+    index = index_body(envelope_id, key, envelope.tenant, envelope.captured_at)
     client.put_object(Bucket=bucket, Key=request_index_key(envelope.request_id), Body=index)
     if envelope.workflow is not None:
         wf_key = workflow_index_key(envelope.workflow.workflow_id, envelope.workflow.step, envelope.request_id)

@@ -71,7 +71,9 @@ def test_unknown_and_invalid_request_ids_are_not_found(store: EnvelopeStore) -> 
 
 def test_index_pointing_at_a_missing_envelope_is_not_found(s3: S3Target, store: EnvelopeStore) -> None:
     rid = f"dangling-{uuid.uuid4().hex[:8]}"
-    s3.client().put_object(Bucket=s3.bucket, Key=request_index_key(rid), Body=b'{"envelope_id":"x","key":"nope"}')
+    s3.client().put_object(
+        Bucket=s3.bucket, Key=request_index_key(rid), Body=b'{"envelope_id":"x","key":"nope","tenant":"t"}'
+    )
     with pytest.raises(EnvelopeNotFoundError, match="missing"):
         store.get_by_request_id(rid)
 
