@@ -92,7 +92,7 @@ async def test_the_index_object_is_written_once_and_a_forged_one_is_refused_on_r
     await publish(s3, bank)  # 412 on the index: never overwritten (what is there is checked on read instead)
     assert s3.client().get_object(Bucket=s3.bucket, Key=key)["Body"].read() == forged
     store = EnvelopeStore.from_settings(s3.settings())
-    with pytest.raises(StoreError, match="points at an envelope of tenant 'attacker'"):
+    with pytest.raises(StoreError, match="does not match the envelope it points to: tenant 'attacker'"):
         store.find_by_client_request_id("acme-bank", cid)
 
 

@@ -70,8 +70,14 @@ async def test_the_largest_bounded_values_are_accepted_and_make_keys_s3_takes() 
     assert len(workflow_index_key(env.workflow.workflow_id, env.workflow.step, env.request_id).encode()) < MAX_KEY_BYTES
 
 
-async def test_an_unusable_request_id_is_replaced_not_kept() -> None:
-    async with sidecar() as (client, _upstream, spool, _m):
+async def test_an_unusable_client_request_id_is_a_400_naming_it_and_never_reaches_a_key() -> None:
+    """The client's X-Request-Id is recorded as client_request_id (the request id is always the sidecar's own),
+    so an unbounded one is the client's error, not a value an S3 key would be built from."""
+    async with sidecar() as (client, upstream, spool, _m):
         resp = await client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "x" * 5000})
-    assert resp.status_code == 200
-    assert only(spool).request_id.startswith("rl-")
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "X-Request-Id"
+    assert [s.path for s in upstream.seen if s.path == "/v1/chat/completions"] == []
+    env = only(spool)
+    assert env.request_id.startswith("rl-")
+    assert env.client_request_id is None

@@ -83,13 +83,22 @@ async def test_the_index_points_at_the_finished_envelope(moto_settings: CaptureS
         assert s3.head_object(Bucket=BUCKET, Key=item.object_key)["Metadata"]["envelope-id"] == item.envelope_id
 
 
-async def test_a_request_the_sidecar_died_serving_is_indexed_as_its_started_record(
+async def test_a_started_record_no_finished_one_followed_is_stored_but_not_indexed(
     moto_settings: CaptureSettings,
 ) -> None:
+    """The sidecar died serving the request: its started record is stored (Object Lock, found by its object key
+    and in the Merkle log), and the write-once request-id entry is left for an envelope that says how a request
+    ended, so a started record can never pin it."""
     started, _ = await a_guaranteed_stream()
     sink = S3Sink(moto_settings)
+    item = Outgoing.from_entry(SpoolEntry(1, started.canonical()))
+    assert item.started
+    assert item.index_keys() == []
     try:
-        await sink.publish([Outgoing.from_entry(SpoolEntry(1, started.canonical()))])
+        await sink.publish([item])
     finally:
         await sink.close()
-    assert indexed(moto_settings, request_index_key(started.request_id)) == started.envelope_id()
+    s3 = s3_client(moto_settings)
+    assert s3.head_object(Bucket=BUCKET, Key=item.object_key)["Metadata"]["envelope-id"] == started.envelope_id()
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=request_index_key(started.request_id))
+    assert listed.get("KeyCount", 0) == 0

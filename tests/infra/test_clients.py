@@ -29,7 +29,7 @@ from capture.errors import SinkError
 from capture.ledger.errors import KeyringError, LedgerStoreError
 from capture.ledger.sealing import Keyring
 from capture.ledger.store import LedgerStore
-from capture.s3_workers import Put, run_put
+from capture.s3_workers import Put, PutOutcome, run_put
 from capture.settings import CaptureSettings
 from capture.sinks import KafkaSink, S3Sink
 from infra.buckets import S3Credentials, s3_client
@@ -250,7 +250,7 @@ def test_every_conditional_create_reads_already_written_alike(code: str, status:
     env = make_envelope(0)
     result = replay_result(env.envelope_id(), env.request_id)
     attempts: list[tuple[Callable[[], bool], type[Exception]]] = [
-        (lambda: run_put(client, "b", Put("k", b"x", created_is_enough=True)) is None, SinkError),
+        (lambda: run_put(client, "b", Put("k", b"x", created_is_enough=True)) is PutOutcome.EXISTED, SinkError),
         (lambda: not LedgerStore(client, "b").put_new("k", b"x"), LedgerStoreError),
         (lambda: not AuditStore(client, "b").put_new("k", b"x"), AuditStoreError),
         (lambda: not EnvelopeStore(client, "b").put_result(env, result), StoreError),
