@@ -1,9 +1,9 @@
 """S3 PUTs, run in threads of the sidecar process or in worker processes (``s3_processes``).
 
-boto3 spends ~1.1-1.3 ms of CPU on one PUT here (signing, request building, response parsing), and the S3 sink
-makes two per envelope (the object and its request-id index; see "Publishing" in BENCHMARKS.md). In the
-sidecar's own process that is ~2.5 ms per envelope, five times what capturing the request costs: at a few
-hundred envelopes a second the publisher would take the CPU the HTTP edge needs. With
+boto3 spends more CPU on one PUT (signing, request building, response parsing) than capturing a whole request
+costs, and the S3 sink makes at least two per envelope (the object and its request-id index; the figures:
+BENCHMARKS.md, "Sinks"). In the sidecar's own process, at a few hundred envelopes a second, the publisher would
+take the CPU the HTTP edge needs. With
 ``s3_processes = N`` the PUTs run in N spawned worker processes, each with its own client and a few threads
 (S3 calls mostly wait on the network); the sidecar sends each worker one task per batch (the `Put` specs:
 keys, bodies, parameters), so its own cost per envelope is pickling a few KB.

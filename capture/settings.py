@@ -96,8 +96,8 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         default=0,
         ge=0,
         le=64,
-        description="worker processes for S3 PUTs (0: threads of the sidecar process); boto3 costs ~1.2 ms of CPU "
-        "per PUT, two per envelope: above a few hundred envelopes/s give it processes (capture/s3_workers.py)",
+        description="worker processes for S3 PUTs (0: threads of the sidecar process); boto3's CPU per PUT is more "
+        "than a captured request's: above a few hundred envelopes/s give it processes (capture/s3_workers.py)",
     )
     retention_days: int = Field(default=1, ge=0, description="Object Lock retention; 0 = no retention header")
     retention_days_by_tenant: dict[str, Annotated[int, Field(ge=0)]] = Field(
