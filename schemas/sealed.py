@@ -165,7 +165,19 @@ def decode_wrapped_key(data: bytes | str) -> WrappedKey:
 # -- sealed envelopes ------------------------------------------------------------------------------------------
 
 
-class SealedEnvelope(Record):
+class _Sealed(Record):
+    """What a sealed record is besides its fields: the metadata outside ``nonce`` and ``ciphertext`` is
+    authenticated (`aad`), and its stored bytes are its canonical encoding."""
+
+    def aad(self) -> bytes:
+        """The authenticated metadata: every field but the nonce and the ciphertext, canonically encoded."""
+        return canonical_bytes(self, exclude={"nonce", "ciphertext"})
+
+    def canonical(self) -> bytes:
+        return canonical_bytes(self)
+
+
+class SealedEnvelope(_Sealed):
     """An envelope encrypted under its tenant's data key; only non-sensitive metadata outside ``ciphertext``."""
 
     schema_version: Literal["reprolane.sealed/1"] = SEALED_SCHEMA_VERSION
@@ -178,13 +190,6 @@ class SealedEnvelope(Record):
     algorithm: Literal["AES-256-GCM"] = "AES-256-GCM"
     nonce: B64
     ciphertext: B64
-
-    def aad(self) -> bytes:
-        """The authenticated metadata: every field but the nonce and the ciphertext, canonically encoded."""
-        return canonical_bytes(self, exclude={"nonce", "ciphertext"})
-
-    def canonical(self) -> bytes:
-        return canonical_bytes(self)
 
 
 def seal_envelope(
@@ -242,7 +247,7 @@ def decode_sealed(data: bytes | str) -> SealedEnvelope:
 # -- sealed replay results and redacted divergence events -----------------------------------------------------
 
 
-class SealedReplayResult(Record):
+class SealedReplayResult(_Sealed):
     """A replay result encrypted under its tenant's data key; outside ``ciphertext`` only the ids that place it."""
 
     schema_version: Literal["reprolane.sealed-result/1"] = SEALED_RESULT_SCHEMA_VERSION
@@ -255,13 +260,6 @@ class SealedReplayResult(Record):
     algorithm: Literal["AES-256-GCM"] = "AES-256-GCM"
     nonce: B64
     ciphertext: B64
-
-    def aad(self) -> bytes:
-        """The authenticated metadata: every field but the nonce and the ciphertext, canonically encoded."""
-        return canonical_bytes(self, exclude={"nonce", "ciphertext"})
-
-    def canonical(self) -> bytes:
-        return canonical_bytes(self)
 
 
 def seal_replay_result(result: ReplayResult, *, tenant: str, key_id: str, data_key: bytes) -> SealedReplayResult:
