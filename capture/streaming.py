@@ -16,8 +16,8 @@ import asyncio
 import json
 import time
 
-from capture.assembly import ErrorType, RequestContext
-from capture.edge import Send, Watch, consume_disconnect, decode_json, end_stream, response_headers
+from capture.assembly import ErrorType
+from capture.edge import consume_disconnect, decode_json, end_stream, response_headers
 from capture.errors import SpoolCorruptError, SpoolUnavailableError, UpstreamError, UpstreamTimeoutError
 from capture.forwarding import SPOOL_FULL, Exchange, Forwarder, upstream_said
 from capture.protocol.audit_fields import Prepared, strip
@@ -40,7 +40,7 @@ async def forward_stream(fw: Forwarder, ex: Exchange) -> int:
         try:
             async with fw.call(ctx, upstream_body, headers) as resp:
                 if resp.status != 200:
-                    return await _relay_refusal(fw, ctx, prepared, collector, resp, headers, send, watch, t0, t_up)
+                    return await _relay_refusal(fw, ex, resp, t_up)
                 collector.note_versions(resp.header, fw.version_headers)
                 await send({"type": "http.response.start", "status": 200, "headers": response_headers(resp, rid)})
                 started = True
@@ -86,19 +86,9 @@ async def forward_stream(fw: Forwarder, ex: Exchange) -> int:
     return 200
 
 
-async def _relay_refusal(
-    fw: Forwarder,
-    ctx: RequestContext,
-    prepared: Prepared,
-    collector: OutputCollector,
-    resp: UpstreamResponse,
-    headers: dict[bytes, bytes],
-    send: Send,
-    watch: Watch,
-    t0: float,
-    t_up: float,
-) -> int:
+async def _relay_refusal(fw: Forwarder, ex: Exchange, resp: UpstreamResponse, t_up: float) -> int:
     """A stream request upstream answered with an error document: relay it as it is, record it."""
+    ctx, prepared, collector, _body, headers, send, watch, t0 = ex
     content = await resp.read()
     ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
     watch.armed = False
