@@ -3,6 +3,7 @@ way a record is parsed from JSON (`decode_record`)."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Annotated, TypeVar
 
@@ -40,3 +41,12 @@ def decode_record(model: type[_R], what: str, data: bytes | str) -> _R:
         return model.model_validate_json(data)
     except ValidationError as exc:
         raise ContractError.from_validation(what, exc) from exc
+
+
+def has_schema_version(data: bytes | str, version: str) -> bool:
+    """True when `data` is a JSON object whose ``schema_version`` is `version`; never raises."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("schema_version") == version

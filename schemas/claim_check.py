@@ -15,12 +15,11 @@ a reference names only the envelope object of its own envelope id (checked when 
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Annotated, Final, Literal
 
 from pydantic import Field, model_validator
 
-from schemas.base import Record, decode_record
+from schemas.base import Record, decode_record, has_schema_version
 from schemas.envelope import Sha256
 from schemas.errors import ContractError
 from schemas.layout import ENVELOPES_PREFIX, envelope_id_of_key, is_envelope_key
@@ -63,11 +62,7 @@ def is_claim_check(data: bytes | None) -> bool:
     """True when a topic value is a claim check (by its schema version); never raises."""
     if data is None or len(data) > _MAX_REFERENCE_BYTES or _MARK not in data:
         return False
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("schema_version") == CLAIM_CHECK_SCHEMA_VERSION
+    return has_schema_version(data, CLAIM_CHECK_SCHEMA_VERSION)
 
 
 def decode_claim_check(data: bytes | str) -> ClaimCheck:

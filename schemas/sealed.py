@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 import re
 from datetime import datetime
@@ -35,7 +34,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import Field
 
-from schemas.base import Record, UtcDatetime, decode_record
+from schemas.base import Record, UtcDatetime, decode_record, has_schema_version
 from schemas.canonical import canonical_bytes, canonical_json, sha256_hex
 from schemas.envelope import RequestId, Sha256, WorkflowRef
 from schemas.errors import ContractError, SealError
@@ -226,18 +225,9 @@ def open_envelope(sealed: SealedEnvelope, data_key: bytes) -> bytes:
     return plaintext
 
 
-def _has_schema_version(data: bytes | str, version: str) -> bool:
-    """True when `data` is a JSON object whose ``schema_version`` is `version`; never raises."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("schema_version") == version
-
-
 def is_sealed(data: bytes | str) -> bool:
     """True when `data` is JSON of a sealed record (by its schema version); never raises."""
-    return _has_schema_version(data, SEALED_SCHEMA_VERSION)
+    return has_schema_version(data, SEALED_SCHEMA_VERSION)
 
 
 def decode_sealed(data: bytes | str) -> SealedEnvelope:
@@ -299,7 +289,7 @@ def open_replay_result(sealed: SealedReplayResult, data_key: bytes) -> ReplayRes
 
 def is_sealed_result(data: bytes | str) -> bool:
     """True when `data` is JSON of a sealed replay result (by its schema version); never raises."""
-    return _has_schema_version(data, SEALED_RESULT_SCHEMA_VERSION)
+    return has_schema_version(data, SEALED_RESULT_SCHEMA_VERSION)
 
 
 def decode_sealed_result(data: bytes | str) -> SealedReplayResult:
