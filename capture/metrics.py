@@ -26,6 +26,8 @@ the same instance; the app renders it.
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -58,89 +60,61 @@ class CaptureMetrics:
 
     def __init__(self, namespace: str = "reprolane_capture") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests_total = Counter(
-            "requests_total", "Requests answered", ["endpoint", "status"], namespace=namespace, registry=r
-        )
-        self.added_latency_seconds = Histogram(
+        # every metric of the sidecar: in its registry, under its namespace
+        counter = partial(Counter, namespace=namespace, registry=self.registry)
+        gauge = partial(Gauge, namespace=namespace, registry=self.registry)
+        histogram = partial(Histogram, namespace=namespace, registry=self.registry)
+        self.requests_total = counter("requests_total", "Requests answered", ["endpoint", "status"])
+        self.added_latency_seconds = histogram(
             "added_latency_seconds",
             "Time the sidecar adds to a request (total minus upstream)",
             buckets=ADDED_LATENCY_BUCKETS,
-            namespace=namespace,
-            registry=r,
         )
-        self.upstream_seconds = Histogram(
+        self.upstream_seconds = histogram(
             "upstream_seconds",
             "Upstream time per request, first byte sent to last byte received",
             ["endpoint"],
             buckets=UPSTREAM_BUCKETS,
-            namespace=namespace,
-            registry=r,
         )
-        self.in_flight = Gauge("in_flight", "Requests currently passing through", namespace=namespace, registry=r)
-        self.spool_depth = Gauge(
-            "spool_depth", "Envelopes in the spool not yet published to every sink", namespace=namespace, registry=r
+        self.in_flight = gauge("in_flight", "Requests currently passing through")
+        self.spool_depth = gauge("spool_depth", "Envelopes in the spool not yet published to every sink")
+        self.spool_bytes = gauge("spool_bytes", "Bytes the spool holds on disk")
+        self.spool_capacity_bytes = gauge("spool_capacity_bytes", "The spool's byte bound")
+        self.publish_lag_seconds = gauge("publish_lag_seconds", "Age of the oldest unpublished envelope")
+        self.publish_errors_total = counter("publish_errors_total", "Failed publish attempts", ["sink"])
+        self.envelopes_dropped_total = counter(
+            "envelopes_dropped_total", "Envelopes lost because the spool was full (best_effort mode only)"
         )
-        self.spool_bytes = Gauge("spool_bytes", "Bytes the spool holds on disk", namespace=namespace, registry=r)
-        self.spool_capacity_bytes = Gauge(
-            "spool_capacity_bytes", "The spool's byte bound", namespace=namespace, registry=r
+        self.envelopes_published_total = counter(
+            "envelopes_published_total", "Envelopes acknowledged by a sink", ["sink"]
         )
-        self.publish_lag_seconds = Gauge(
-            "publish_lag_seconds", "Age of the oldest unpublished envelope", namespace=namespace, registry=r
-        )
-        self.publish_errors_total = Counter(
-            "publish_errors_total", "Failed publish attempts", ["sink"], namespace=namespace, registry=r
-        )
-        self.envelopes_dropped_total = Counter(
-            "envelopes_dropped_total",
-            "Envelopes lost because the spool was full (best_effort mode only)",
-            namespace=namespace,
-            registry=r,
-        )
-        self.envelopes_published_total = Counter(
-            "envelopes_published_total", "Envelopes acknowledged by a sink", ["sink"], namespace=namespace, registry=r
-        )
-        self.envelopes_spooled_total = Counter(
-            "envelopes_spooled_total", "Envelopes appended to the spool", namespace=namespace, registry=r
-        )
-        self.spool_full_total = Counter(
-            "spool_full_total", "Appends refused because the spool was full", namespace=namespace, registry=r
-        )
-        self.spool_write_failures_total = Counter(
+        self.envelopes_spooled_total = counter("envelopes_spooled_total", "Envelopes appended to the spool")
+        self.spool_full_total = counter("spool_full_total", "Appends refused because the spool was full")
+        self.spool_write_failures_total = counter(
             "spool_write_failures_total",
             "Spool writes the disk refused (no_space: full disk or short write; io_error: anything else), each "
             "undone to the last complete record; its appends were refused and the next ones try again",
             ["reason"],
-            namespace=namespace,
-            registry=r,
         )
-        self.uncaptured_total = Counter(
+        self.uncaptured_total = counter(
             "uncaptured_total",
             "Requests on paths the sidecar does not capture: reads (GET, HEAD, OPTIONS) and writes passed through, "
             "writes refused (refuse_uncaptured)",
             ["kind"],
-            namespace=namespace,
-            registry=r,
         )
 
-        self.records_quarantined_total = Counter(
+        self.records_quarantined_total = counter(
             "records_quarantined_total",
             "Records a sink refused for good, quarantined locally (and dead-lettered) and acked",
             ["sink", "code"],
-            namespace=namespace,
-            registry=r,
         )
-        self.claim_checks_total = Counter(
+        self.claim_checks_total = counter(
             "claim_checks_total",
             "Envelopes too large for a Kafka record, sent to Kafka as a claim check on their S3 object",
-            namespace=namespace,
-            registry=r,
         )
-        self.index_conflicts_total = Counter(
+        self.index_conflicts_total = counter(
             "index_conflicts_total",
             "Index entries (request id, workflow step) another record had written first: the first is kept",
-            namespace=namespace,
-            registry=r,
         )
 
     def render(self) -> bytes:
