@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -49,28 +50,18 @@ class SpoolLike(Protocol):
     def bytes(self) -> int: ...
 
 
+@dataclass(kw_only=True, eq=False)
 class EnvelopeWriter:
     """Builds the envelopes of one sidecar's requests and appends them to its spool, in the order its mode asks."""
 
-    def __init__(
-        self,
-        *,
-        guaranteed: bool,
-        spool: SpoolLike,
-        metrics: CaptureMetrics,
-        artifacts: ArtifactHashes,
-        runtime: RuntimeProbe,
-        upstream: Upstream,
-        sidecar_id: str,
-    ) -> None:
-        self.guaranteed = guaranteed
-        self.spool = spool
-        self.metrics = metrics
-        self.artifacts = artifacts
-        self.runtime = runtime
-        self.upstream = upstream
-        self.sidecar_id = sidecar_id
-        self.background: set[asyncio.Task[None]] = set()
+    guaranteed: bool
+    spool: SpoolLike
+    metrics: CaptureMetrics
+    artifacts: ArtifactHashes
+    runtime: RuntimeProbe
+    upstream: Upstream
+    sidecar_id: str
+    background: set[asyncio.Task[None]] = field(default_factory=set, init=False)  # `later`'s tasks in flight
 
     async def finish(
         self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, error: Failure | None, t0: float
