@@ -339,3 +339,18 @@ def assert_openai_error(answer: Answer, method: str) -> None:
     error = doc["error"]
     assert isinstance(error["message"], str), answer
     assert isinstance(error["type"], str), answer
+
+
+@st.composite
+def served_requests(draw: st.DrawFn) -> FuzzRequest:
+    """A request upstream serves (a capture path, a key, a valid body) with a few of the edge's headers: so that
+    a good share of the examples go the whole way, upstream and back, and are recorded."""
+    target = draw(st.sampled_from(CAPTURED))
+    extra = draw(st.lists(st.tuples(st.sampled_from(["X-Request-Id", "X-Reprolane-Step", "Accept"]), header_values()),
+                          max_size=2))  # fmt: skip
+    heads = (("Authorization", b"Bearer {bank}"), ("Content-Type", b"application/json"), *extra)
+    doc = draw(openai_shaped(valid=True, chat=target == CAPTURED[0]))
+    return FuzzRequest("POST", target.encode("ascii"), heads, json.dumps(doc).encode("utf-8"), draw(st.booleans()))
+
+
+any_requests = st.one_of(requests(), served_requests())
