@@ -61,9 +61,11 @@ class CaptureApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             handler = self._hot.get(scope["path"])
-            if handler is None and not scope["path"].startswith("/"):
-                # A target without a leading "/" (h11 hands ``@host:port/x`` over as it came) matches no route:
-                # the pass-through answers it, with a 400 in OpenAI's format (`capture.edge.request_target`).
+            path = scope["path"]
+            if handler is None and (not path.startswith("/") or "\n" in path):
+                # A target without a leading "/" (h11 hands ``@host:port/x`` over as it came) matches no route,
+                # nor does a path with a line feed inside (``/%0ax``: Starlette's ``{path:path}`` is ``.*``): the
+                # pass-through answers them, a 400 in OpenAI's format (`capture.edge.request_target`) or upstream's.
                 handler = self._odd
             if handler is not None:
                 await handler(scope, receive, send)

@@ -17,7 +17,7 @@ import asyncio
 import collections
 import json
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote_from_bytes, unquote_to_bytes
@@ -228,6 +228,19 @@ def request_target(scope: Scope) -> str:
             raise BadRequest(400, "the query string holds a '%' that is not a percent-escape")
         target += "?" + quote_from_bytes(query, safe=_QUERY_SAFE)
     return target
+
+
+# What RFC 9110 forbids in a field value, and aiohttp refuses to send (a ValueError, the sidecar's 500): h11 hands
+# such values (an ESC, a DEL) over as they came.
+_UNSENDABLE_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def refuse_unsendable(headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """`BadRequest` 400 when a header that may be forwarded upstream (any but ours: the pass-through forwards
+    even ``Accept-Encoding`` as it came) holds a control character; its name is said, not its value (a secret?)."""
+    for name, value in headers:
+        if _UNSENDABLE_VALUE.search(value) and not name.startswith(b"x-reprolane-"):
+            raise BadRequest(400, f"header {loggable(name.decode('latin-1'))} holds a control character")
 
 
 def forward_headers(headers: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:

@@ -79,6 +79,7 @@ def forward_as_is(upstream: Upstream, max_body_bytes: int, body_timeout_s: float
                 url = upstream.url(edge.request_target(scope))  # before the body: nothing goes anywhere else
             except ValueError as exc:
                 raise edge.BadRequest(400, str(exc)) from None
+            edge.refuse_unsendable(scope["headers"])
             body = await edge.read_body(headers, receive, max_body_bytes, body_timeout_s)
         except edge.BadRequest as bad:
             await edge.send_json(

@@ -46,6 +46,7 @@ from capture.edge import (
     end_stream,
     error_body,
     read_body,
+    refuse_unsendable,
     send_json,
     watch_disconnect,
 )
@@ -200,6 +201,7 @@ class CaptureProxy:
         body = b""
         try:
             read_reprolane_headers(ctx, headers, self.policy, caller)
+            refuse_unsendable(headers.items())
             body = await read_body(headers, receive, self.settings.max_body_bytes, self.settings.request_body_timeout_s)
             ctx.body_sha256 = hashlib.sha256(body).hexdigest()
             try:

@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from capture.protocol import Endpoint, chat, completions
 from capture.protocol.completions import Echo, completion_prompts
 from capture.protocol.sampling import BUILTIN_DEFAULTS, SamplingDefaults, frozen_contract, is_sampled
+from capture.protocol.token_text import clean_text
 from schemas import SamplingContract
 
 
@@ -85,7 +86,7 @@ def prepare(
     return Prepared(
         endpoint=endpoint,
         upstream_body=up,
-        model=model if isinstance(model, str) and model else "unknown",
+        model=clean_text(model) if isinstance(model, str) and model else "unknown",  # "\ud800" is no envelope's
         stream=bool(body.get("stream")),
         client_token_ids=client_token_ids,
         client_logprobs=client_logprobs,
