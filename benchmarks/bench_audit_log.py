@@ -100,7 +100,7 @@ def seen_memory(n: int) -> None:
 
 async def publish(settings, envs, audit: bool) -> float:  # type: ignore[no-untyped-def]
     from capture.publisher import Publisher
-    from capture.sinks import S3Sink
+    from capture.s3_sink import S3Sink
     from capture.spool import Spool
 
     settings = settings.model_copy(update={"audit_log": audit, "spool_dir": Path(tempfile.mkdtemp())})

@@ -19,7 +19,8 @@
 - `policy`: which requests are flagged for replay.
 - `spool`: the append-only local log with group-committed fsync; nothing leaves it unacknowledged.
 - `publisher`: drains the spool to Kafka and S3 (Object Lock), at least once, sealing encrypted tenants first
-  (`sinks`, and the Merkle log's ``audit-log`` sink; S3 PUTs optionally in worker processes: `s3_workers`).
+  (`sinks`: `kafka_sink`, `s3_sink`, the record they take `outgoing`, and the Merkle log's ``audit-log`` sink;
+  S3 PUTs optionally in worker processes: `s3_workers`).
 - `metrics`: Prometheus metrics on the sidecar's own ``/metrics``.
 - `ledger/`: what the sidecar writes and the audit jobs read (the Merkle log appender, sealing and data keys);
   the sidecar's modules import it, and of the jobs' package `audit/` nothing.

@@ -7,7 +7,7 @@ One loop, oldest first:
    confirmation), with capped exponential backoff, for as long as it takes. Every failed attempt counts in
    ``publish_errors_total{sink}``; ``publish_lag_seconds`` is the age (from ``captured_at``) of the oldest
    entry still unpublished. A batch holding an envelope too large for Kafka (a claim check,
-   `capture.sinks`) goes to S3 first and to Kafka only after S3 stored it;
+   `capture.kafka_sink`) goes to S3 first and to Kafka only after S3 stored it;
 3. only when *every* sink has confirmed the whole batch, hand it to the ``then`` sinks the same way (the
    audit Merkle log, `capture.sinks.AuditLogSink` over `capture.ledger.merkle_log`, when ``audit_log`` is on:
    a leaf must never precede its stored object), and only when those confirmed too, `Spool.ack` it.
@@ -42,10 +42,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from capture.errors import CaptureError, RecordsRefused, SealingError, SinkError
+from capture.kafka_sink import KafkaSink
 from capture.ledger.errors import KeyringError
 from capture.ledger.sealing import Keyring, Sealer, load_kek
+from capture.outgoing import Outgoing
 from capture.quarantine import Quarantine, Refusal, quarantine_dir
-from capture.sinks import AuditLogSink, KafkaSink, Outgoing, Sink, default_sinks
+from capture.sinks import AuditLogSink, Sink, default_sinks
 from capture.spool import Spool, SpoolEntry
 from infra.clients.s3 import S3Policy, make_s3_client
 

@@ -13,7 +13,7 @@ instead, with its reason, and acks it only once it is durable here:
 on the same files and changes nothing. Files are 0600 in a 0700 directory, written under a temporary name,
 fsynced and hard-linked into place (so never partial, never replaced), and the directory is fsynced before
 `keep` returns. The publisher then also sends the record to the dead-letter topic
-(`capture.sinks.KafkaSink.dead_letter`) when Kafka takes it, and counts it in
+(`capture.kafka_sink.KafkaSink.dead_letter`) when Kafka takes it, and counts it in
 ``records_quarantined_total{sink,code}`` (alert ``ReprolaneRecordsQuarantined``). An operator reads the reason,
 fixes what made the sink refuse, and republishes by hand; nothing here is ever deleted by reprolane.
 """

@@ -5,7 +5,7 @@
 - `sealing`: per-tenant data keys wrapped by the KEK (`Keyring`, crypto-shredding) and the `Sealer` that seals
   an encrypted tenant's records before they leave the sidecar.
 - `store`: the S3 boundary (`LedgerStore`: conditional creates, reads, listings).
-- `records`: what the ledger reads of a stored record (`StoredRecord`, which `capture.sinks.Outgoing` is).
+- `records`: what the ledger reads of a stored record (`StoredRecord`, which `capture.outgoing.Outgoing` is).
 - `errors`: the ledger's small exception tree (`LedgerError`, `LedgerStoreError`, `KeyringError`).
 
 Imports: only `schemas` and `infra.clients` (S3). It imports nothing of the sidecar (``capture.*`` modules) or of

@@ -1,6 +1,6 @@
 """What the ledger reads of a record the sidecar stores: `StoredRecord`.
 
-The sidecar's `capture.sinks.Outgoing` (a spooled envelope with the fields it is routed by) is one; the ledger
+The sidecar's `capture.outgoing.Outgoing` (a spooled envelope with the fields it is routed by) is one; the ledger
 names only what it reads, so it never imports the sidecar. The Merkle log takes the spool order, the envelope id
 and the capture day; the sealer the rest, and hands the sealed record back through `with_payload`.
 """

@@ -15,9 +15,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from capture.kafka_sink import KafkaSink
 from capture.publisher import Publisher
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
 from tests.factories import envelope
 

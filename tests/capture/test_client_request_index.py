@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from capture.outgoing import Outgoing
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing, S3Sink
 from capture.spool import SpoolEntry
 from infra.cli import build_app
 from replayer.cli import build_replay_app

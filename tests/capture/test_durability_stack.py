@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from capture.kafka_sink import KafkaSink
 from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
 from infra.buckets import s3_client
 from infra.stack import LocalStack

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from capture.metrics import CaptureMetrics
+from capture.outgoing import Outgoing
 from capture.publisher import Publisher
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing, S3Sink
 from capture.spool import Spool
 from infra.buckets import s3_client
 from infra.state import StackInfo

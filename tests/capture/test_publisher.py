@@ -15,9 +15,10 @@ import pytest
 
 from capture.errors import SealingError, SinkError
 from capture.metrics import CaptureMetrics
+from capture.outgoing import Outgoing
 from capture.publisher import Publisher
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing, S3Sink
 from capture.spool import Spool
 from schemas import WorkflowRef
 from schemas.layout import envelope_key, request_index_key, workflow_index_key

@@ -29,12 +29,14 @@ from aiokafka.errors import (
 from botocore.exceptions import ClientError
 
 from capture.errors import RecordsRefused, SinkError
+from capture.kafka_sink import KafkaSink
 from capture.metrics import CaptureMetrics
+from capture.outgoing import Outgoing
 from capture.publisher import Publisher
 from capture.quarantine import Quarantine, Refusal, quarantine_dir
+from capture.s3_sink import S3Sink
 from capture.s3_workers import is_refused_for_good
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, Outgoing, S3Sink
 from capture.spool import Spool, SpoolEntry
 from infra.clients.s3 import S3Policy, make_s3_client
 from schemas import Envelope, WorkflowRef, sha256_hex
@@ -278,7 +280,8 @@ async def test_transient_failures_are_still_retried_never_quarantined(spool: Spo
 async def test_a_claim_checked_record_goes_to_kafka_only_after_s3_stored_it(
     spool: Spool, settings: CaptureSettings, s3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("capture.sinks.CLAIM_CHECK_BYTES", 1000)  # the factory's envelopes are ~3 KB
+    monkeypatch.setattr("capture.outgoing.CLAIM_CHECK_BYTES", 1000)  # the factory's envelopes are ~3 KB
+    monkeypatch.setattr("capture.kafka_sink.CLAIM_CHECK_BYTES", 1000)
     env = envelope(request_id=unique("req"))
     key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
     kafka = FakeSink("kafka", refers_to_objects=True)

@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from capture.kafka_sink import KafkaSink
 from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
 from capture.quarantine import quarantine_dir
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
 from infra.buckets import s3_client
 from infra.state import StackInfo
@@ -176,7 +177,8 @@ async def test_a_record_kafka_refuses_for_good_is_quarantined_not_retried(
 ) -> None:
     """With the claim check out of the way, Kafka's own refusal (record over ``max_request_size``) is classified
     as for good: quarantined and dead-lettered (empty value: it would not fit either), the rest flow."""
-    monkeypatch.setattr("capture.sinks.CLAIM_CHECK_BYTES", 2 * MAX_MESSAGE_BYTES)
+    monkeypatch.setattr("capture.outgoing.CLAIM_CHECK_BYTES", 2 * MAX_MESSAGE_BYTES)
+    monkeypatch.setattr("capture.kafka_sink.CLAIM_CHECK_BYTES", 2 * MAX_MESSAGE_BYTES)
     settings = settings_for(stack, tmp_path / "spool")
     topic, dead, tenant = unique("envelopes"), unique("dead-letter"), unique("tenant")
     extra = {"junk": "\\" * (4 * 1024 * 1024 + 256)}

@@ -12,8 +12,11 @@ import boto3
 import pytest
 
 from capture.errors import SinkError
+from capture.kafka_sink import KafkaSink
+from capture.outgoing import Outgoing
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, Outgoing, S3Sink, default_sinks
+from capture.sinks import default_sinks
 from capture.spool import SpoolEntry
 from schemas.layout import envelope_key
 from tests.factories import envelope

@@ -11,8 +11,9 @@ from typing import Any
 import boto3
 import pytest
 
+from capture.outgoing import Outgoing
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing, S3Sink
 from capture.spool import SpoolEntry
 from schemas import Envelope
 from schemas.layout import request_index_key, workflow_index_key

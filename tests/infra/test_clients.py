@@ -26,12 +26,13 @@ from capture.audit.lake import Lake
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.store import AuditStore
 from capture.errors import SinkError
+from capture.kafka_sink import KafkaSink
 from capture.ledger.errors import KeyringError, LedgerStoreError
 from capture.ledger.sealing import Keyring
 from capture.ledger.store import LedgerStore
+from capture.s3_sink import S3Sink
 from capture.s3_workers import Put, PutOutcome, run_put
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, S3Sink
 from infra.buckets import S3Credentials, s3_client
 from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
 from infra.clients.kafka import aiokafka_kwargs, faststream_security

@@ -27,8 +27,9 @@ from capture.audit.archiver import Archiver
 from capture.audit.errors import LakeError
 from capture.audit.lake import Lake
 from capture.audit.lake_settings import LakeSettings
+from capture.kafka_sink import KafkaSink
+from capture.outgoing import Outgoing
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, Outgoing
 from capture.spool import SpoolEntry
 from infra.clients.kafka import aiokafka_kwargs
 from infra.probes import kafka_brokers

@@ -19,9 +19,10 @@ from capture.audit.errors import LakeError
 from capture.audit.lake import Lake
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.query import run_query
+from capture.kafka_sink import KafkaSink
 from capture.publisher import Publisher
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
 from schemas import SamplingContract
 from schemas.claim_check import claim_check_for

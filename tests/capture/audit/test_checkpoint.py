@@ -18,8 +18,9 @@ from capture.audit.errors import AuditError
 from capture.audit.signing_keys import keygen, load_private, load_public, public_of
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import append_leaves, read_leaves
+from capture.outgoing import Outgoing
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing, S3Sink
 from capture.spool import SpoolEntry
 from schemas.layout import leaves_key
 from schemas.merkle import LeafEntry, decode_checkpoint, merkle_root, verify_checkpoint

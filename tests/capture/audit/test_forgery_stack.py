@@ -25,8 +25,9 @@ from capture.audit.checkpoint import write_checkpoint
 from capture.audit.store import AuditStore
 from capture.audit.verify import Verdict, verify_range, verify_request
 from capture.ledger.sealing import Keyring, Sealer
+from capture.outgoing import Outgoing
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing, S3Sink
 from capture.spool import SpoolEntry
 from infra.buckets import s3_client
 from infra.state import StackInfo

@@ -14,7 +14,7 @@ from capture.audit.lake import Lake, index_body
 from capture.audit.lake_schema import ENVELOPES, envelope_row, sealed_row
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.query import QueryError, render_csv, render_json, render_table, run_query
-from capture.sinks import Outgoing
+from capture.outgoing import Outgoing
 from capture.spool import SpoolEntry
 from schemas import CapturedError, Timings
 from schemas.sealed import new_data_key, seal_envelope

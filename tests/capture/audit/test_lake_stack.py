@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from capture.audit.archiver import Archiver
 from capture.audit.query import run_query
+from capture.kafka_sink import KafkaSink
 from capture.publisher import Publisher
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
 from infra.cli import build_app
 from replayer.errors import EnvelopeNotFoundError

@@ -24,8 +24,8 @@ from botocore.exceptions import ClientError
 
 from capture.audit.retention import expire, set_hold
 from capture.audit.store import AuditStore
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import S3Sink
 from infra.buckets import s3_client
 from infra.state import StackInfo
 from schemas import Envelope, WorkflowRef

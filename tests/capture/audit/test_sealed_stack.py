@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from capture.kafka_sink import KafkaSink
 from capture.ledger.sealing import Keyring
 from capture.publisher import Publisher
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import KafkaSink, S3Sink
 from capture.spool import Spool
 from infra.cli import build_app
 from replayer.cli import build_replay_app

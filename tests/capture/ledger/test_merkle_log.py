@@ -16,9 +16,10 @@ import pytest
 from capture.errors import SinkError
 from capture.ledger.merkle_log import MerkleLogWriter, append_leaves, log_size, read_leaves
 from capture.ledger.store import LedgerStore
+from capture.outgoing import Outgoing
 from capture.publisher import Publisher
+from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing, S3Sink
 from capture.spool import Spool, SpoolEntry
 from schemas.layout import leaves_key
 from schemas.merkle import LeafEntry, encode_leaf_batch

@@ -11,8 +11,8 @@ import pytest
 
 from capture.ledger.errors import KeyringError
 from capture.ledger.sealing import Sealer, load_kek
+from capture.outgoing import Outgoing
 from capture.settings import CaptureSettings
-from capture.sinks import Outgoing
 from capture.spool import SpoolEntry
 from schemas.sealed import decode_sealed, new_data_key, open_envelope
 from tests.factories import envelope
