@@ -2,7 +2,7 @@
 
     reprolane replay request REQUEST_ID [--lane vllm|remote|transformers] [--json] [--s3-endpoint URL ...]
     reprolane replay request --client-request-id ID --tenant T [same options]   (the newest envelope it names)
-    reprolane replay workflow WORKFLOW_ID [same options]
+    reprolane replay workflow WORKFLOW_ID [--tenant T] [same options]  (steps of several tenants need --tenant)
     reprolane replayer serve [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
 
 Settings come from ``REPROLANE_REPLAYER_*`` and are overridden by the options given (`replayer.cli_options`).
@@ -39,7 +39,9 @@ RequestIdArg = Annotated[str | None, typer.Argument(help="the request id the sid
 ClientIdOpt = Annotated[
     str | None, typer.Option("--client-request-id", help="the client's X-Request-Id instead (with --tenant)")
 ]
-TenantOpt = Annotated[str | None, typer.Option("--tenant", help="the tenant of --client-request-id")]
+TenantOpt = Annotated[
+    str | None, typer.Option("--tenant", help="the tenant of --client-request-id, or whose workflow steps to replay")
+]
 WorkflowIdArg = Annotated[str, typer.Argument(help="the agent workflow id the sidecar recorded")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the replay result(s) as JSON")]
 
@@ -91,9 +93,11 @@ def build_replay_app(
 
     @app.command("workflow")
     @settings_options(*REPLAY_OPTIONS)
-    def workflow(workflow_id: WorkflowIdArg, settings: ReplayerSettings, as_json: JsonOpt = False) -> None:
+    def workflow(
+        workflow_id: WorkflowIdArg, settings: ReplayerSettings, as_json: JsonOpt = False, tenant: TenantOpt = None
+    ) -> None:
         """Replay every recorded step of a workflow in order; report the first step that diverges."""
-        envelopes = store_factory(settings).list_workflow(workflow_id)
+        envelopes = store_factory(settings).list_workflow(workflow_id, tenant)
         steps: list[WorkflowStep] = []
         lane = lane_factory(settings)
         try:

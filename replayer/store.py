@@ -259,17 +259,28 @@ class EnvelopeStore:
             request_index_key(request_id), f"request id {request_id!r}", request_id=request_id
         )
 
-    def list_workflow(self, workflow_id: str) -> list[Envelope]:
-        """Every recorded step of a workflow, ordered by step; `EnvelopeNotFoundError` when there is none."""
+    def list_workflow(self, workflow_id: str, tenant: str | None = None) -> list[Envelope]:
+        """Every recorded step of a workflow, ordered by step; `EnvelopeNotFoundError` when there is none.
+
+        A workflow id is the client's label, not an identity: any caller may send the same one. So the steps are
+        `tenant`'s only; without a tenant, steps of more than one tenant are a `StoreError` naming them (another
+        tenant's steps are never mixed into a workflow's replay silently).
+        """
         if not is_valid_request_id(workflow_id):
             raise EnvelopeNotFoundError(f"{workflow_id!r} is not a valid workflow id")
+        what = f"workflow {workflow_id!r}" + ("" if tenant is None else f" of tenant {tenant!r}")
         keys = self._list(workflow_index_prefix(workflow_id))
-        if not keys:
-            raise EnvelopeNotFoundError(f"no envelope is indexed under workflow {workflow_id!r}")
         envelopes = [
             self._envelope_from_index(key, f"workflow {workflow_id!r} ({key})", workflow=_filed_step(workflow_id, key))
             for key in keys
         ]
+        tenants = sorted({e.tenant for e in envelopes})
+        if tenant is not None:
+            envelopes = [e for e in envelopes if e.tenant == tenant]
+        elif len(tenants) > 1:
+            raise StoreError(f"{what} has steps of tenants {', '.join(tenants)}: name the tenant (--tenant)")
+        if not envelopes:
+            raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
         return sorted(envelopes, key=lambda e: (e.workflow.step if e.workflow else -1, e.captured_at))
 
     def find_by_client_request_id(self, tenant: str, client_request_id: str) -> list[Envelope]:

@@ -161,6 +161,18 @@ def test_workflow_that_holds_exits_0_and_unknown_exits_2(cli: Cli) -> None:
     _one_line_error(cli.invoke("workflow", f"wf-{uuid.uuid4().hex[:8]}"))
 
 
+def test_workflow_steps_of_another_tenant_need_the_tenant_named(cli: Cli) -> None:
+    wf = f"wf-{uuid.uuid4().hex[:8]}"
+    cli.seed(0, workflow=wf, tenant="acme-bank")
+    cli.seed(1, workflow=wf, tenant="acme-bank")
+    cli.seed(2, workflow=wf, tenant="attacker", diverge_at=0)
+    line = _one_line_error(cli.invoke("workflow", wf))
+    assert "has steps of tenants acme-bank, attacker" in line
+    result = cli.invoke("workflow", wf, "--tenant", "acme-bank")
+    assert result.exit_code == 0, result.output
+    assert f"Workflow {wf}: 2 recorded step(s)" in result.stdout
+
+
 def test_replayer_serve_passes_settings_from_options() -> None:
     seen: list[ReplayerSettings] = []
     app = build_app({"replayer": build_replayer_app(serve_fn=seen.append)})

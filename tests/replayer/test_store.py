@@ -96,6 +96,24 @@ def test_list_workflow_is_ordered_by_step(s3: S3Target, store: EnvelopeStore) ->
         store.list_workflow(f"wf-{uuid.uuid4().hex[:8]}")
 
 
+def test_a_workflow_id_another_tenant_also_sent_is_never_mixed(s3: S3Target, store: EnvelopeStore) -> None:
+    """A workflow id is the client's label: an attacker's key can file steps under a victim's workflow id (the
+    entries are written once, so it cannot replace them, only add to them). Replaying the workflow takes the named
+    tenant's steps only, and without a tenant refuses to mix the two."""
+    wf = f"wf-{uuid.uuid4().hex[:8]}"
+    victim = [make_envelope(n, workflow=wf, tenant="acme-bank") for n in (1, 2, 3)]
+    intruder = [make_envelope(n, workflow=wf, tenant="attacker") for n in (2, 4)]
+    for env in [*victim, *intruder]:
+        seed_envelope(s3.client(), s3.bucket, env)
+    with pytest.raises(StoreError, match="has steps of tenants acme-bank, attacker"):
+        store.list_workflow(wf)
+    got = store.list_workflow(wf, "acme-bank")
+    assert [e.request_id for e in got] == [e.request_id for e in victim]
+    assert [e.request_id for e in store.list_workflow(wf, "attacker")] == [e.request_id for e in intruder]
+    with pytest.raises(EnvelopeNotFoundError):
+        store.list_workflow(wf, "health")
+
+
 def test_put_result_is_idempotent_first_write_wins(store: EnvelopeStore) -> None:
     env = make_envelope(2)
     fp = LANE_FINGERPRINT.sha256()
