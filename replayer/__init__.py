@@ -15,6 +15,7 @@ them.
 - `selection`: which envelopes the service replays, and why one cannot be.
 - `store`: envelopes and replay results in S3 (lookup by request id, idempotent result writes).
 - `service`: the FastStream consumer (selection, dead letters, on-demand replays, commit after publish+store).
+- `request_keys`: the keys file of who may sign an on-demand replay request (0600, refused when untrustworthy).
 - `metrics`: the service's Prometheus metrics, in a registry of their own.
 - `report`: the readable report of one replay or one workflow.
 - `golden`: golden sets (JSONL of envelopes or an S3 selector) for the release gate.

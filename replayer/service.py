@@ -18,7 +18,11 @@ or broker error rewinds the consumer to the message (after ``settings.retry_back
 
 On-demand replays: a `schemas.ReplayRequest` on ``settings.replay_request_topic`` names a request id; the envelope
 is looked up through the S3 request-id index and replayed regardless of selection, with ``reply_to`` echoed in
-the event. An unknown request id, or a lane this process does not serve, goes to the dead-letter topic.
+the event. An unknown request id, or a lane this process does not serve, goes to the dead-letter topic. With
+``settings.replay_requests="signed"`` (the default) a request is acted on only when signed by a key of
+``settings.replay_request_keys_path`` that has the ``replay`` role, within ``settings.replay_request_window_s``
+(`schemas.replay_auth`); anything else is dead-lettered as ``unauthorised`` and nothing is replayed. No keys file
+means every request is refused; ``"open"`` (local development only) acts on any request.
 """
 
 from __future__ import annotations
@@ -43,10 +47,11 @@ from replayer.errors import EnvelopeNotFoundError, LaneUnavailableError, NotRepl
 from replayer.lanes.base import Lane
 from replayer.metrics import ReplayerMetrics
 from replayer.replay import replay_envelope
+from replayer.request_keys import load_replay_request_keys
 from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
-from schemas import ContractError, DivergenceEvent, Envelope, decode_envelope, decode_replay_request
+from schemas import ContractError, DivergenceEvent, Envelope, ReplayRequest, decode_envelope, decode_replay_request
 from schemas.claim_check import is_claim_check
 from schemas.layout import (
     HEADER_DLQ_REASON,
@@ -55,6 +60,7 @@ from schemas.layout import (
     HEADER_SCHEMA,
     MAX_MESSAGE_BYTES,
 )
+from schemas.replay_auth import ReplayRequestKey, verify_replay_request
 from schemas.sealed import is_sealed, redact_divergence_event
 
 log = logging.getLogger("reprolane.replayer")
@@ -115,6 +121,11 @@ class ReplayerService:
         self.metrics = metrics if metrics is not None else ReplayerMetrics()
         self.lane_fingerprint_sha256 = lane.fingerprint().sha256()
         self._lane_lock = asyncio.Lock()
+        keys_path = settings.replay_request_keys_path
+        signed = settings.replay_requests == "signed"
+        self._request_keys: dict[str, ReplayRequestKey] | None = (
+            load_replay_request_keys(keys_path) if signed and keys_path is not None else None
+        )
         self.broker = broker if broker is not None else self._make_broker()
         common: dict[str, Any] = {
             "ack_policy": AckPolicy.MANUAL,
@@ -138,6 +149,12 @@ class ReplayerService:
         )
 
     async def start(self) -> None:
+        if self.settings.replay_requests == "open":
+            log.warning("replayer: replay_requests=open: any writer of %s may ask for a replay (development only)",
+                        self.settings.replay_request_topic)  # fmt: skip
+        elif self._request_keys is None:
+            log.warning("replayer: no replay_request_keys_path: every replay request on %s will be refused",
+                        self.settings.replay_request_topic)  # fmt: skip
         await self.broker.start()
 
     async def stop(self) -> None:
@@ -238,6 +255,9 @@ class ReplayerService:
             request = decode_replay_request(body)
         except ContractError as exc:
             raise _classify_undecodable(body, exc) from exc
+        refused = self._refusal(request)
+        if refused is not None:
+            raise _DeadLetter("unauthorised", f"unauthorised: {refused}")
         if request.lane is not None and request.lane != self.lane.name:
             raise _DeadLetter("wrong_lane", f"wrong_lane: lane {request.lane!r} is not served here ({self.lane.name})")
         try:
@@ -251,6 +271,14 @@ class ReplayerService:
             self.metrics.not_replayable.inc()
             raise _DeadLetter("not_replayable", f"not_replayable: {not_replayable_reason(envelope)}")
         return await self.replay_and_publish(envelope, on_demand=True, reply_to=request.reply_to)
+
+    def _refusal(self, request: ReplayRequest) -> str | None:
+        """Why this process must not act on `request` (None: it may); never contains a secret."""
+        if self.settings.replay_requests == "open":
+            return None
+        if self._request_keys is None:
+            return "no replay_request_keys_path is configured: every request is refused"
+        return verify_replay_request(request, self._request_keys, window_s=self.settings.replay_request_window_s)
 
     async def replay_and_publish(
         self, envelope: Envelope, *, on_demand: bool = False, reply_to: str | None = None

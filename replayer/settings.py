@@ -55,3 +55,12 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
     replay_request_topic: str = TOPIC_REPLAY_REQUESTS
     metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")
     metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")
+
+    # on-demand replay requests: who may ask (`schemas.replay_auth`, `replayer.request_keys`)
+    replay_requests: Literal["signed", "open"] = Field(
+        default="signed", description="signed: act only on requests signed by a key of the keys file; open: any"
+    )
+    replay_request_keys_path: Path | None = Field(
+        default=None, description="JSON key id -> {secret, roles}, 0600; None with 'signed': every request refused"
+    )
+    replay_request_window_s: float = Field(default=300.0, gt=0.0, description="how old a signed request may be")

@@ -13,6 +13,7 @@ live beside the clients they configure, in `infra.clients.connection`.
 - `fingerprint`: the runtime fingerprint and the field-by-field diff between two of them.
 - `environment`: artifacts + runtime, the unit the release gate compares.
 - `replay`: replay results and divergence events.
+- `replay_auth`: signing and verifying on-demand replay requests (HMAC-SHA256, a bounded age, the replay role).
 - `canonical`: deterministic bytes and the sha256 identities built on them.
 - `layout`: Kafka topic names, header names and every S3 object key, prefix and partition path.
 - `manifest`: the model manifest and the runtime file a deployment declares, each with its one decoder.

@@ -42,6 +42,9 @@ class ReplayRequest(Record):
     request_id: RequestId
     lane: str | None = Field(default=None, description="lane name; None = the service's default lane")
     reply_to: str | None = Field(default=None, description="correlation id echoed in the event")
+    requested_at: datetime | None = Field(default=None, description="when it was signed; bounds its life")
+    key_id: str | None = Field(default=None, description="the key that signed it (`schemas.replay_auth`)")
+    signature: str | None = Field(default=None, description="hex HMAC-SHA256 over the rest of the request")
 
 
 class ReplayedOutput(Record):

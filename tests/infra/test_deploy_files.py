@@ -433,6 +433,7 @@ def test_every_example_secret_is_refused() -> None:
 
     identities = {"minio_root_user.example", "s3_access_key.example"}  # user names, not secrets
     identities.add("capture_api_keys.json.example")  # hashes only, and its one entry matches no key (README there)
+    identities.add("replay_request_keys.json.example")  # JSON: its placeholder secret is refused on load (below)
     values = {p.read_text(encoding="utf-8").strip() for p in SECRETS.glob("*.example") if p.name not in identities}
     assert "" not in values, "an empty example would be taken for 'unset', not refused"
     assert values <= EXAMPLE_SECRETS, (
@@ -752,3 +753,15 @@ def test_dashboard_promql_parses_and_names_existing_metrics(tmp_path: Path) -> N
         [_promtool(), "check", "rules", "dashboards.rules.yml"], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_example_replay_request_keys_are_refused(tmp_path: Path) -> None:
+    """A copied replay_request_keys.json.example lets nobody ask for a replay: its one secret is an example value."""
+    from replayer.errors import ReplayerError
+    from replayer.request_keys import load_replay_request_keys
+
+    copy = tmp_path / "replay_request_keys.json"
+    shutil.copy(SECRETS / "replay_request_keys.json.example", copy)
+    copy.chmod(0o600)
+    with pytest.raises(ReplayerError, match=r"replay_request_keys_path: .*committed example value"):
+        load_replay_request_keys(copy)

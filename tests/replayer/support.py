@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -30,6 +31,7 @@ from schemas import (
     ExecutionContext,
     PromptRecord,
     ReplayedOutput,
+    ReplayRequest,
     ReproLevel,
     RuntimeFingerprint,
     SamplingContract,
@@ -39,6 +41,7 @@ from schemas import (
     WorkflowRef,
 )
 from schemas.layout import envelope_key, index_body, request_index_key, workflow_index_key
+from schemas.replay_auth import sign_replay_request
 from tests import factories
 
 if TYPE_CHECKING:
@@ -291,3 +294,21 @@ def envelope_from_completion(
             timings=Timings(received_at=received_at, upstream_ms=1.0),
         ),
     )
+
+
+REPLAY_KEY_ID = "test-replay"
+REPLAY_SECRET = bytes(range(32))
+
+
+def write_replay_request_keys(path: Path, keys: dict[str, dict[str, Any]] | None = None) -> Path:
+    """A 0600 replay-request keys file (`replayer.request_keys`); by default the one key `REPLAY_KEY_ID`."""
+    doc = keys if keys is not None else {REPLAY_KEY_ID: {"secret": REPLAY_SECRET.hex(), "roles": ["replay"]}}
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def signed(request: ReplayRequest) -> ReplayRequest:
+    """`request` signed now by `REPLAY_KEY_ID` (what an authorised caller sends)."""
+    return sign_replay_request(request, REPLAY_KEY_ID, REPLAY_SECRET)

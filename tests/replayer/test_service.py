@@ -6,6 +6,7 @@ The same behaviours run against real Tansu + SeaweedFS in test_service_stack.py.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 import time
@@ -13,13 +14,15 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from faststream.kafka import KafkaBroker, TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
-from replayer.errors import StoreError
+from replayer.errors import ReplayerError, StoreError
 from replayer.lanes.base import GenRequest
 from replayer.metrics import ReplayerMetrics
 from replayer.service import ReplayerService
@@ -34,8 +37,19 @@ from schemas import (
     decode_divergence,
 )
 from schemas.layout import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, HEADER_ENVELOPE_ID
+from schemas.replay_auth import sign_replay_request
 from tests import factories
-from tests.replayer.support import FakeLane, S3Target, make_envelope, moto_s3, seed_envelope
+from tests.replayer.support import (
+    REPLAY_KEY_ID,
+    REPLAY_SECRET,
+    FakeLane,
+    S3Target,
+    make_envelope,
+    moto_s3,
+    seed_envelope,
+    signed,
+    write_replay_request_keys,
+)
 
 
 @pytest.fixture(scope="module")
@@ -197,14 +211,14 @@ async def test_poison_messages_go_to_the_dead_letter_topic_and_consumption_conti
     assert h.metrics.value("reprolane_replayer_dead_letters_total", {"reason": "schema"}) == 1
 
 
-async def test_replay_request_replays_regardless_of_selection_and_echoes_reply_to(s3: S3Target) -> None:
-    h = build(s3)
+async def test_replay_request_replays_regardless_of_selection_and_echoes_reply_to(s3: S3Target, tmp_path: Path) -> None:
+    h = build(s3, replay_request_keys_path=write_replay_request_keys(tmp_path / "keys.json"))
     env = greedy(7, h.lane, flagged=False)
     seed_envelope(s3.client(), s3.bucket, env)
     async with TestKafkaBroker(h.service.broker):
-        await h.request(ReplayRequest(request_id=env.request_id, reply_to="ticket-42"))
-        await h.request(ReplayRequest(request_id=f"unknown-{uuid.uuid4().hex[:6]}", reply_to="ticket-43"))
-        await h.request(ReplayRequest(request_id=env.request_id, lane="transformers"))
+        await h.request(signed(ReplayRequest(request_id=env.request_id, reply_to="ticket-42")))
+        await h.request(signed(ReplayRequest(request_id=f"unknown-{uuid.uuid4().hex[:6]}", reply_to="ticket-43")))
+        await h.request(signed(ReplayRequest(request_id=env.request_id, lane="transformers")))
     (ev,) = h.events
     assert (ev.request_id, ev.reply_to) == (env.request_id, "ticket-42")
     stored = h.service.store.get_result(env, h.service.lane_fingerprint_sha256)
@@ -213,6 +227,96 @@ async def test_replay_request_replays_regardless_of_selection_and_echoes_reply_t
     reasons = [headers[HEADER_DLQ_REASON] for _, headers in h.dead]
     assert reasons[0].startswith("not_found: no envelope is indexed under request id")
     assert reasons[1].startswith("wrong_lane: lane 'transformers'")
+
+
+def _refusals(h: Harness) -> list[str]:
+    return [headers[HEADER_DLQ_REASON] for _, headers in h.dead]
+
+
+async def test_a_request_not_signed_by_a_replay_key_is_dead_lettered_as_unauthorised(
+    s3: S3Target, tmp_path: Path
+) -> None:
+    """Whoever can write the topic cannot make the replayer replay: only a fresh request signed by a key of the
+    keys file with the replay role is acted on."""
+    keys = write_replay_request_keys(
+        tmp_path / "keys.json",
+        {
+            REPLAY_KEY_ID: {"secret": REPLAY_SECRET.hex(), "roles": ["replay"]},
+            "no-role": {"secret": base64.b64encode(b"r" * 32).decode(), "roles": []},
+        },
+    )
+    h = build(s3, replay_request_keys_path=keys)
+    env = greedy(5, h.lane, flagged=False)
+    seed_envelope(s3.client(), s3.bucket, env)
+    plain = ReplayRequest(request_id=env.request_id, reply_to="ticket-1")
+    good = signed(plain)
+    old = datetime.now(UTC) - timedelta(seconds=301)
+    async with TestKafkaBroker(h.service.broker):
+        await h.request(plain)  # unsigned
+        await h.request(good.model_copy(update={"reply_to": "ticket-2"}))  # tampered after signing
+        await h.request(sign_replay_request(plain, REPLAY_KEY_ID, b"w" * 32))  # wrong secret
+        await h.request(sign_replay_request(plain, REPLAY_KEY_ID, REPLAY_SECRET, now=old))  # expired
+        await h.request(sign_replay_request(plain, "stranger", REPLAY_SECRET))  # unknown key id
+        await h.request(sign_replay_request(plain, "no-role", b"r" * 32))  # no replay role
+    assert h.events == []
+    assert h.lane.calls == []
+    assert h.service.store.get_result(env, h.service.lane_fingerprint_sha256) is None
+    reasons = _refusals(h)
+    assert len(reasons) == 6
+    assert all(r.startswith("unauthorised: ") for r in reasons), reasons
+    assert "not signed" in reasons[0]
+    assert "bad signature" in reasons[1]
+    assert "bad signature" in reasons[2]
+    assert "window" in reasons[3]
+    assert "unknown key id 'stranger'" in reasons[4]
+    assert "lacks the 'replay' role" in reasons[5]
+    assert not any(REPLAY_SECRET.hex() in r for r in reasons)
+    assert h.metrics.value("reprolane_replayer_dead_letters_total", {"reason": "unauthorised"}) == 6
+
+    async with TestKafkaBroker(h.service.broker):
+        await h.request(good)
+    (ev,) = h.events
+    assert (ev.request_id, ev.reply_to) == (env.request_id, "ticket-1")
+
+
+async def test_without_a_keys_file_every_request_is_refused_unless_open(s3: S3Target) -> None:
+    closed = build(s3)
+    env = greedy(4, closed.lane, flagged=False)
+    seed_envelope(s3.client(), s3.bucket, env)
+    async with TestKafkaBroker(closed.service.broker):
+        await closed.request(signed(ReplayRequest(request_id=env.request_id)))
+    assert closed.events == []
+    (reason,) = _refusals(closed)
+    assert reason.startswith("unauthorised: no replay_request_keys_path")
+
+    opened = build(s3, replay_requests="open")
+    opened.lane.learn(env)
+    async with TestKafkaBroker(opened.service.broker):
+        await opened.request(ReplayRequest(request_id=env.request_id, reply_to="dev"))
+    (ev,) = opened.events
+    assert ev.reply_to == "dev"
+
+
+@pytest.mark.parametrize(
+    ("mode", "content", "match"),
+    [
+        (0o644, None, "readable or writable by group or others"),
+        (0o600, "not json", "malformed"),
+        (0o600, '{"k": {"secret": "00", "roles": ["replay"]}}', "shorter than 16 bytes"),
+        (0o600, '{"k": {"secret": "' + "ab" * 16 + '", "roles": ["admin"]}}', "roles must be a list"),
+        (0o600, '{"k": {"secret": "TE9DQUwtT05MWS1jaGFuZ2UtbWUtcmVwbGF5LWtleSE=", "roles": []}}', "example value"),
+    ],
+)
+def test_a_keys_file_that_cannot_be_trusted_stops_the_replayer(
+    s3: S3Target, tmp_path: Path, mode: int, content: str | None, match: str
+) -> None:
+    path = write_replay_request_keys(tmp_path / "keys.json")
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    path.chmod(mode)
+    with pytest.raises(ReplayerError, match=f"replay_request_keys_path: .*{match}") as caught:
+        build(s3, replay_request_keys_path=path)
+    assert REPLAY_SECRET.hex() not in str(caught.value)
 
 
 @dataclass

@@ -18,7 +18,14 @@ from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayRequest
 from schemas.layout import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE
 from tests.replayer.service_harness import Topics, Worker, events, results_by_request, wait_for_marker
-from tests.replayer.support import ArithmeticLane, S3Target, arithmetic_envelope, seed_envelope
+from tests.replayer.support import (
+    ArithmeticLane,
+    S3Target,
+    arithmetic_envelope,
+    seed_envelope,
+    signed,
+    write_replay_request_keys,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -71,14 +78,20 @@ async def test_poison_messages_are_dead_lettered_and_the_consumer_continues(topi
     ]  # fmt: skip
 
 
-async def test_on_demand_replay_request_echoes_reply_to(topics: Topics) -> None:
+async def test_on_demand_replay_request_echoes_reply_to(topics: Topics, tmp_path: Path) -> None:
+    """A signed request is replayed; an unsigned one sent before it is dead-lettered as unauthorised."""
     env = arithmetic_envelope(0, topics.suffix, flagged=False)
     seed_envelope(topics.s3.client(), topics.s3.bucket, env)
     request = ReplayRequest(request_id=env.request_id, reply_to=f"ticket-{topics.suffix}")
-    await topics.produce("replay_request_topic", request.model_dump_json().encode())
-    async with ReplayerService(topics.settings(), ArithmeticLane(), EnvelopeStore.from_settings(topics.settings())):
+    await topics.produce(
+        "replay_request_topic", request.model_dump_json().encode(), signed(request).model_dump_json().encode()
+    )
+    settings = topics.settings(replay_request_keys_path=write_replay_request_keys(tmp_path / "keys.json"))
+    async with ReplayerService(settings, ArithmeticLane(), EnvelopeStore.from_settings(settings)):
         (ev,) = events(await topics.consume("divergence_topic", 1))
+        (dead,) = await topics.consume("dead_letter_topic", 1)
     assert (ev.request_id, ev.reply_to, ev.verdict) == (env.request_id, request.reply_to, "bitwise")
+    assert dict(dead.headers)[HEADER_DLQ_REASON].decode().startswith("unauthorised: the request is not signed")
 
 
 class FlakyStore(EnvelopeStore):
