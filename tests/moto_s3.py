@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -59,3 +60,12 @@ def moto_server(timeout_s: float = 30.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def moto_client(endpoint: str) -> Any:
+    """A boto3 S3 client for the moto server at `endpoint` (moto takes any credentials; these are the tests')."""
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    )

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from capture.errors import SealingError, SinkError
@@ -23,7 +22,7 @@ from capture.spool import Spool
 from schemas import WorkflowRef
 from schemas.layout import envelope_key, request_index_key, workflow_index_key
 from tests.factories import envelope
-from tests.moto_s3 import moto_server
+from tests.moto_s3 import moto_client, moto_server
 
 BUCKET = "reprolane-audit-test"
 
@@ -51,10 +50,7 @@ class FakeKafka:
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
     with moto_server() as endpoint:
-        client = boto3.client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
-        )
-        client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+        moto_client(endpoint).create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
         yield endpoint
 
 
@@ -72,14 +68,8 @@ def settings(moto_endpoint: str, tmp_path: Path) -> CaptureSettings:
 
 
 @pytest.fixture
-def s3(settings: CaptureSettings) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="k",
-        aws_secret_access_key="s",
-    )
+def s3(moto_endpoint: str) -> Any:
+    return moto_client(moto_endpoint)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from aiokafka.errors import (
     CorruptRecordException,
@@ -42,7 +41,7 @@ from infra.clients.s3 import S3Policy, make_s3_client
 from schemas import Envelope, WorkflowRef, sha256_hex
 from schemas.layout import MAX_KEY_BYTES, envelope_key
 from tests.factories import envelope
-from tests.moto_s3 import moto_server
+from tests.moto_s3 import moto_client, moto_server
 
 BUCKET = "reprolane-quarantine-test"
 NOT_AN_ENVELOPE = b'{"not": "an envelope"}'
@@ -112,9 +111,7 @@ class _KeyLimitClient:
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
     with moto_server() as endpoint:
-        boto3.client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
-        ).create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+        moto_client(endpoint).create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
         yield endpoint
 
 
@@ -132,14 +129,8 @@ def settings(moto_endpoint: str, tmp_path: Path) -> CaptureSettings:
 
 
 @pytest.fixture
-def s3(settings: CaptureSettings) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="k",
-        aws_secret_access_key="s",
-    )
+def s3(moto_endpoint: str) -> Any:
+    return moto_client(moto_endpoint)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from capture.audit.checkpoint import reconcile, write_checkpoint
@@ -25,7 +24,7 @@ from capture.spool import SpoolEntry
 from schemas.layout import leaves_key
 from schemas.merkle import LeafEntry, decode_checkpoint, merkle_root, verify_checkpoint
 from tests.factories import FIXED_TIME, envelope
-from tests.moto_s3 import moto_server
+from tests.moto_s3 import moto_client, moto_server
 
 DAY = FIXED_TIME.strftime("%Y-%m-%d")
 
@@ -39,19 +38,13 @@ def moto_endpoint() -> Iterator[str]:
 @pytest.fixture
 def bucket(moto_endpoint: str) -> str:
     name = f"log-{uuid.uuid4().hex[:12]}"
-    client(moto_endpoint).create_bucket(Bucket=name)
+    moto_client(moto_endpoint).create_bucket(Bucket=name)
     return name
-
-
-def client(endpoint: str) -> Any:
-    return boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
-    )
 
 
 @pytest.fixture
 def store(moto_endpoint: str, bucket: str) -> AuditStore:
-    return AuditStore(client(moto_endpoint), bucket)
+    return AuditStore(moto_client(moto_endpoint), bucket)
 
 
 @pytest.fixture
