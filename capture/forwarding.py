@@ -2,7 +2,8 @@
 capture mode's order.
 
 A captured request is answered by `capture.non_streaming.forward_whole` or `capture.streaming.forward_stream`;
-both call upstream through `Forwarder.call` and end with the outcome recorded by the `EnvelopeWriter`:
+both call upstream through `Forwarder.call` (which records the call's time in the request's ``upstream_ms``
+however it ends) and end with the outcome recorded by the `EnvelopeWriter`:
 
 - ``guaranteed``: the envelope is durable in the spool before the answer is released (`Forwarder.finish` is
   awaited first); a spool that filled while the request ran turns the answer into a refusal. A stream, whose
@@ -16,6 +17,7 @@ them in and out); each envelope records it when its request ends.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Coroutine
 from typing import Any, Final, NamedTuple
 
@@ -27,7 +29,7 @@ from capture.protocol import Endpoint, chat, completions
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.credentials import credential_values, scrub
 from capture.protocol.output import OutputCollector
-from capture.upstream import Upstream, UpstreamCall
+from capture.upstream import Upstream, UpstreamCall, UpstreamResponse
 
 PATHS: Final[dict[Endpoint, str]] = {"chat.completions": chat.PATH, "completions": completions.PATH}
 
@@ -74,6 +76,35 @@ class Exchange(NamedTuple):
     t0: float  # when the request arrived (perf_counter)
 
 
+class TimedCall:
+    """`Forwarder.call`'s context manager: the upstream call, its time written to the request's ``upstream_ms``
+    when it ends, whether it ended well, failed to connect, timed out or was cancelled (the client hung up)."""
+
+    __slots__ = ("_call", "_ctx", "started")
+
+    def __init__(self, call: UpstreamCall, ctx: RequestContext) -> None:
+        self._call = call
+        self._ctx = ctx
+        self.started = 0.0  # perf_counter when the request went upstream
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000.0
+
+    async def __aenter__(self) -> UpstreamResponse:
+        self.started = time.perf_counter()
+        try:
+            return await self._call.__aenter__()
+        except BaseException:
+            self._ctx.upstream_ms = self.elapsed_ms()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self._call.__aexit__(*exc_info)
+        finally:
+            self._ctx.upstream_ms = self.elapsed_ms()
+
+
 class Forwarder:
     """Sends captured requests upstream and records each outcome in the capture mode's order."""
 
@@ -86,9 +117,11 @@ class Forwarder:
         self.version_headers = version_headers  # response headers an envelope keeps (`OutputCollector.note_versions`)
         self.in_flight = 0
 
-    def call(self, ctx: RequestContext, upstream_body: bytes, headers: dict[bytes, bytes]) -> UpstreamCall:
-        """The upstream request of a captured one: ``async with forwarder.call(...) as resp``."""
-        return self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forward_headers(headers))
+    def call(self, ctx: RequestContext, upstream_body: bytes, headers: dict[bytes, bytes]) -> TimedCall:
+        """The upstream request of a captured one: ``async with forwarder.call(...) as resp``; it sets
+        ``ctx.upstream_ms`` when it ends."""
+        call = self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forward_headers(headers))
+        return TimedCall(call, ctx)
 
     def finish(
         self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, error: Failure | None, t0: float

@@ -10,7 +10,6 @@ that hangs up while upstream works cancels the upstream call (`capture.edge.watc
 from __future__ import annotations
 
 import asyncio
-import time
 
 from capture.assembly import ErrorType, Failure
 from capture.edge import consume_disconnect, decode_json
@@ -22,14 +21,10 @@ from capture.protocol.audit_fields import strip
 async def forward_whole(fw: Forwarder, ex: Exchange) -> int:
     """Forward one non-streamed captured request and answer it; returns the status the client got."""
     ctx, prepared, collector, upstream_body, headers, send, watch, t0 = ex
-    t_up = time.perf_counter()
     try:
-        try:
-            async with fw.call(ctx, upstream_body, headers) as resp:
-                content = await resp.read()
-                collector.note_versions(resp.header, fw.version_headers)
-        finally:
-            ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
+        async with fw.call(ctx, upstream_body, headers) as resp:
+            content = await resp.read()
+            collector.note_versions(resp.header, fw.version_headers)
     except asyncio.CancelledError:
         if not consume_disconnect(watch):
             raise

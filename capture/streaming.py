@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from capture.assembly import ErrorType
 from capture.edge import consume_disconnect, decode_json, end_stream, response_headers
 from capture.errors import SpoolCorruptError, SpoolUnavailableError, UpstreamError, UpstreamTimeoutError
-from capture.forwarding import SPOOL_FULL, Exchange, Forwarder, upstream_said
+from capture.forwarding import SPOOL_FULL, Exchange, Forwarder, TimedCall, upstream_said
 from capture.protocol.audit_fields import Prepared, strip
 from capture.protocol.output import OutputCollector
 from capture.protocol.sse import LONGEST_DONE, SSE_DONE, event_end, is_done, split_data, sse
@@ -36,30 +35,27 @@ async def forward_stream(fw: Forwarder, ex: Exchange) -> int:
     try:
         if fw.guaranteed and (refused := await fw.record_start(ctx, prepared, send)) is not None:
             return refused
-        t_up = time.perf_counter()
-        try:
-            async with fw.call(ctx, upstream_body, headers) as resp:
-                if resp.status != 200:
-                    return await _relay_refusal(fw, ex, resp, t_up)
-                collector.note_versions(resp.header, fw.version_headers)
-                await send({"type": "http.response.start", "status": 200, "headers": response_headers(resp, rid)})
-                started = True
-                buffer = b""
-                async for chunk in resp.chunks():
-                    buffer += chunk
-                    while (cut := event_end(buffer)) > 0:
-                        event, buffer = buffer[:cut], buffer[cut:]
-                        if event == SSE_DONE or (len(event) <= LONGEST_DONE and is_done(event)):
-                            done, last = True, event
-                            continue
-                        out, failure = rewrite_event(event, collector, prepared)
-                        if failure is not None:
-                            error = upstream_said(prepared, headers, "upstream_error", 200, failure)
-                        if ctx.first_token_ms is None and collector.chunks:
-                            ctx.first_token_ms = (time.perf_counter() - t_up) * 1000.0
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-        finally:
-            ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
+        call = fw.call(ctx, upstream_body, headers)
+        async with call as resp:
+            if resp.status != 200:
+                return await _relay_refusal(fw, ex, resp, call)
+            collector.note_versions(resp.header, fw.version_headers)
+            await send({"type": "http.response.start", "status": 200, "headers": response_headers(resp, rid)})
+            started = True
+            buffer = b""
+            async for chunk in resp.chunks():
+                buffer += chunk
+                while (cut := event_end(buffer)) > 0:
+                    event, buffer = buffer[:cut], buffer[cut:]
+                    if event == SSE_DONE or (len(event) <= LONGEST_DONE and is_done(event)):
+                        done, last = True, event
+                        continue
+                    out, failure = rewrite_event(event, collector, prepared)
+                    if failure is not None:
+                        error = upstream_said(prepared, headers, "upstream_error", 200, failure)
+                    if ctx.first_token_ms is None and collector.chunks:
+                        ctx.first_token_ms = call.elapsed_ms()
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
     except asyncio.CancelledError:
         if not consume_disconnect(watch):
             raise
@@ -86,11 +82,11 @@ async def forward_stream(fw: Forwarder, ex: Exchange) -> int:
     return 200
 
 
-async def _relay_refusal(fw: Forwarder, ex: Exchange, resp: UpstreamResponse, t_up: float) -> int:
+async def _relay_refusal(fw: Forwarder, ex: Exchange, resp: UpstreamResponse, call: TimedCall) -> int:
     """A stream request upstream answered with an error document: relay it as it is, record it."""
     ctx, prepared, collector, _body, headers, send, watch, t0 = ex
     content = await resp.read()
-    ctx.upstream_ms = (time.perf_counter() - t_up) * 1000.0
+    ctx.upstream_ms = call.elapsed_ms()  # now: the envelope is recorded before the call ends
     watch.armed = False
     kind: ErrorType = "bad_request" if 400 <= resp.status < 500 else "upstream_error"
     err = upstream_said(prepared, headers, kind, resp.status, content)

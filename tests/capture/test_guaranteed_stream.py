@@ -211,6 +211,7 @@ async def test_a_stream_upstream_refuses_and_a_client_that_hangs_up_each_superse
     done = finished(spool)
     assert isinstance(done.outcome, CapturedError)
     assert done.outcome.error_type == "upstream_error"
+    assert done.outcome.timings.upstream_ms > 0.0  # timed up to the refusal's last byte
 
     body = {**STREAM, "messages": [{"role": "user", "content": "drip"}]}
     async with sidecar() as (client, _, spool, _m):

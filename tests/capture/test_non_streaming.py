@@ -66,6 +66,7 @@ async def test_chat_non_stream_strips_audit_fields_and_records_them(mode: str) -
     assert env.runtime.engine == "vllm"
     assert env.runtime.engine_version == "0.32.0"
     assert env.runtime.system_fingerprint == FINGERPRINT
+    assert env.outcome.timings.upstream_ms > 0.0
     assert env.context.in_flight_at_start == 1
     assert env.context.stream is False
 
@@ -143,6 +144,7 @@ async def test_upstream_timeout_is_504_and_timeout_envelope() -> None:
     env = only(spool)
     assert isinstance(env.outcome, CapturedError)
     assert env.outcome.error_type == "timeout"
+    assert env.outcome.timings.upstream_ms >= 250.0  # the call's time is recorded when it fails, too
 
 
 async def test_upstream_unreachable_is_502() -> None:
@@ -165,6 +167,7 @@ async def test_client_disconnect_while_waiting_non_stream() -> None:
         envs = await spool.wait_for(1)
     assert isinstance(envs[0].outcome, CapturedError)
     assert envs[0].outcome.error_type == "client_disconnect"
+    assert envs[0].outcome.timings.upstream_ms >= 250.0  # and when the client's hang-up cancels it
 
 
 async def test_tokenize_fallback_when_upstream_has_no_prompt_ids() -> None:

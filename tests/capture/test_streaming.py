@@ -39,6 +39,7 @@ async def test_chat_stream_chunks_are_stripped_and_recorded() -> None:
     assert list(env.outcome.choices[0].token_ids) == OUTPUT_IDS
     assert env.outcome.choices[0].finish_reason == "stop"
     assert env.outcome.timings.first_token_ms is not None
+    assert env.outcome.timings.upstream_ms >= env.outcome.timings.first_token_ms  # to the stream's end
     assert env.runtime.system_fingerprint == FINGERPRINT
 
 
@@ -81,6 +82,7 @@ async def test_client_disconnect_mid_stream_is_recorded_and_upstream_aborted() -
     assert env.outcome.error_type == "client_disconnect"
     assert env.outcome.partial
     assert len(env.outcome.partial[0].token_ids) >= 2
+    assert env.outcome.timings.upstream_ms >= 150.0  # events 0.2 s apart: timed up to the hang-up, not one event
     assert upstream.aborted >= 1
 
 
