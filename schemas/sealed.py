@@ -28,7 +28,7 @@ import binascii
 import os
 import re
 from datetime import datetime
-from typing import Annotated, Final, Literal, NamedTuple
+from typing import Annotated, Final, Literal, NamedTuple, TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -176,6 +176,22 @@ class _Sealed(Record):
         return canonical_bytes(self)
 
 
+_S = TypeVar("_S", "SealedEnvelope", "SealedReplayResult")
+
+
+def _sealed_as(draft: _S, plaintext: bytes, data_key: bytes) -> _S:
+    """`draft` (its metadata set, ``nonce`` and ``ciphertext`` placeholders) with `plaintext` sealed under
+    `data_key`, the metadata as authenticated data."""
+    blob = seal(plaintext, data_key, draft.aad())
+    return draft.model_copy(update={"nonce": b64e(blob.nonce), "ciphertext": b64e(blob.ciphertext)})
+
+
+def _plaintext_of(sealed: SealedEnvelope | SealedReplayResult, data_key: bytes) -> bytes:
+    """The plaintext of a sealed record, or `SealError` when it does not open under `data_key` with its metadata."""
+    blob = SealedBlob(b64d(sealed.nonce, "nonce"), b64d(sealed.ciphertext, "ciphertext"))
+    return open_sealed(blob, data_key, sealed.aad())
+
+
 class SealedEnvelope(_Sealed):
     """An envelope encrypted under its tenant's data key; only non-sensitive metadata outside ``ciphertext``."""
 
@@ -212,14 +228,12 @@ def seal_envelope(
         nonce="AAAA",
         ciphertext="AAAA",
     )
-    blob = seal(canonical, data_key, draft.aad())
-    return draft.model_copy(update={"nonce": b64e(blob.nonce), "ciphertext": b64e(blob.ciphertext)})
+    return _sealed_as(draft, canonical, data_key)
 
 
 def open_envelope(sealed: SealedEnvelope, data_key: bytes) -> bytes:
     """The plaintext canonical envelope bytes (its sha256 checked against ``envelope_id``), or `SealError`."""
-    blob = SealedBlob(b64d(sealed.nonce, "nonce"), b64d(sealed.ciphertext, "ciphertext"))
-    plaintext = open_sealed(blob, data_key, sealed.aad())
+    plaintext = _plaintext_of(sealed, data_key)
     if sha256_hex(plaintext) != sealed.envelope_id:
         raise SealError(f"sealed envelope {sealed.envelope_id}: the plaintext does not hash to its envelope id")
     return plaintext
@@ -265,14 +279,12 @@ def seal_replay_result(result: ReplayResult, *, tenant: str, key_id: str, data_k
         nonce="AAAA",
         ciphertext="AAAA",
     )
-    blob = seal(canonical_bytes(result), data_key, draft.aad())
-    return draft.model_copy(update={"nonce": b64e(blob.nonce), "ciphertext": b64e(blob.ciphertext)})
+    return _sealed_as(draft, canonical_bytes(result), data_key)
 
 
 def open_replay_result(sealed: SealedReplayResult, data_key: bytes) -> ReplayResult:
     """The replay result, or `SealError` when it does not open or is not the result its metadata names."""
-    blob = SealedBlob(b64d(sealed.nonce, "nonce"), b64d(sealed.ciphertext, "ciphertext"))
-    plaintext = open_sealed(blob, data_key, sealed.aad())
+    plaintext = _plaintext_of(sealed, data_key)
     try:
         result = decode_replay_result(plaintext)
     except ContractError as exc:
