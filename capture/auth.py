@@ -41,7 +41,6 @@ import hmac
 import ipaddress
 import json
 import secrets
-import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +48,7 @@ from typing import Any, Final, Literal
 
 from capture.edge import ASGIApp, Receive, Scope, Send, error_body, send_json
 from capture.errors import CaptureError
+from infra.clients.connection import read_private_file
 from schemas.envelope import is_valid_request_id
 
 AuthMode = Literal["keys", "anonymous-allowed", "trusted-proxy", "off"]
@@ -136,13 +136,9 @@ def write_key_file(path: Path, entries: Sequence[dict[str, Any]]) -> None:
 def load_key_file(path: Path, *, field: str = "api_keys_path") -> dict[str, KeyEntry]:
     """The key file's entries by id; `CaptureError` naming `field` when it cannot be trusted or read."""
     try:
-        mode = path.stat().st_mode
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise CaptureError(f"{field}: cannot read {path}: {exc.strerror or exc}") from None
-    if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
-        raise CaptureError(f"{field}: {path} is readable by others or writable by its group (mode "
-                           f"{stat.S_IMODE(mode):04o}): chmod 600 it")  # fmt: skip
+        raw = read_private_file(path, field, group_may_read=True)  # hashes, not keys: 0640 is fine
+    except ValueError as exc:
+        raise CaptureError(str(exc)) from None
     try:
         doc = json.loads(raw)
         items = doc["keys"]

@@ -11,11 +11,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import stat
 import string
 from pathlib import Path
 
-from infra.clients.connection import EXAMPLE_SECRETS
+from infra.clients.connection import EXAMPLE_SECRETS, read_private_file
 from replayer.errors import ReplayerError
 from schemas.replay_auth import ReplayRequestKey
 
@@ -41,13 +40,9 @@ def _secret_bytes(text: str) -> bytes:
 def load_replay_request_keys(path: Path, *, field: str = "replay_request_keys_path") -> dict[str, ReplayRequestKey]:
     """The file's keys by id; `ReplayerError` naming `field` (never a secret) when it cannot be trusted or read."""
     try:
-        mode = path.stat().st_mode
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ReplayerError(f"{field}: cannot read {path}: {exc.strerror or exc}") from None
-    if mode & (stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH):
-        raise ReplayerError(f"{field}: {path} is readable or writable by group or others (mode "
-                            f"{stat.S_IMODE(mode):04o}): chmod 600 it")  # fmt: skip
+        raw = read_private_file(path, field)
+    except ValueError as exc:
+        raise ReplayerError(str(exc)) from None
     try:
         doc = json.loads(raw)
         if not isinstance(doc, dict):

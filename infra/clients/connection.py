@@ -10,7 +10,9 @@ A class whose default differs redeclares just that field (the replayer and the a
 The translation of these fields into client options (the SSL context, SASL, timeouts, retries) is written once,
 in `infra.clients`; nothing here opens a connection.
 
-Secrets, checked when the settings are built (docs/SECURITY.md, "Keys and secrets"):
+Secrets, checked when the settings are built (docs/SECURITY.md, "Keys and secrets"); the key files a service
+reads at start (the sidecar's API keys, the replayer's replay-request keys) go through `read_private_file`,
+which refuses one that anyone but its owner may change:
 
 - *From files, not the environment.* Each secret has a ``*_file`` twin (``s3_secret_key_file``,
   ``kafka_sasl_password_file``, ``s3_access_key_file``; the KEK already had ``kek_file``). A twin names a file
@@ -27,6 +29,7 @@ Secrets, checked when the settings are built (docs/SECURITY.md, "Keys and secret
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any, Final, Literal, Self
 
@@ -77,6 +80,28 @@ def _fill_from_files(data: Any, fields: tuple[str, ...]) -> Any:
         if value is not None:
             out[field] = value
     return out
+
+
+_REFUSED_MODES: Final = {
+    # group_may_read -> (the mode bits refused, how the refusal says it)
+    False: (stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH, "readable or writable by group or others"),
+    True: (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP, "readable by others or writable by its group"),
+}
+
+
+def read_private_file(path: Path, field: str, *, group_may_read: bool = False) -> bytes:
+    """The bytes of a file that decides who may do what (a key file), when only its owner may change it and,
+    unless `group_may_read` (a file of hashes, not secrets: 0640 is fine), only its owner may read it.
+    `ValueError` naming `field` when it cannot be read or its mode lets anyone else in (never its content)."""
+    try:
+        mode = path.stat().st_mode
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{field}: cannot read {path}: {exc.strerror or exc}") from None
+    refused, how = _REFUSED_MODES[group_may_read]
+    if mode & refused:
+        raise ValueError(f"{field}: {path} is {how} (mode {stat.S_IMODE(mode):04o}): chmod 600 it")
+    return raw
 
 
 def refuse_example_secret(field: str, value: str | SecretStr | None, source: Path | None = None) -> None:

@@ -4,7 +4,9 @@
 - the stack's defaults hand the S3 secret to the services as a file (``REPROLANE_*_S3_SECRET_KEY_FILE``),
   never as a value in this process's environment or a child's, and the settings read it from there;
 - the settings refuse the committed example values, naming the field and the file;
-- a checkpoint signing key that its group or others may read is refused, naming the path and the mode.
+- a checkpoint signing key that its group or others may read is refused, naming the path and the mode;
+- a key file (`infra.clients.connection.read_private_file`) only its owner may change, and read unless it holds
+  hashes only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from capture.audit.settings import AuditSettings
 from capture.audit.signing_keys import keygen, load_private, signing_key
 from capture.settings import CaptureSettings
 from infra.buckets import S3Credentials
+from infra.clients.connection import read_private_file
 from infra.stack_env import apply_stack_defaults
 from infra.state import ServerRecord, StackState
 from replayer.settings import ReplayerSettings
@@ -137,3 +140,33 @@ def test_a_signing_key_readable_by_others_is_refused(tmp_path: Path) -> None:
             f"signing key {private}: mode {mode:04o} lets its group or others read it; "
             f"make it the owner's alone: chmod 600 {private}"
         )
+
+
+@pytest.mark.parametrize(
+    ("mode", "group_may_read", "refused"),
+    [
+        (0o600, False, False),
+        (0o640, True, False),  # a file of hashes: its group may read it
+        (0o640, False, True),  # a file of secrets: its owner's alone
+        (0o620, True, True),
+        (0o604, True, True),
+        (0o602, True, True),
+    ],
+)
+def test_a_key_file_anyone_but_its_owner_may_change_is_refused(
+    tmp_path: Path, mode: int, group_may_read: bool, refused: bool
+) -> None:
+    path = tmp_path / "keys.json"
+    path.write_bytes(b"the secret")
+    path.chmod(mode)
+    if not refused:
+        assert read_private_file(path, "keys_path", group_may_read=group_may_read) == b"the secret"
+        return
+    with pytest.raises(ValueError, match=rf"^keys_path: {path} is .* \(mode {mode:04o}\): chmod 600 it$") as info:
+        read_private_file(path, "keys_path", group_may_read=group_may_read)
+    assert "the secret" not in str(info.value)
+
+
+def test_a_key_file_that_cannot_be_read_is_refused_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=f"^keys_path: cannot read {tmp_path / 'missing'}: "):
+        read_private_file(tmp_path / "missing", "keys_path")
