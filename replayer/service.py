@@ -28,10 +28,8 @@ means every request is refused; ``"open"`` (local development only) acts on any 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
 from infra.clients.kafka import faststream_security
+from infra.clients.shutdown import stop_on_signals
 from replayer.errors import EnvelopeNotFoundError, LaneUnavailableError, NotReplayableError, StoreError
 from replayer.lanes.base import Lane
 from replayer.metrics import ReplayerMetrics
@@ -334,11 +333,7 @@ class ReplayerService:
 
 async def run_until_signalled(service: ReplayerService) -> None:
     """Start the service and run until SIGINT or SIGTERM, then stop it (in-flight message finishes first)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with service:
         log.info(
             "replayer: consuming %s as group %s on lane %s (%s)",

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from capture.audit.lake_schema import DEDUPE_KEY, SCHEMAS, day, divergence_row, 
 from capture.audit.lake_settings import LakeSettings
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
 from infra.clients.s3 import S3Policy, error_code, is_missing, make_s3_client, s3_errors
+from infra.clients.shutdown import stop_on_signals
 from schemas import ContractError, decode_divergence, decode_envelope, sha256_hex
 from schemas.claim_check import decode_claim_check, is_claim_check, verify_claimed
 from schemas.layout import HEADER_ENVELOPE_ID
@@ -244,11 +244,7 @@ class Archiver:
 
 
 async def run_until_signalled(archiver: Archiver) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     log.info(
         "archiver: %s + %s -> s3://%s/%s as group %s",
         archiver.settings.envelope_topic,

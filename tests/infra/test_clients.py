@@ -3,10 +3,14 @@ SSL, the S3 policies each caller uses, and one reading of S3's errors for every 
 
 The archiver connecting to a broker that requires TLS is in test_clients_stack.py (a real Tansu behind a TLS
 listener); here its real consumer is built from its settings, which aiokafka refuses under SSL without a context.
+Last, the stop event both consumers' processes wait on (`infra.clients.shutdown`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +41,7 @@ from infra.buckets import S3Credentials, s3_client
 from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
 from infra.clients.kafka import aiokafka_kwargs, faststream_security
 from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client
+from infra.clients.shutdown import stop_on_signals
 from replayer.errors import StoreError
 from replayer.service import ReplayerService
 from replayer.settings import ReplayerSettings
@@ -270,3 +275,16 @@ def test_every_read_reads_missing_alike(code: str, status: int) -> None:
         (lambda: EnvelopeStore(client, "b")._get("k") is None, StoreError),
     ]
     check_each(attempts, (code, status) in MISSING)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_sigterm_or_sigint_sets_the_stop_event_instead_of_ending_the_process(sig: signal.Signals) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        stop = stop_on_signals()
+        assert not stop.is_set()
+        os.kill(os.getpid(), sig)
+        await asyncio.wait_for(stop.wait(), 10)
+    finally:
+        for each in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(each)
