@@ -18,9 +18,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from capture.settings import CaptureSettings
 
 
 def _free_port() -> int:
@@ -68,4 +71,20 @@ def moto_client(endpoint: str) -> Any:
 
     return boto3.client(
         "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    )
+
+
+def capture_settings(endpoint: str, bucket: str, spool_dir: Path, **fields: Any) -> CaptureSettings:
+    """The sidecar's settings for a publisher whose S3 sink writes to `bucket` on the moto server at `endpoint`
+    (with `moto_client`'s credentials), spooling to `spool_dir`; no upstream is ever called. `fields` add to them."""
+    from capture.settings import CaptureSettings
+
+    return CaptureSettings(
+        upstream="http://127.0.0.1:9",
+        spool_dir=spool_dir,
+        s3_endpoint=endpoint,
+        s3_access_key="k",
+        s3_secret_key="s",
+        s3_bucket=bucket,
+        **fields,
     )

@@ -1,7 +1,9 @@
-"""The sidecar under test: its app served on a loopback socket in front of a fake vLLM-shaped upstream."""
+"""The sidecar under test: its app served on a loopback socket in front of a fake vLLM-shaped upstream; and
+`drained`, the publisher tests' wait for a real spool to empty."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,6 +13,7 @@ import httpx
 from capture.app import build_app
 from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
+from capture.spool import Spool
 from schemas import CapturedError, Envelope
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import FakeUpstream, serve
@@ -57,3 +60,11 @@ def finished(spool: FakeSpool) -> Envelope:
     assert started.request_id == done.request_id
     assert not (isinstance(done.outcome, CapturedError) and done.outcome.error_type == "incomplete")
     return done
+
+
+async def drained(spool: Spool, within_s: float = 15.0) -> None:
+    """Wait until the publisher has acknowledged every record of `spool`; fail after `within_s`."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while spool.depth:
+        assert asyncio.get_running_loop().time() < deadline, f"spool not drained: {spool.depth} pending"
+        await asyncio.sleep(0.02)

@@ -21,8 +21,9 @@ from capture.settings import CaptureSettings
 from capture.spool import Spool
 from schemas import WorkflowRef
 from schemas.layout import envelope_key, request_index_key, workflow_index_key
+from tests.capture.support import drained
 from tests.factories import envelope
-from tests.moto_s3 import moto_client, moto_server
+from tests.moto_s3 import capture_settings, moto_client, moto_server
 
 BUCKET = "reprolane-audit-test"
 
@@ -56,15 +57,7 @@ def moto_endpoint() -> Iterator[str]:
 
 @pytest.fixture
 def settings(moto_endpoint: str, tmp_path: Path) -> CaptureSettings:
-    return CaptureSettings(
-        upstream="http://127.0.0.1:9",
-        spool_dir=tmp_path / "spool",
-        s3_endpoint=moto_endpoint,
-        s3_access_key="k",
-        s3_secret_key="s",
-        s3_bucket=BUCKET,
-        retention_days=1,
-    )
+    return capture_settings(moto_endpoint, BUCKET, tmp_path / "spool", retention_days=1)
 
 
 @pytest.fixture
@@ -78,13 +71,6 @@ async def spool(settings: CaptureSettings) -> AsyncIterator[Spool]:
     await s.open()
     yield s
     await s.close()
-
-
-async def drained(spool: Spool, within_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while spool.depth:
-        assert asyncio.get_running_loop().time() < deadline, f"spool not drained: {spool.depth} pending"
-        await asyncio.sleep(0.02)
 
 
 async def eventually(condition: Callable[[], bool], within_s: float = 10.0) -> None:

@@ -24,7 +24,7 @@ from capture.spool import SpoolEntry
 from schemas.layout import leaves_key
 from schemas.merkle import LeafEntry, decode_checkpoint, merkle_root, verify_checkpoint
 from tests.factories import FIXED_TIME, envelope
-from tests.moto_s3 import moto_client, moto_server
+from tests.moto_s3 import capture_settings, moto_client, moto_server
 
 DAY = FIXED_TIME.strftime("%Y-%m-%d")
 
@@ -49,15 +49,7 @@ def store(moto_endpoint: str, bucket: str) -> AuditStore:
 
 @pytest.fixture
 def settings(moto_endpoint: str, bucket: str, tmp_path: Path) -> CaptureSettings:
-    return CaptureSettings(
-        upstream="http://127.0.0.1:9",
-        spool_dir=tmp_path / "spool",
-        s3_endpoint=moto_endpoint,
-        s3_access_key="k",
-        s3_secret_key="s",
-        s3_bucket=bucket,
-        retention_days=0,
-    )
+    return capture_settings(moto_endpoint, bucket, tmp_path / "spool", retention_days=0)
 
 
 def outgoing(seq: int, **overrides: Any) -> Outgoing:

@@ -23,7 +23,7 @@ from capture.spool import Spool, SpoolEntry
 from schemas.layout import leaves_key
 from schemas.merkle import LeafEntry, encode_leaf_batch
 from tests.factories import FIXED_TIME, envelope
-from tests.moto_s3 import moto_client, moto_server
+from tests.moto_s3 import capture_settings, moto_client, moto_server
 
 DAY = FIXED_TIME.strftime("%Y-%m-%d")
 
@@ -48,16 +48,7 @@ def store(moto_endpoint: str, bucket: str) -> LedgerStore:
 
 @pytest.fixture
 def settings(moto_endpoint: str, bucket: str, tmp_path: Path) -> CaptureSettings:
-    return CaptureSettings(
-        upstream="http://127.0.0.1:9",
-        spool_dir=tmp_path / "spool",
-        s3_endpoint=moto_endpoint,
-        s3_access_key="k",
-        s3_secret_key="s",
-        s3_bucket=bucket,
-        retention_days=0,
-        audit_log=True,
-    )
+    return capture_settings(moto_endpoint, bucket, tmp_path / "spool", retention_days=0, audit_log=True)
 
 
 @pytest.fixture
