@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
-import struct
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -32,54 +28,18 @@ from capture.outgoing import Outgoing
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
 from infra.clients.kafka import aiokafka_kwargs
-from infra.probes import kafka_brokers
-from infra.servers import tansu_binary
 from tests.factories import envelope
 from tests.infra.self_signed import self_signed
+from tests.private_tansu import private_tansu
 
 pytestmark = pytest.mark.stack
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def tansu(tmp_path: Path) -> Iterator[tuple[int, int]]:
-    """(inner plaintext port, advertised TLS port) of a private in-memory Tansu."""
-    inner, outer = free_port(), free_port()
-    argv = [
-        tansu_binary(),
-        "broker",
-        f"--listener-url=tcp://127.0.0.1:{inner}",
-        f"--advertised-listener-url=tcp://localhost:{outer}",
-        "--storage-engine=memory://tansu/",
-    ]
-    with (tmp_path / "tansu.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 20
-        while not _up(inner):
-            assert proc.poll() is None, (tmp_path / "tansu.log").read_text()
-            assert time.monotonic() < deadline, "tansu did not answer in 20 s"
-            time.sleep(0.1)
-        yield inner, outer
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _up(port: int) -> bool:
-    try:
-        return bool(kafka_brokers("127.0.0.1", port))
-    except (OSError, struct.error, UnicodeDecodeError):
-        return False
+    """(inner plaintext port, advertised TLS port) of a private in-memory Tansu (`tests.private_tansu`)."""
+    with private_tansu(tmp_path / "tansu.log", advertised_host="localhost") as ports:
+        yield ports
 
 
 @pytest.fixture

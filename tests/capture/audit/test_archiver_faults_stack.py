@@ -16,9 +16,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
-import struct
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -31,11 +28,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.query import run_query
-from infra.probes import kafka_brokers
-from infra.servers import tansu_binary
 from schemas import Envelope
 from tests.capture.audit.conftest import AuditStack
 from tests.factories import envelope
+from tests.private_tansu import private_tansu as launch_tansu
 
 pytestmark = pytest.mark.stack
 
@@ -226,46 +222,11 @@ class Relay:
         self.server = None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def answers(port: int) -> bool:
-    try:
-        return bool(kafka_brokers("127.0.0.1", port))
-    except (OSError, struct.error, UnicodeDecodeError):
-        return False
-
-
 @pytest.fixture
 def private_tansu(tmp_path: Path) -> Iterator[tuple[int, int]]:
-    """(broker port, advertised relay port) of a private in-memory Tansu (tests/infra/test_clients_stack.py's)."""
-    inner, outer = free_port(), free_port()
-    argv = [
-        tansu_binary(),
-        "broker",
-        f"--listener-url=tcp://127.0.0.1:{inner}",
-        f"--advertised-listener-url=tcp://127.0.0.1:{outer}",
-        "--storage-engine=memory://tansu/",
-    ]
-    with (tmp_path / "tansu.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 20
-        while not answers(inner):
-            assert proc.poll() is None, (tmp_path / "tansu.log").read_text()
-            assert time.monotonic() < deadline, "tansu did not answer in 20 s"
-            time.sleep(0.1)
-        yield inner, outer
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    """(broker port, advertised relay port) of a private in-memory Tansu (`tests.private_tansu`)."""
+    with launch_tansu(tmp_path / "tansu.log") as ports:
+        yield ports
 
 
 @pytest.fixture
