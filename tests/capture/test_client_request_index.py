@@ -27,16 +27,12 @@ from replayer.store import EnvelopeStore
 from schemas import Envelope
 from schemas.layout import client_request_index_key, index_body
 from tests.factories import FIXED_TIME
-from tests.replayer.support import FakeLane, S3Target, make_envelope, moto_s3
+from tests.replayer.support import BACKENDS, FakeLane, S3Target, make_envelope, s3_backend
 
 
-@pytest.fixture(scope="module", params=["moto", pytest.param("stack", marks=pytest.mark.stack)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def s3(request: pytest.FixtureRequest) -> Iterator[S3Target]:
-    if request.param == "moto":
-        with moto_s3() as target:
-            yield target
-        return
-    yield S3Target.from_stack(request.getfixturevalue("stack"))
+    yield from s3_backend(request)
 
 
 def sink(s3: S3Target) -> S3Sink:

@@ -1,4 +1,5 @@
-"""Test support for the replayer's store, service and CLI: a fake lane, envelope seeding, a moto S3 server.
+"""Test support for the replayer's store, service and CLI: a fake lane, envelope seeding, a moto S3 server, and
+the S3 target of a test written once and run twice (`BACKENDS`, `s3_backend`).
 
 The fake lane never loads a model: it answers each prompt with what the envelope recorded for it (so a replay is
 bitwise), optionally changing one token (so a replay diverges there). Seeding writes an envelope and its index
@@ -16,9 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import boto3
+import pytest
 
 from replayer.lanes.base import GenRequest
 from replayer.lanes.remote import steps_from_completion
@@ -183,6 +185,20 @@ def moto_s3() -> Iterator[S3Target]:
         target = S3Target(endpoint, "testing", "testing", f"audit-{uuid.uuid4().hex[:8]}")
         target.client().create_bucket(Bucket=target.bucket)
         yield target
+
+
+#: What an S3 test written once runs on: moto (fast) and, marked ``stack``, the stack's SeaweedFS.
+BACKENDS: Final = ["moto", pytest.param("stack", marks=pytest.mark.stack)]
+
+
+def s3_backend(request: pytest.FixtureRequest) -> Iterator[S3Target]:
+    """The body of a module's ``s3`` fixture parametrized by `BACKENDS`: a fresh moto bucket, or the stack's audit
+    bucket (through the session's ``stack`` fixture)."""
+    if request.param == "moto":
+        with moto_s3() as target:
+            yield target
+        return
+    yield S3Target.from_stack(request.getfixturevalue("stack"))
 
 
 ARITH_LENGTH = 6

@@ -20,16 +20,12 @@ from replayer.cli import build_replay_app, build_replayer_app
 from replayer.settings import ReplayerSettings
 from schemas import CapturedError, PromptRecord, Timings, decode_replay_result
 from tests import factories
-from tests.replayer.support import FakeLane, S3Target, make_envelope, moto_s3, seed_envelope
+from tests.replayer.support import BACKENDS, FakeLane, S3Target, make_envelope, s3_backend, seed_envelope
 
 
-@pytest.fixture(scope="module", params=["moto", pytest.param("stack", marks=pytest.mark.stack)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def s3(request: pytest.FixtureRequest) -> Iterator[S3Target]:
-    if request.param == "moto":
-        with moto_s3() as target:
-            yield target
-        return
-    yield S3Target.from_stack(request.getfixturevalue("stack"))
+    yield from s3_backend(request)
 
 
 class Cli:

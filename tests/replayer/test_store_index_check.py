@@ -19,16 +19,12 @@ from replayer.store import EnvelopeStore
 from schemas import ContractError
 from schemas.claim_check import claim_check_for
 from schemas.layout import envelope_key, index_body, request_index_key, workflow_index_key
-from tests.replayer.support import S3Target, make_envelope, moto_s3, seed_envelope
+from tests.replayer.support import BACKENDS, S3Target, make_envelope, s3_backend, seed_envelope
 
 
-@pytest.fixture(scope="module", params=["moto", pytest.param("stack", marks=pytest.mark.stack)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def s3(request: pytest.FixtureRequest) -> Iterator[S3Target]:
-    if request.param == "moto":
-        with moto_s3() as target:
-            yield target
-        return
-    yield S3Target.from_stack(request.getfixturevalue("stack"))
+    yield from s3_backend(request)
 
 
 @pytest.fixture
