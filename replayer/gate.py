@@ -107,6 +107,13 @@ class GateReport(_Report):
     finished_at: datetime
 
 
+#: The members of a verdict that are the divergence event's own, under the same names.
+_FROM_EVENT: Final = (
+    *("request_id", "envelope_id", "verdict", "levels_held", "max_abs_logprob_diff", "token_match_rate"),
+    *("recorded_length", "replayed_length", "semantic_similarity", "cause_hint"),
+)
+
+
 def _worker_global_sample(env: Envelope) -> bool:
     s = env.sampling
     return s is not None and s.seed_scope == "worker_global" and not s.greedy
@@ -120,20 +127,11 @@ def _verdict(env: Envelope, result: ReplayResult, level: ReproLevel | None) -> E
     first = ev.first_divergence
     recorded = env.outcome.choices[0].text if env.outcome.kind == "output" else None
     return EnvelopeVerdict(
-        request_id=env.request_id,
-        envelope_id=ev.envelope_id,
+        **{name: getattr(ev, name) for name in _FROM_EVENT},
         level=judged,
         target_met=met,
-        verdict=ev.verdict,
-        levels_held=ev.levels_held,
         first_divergence=None if first is None else first.position,
         near_tie=None if first is None else first.near_tie,
-        max_abs_logprob_diff=ev.max_abs_logprob_diff,
-        token_match_rate=ev.token_match_rate,
-        recorded_length=ev.recorded_length,
-        replayed_length=ev.replayed_length,
-        semantic_similarity=ev.semantic_similarity,
-        cause_hint=ev.cause_hint,
         detail=ev.cause_detail,
         recorded_text=recorded,
         replayed_text=result.replayed.text,
