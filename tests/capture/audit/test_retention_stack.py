@@ -30,7 +30,7 @@ from infra.buckets import s3_client
 from infra.state import StackInfo
 from schemas import Envelope, WorkflowRef
 from schemas.layout import envelope_key
-from tests.capture.audit.support import audit_cli, publish_through_s3
+from tests.capture.audit.support import audit_cli, operator_keys, publish_through_s3
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -128,9 +128,10 @@ async def test_compliance_refuses_deleting_a_locked_version(
 
 
 async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
-    stack: StackInfo, settings: CaptureSettings, client: Any, bucket: str, tenant: str
+    stack: StackInfo, settings: CaptureSettings, client: Any, bucket: str, tenant: str, tmp_path: Path
 ) -> None:
     store = AuditStore(client, bucket)
+    ops = operator_keys(tmp_path / "ops", holds=(("hold-admin",), tenant), expiry=(("retention-admin",), tenant))
     only = f"envelopes/tenant={tenant}/"  # the bucket is shared: expire this test's tenant only
     workflow = f"wf-{uuid.uuid4().hex[:8]}"
     held, free = fresh(tenant=tenant), fresh(tenant=tenant)
@@ -140,11 +141,12 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     await publish(settings, [held, free, *steps], retention=SHORT)
     await publish(settings, [kept])
 
-    done = audit_cli(stack, bucket, "hold", "add", held.request_id)
+    holds = ("--operator-key-file", ops.key_file("holds"))
+    done = audit_cli(stack, bucket, "hold", "add", held.request_id, *holds, operators=ops)
     assert done.returncode == 0, done.stderr
     assert f"legal hold ON  {key_of(held)}" in done.stdout
-    assert [h.key for h in set_hold(store, workflow, True)] == [key_of(s) for s in steps]  # every step
-    assert audit_cli(stack, bucket, "hold", "add", "no-such-id").returncode == 2
+    assert [h.key for h in set_hold(store, workflow, True, tenant)] == [key_of(s) for s in steps]  # every step
+    assert audit_cli(stack, bucket, "hold", "add", "no-such-id", *holds, operators=ops).returncode == 2
 
     early = expire(store, prefix=only)  # nothing is past retention yet
     assert time.monotonic() < started + SHORT.total_seconds(), "too slow to test 'not yet expired'"
@@ -157,7 +159,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert [d["key"] for d in dry.deleted] == [key_of(free)]
     assert client.head_object(Bucket=bucket, Key=key_of(free))  # dry run deleted nothing
 
-    done = audit_cli(stack, bucket, "expire", "--tenant", tenant)
+    done = audit_cli(stack, bucket, "expire", "--operator-key-file", ops.key_file("expiry"), operators=ops)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[0] == "deleted 1; kept held 3, retained 1, unretained 0; refused 0"
     assert f"deleted: {key_of(free)}" in done.stdout
@@ -166,7 +168,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert key_of(free) not in versions
     assert {key_of(held), key_of(kept), *(key_of(s) for s in steps)} <= versions
 
-    assert audit_cli(stack, bucket, "hold", "remove", workflow).returncode == 0
+    assert audit_cli(stack, bucket, "hold", "remove", workflow, *holds, operators=ops).returncode == 0
     after = expire(store, prefix=only)
     assert sorted(d["key"] for d in after.deleted) == sorted(key_of(s) for s in steps)
     assert [h.split("?")[0] for h in after.held] == [key_of(held)]  # still held, long past its retention
