@@ -23,7 +23,7 @@ Where identity comes from a key, ``X-Reprolane-Tenant`` may be sent only with th
 403), and ``X-Reprolane-Flag`` only with the ``flag`` role (else 403): a caller is told, never silently
 re-labelled. Roles: ``capture`` (may send traffic at all: a key without it gets 403) and ``flag``.
 
-The key file and the key format are `capture.key_file`'s (shared with the operators' keys): a key is
+The key file and the key format are `capture.ledger.key_file`'s (shared with the operators' keys): a key is
 ``rlk_<id>_<secret>``, stored only as a salted sha256, mode 0600 or 0640, refused at start when it cannot be
 trusted.
 """
@@ -36,9 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from capture import key_file
 from capture.edge import ASGIApp, Receive, Scope, Send, error_body, send_json
-from capture.key_file import KeyEntry, KeyKind, find_key
+from capture.errors import CaptureError
+from capture.ledger import key_file
+from capture.ledger.errors import KeyFileError
+from capture.ledger.key_file import KeyEntry, KeyKind, find_key
 
 AuthMode = Literal["keys", "anonymous-allowed", "trusted-proxy", "off"]
 Role = Literal["capture", "flag"]
@@ -75,18 +77,24 @@ class Caller:
 HEADER_TRUSTED: Final = Caller(tenant=None, key_id=None, roles=ROLES)
 
 
-#: The sidecar's API keys in `capture.key_file`'s format.
+#: The sidecar's API keys in `capture.ledger.key_file`'s format.
 API_KEYS: Final = KeyKind(prefix=KEY_PREFIX, roles=ROLES, tenant_required=True)
 
 
 def new_key(key_id: str, tenant: str, roles: Iterable[str] = ("capture",)) -> tuple[str, dict[str, Any]]:
     """A fresh API key and its key-file entry (the key is shown once; only the entry is stored)."""
-    return key_file.new_key(API_KEYS, key_id, tenant, roles)
+    try:
+        return key_file.new_key(API_KEYS, key_id, tenant, roles)
+    except KeyFileError as exc:
+        raise CaptureError(str(exc)) from None
 
 
 def load_key_file(path: Path, *, field: str = "api_keys_path") -> dict[str, KeyEntry]:
     """The API key file's entries by id; `CaptureError` naming `field` when it cannot be trusted or read."""
-    return key_file.load_key_file(path, API_KEYS, field=field)
+    try:
+        return key_file.load_key_file(path, API_KEYS, field=field)
+    except KeyFileError as exc:
+        raise CaptureError(str(exc)) from None
 
 
 class Authenticator:

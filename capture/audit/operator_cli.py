@@ -17,8 +17,8 @@ from typing import Annotated
 import typer
 
 from capture.audit.operators import OPERATOR_KEYS, OperatorGate, OperatorSettings
-from capture.errors import CaptureError
-from capture.key_file import load_key_file, new_key, write_key_file
+from capture.ledger.errors import KeyFileError
+from capture.ledger.key_file import load_key_file, new_key, write_key_file
 from capture.ledger.store import LedgerStore
 from schemas.access_log import OPERATOR_ROLES
 
@@ -56,7 +56,7 @@ def add_key_command(
         if key_id in entries:
             raise typer.BadParameter(f"--id {key_id!r} is already in {keys_file}")
         key, entry = new_key(OPERATOR_KEYS, key_id, tenant, role)
-    except CaptureError as exc:  # a bad id, tenant or role, or a key store that cannot be trusted: bad input
+    except KeyFileError as exc:  # a bad id, tenant or role, or a key store that cannot be trusted: bad input
         raise typer.BadParameter(str(exc)) from exc
     if key_out is not None:
         write_private_text(key_out, key + "\n")

@@ -7,9 +7,9 @@ scoped to one. Every decision, allowed or refused, is written once to the audit 
 `schemas.access_log.AccessRecord` (actor key id, role, action, target, tenant, time, result) *before* the
 action is taken: an action whose record cannot be written is not taken (the store's error propagates).
 
-Keys: the operator key store (``REPROLANE_OPERATOR_KEYS_PATH``) is a `capture.key_file` of hashed keys (the
-sidecar's API-key format; ``tenant`` null = every tenant), written by ``reprolane operator add-key``. A key is
-``rlo_<id>_<secret>``. The caller's key comes from a file (``--operator-key-file`` or
+Keys: the operator key store (``REPROLANE_OPERATOR_KEYS_PATH``) is a file of hashed keys in the sidecar's
+API-key format (`capture.ledger.key_file`; ``tenant`` null = every tenant), written by ``reprolane operator
+add-key``. A key is ``rlo_<id>_<secret>``. The caller's key comes from a file (``--operator-key-file`` or
 ``REPROLANE_OPERATOR_KEY_FILE``, refused when others may read it) or from ``REPROLANE_OPERATOR_KEY``, never
 from the command line, whose arguments every user of the machine can read (``ps``). Without a key store every
 action is refused.
@@ -31,14 +31,14 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from capture.audit.errors import AccessDenied
-from capture.errors import CaptureError
-from capture.key_file import KeyEntry, KeyKind, find_key, load_key_file, read_private
+from capture.ledger.errors import KeyFileError
+from capture.ledger.key_file import KeyEntry, KeyKind, find_key, load_key_file, read_private
 from capture.ledger.store import LedgerStore
 from schemas.access_log import ACTION_ROLES, OPERATOR_ROLES, AccessRecord, OperatorAction
 from schemas.layout import access_log_key
 
 OPERATOR_KEY_PREFIX: Final = "rlo_"
-#: Operator keys in `capture.key_file`'s format: a tenant is optional (none: the key acts for every tenant).
+#: Operator keys in `capture.ledger.key_file`'s format: a tenant is optional (none: the key acts for every tenant).
 OPERATOR_KEYS: Final = KeyKind(prefix=OPERATOR_KEY_PREFIX, roles=OPERATOR_ROLES, tenant_required=False)
 _MAX_TARGET: Final = 512
 
@@ -130,7 +130,7 @@ class OperatorGate:
         try:
             keys = load_key_file(self.settings.keys_path, OPERATOR_KEYS, field="REPROLANE_OPERATOR_KEYS_PATH")
             token = self._token()
-        except CaptureError as exc:
+        except KeyFileError as exc:
             return None, str(exc)
         if token is None:
             return None, "no operator key: pass --operator-key-file or set REPROLANE_OPERATOR_KEY_FILE"

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from capture.audit.operators import OPERATOR_KEYS
-from capture.key_file import new_key as new_operator_key
-from capture.key_file import write_key_file
+from capture.ledger.key_file import new_key as new_operator_key
+from capture.ledger.key_file import write_key_file
 from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings

@@ -15,6 +15,9 @@ A key is ``<prefix><id>_<secret>`` with a 256-bit random secret (`new_key`), so 
 salted sha256 compared in constant time (`hmac.compare_digest`) proves it: a slow password hash (scrypt) adds
 milliseconds per check and protects only guessable secrets, which these are not. The file never holds a key.
 A kind whose tenant is optional stores ``"tenant": null`` for a key that is not bound to one tenant.
+
+It lives in the ledger because both the sidecar and the audit jobs use it and the ledger is what both may
+import; every failure is a `KeyFileError` naming the setting (the sidecar translates it into a `CaptureError`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from capture.errors import CaptureError
+from capture.ledger.errors import KeyFileError
 from schemas.envelope import is_valid_request_id
 
 _ID_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
@@ -71,13 +74,13 @@ def new_key(kind: KeyKind, key_id: str, tenant: str | None, roles: Iterable[str]
     """A fresh key and its key-file entry (the key is shown once; only the entry is stored)."""
     roles = frozenset(roles)
     if not _valid_id(key_id):
-        raise CaptureError(f"key id {key_id!r} must be 1-64 of [A-Za-z0-9-]")
+        raise KeyFileError(f"key id {key_id!r} must be 1-64 of [A-Za-z0-9-]")
     if tenant is None and kind.tenant_required:
-        raise CaptureError("a tenant is required")
+        raise KeyFileError("a tenant is required")
     if tenant is not None and not is_valid_request_id(tenant):
-        raise CaptureError(f"tenant {tenant!r} must match {_TENANT_RULE}")
+        raise KeyFileError(f"tenant {tenant!r} must match {_TENANT_RULE}")
     if not roles <= kind.roles:
-        raise CaptureError(f"roles must be of {sorted(kind.roles)}, not {sorted(roles)}")
+        raise KeyFileError(f"roles must be of {sorted(kind.roles)}, not {sorted(roles)}")
     key = f"{kind.prefix}{key_id}_{secrets.token_urlsafe(32)}"
     salt = secrets.token_bytes(16)
     return key, KeyEntry(key_id, tenant, roles, salt, _digest(salt, key)).as_entry()
@@ -92,21 +95,21 @@ def write_key_file(path: Path, entries: Sequence[Mapping[str, Any]]) -> None:
 
 
 def read_private(path: Path, field: str) -> bytes:
-    """The bytes of a file that holds secrets or their hashes: `CaptureError` naming `field` when it cannot be
+    """The bytes of a file that holds secrets or their hashes: `KeyFileError` naming `field` when it cannot be
     read, or when others may read it or its group may write it."""
     try:
         mode = path.stat().st_mode
         raw = path.read_bytes()
     except OSError as exc:
-        raise CaptureError(f"{field}: cannot read {path}: {exc.strerror or exc}") from None
+        raise KeyFileError(f"{field}: cannot read {path}: {exc.strerror or exc}") from None
     if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
-        raise CaptureError(f"{field}: {path} is readable by others or writable by its group (mode "
+        raise KeyFileError(f"{field}: {path} is readable by others or writable by its group (mode "
                            f"{stat.S_IMODE(mode):04o}): chmod 600 it")  # fmt: skip
     return raw
 
 
 def load_key_file(path: Path, kind: KeyKind, *, field: str) -> dict[str, KeyEntry]:
-    """The key file's entries by id; `CaptureError` naming `field` when it cannot be trusted or read."""
+    """The key file's entries by id; `KeyFileError` naming `field` when it cannot be trusted or read."""
     raw = read_private(path, field)
     try:
         items = json.loads(raw)["keys"]
@@ -133,7 +136,7 @@ def load_key_file(path: Path, kind: KeyKind, *, field: str) -> dict[str, KeyEntr
                 key_id, tenant, frozenset(roles), bytes.fromhex(salt_hex), bytes.fromhex(digest_hex)
             )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CaptureError(f"{field}: {path} is malformed: {exc!r}") from None
+        raise KeyFileError(f"{field}: {path} is malformed: {exc!r}") from None
     return entries
 
 
