@@ -5,7 +5,6 @@ a valid entry."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,21 +15,11 @@ from capture.audit.store import AuditStore
 from schemas import Envelope, WorkflowRef
 from schemas.layout import envelope_key, index_body, request_index_key, workflow_index_key
 from tests.factories import envelope
-from tests.moto_s3 import moto_client, moto_server
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    with moto_server() as endpoint:
-        yield endpoint
 
 
 @pytest.fixture
-def store(moto_endpoint: str) -> AuditStore:
-    name = f"ix-{uuid.uuid4().hex[:12]}"
-    client = moto_client(moto_endpoint)
-    client.create_bucket(Bucket=name)
-    return AuditStore(client, name)
+def store(moto_store: AuditStore) -> AuditStore:
+    return moto_store
 
 
 def key_of(env: Envelope) -> str:

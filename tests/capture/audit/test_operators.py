@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import stat
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,21 +19,12 @@ from capture.ledger.key_file import load_key_file, new_key, write_key_file
 from infra.cli import build_app
 from schemas.access_log import AccessRecord, decode_access_record
 from schemas.layout import ACCESS_LOG_PREFIX
-from tests.moto_s3 import moto_client, moto_server
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    with moto_server() as endpoint:
-        yield endpoint
+from tests.moto_s3 import moto_client
 
 
 @pytest.fixture
-def store(moto_endpoint: str) -> AuditStore:
-    name = f"ops-{uuid.uuid4().hex[:12]}"
-    client = moto_client(moto_endpoint)
-    client.create_bucket(Bucket=name)
-    return AuditStore(client, name)
+def store(moto_store: AuditStore) -> AuditStore:
+    return moto_store
 
 
 @pytest.fixture
