@@ -106,14 +106,15 @@ def operator_keys(directory: Path, **keys: tuple[tuple[str, ...], str | None]) -
     return OperatorKeys(directory / "operators.json", files)
 
 
-def access_records(client: Any, bucket: str, target: str) -> list[AccessRecord]:
-    """The access-log records of today (UTC) in `bucket` whose target starts with `target`, oldest first."""
+def access_records(client: Any, bucket: str, target: str, since: datetime | None = None) -> list[AccessRecord]:
+    """The access-log records of today (UTC) in `bucket` whose target starts with `target` (made at or after
+    `since`), oldest first."""
     prefix = access_log_day_prefix(datetime.now(UTC).strftime("%Y-%m-%d"))
     found = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
             record = decode_access_record(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
-            if record.target.startswith(target):
+            if record.target.startswith(target) and (since is None or record.at >= since):
                 found.append(record)
     return sorted(found, key=lambda r: r.at)
 

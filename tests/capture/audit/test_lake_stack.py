@@ -253,7 +253,7 @@ async def test_rebuild_index_restores_lost_entries_and_never_replaces_a_valid_on
         "REPROLANE_ARCHIVER_LAKE_BUCKET": a.bucket,
         "REPROLANE_ARCHIVER_LAKE_PREFIX": a.prefix,
     }
-    target = f"index of {day}"
+    target, started = f"index of {day}", datetime.now(UTC)
 
     def rebuild(*args: str) -> Any:
         return CliRunner().invoke(build_app(), ["lake", "rebuild-index", "--date", day, *args], env=env)
@@ -288,7 +288,7 @@ async def test_rebuild_index_restores_lost_entries_and_never_replaces_a_valid_on
     assert s3.get_object(Bucket=bucket, Key=step_key[2])["Body"].read() == body_of(envs[1])  # never clobbered
     assert f"kept_other: {step_key[2]} -> " in done.stdout
 
-    decisions = [(r.actor_key_id, r.result, r.role) for r in access_records(s3, bucket, target)]
+    decisions = [(r.actor_key_id, r.result, r.role) for r in access_records(s3, bucket, target, started)]
     assert decisions == [
         (None, "refused", "retention-admin"),
         ("holder", "refused", "retention-admin"),
