@@ -5,7 +5,8 @@ console with them) act only for an operator key with the role the action needs (
 viewer, hold-admin, retention-admin, key-admin), and only on the records of the key's tenant when the key is
 scoped to one. Every decision, allowed or refused, is written once to the audit bucket as an
 `schemas.access_log.AccessRecord` (actor key id, role, action, target, tenant, time, result) *before* the
-action is taken: an action whose record cannot be written is not taken (the store's error propagates).
+action is taken: an action whose record cannot be written is not taken (the store's error propagates); a
+refusal whose record cannot be written is still a refusal, and says so.
 
 Keys: the operator key store (``REPROLANE_OPERATOR_KEYS_PATH``) is a file of hashed keys in the sidecar's
 API-key format (`capture.ledger.key_file`; ``tenant`` null = every tenant), written by ``reprolane operator
@@ -152,7 +153,10 @@ class OperatorGate:
     def _refuse(
         self, action: OperatorAction, target: str, tenant: str | None, why: str, op: Operator | None = None
     ) -> NoReturn:
-        self._log(action, target, tenant, "refused", why, op)
+        try:
+            self._log(action, target, tenant, "refused", why, op)
+        except self.store.error as exc:  # refused all the same; say that the log missed it
+            raise AccessDenied(f"{action} refused: {why} (and its access record was not written: {exc})") from exc
         raise AccessDenied(f"{action} refused: {why}")
 
     def _log(

@@ -11,7 +11,7 @@ import pytest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from capture.audit.errors import AccessDenied
+from capture.audit.errors import AccessDenied, AuditStoreError
 from capture.audit.operators import OPERATOR_KEYS, OperatorGate, OperatorSettings
 from capture.audit.store import AuditStore
 from capture.auth import new_key as new_api_key
@@ -134,8 +134,10 @@ def test_scope_fills_in_the_keys_tenant_and_refuses_another_before_anything_is_r
 
 def test_no_action_is_taken_when_its_record_cannot_be_written(keys: dict[str, Path], moto_endpoint: str) -> None:
     missing = AuditStore(moto_client(moto_endpoint), f"no-bucket-{uuid.uuid4().hex[:8]}")
-    with pytest.raises(Exception, match="NoSuchBucket"):
+    with pytest.raises(AuditStoreError, match="NoSuchBucket"):
         gate(missing, keys, "admin").authorise("hold.add", "r", "acme")
+    with pytest.raises(AccessDenied, match=r"lacks the 'hold-admin' role \(and its access record was not written"):
+        gate(missing, keys, "view").authorise("hold.add", "r", "acme")
 
 
 def test_add_key_mints_a_hashed_entry_and_a_private_key_file(tmp_path: Path) -> None:
