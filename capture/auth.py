@@ -23,24 +23,14 @@ Where identity comes from a key, ``X-Reprolane-Tenant`` may be sent only with th
 403), and ``X-Reprolane-Flag`` only with the ``flag`` role (else 403): a caller is told, never silently
 re-labelled. Roles: ``capture`` (may send traffic at all: a key without it gets 403) and ``flag``.
 
-The key file (JSON, written by the operator, mode 0600 or 0640; refused at start when unreadable, world-readable,
-group- or world-writable, or malformed)::
-
-    {"keys": [{"id": "acme-1", "tenant": "acme", "roles": ["capture", "flag"],
-               "hash": "sha256:<salt hex>:<sha256(salt + key) hex>"}]}
-
-A key is ``rlk_<id>_<secret>`` with a 256-bit random secret (`new_key`), so its entry is found by id and one
-salted sha256 compared in constant time (`hmac.compare_digest`) proves it: a slow password hash (scrypt) adds
-milliseconds per request and protects only guessable secrets, which these are not. The file never holds a key.
+The key file and the key format are `capture.ledger.key_file`'s (shared with the operators' keys): a key is
+``rlk_<id>_<secret>``, stored only as a salted sha256, mode 0600 or 0640, refused at start when it cannot be
+trusted.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
-import json
-import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +38,9 @@ from typing import Any, Final, Literal
 
 from capture.edge import ASGIApp, Receive, Scope, Send, error_body, send_json
 from capture.errors import CaptureError
-from infra.clients.connection import read_private_file
-from schemas.envelope import is_valid_request_id
+from capture.ledger import key_file
+from capture.ledger.errors import KeyFileError
+from capture.ledger.key_file import KeyEntry, KeyKind, find_key
 
 AuthMode = Literal["keys", "anonymous-allowed", "trusted-proxy", "off"]
 Role = Literal["capture", "flag"]
@@ -59,7 +50,6 @@ KEY_PREFIX: Final = "rlk_"
 _KEY_PREFIX_BYTES: Final = KEY_PREFIX.encode("ascii")
 KEY_HEADER: Final = b"x-reprolane-key"
 _AUTHORIZATION: Final = b"authorization"
-_ID_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 
 
 class Unauthenticated(Exception):
@@ -87,83 +77,24 @@ class Caller:
 HEADER_TRUSTED: Final = Caller(tenant=None, key_id=None, roles=ROLES)
 
 
-@dataclass(frozen=True, slots=True)
-class KeyEntry:
-    key_id: str
-    tenant: str
-    roles: frozenset[str]
-    salt: bytes
-    digest: bytes
-
-    def as_entry(self) -> dict[str, Any]:
-        """This entry as the key file holds it."""
-        hashed = f"sha256:{self.salt.hex()}:{self.digest.hex()}"
-        return {"id": self.key_id, "tenant": self.tenant, "roles": sorted(self.roles), "hash": hashed}
-
-
-def _digest(salt: bytes, key: str) -> bytes:
-    return hashlib.sha256(salt + key.encode("utf-8")).digest()
+#: The sidecar's API keys in `capture.ledger.key_file`'s format.
+API_KEYS: Final = KeyKind(prefix=KEY_PREFIX, roles=ROLES, tenant_required=True)
 
 
 def new_key(key_id: str, tenant: str, roles: Iterable[str] = ("capture",)) -> tuple[str, dict[str, Any]]:
-    """A fresh key and its key-file entry (the key is shown once; only the entry is stored)."""
-    roles = frozenset(roles)
-    if not key_id or not set(key_id) <= _ID_CHARS or len(key_id) > 64:
-        raise CaptureError(f"key id {key_id!r} must be 1-64 of [A-Za-z0-9-]")
-    if not is_valid_request_id(tenant):
-        raise CaptureError(f"tenant {tenant!r} must match [A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}")
-    if not set(roles) <= ROLES:
-        raise CaptureError(f"roles must be of {sorted(ROLES)}, not {sorted(roles)}")
-    key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-    salt = secrets.token_bytes(16)
-    entry = {
-        "id": key_id,
-        "tenant": tenant,
-        "roles": sorted(roles),
-        "hash": f"sha256:{salt.hex()}:{_digest(salt, key).hex()}",
-    }
-    return key, entry
-
-
-def write_key_file(path: Path, entries: Sequence[dict[str, Any]]) -> None:
-    """Write a key file readable by its owner only (0600), as `load_key_file` wants it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600, exist_ok=True)
-    path.chmod(0o600)
-    path.write_text(json.dumps({"keys": list(entries)}, indent=2) + "\n", encoding="utf-8")
+    """A fresh API key and its key-file entry (the key is shown once; only the entry is stored)."""
+    try:
+        return key_file.new_key(API_KEYS, key_id, tenant, roles)
+    except KeyFileError as exc:
+        raise CaptureError(str(exc)) from None
 
 
 def load_key_file(path: Path, *, field: str = "api_keys_path") -> dict[str, KeyEntry]:
-    """The key file's entries by id; `CaptureError` naming `field` when it cannot be trusted or read."""
+    """The API key file's entries by id; `CaptureError` naming `field` when it cannot be trusted or read."""
     try:
-        raw = read_private_file(path, field, group_may_read=True)  # hashes, not keys: 0640 is fine
-    except ValueError as exc:
+        return key_file.load_key_file(path, API_KEYS, field=field)
+    except KeyFileError as exc:
         raise CaptureError(str(exc)) from None
-    try:
-        doc = json.loads(raw)
-        items = doc["keys"]
-        if not isinstance(items, list):
-            raise TypeError("'keys' is not a list")
-        entries: dict[str, KeyEntry] = {}
-        for n, item in enumerate(items):
-            key_id, tenant, roles, hashed = item["id"], item["tenant"], item["roles"], item["hash"]
-            if not isinstance(key_id, str) or not key_id or not set(key_id) <= _ID_CHARS or len(key_id) > 64:
-                raise ValueError(f"entry {n}: id must be 1-64 of [A-Za-z0-9-]")
-            if key_id in entries:
-                raise ValueError(f"entry {n}: id {key_id!r} appears twice")
-            if not isinstance(tenant, str) or not is_valid_request_id(tenant):
-                raise ValueError(f"entry {n}: tenant must match [A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}")
-            if not isinstance(roles, list) or not set(roles) <= ROLES:
-                raise ValueError(f"entry {n}: roles must be a list of {sorted(ROLES)}")
-            scheme, salt_hex, digest_hex = str(hashed).split(":")
-            if scheme != "sha256" or len(digest_hex) != 64 or len(salt_hex) < 16:
-                raise ValueError(f"entry {n}: hash must be sha256:<salt hex>:<64 hex digits>")
-            entries[key_id] = KeyEntry(
-                key_id, tenant, frozenset(roles), bytes.fromhex(salt_hex), bytes.fromhex(digest_hex)
-            )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CaptureError(f"{field}: {path} is malformed: {exc!r}") from None
-    return entries
 
 
 class Authenticator:
@@ -208,13 +139,7 @@ class Authenticator:
         return Caller(tenant=entry.tenant, key_id=entry.key_id, roles=entry.roles, credential_header=header)
 
     def _check(self, key: str) -> KeyEntry | None:
-        if not key.startswith(KEY_PREFIX):
-            return None
-        key_id, _, secret = key[len(KEY_PREFIX) :].partition("_")
-        entry = self._keys.get(key_id)
-        if entry is None or not secret:
-            return None
-        return entry if hmac.compare_digest(_digest(entry.salt, key), entry.digest) else None
+        return find_key(self._keys, API_KEYS, key)
 
     def _trusted_peer(self, host: str) -> bool:
         try:

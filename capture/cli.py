@@ -18,9 +18,10 @@ import uvicorn
 from pydantic import ValidationError
 
 from capture.app import build_app
-from capture.auth import load_key_file, new_key, write_key_file
+from capture.auth import load_key_file, new_key
 from capture.errors import CaptureError
 from capture.http_server import uvicorn_config
+from capture.ledger.key_file import write_key_file
 from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings

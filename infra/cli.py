@@ -11,7 +11,8 @@ turns what it raises into one line on stderr, ``reprolane: error: <message>``, a
           (``invalid ReplayerSettings: lane: ...; s3_bucket: ...``)
     2     ``schemas.ContractError``: input that does not satisfy the contract
     2     ``capture.audit.errors.UnknownIdError`` (no envelope, workflow or day of that name) and
-          ``SigningKeyError`` (a key file missing or unreadable)
+          ``SigningKeyError`` (a key file missing or unreadable), ``AccessDenied`` (an operator command refused:
+          no operator key, the role missing, the tenant out of the key's scope)
     2     ``replayer.errors.ReplayerError``, every one: ``EnvelopeNotFoundError``, ``NotReplayableError``,
           ``GateInputError``, ``LaneUnavailableError``, ``StoreError``
     1     ``infra.errors.InfraError``
@@ -42,7 +43,7 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
 
-from capture.audit.errors import AuditError, SigningKeyError, UnknownIdError
+from capture.audit.errors import AccessDenied, AuditError, SigningKeyError, UnknownIdError
 from capture.errors import CaptureError
 from capture.ledger.errors import LedgerError
 from infra.errors import InfraError
@@ -74,6 +75,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "lake": ("capture.audit.lake_cli", "lake_app", "group"),
     "query": ("capture.audit.lake_cli", "query_command", "command"),
     "keys": ("capture.audit.lake_cli", "keys_app", "group"),
+    "operator": ("capture.audit.operator_cli", "operator_app", "group"),
 }
 
 #: The exit code of each error tree, the first that matches wins (see the module docstring). Usage errors are
@@ -83,6 +85,7 @@ EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
     (ContractError, 2),
     (UnknownIdError, 2),
     (SigningKeyError, 2),
+    (AccessDenied, 2),
     (ReplayerError, 2),
     (InfraError, 1),
     (CaptureError, 1),

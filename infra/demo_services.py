@@ -18,7 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from capture.auth import new_key, write_key_file
+from capture.auth import new_key
+from capture.ledger.key_file import write_key_file
 from infra import paths, process
 from infra.errors import DemoError
 from infra.process import ProcessRef

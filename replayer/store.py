@@ -23,10 +23,9 @@ caller ever sees a raw backend exception.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -37,6 +36,7 @@ from schemas import ContractError, Envelope, ReplayResult, decode_envelope, deco
 from schemas.claim_check import decode_claim_check, verify_claimed
 from schemas.envelope import is_valid_request_id
 from schemas.errors import SealError
+from schemas.index_entry import RecordFacts, filed_step, index_mismatch, parse_index_entry
 from schemas.layout import (
     client_request_index_prefix,
     data_key_key,
@@ -79,12 +79,6 @@ def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
     """Where the result of replaying `envelope` on the lane with that fingerprint lives (deterministic)."""
     envelope_id = envelope.envelope_id()
     return replay_key(envelope_id, replay_result_id(envelope_id, lane_fingerprint_sha256), envelope.captured_at)
-
-
-def _filed_step(workflow_id: str, key: str) -> tuple[str, int] | None:
-    """(workflow id, step) a `schemas.layout.workflow_index_key` is filed under; None when the name has no step."""
-    step = key.removeprefix(workflow_index_prefix(workflow_id)).split("-", 1)[0]
-    return (workflow_id, int(step)) if step.isdigit() else None
 
 
 class EnvelopeStore:
@@ -146,52 +140,25 @@ class EnvelopeStore:
     def _envelope_from_index(
         self, index_key: str, what: str, *, request_id: str | None = None, workflow: tuple[str, int] | None = None
     ) -> Envelope:
-        """The envelope an index entry points at, checked against the entry (`_check_index`)."""
+        """The envelope an index entry points at, trusted only when it agrees with the entry: the same tenant and
+        envelope id, the request id (and workflow step) the entry is filed under (`schemas.index_entry`). Anything
+        else is a `StoreError`: an entry written by someone other than the capture side, or one moved elsewhere."""
         body = self._get(index_key)
         if body is None:
             raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
+        where = f"s3://{self.bucket}/{index_key}"
         try:
-            index: Any = json.loads(body)
-            key, tenant, envelope_id = index["key"], index["tenant"], index["envelope_id"]
-            if not all(isinstance(v, str) for v in (key, tenant, envelope_id)):
-                raise TypeError("key, tenant and envelope_id must be strings")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(f"index object s3://{self.bucket}/{index_key} is malformed: {exc}") from exc
-        data = self._get(key)
+            entry = parse_index_entry(body, where)
+        except ContractError as exc:
+            raise StoreError(str(exc)) from exc
+        data = self._get(entry.key)
         if data is None:
-            raise EnvelopeNotFoundError(f"{what} is indexed at {key}, but that object is missing (shredded?)")
-        envelope = self.decode(data, f"s3://{self.bucket}/{key}")
-        self._check_index(index_key, envelope, tenant, envelope_id, request_id, workflow)
-        return envelope
-
-    def _check_index(
-        self,
-        index_key: str,
-        envelope: Envelope,
-        tenant: str,
-        envelope_id: str,
-        request_id: str | None,
-        workflow: tuple[str, int] | None,
-    ) -> None:
-        """An index entry is trusted only when the envelope it points at agrees with it: the same tenant and
-        envelope id as the entry, the request id (and workflow step) the entry is filed under. Anything else is a
-        `StoreError`: an entry written by someone other than the capture side, or one moved to another record."""
-        found: list[str] = []
-        if envelope.tenant != tenant:
-            found.append(f"tenant {envelope.tenant!r}, the entry says {tenant!r}")
-        if envelope.envelope_id() != envelope_id:
-            found.append(f"envelope id {envelope.envelope_id()}, the entry says {envelope_id}")
-        if request_id is not None and envelope.request_id != request_id:
-            found.append(f"request id {envelope.request_id!r}, the entry is filed under {request_id!r}")
-        if workflow is not None:
-            got = (envelope.workflow.workflow_id, envelope.workflow.step) if envelope.workflow is not None else None
-            if got != workflow:
-                found.append(f"workflow {got}, the entry is filed under {workflow}")
+            raise EnvelopeNotFoundError(f"{what} is indexed at {entry.key}, but that object is missing (shredded?)")
+        envelope = self.decode(data, f"s3://{self.bucket}/{entry.key}")
+        found = index_mismatch(entry, RecordFacts.of_envelope(envelope), request_id=request_id, workflow=workflow)
         if found:
-            raise StoreError(
-                f"index object s3://{self.bucket}/{index_key} does not match the envelope it points to: "
-                + "; ".join(found)
-            )
+            raise StoreError(f"index object {where} does not match the envelope it points to: " + "; ".join(found))
+        return envelope
 
     def resolve_claim_check(self, reference: bytes) -> bytes:
         """The envelope bytes a claim check (`schemas.claim_check`, an envelope too large for Kafka) names, read
@@ -271,7 +238,7 @@ class EnvelopeStore:
         what = f"workflow {workflow_id!r}" + ("" if tenant is None else f" of tenant {tenant!r}")
         keys = self._list(workflow_index_prefix(workflow_id))
         envelopes = [
-            self._envelope_from_index(key, f"workflow {workflow_id!r} ({key})", workflow=_filed_step(workflow_id, key))
+            self._envelope_from_index(key, f"workflow {workflow_id!r} ({key})", workflow=filed_step(workflow_id, key))
             for key in keys
         ]
         tenants = sorted({e.tenant for e in envelopes})

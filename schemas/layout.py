@@ -23,6 +23,7 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
     audit/expiry/<YYYYmmddTHHMMSSffffffZ>-<uuid8>.json                       expiry_report_key
+    audit/access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json        access_log_key: operator actions
 
 An index object's body is `index_body`: ``{"captured_at", "envelope_id", "key", "tenant"}`` (sorted, compact).
 The day of an envelope key, a Merkle log and a replay result is always the envelope's *capture* day
@@ -68,6 +69,7 @@ REPLAYS_PREFIX: Final = "replays/"
 LOG_PREFIX: Final = "audit/log/"
 CHECKPOINTS_PREFIX: Final = "audit/checkpoints/"
 EXPIRY_PREFIX: Final = "audit/expiry/"
+ACCESS_LOG_PREFIX: Final = "audit/access/"
 DATA_KEYS_PREFIX: Final = "keys/"
 #: The lake's default key prefix in the lake bucket (``REPROLANE_ARCHIVER_LAKE_PREFIX`` changes it).
 LAKE_PREFIX: Final = "lake"
@@ -233,6 +235,18 @@ def checkpoint_key_suffix(tree_size: int) -> str:
 def expiry_report_key(ran_at: datetime, suffix: str) -> str:
     """Where an expiry run's report goes: its start time (to the microsecond) and a random suffix."""
     return f"{EXPIRY_PREFIX}{ran_at.strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
+
+
+def access_log_day_prefix(day: str) -> str:
+    """Every access-log record (`schemas.access_log.AccessRecord`) of one day (``YYYY-MM-DD``, UTC)."""
+    return date_prefix(ACCESS_LOG_PREFIX, day)
+
+
+def access_log_key(at: datetime, record_id: str) -> str:
+    """Where one access-log record goes: its day, its time (to the microsecond, so a day lists in time order)
+    and its random id."""
+    at = at.astimezone(UTC)
+    return f"{access_log_day_prefix(capture_day(at))}{at.strftime('%Y%m%dT%H%M%S%fZ')}-{record_id}.json"
 
 
 # ---------------------------------------------------------------------------------------------- data keys

@@ -4,9 +4,12 @@
 are groups.
 
 Settings come from ``REPROLANE_AUDIT_*`` (a running local stack provides the S3 ones, see infra/stack_env.py).
+``hold`` and ``expire`` act only for an operator key with the role (hold-admin, retention-admin) and in its tenant
+scope (`capture.audit.operators`); each decision is written to the access log first.
 Exit codes: 0 done / verified; 1 a verification failed (the first line names what) or the store failed;
-2 an unknown id or day, bad arguments or settings, or missing keys. The commands raise (`capture.audit.errors`,
-``typer.BadParameter``); the root of the command line (`infra.cli`) prints one line on stderr and picks the code.
+2 an unknown id or day, bad arguments or settings, missing keys, or an operator refused. The commands raise
+(`capture.audit.errors`, ``typer.BadParameter``); the root of the command line (`infra.cli`) prints one line on
+stderr and picks the code.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import typer
 
 from capture.audit import signing_keys
 from capture.audit.checkpoint import reconcile, write_checkpoint
-from capture.audit.retention import expire, set_hold
+from capture.audit.operator_cli import OperatorKeyFileOpt, operator_gate
+from capture.audit.retention import expire, hold_entries, resolve
 from capture.audit.settings import AuditSettings
 from capture.audit.store import AuditStore
 from capture.audit.verify import Verdict, verify_range, verify_request
+from schemas.access_log import OperatorAction
 from schemas.layout import ENVELOPES_PREFIX, LOG_PREFIX, partition_value, tenant_envelopes_prefix
 
 hold_app = typer.Typer(name="hold", no_args_is_help=True, add_completion=False, help="Legal holds.")
@@ -84,33 +89,61 @@ def verify_command(
     raise typer.Exit(0 if verdict.ok else 1)
 
 
-def _hold(some_id: str, on: bool) -> None:
+TenantOpt = Annotated[
+    str | None, typer.Option("--tenant", help="only this tenant's records (default: your operator key's tenant)")
+]
+
+
+def _hold(some_id: str, on: bool, tenant: str | None, key_file: Path | None) -> None:
+    """Authorise (hold-admin, in the key's tenant scope), then hold exactly one tenant's records of the id."""
     store = _store(AuditSettings())
-    done = set_hold(store, some_id, on)
-    for obj in done:
+    gate = operator_gate(store, key_file)
+    action: OperatorAction = "hold.add" if on else "hold.remove"
+    tenant = gate.scope(action, some_id, tenant)
+    entries = resolve(store, some_id, tenant)
+    tenants = sorted({e.tenant for e in entries})
+    if len(tenants) != 1:  # a request id and a workflow id of the same name, of two tenants
+        raise typer.BadParameter(f"{some_id!r} names records of tenants {', '.join(tenants)}: pass --tenant")
+    gate.authorise(action, some_id, tenants[0])
+    for obj in hold_entries(store, entries, on):
         typer.echo(f"legal hold {'ON ' if on else 'OFF'} {obj.key} (version {obj.version_id})")
 
 
 @hold_app.command("add")
-def hold_add(some_id: Annotated[str, typer.Argument(metavar="REQUEST_ID|WORKFLOW_ID")]) -> None:
-    """Place a legal hold on an envelope, or on every step of a workflow."""
-    _hold(some_id, True)
+def hold_add(
+    some_id: Annotated[str, typer.Argument(metavar="REQUEST_ID|WORKFLOW_ID")],
+    tenant: TenantOpt = None,
+    operator_key_file: OperatorKeyFileOpt = None,
+) -> None:
+    """Place a legal hold on an envelope, or on every step of one tenant's workflow (needs hold-admin)."""
+    _hold(some_id, True, tenant, operator_key_file)
 
 
 @hold_app.command("remove")
-def hold_remove(some_id: Annotated[str, typer.Argument(metavar="REQUEST_ID|WORKFLOW_ID")]) -> None:
-    """Lift a legal hold."""
-    _hold(some_id, False)
+def hold_remove(
+    some_id: Annotated[str, typer.Argument(metavar="REQUEST_ID|WORKFLOW_ID")],
+    tenant: TenantOpt = None,
+    operator_key_file: OperatorKeyFileOpt = None,
+) -> None:
+    """Lift a legal hold (needs hold-admin)."""
+    _hold(some_id, False, tenant, operator_key_file)
 
 
 def expire_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="report, delete nothing")] = False,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="only this tenant's envelopes")] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="only this tenant's envelopes (default: your key's tenant, or all)")
+    ] = None,
+    operator_key_file: OperatorKeyFileOpt = None,
 ) -> None:
-    """Delete envelope versions past their retain-until date and not under legal hold; report what was kept."""
+    """Delete envelope versions past their retain-until date and not under legal hold; report what was kept
+    (needs retention-admin; a key scoped to a tenant expires that tenant's envelopes only)."""
     settings = AuditSettings()
     store = _store(settings)
+    gate = operator_gate(store, operator_key_file)
+    tenant = gate.scope("expire", ENVELOPES_PREFIX, tenant)
     prefix = tenant_envelopes_prefix(tenant) if tenant else ENVELOPES_PREFIX
+    gate.authorise("expire", prefix + (" (dry run)" if dry_run else ""), tenant)
     retention = _retention(settings.log_retention_days)
     report = expire(store, dry_run=dry_run, prefix=prefix, report_retention=retention)
     counts = report.counts()

@@ -5,6 +5,8 @@
           ├── AuditStoreError         S3 refused or could not be reached (botocore translated at the boundary)
           ├── SigningKeyError         a signing / public key is missing or unreadable
           ├── UnknownIdError          no envelope, workflow or day of that name (the CLI exits 2)
+          ├── IndexMismatchError      an index entry disagrees with the record it points at (never followed)
+          ├── AccessDenied            an operator command refused: no key, wrong role, tenant out of scope (2)
           └── LakeError               the audit lake cannot be written, read, compacted or queried
                └── QueryError         the SQL itself was refused (capture.audit.query)
 
@@ -34,3 +36,11 @@ class UnknownIdError(AuditError):
 
 class LakeError(AuditError):
     pass
+
+
+class IndexMismatchError(AuditError):
+    pass
+
+
+class AccessDenied(AuditError):
+    """An operator command refused (`capture.audit.operators`); its refusal is in the access log."""

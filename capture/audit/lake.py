@@ -12,7 +12,9 @@ deletes it fails with a read error and can simply be run again.
 Index rebuild (`Lake.rebuild_index`): if the request-id index objects of the audit bucket are lost, the lake's
 envelopes table still knows, per request id, the newest envelope and its S3 key; the index objects are written
 back byte for byte as the capture sink writes them (``{"captured_at","envelope_id","key","tenant"}``), and the
-workflow index with them. By default only missing objects are written.
+workflow index with them. The lake is not evidence: a row is written back only when the record it names agrees
+with it, only missing objects are written, and with ``overwrite`` invalid ones replaced; a valid entry never is
+(`capture.audit.index.repair_entry`).
 
 Every pyarrow / botocore error becomes `LakeError`.
 """
@@ -31,10 +33,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture.audit.errors import LakeError
+from capture.audit.index import RepairReport, repair_entry
 from capture.audit.lake_schema import DEDUPE_KEY, PARTITIONING, SCHEMAS
 from schemas import layout
 from schemas.layout import (
-    INDEX_PREFIX,
     LAKE_PREFIX,
     is_lake_part,
     lake_day_prefix,
@@ -45,9 +47,8 @@ from schemas.layout import (
 )
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
-
     from capture.audit.lake_settings import LakeSettings
+    from capture.audit.store import AuditStore
 
 _T = TypeVar("_T")
 
@@ -218,31 +219,28 @@ class Lake:
             con.close()
 
     def rebuild_index(
-        self, client: S3Client, audit_bucket: str, day: str | None = None, *, overwrite: bool = False
-    ) -> int:
-        """Write the index objects (request id and workflow) that are missing; how many were written."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        existing: set[str] = set()
-        try:
-            if not overwrite:
-                pages = client.get_paginator("list_objects_v2").paginate(Bucket=audit_bucket, Prefix=INDEX_PREFIX)
-                for page in pages:
-                    existing.update(o["Key"] for o in page.get("Contents", []) if "Key" in o)
-            written = 0
-            for entry in self.index_entries(day):
-                body = index_body(entry)
-                keys = [request_index_key(entry["request_id"])]
-                if entry["workflow_id"] is not None and entry["workflow_step"] is not None:
-                    keys.append(workflow_index_key(entry["workflow_id"], entry["workflow_step"], entry["request_id"]))
-                for key in keys:
-                    if key in existing:
-                        continue
-                    client.put_object(Bucket=audit_bucket, Key=key, Body=body, ContentType="application/json")
-                    written += 1
-        except (ClientError, BotoCoreError) as exc:
-            raise LakeError(f"rebuilding the index in bucket {audit_bucket}: {exc}") from exc
-        return written
+        self,
+        store: AuditStore,
+        day: str | None = None,
+        *,
+        tenant: str | None = None,
+        overwrite: bool = False,
+    ) -> RepairReport:
+        """Write back the index objects (request id and workflow) that are missing, from the lake's rows of `day`
+        (and of `tenant` only, when given); with `overwrite`, also replace invalid ones. A valid entry is never
+        replaced (`capture.audit.index.repair_entry` says what was done with each)."""
+        report = RepairReport()
+        for entry in self.index_entries(day):
+            if tenant is not None and entry["tenant"] != tenant:
+                continue
+            body, request_id = index_body(entry), entry["request_id"]
+            repair_entry(store, request_index_key(request_id), body, report, request_id=request_id,
+                         overwrite=overwrite)  # fmt: skip
+            flow, step = entry["workflow_id"], entry["workflow_step"]
+            if flow is not None and step is not None:
+                key = workflow_index_key(flow, step, request_id)
+                repair_entry(store, key, body, report, workflow=(flow, step), overwrite=overwrite)
+        return report
 
 
 def index_body(entry: dict[str, Any]) -> bytes:

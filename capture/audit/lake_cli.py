@@ -3,9 +3,13 @@
     reprolane query "SQL" [--date D] [--json | --csv]      DuckDB over the lake (views: capture.audit.query)
     reprolane archiver serve                               run the archiver until SIGINT/SIGTERM
     reprolane lake compact [--date D] [--table T]          merge + dedupe each partition's small files
-    reprolane lake rebuild-index [--date D] [--overwrite]  write lost request-id/workflow index objects back
+    reprolane lake rebuild-index [--date D] [--tenant T] [--overwrite]   write lost index objects back,
+                                                           repair invalid ones (retention-admin)
     reprolane keys list TENANT                             the tenant's stored data key ids
-    reprolane keys shred TENANT --yes                      destroy the tenant's data keys (crypto-shredding)
+    reprolane keys shred TENANT --yes                      destroy the tenant's data keys (key-admin)
+
+``rebuild-index`` and ``keys shred`` act only for an operator key with the role, in its tenant scope
+(`capture.audit.operators`, ``--operator-key-file``); each decision is written to the access log first.
 
 Settings: `LakeSettings` (``REPROLANE_ARCHIVER_*``; a running local stack provides the defaults). The commands
 raise: ``typer.BadParameter`` for bad input (bad SQL, bad date, missing --yes), a `capture.audit.errors.LakeError`
@@ -25,7 +29,9 @@ import typer
 from capture.audit.lake import Lake
 from capture.audit.lake_schema import TABLES
 from capture.audit.lake_settings import LakeSettings
+from capture.audit.operator_cli import OperatorKeyFileOpt, operator_gate
 from capture.audit.query import QueryError, render_csv, render_json, render_table, run_query
+from capture.audit.store import AuditStore
 from infra.clients.s3 import S3Policy, make_s3_client
 from schemas.layout import DATA_KEYS_PREFIX, INDEX_PREFIX
 
@@ -47,6 +53,11 @@ def _day(value: str | None) -> str | None:
 
 def _s3_client(settings: LakeSettings) -> Any:
     return make_s3_client(settings, policy=S3Policy.AUDIT)
+
+
+def _audit_store(settings: LakeSettings) -> AuditStore:
+    """The audit bucket, where the index lives and the access log is written."""
+    return AuditStore(_s3_client(settings), settings.s3_bucket)
 
 
 def query_command(
@@ -110,15 +121,35 @@ def compact_cmd(
 @lake_app.command("rebuild-index")
 def rebuild_index_cmd(
     date: DateOpt = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="rewrite existing index objects too")] = False,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="only this tenant's entries (default: your key's tenant, or all)")
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="also replace invalid index objects (a valid one never is)")
+    ] = False,
+    operator_key_file: OperatorKeyFileOpt = None,
 ) -> None:
-    """Write the request-id (and workflow) index objects back from the lake's envelopes."""
+    """Write lost request-id (and workflow) index objects back from the lake's envelopes (needs retention-admin).
+
+    A row is written only when the envelope it names in S3 agrees with it; an index object already there is
+    kept when valid (even if it points at another envelope) and, with --overwrite, replaced when invalid."""
     day = _day(date)
     settings = LakeSettings()
-    written = Lake.from_settings(settings).rebuild_index(
-        _s3_client(settings), settings.s3_bucket, day, overwrite=overwrite
+    store = _audit_store(settings)
+    gate = operator_gate(store, operator_key_file)
+    target = f"index of {day or 'every day'}" + (" (overwrite invalid)" if overwrite else "")
+    tenant = gate.scope("lake.rebuild-index", target, tenant)
+    gate.authorise("lake.rebuild-index", target, tenant)
+    report = Lake.from_settings(settings).rebuild_index(store, day, tenant=tenant, overwrite=overwrite)
+    counts = report.counts()
+    typer.echo(
+        f"s3://{settings.s3_bucket}/{INDEX_PREFIX}: {counts['written']} written, {counts['repaired']} repaired, "
+        f"{counts['kept']} kept, {counts['kept_other']} kept pointing elsewhere, {counts['invalid']} invalid left, "
+        f"{counts['skipped']} lake rows skipped"
     )
-    typer.echo(f"{written} index objects written to s3://{settings.s3_bucket}/{INDEX_PREFIX}")
+    for name in ("written", "repaired", "kept_other", "invalid", "skipped"):
+        for line in getattr(report, name):
+            typer.echo(f"  {name}: {line}")
 
 
 keys_app = typer.Typer(help="Per-tenant data keys of encrypted tenants.", add_completion=False)
@@ -142,12 +173,15 @@ def keys_list_cmd(tenant: Annotated[str, typer.Argument(help="tenant id")]) -> N
 def keys_shred_cmd(
     tenant: Annotated[str, typer.Argument(help="tenant id")],
     yes: Annotated[bool, typer.Option("--yes", help="confirm: this cannot be undone")] = False,
+    operator_key_file: OperatorKeyFileOpt = None,
 ) -> None:
-    """Destroy every data key of TENANT: its sealed records stay in place and can never be read again."""
+    """Destroy every data key of TENANT: its sealed records stay in place and can never be read again (needs
+    key-admin for TENANT)."""
     if not yes:
         raise typer.BadParameter(
             f"shredding tenant {tenant}'s keys makes its records unreadable forever; pass --yes to do it"
         )
     settings = LakeSettings()
+    operator_gate(_audit_store(settings), operator_key_file).authorise("keys.shred", tenant, tenant)
     deleted = _keyring(settings).shred(tenant)
     typer.echo(f"tenant {tenant}: {deleted} key objects destroyed in s3://{settings.keys_bucket}/{DATA_KEYS_PREFIX}")

@@ -16,7 +16,8 @@ Object Lock when the settings ask for it), so ``reprolane verify --range`` tells
 one. The report is not signed: whoever may write under ``audit/`` could forge one, like any unsigned tail.
 
 A hold is placed on the *current* version of each envelope object (the one the verifier and the replayer
-read). An id is a request id (``index/request-id/``) or a workflow id (every step under ``index/workflow/``).
+read). An id is a request id (``index/request-id/``) or a workflow id (one tenant's steps under
+``index/workflow/``); every index entry is checked against the record it points at before it is followed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from capture.audit.errors import AuditStoreError, UnknownIdError
+from capture.audit.index import checked_entry
 from capture.audit.store import AuditStore
+from schemas.index_entry import IndexEntry, filed_step
 from schemas.layout import (
     ENVELOPES_PREFIX,
     envelope_id_of_key,
@@ -44,41 +47,51 @@ class HeldObject:
     envelope_id: str
 
 
-def _pointer_key(store: AuditStore, index_key: str) -> str | None:
-    body = store.get(index_key)
-    if body is None:
-        return None
-    try:
-        return str(json.loads(body)["key"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UnknownIdError(f"index entry {index_key} is unreadable: {exc!r}") from exc
+def resolve(store: AuditStore, some_id: str, tenant: str | None = None) -> list[IndexEntry]:
+    """The index entries of a request id, or of every step of a workflow id (both when both exist), each checked
+    against the record it points at (`capture.audit.index`: a mismatch is `IndexMismatchError`, never followed).
 
-
-def resolve(store: AuditStore, some_id: str) -> list[str]:
-    """The envelope object keys of a request id, or of every step of a workflow id (both when both exist)."""
-    keys: list[str] = []
-    direct = _pointer_key(store, request_index_key(some_id))
-    if direct is not None:
-        keys.append(direct)
+    A workflow id is the client's label: two tenants may send the same one. Its steps are taken for `tenant`
+    only, and without a tenant a workflow id is refused (`UnknownIdError`, naming its tenants): a hold by
+    workflow never reaches another tenant's records. A request id is the sidecar's own; with `tenant` it must
+    be that tenant's.
+    """
+    found: list[IndexEntry] = []
+    direct = checked_entry(store, request_index_key(some_id), request_id=some_id)
+    if direct is not None and tenant in (None, direct.tenant):
+        found.append(direct)
+    steps: list[IndexEntry] = []
     for index_key, _ in store.list_keys(workflow_index_prefix(some_id)):
-        step = _pointer_key(store, index_key)
-        if step is not None and step not in keys:
-            keys.append(step)
-    if not keys:
-        raise UnknownIdError(f"{some_id!r} is neither a request id nor a workflow id in s3://{store.bucket}")
-    return keys
+        step = checked_entry(store, index_key, workflow=filed_step(some_id, index_key))
+        if step is not None:
+            steps.append(step)
+    if steps and tenant is None:
+        tenants = ", ".join(sorted({s.tenant for s in steps}))
+        raise UnknownIdError(f"{some_id!r} is a workflow id (steps of tenant {tenants}): name the tenant (--tenant)")
+    for step in steps:
+        if step.tenant == tenant and all(step.key != f.key for f in found):
+            found.append(step)
+    if not found:
+        of = "" if tenant is None else f" of tenant {tenant!r}"
+        raise UnknownIdError(f"{some_id!r} is neither a request id nor a workflow id{of} in s3://{store.bucket}")
+    return found
 
 
-def set_hold(store: AuditStore, some_id: str, on: bool) -> list[HeldObject]:
-    """Place (``on``) or lift a legal hold on the current version of every envelope object of the id."""
+def hold_entries(store: AuditStore, entries: list[IndexEntry], on: bool) -> list[HeldObject]:
+    """Place (``on``) or lift a legal hold on the current version of each entry's envelope object."""
     done: list[HeldObject] = []
-    for key in resolve(store, some_id):
-        version = store.current_version(key)
+    for entry in entries:
+        version = store.current_version(entry.key)
         if version is None:
-            raise UnknownIdError(f"{some_id!r}: its envelope object {key} does not exist")
-        store.set_legal_hold(key, version, on)
-        done.append(HeldObject(key, version, envelope_id_of_key(key)))
+            raise UnknownIdError(f"the envelope object {entry.key} does not exist")
+        store.set_legal_hold(entry.key, version, on)
+        done.append(HeldObject(entry.key, version, envelope_id_of_key(entry.key)))
     return done
+
+
+def set_hold(store: AuditStore, some_id: str, on: bool, tenant: str | None = None) -> list[HeldObject]:
+    """`hold_entries` of `resolve(store, some_id, tenant)`."""
+    return hold_entries(store, resolve(store, some_id, tenant), on)
 
 
 @dataclass

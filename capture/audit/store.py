@@ -120,3 +120,13 @@ class AuditStore(LedgerStore):
             lambda: self.client.delete_object(Bucket=self.bucket, Key=key, VersionId=version_id),
             lambda _: False,
         )
+
+    def replace(self, key: str, body: bytes) -> None:
+        """Write a new current version of `key` unconditionally (repairing an invalid index entry only: every
+        other object is written once, `put_new`)."""
+        self._call(
+            "put",
+            key,
+            lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json"),
+            lambda _: False,
+        )

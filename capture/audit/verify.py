@@ -25,6 +25,8 @@ What each finding means (``fatal`` ones make the verdict fail, exit 1):
                       when it is a single one)
     altered           the leaves under a checkpoint no longer hash to its root (inserted or replaced leaves)
     inserted          an object of the day is in no leaf (or it was stored and not logged before a crash)
+    misindexed        the request id's index entry disagrees with the envelope it points at (another tenant's,
+                      another request's record: `capture.audit.index`)
     not_logged        the envelope asked for is stored but in no leaf
     not_checkpointed  it is logged, but no signed checkpoint covers its leaf yet
     bad_checkpoint    a checkpoint object does not parse, is misnamed, or its signature does not verify
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 
 from capture.audit.checkpoint import StoredCheckpoint, day_objects, list_checkpoints
 from capture.audit.errors import UnknownIdError
+from capture.audit.index import check_entry, read_entry
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import LeafLog, read_leaves
 from schemas import sha256_hex
@@ -234,14 +237,10 @@ def _check_chain(day: str, leaves: LeafLog, good: list[Checkpoint], verdict: Ver
 
 
 def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Verdict:
-    body = store.get(request_index_key(request_id))
-    if body is None:
+    entry = read_entry(store, request_index_key(request_id))
+    if entry is None:
         raise UnknownIdError(f"no envelope with request id {request_id!r} in s3://{store.bucket}")
-    try:
-        pointer = json.loads(body)
-        key, indexed_id = str(pointer["key"]), str(pointer["envelope_id"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UnknownIdError(f"index entry of {request_id!r} is unreadable: {exc!r}") from exc
+    key, indexed_id = entry.key, entry.envelope_id
     verdict = Verdict(f"request {request_id}")
     envelope_id = envelope_id_of_key(key)
     if indexed_id != envelope_id:
@@ -256,6 +255,9 @@ def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Ver
     if finding is not None:
         verdict.findings.append(finding)
     if finding is None or not finding.fatal:
+        for problem in check_entry(store, entry, request_id=request_id).problems:
+            verdict.add("misindexed", f"misindexed: the index entry of {request_id} does not match the envelope "
+                                      f"it points at ({key}): {problem}")  # fmt: skip
         bound = "the logged bytes" if leaf is not None and leaf.object_sha256 is not None else "the id"
         verdict.lines.append(f"  object: {key} (stored bytes match {bound})")
     for problem in leaves.problems:

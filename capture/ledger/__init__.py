@@ -6,7 +6,8 @@
   an encrypted tenant's records before they leave the sidecar.
 - `store`: the S3 boundary (`LedgerStore`: conditional creates, reads, listings).
 - `records`: what the ledger reads of a stored record (`StoredRecord`, which `capture.outgoing.Outgoing` is).
-- `errors`: the ledger's small exception tree (`LedgerError`, `LedgerStoreError`, `KeyringError`).
+- `key_file`: hashed key files, one format for the sidecar's API keys and the operators' keys.
+- `errors`: the ledger's small exception tree (`LedgerError`, `LedgerStoreError`, `KeyringError`, `KeyFileError`).
 
 Imports: only `schemas` and `infra.clients` (S3). It imports nothing of the sidecar (``capture.*`` modules) or of
 the audit jobs (`capture.audit`); both import it. It reads the sidecar's records through a protocol

@@ -3,7 +3,8 @@
     Exception
      └── LedgerError              base of everything raised by capture.ledger (e.g. a lost Merkle-log append race)
           ├── LedgerStoreError    S3 refused or could not be reached (botocore translated at the boundary)
-          └── KeyringError        a tenant data key cannot be made, read, unwrapped or shredded
+          ├── KeyringError        a tenant data key cannot be made, read, unwrapped or shredded
+          └── KeyFileError        a hashed key file (API or operator keys) is unreadable, open to others or malformed
 
 Each user translates these at its own boundary: the sidecar into `capture.errors` (`SinkError`,
 `SealingError`); the audit jobs' store (`capture.audit.store.AuditStore`) raises
@@ -22,4 +23,8 @@ class LedgerStoreError(LedgerError):
 
 
 class KeyringError(LedgerError):
+    pass
+
+
+class KeyFileError(LedgerError):
     pass

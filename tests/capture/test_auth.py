@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from capture.app import build_app
-from capture.auth import Authenticator, Unauthenticated, load_key_file, new_key, write_key_file
+from capture.auth import Authenticator, Unauthenticated, load_key_file, new_key
 from capture.cli import build_settings, capture_app
 from capture.errors import CaptureError
+from capture.ledger.key_file import write_key_file
 from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
 from schemas import CapturedError

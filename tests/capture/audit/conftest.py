@@ -1,5 +1,6 @@
 """Fixtures of the lake and sealing stack tests: a uuid lake prefix, uuid tenants and uuid topics on the session's
-stack. One shared bucket (``reprolane-lake``) rather than a bucket per test: SeaweedFS gives every bucket its own
+stack (and, for fast tests, `moto_store`: an `AuditStore` on a fresh bucket of a module's moto server). One
+shared bucket (``reprolane-lake``) rather than a bucket per test: SeaweedFS gives every bucket its own
 volumes, and a bucket per test runs a long-lived dev stack out of volume slots."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import asyncio
 import base64
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from capture.audit.lake import Lake
 from capture.audit.lake_settings import LakeSettings
+from capture.audit.store import AuditStore
 from schemas.layout import LAKE_BUCKET
 from schemas.sealed import new_data_key
+from tests.moto_s3 import moto_client, moto_server
 
 
 @dataclass
@@ -131,3 +134,18 @@ async def eventually(condition: Callable[[], bool], within_s: float = 30.0, what
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, f"{what} not reached within {within_s}s"
         await asyncio.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def moto_store(moto_endpoint: str) -> AuditStore:
+    """An `AuditStore` on a fresh bucket of the module's moto server."""
+    client = moto_client(moto_endpoint)
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    return AuditStore(client, name)

@@ -8,15 +8,22 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+from capture.audit.operators import OPERATOR_KEYS
+from capture.ledger.key_file import new_key as new_operator_key
+from capture.ledger.key_file import write_key_file
 from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra.state import StackInfo
 from schemas import Envelope
+from schemas.access_log import AccessRecord, decode_access_record
+from schemas.layout import access_log_day_prefix
 
 
 async def publish_through_s3(
@@ -46,11 +53,14 @@ async def publish_through_s3(
         await spool.close()
 
 
-def audit_cli(stack: StackInfo, bucket: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def audit_cli(
+    stack: StackInfo, bucket: str, *args: str, operators: OperatorKeys | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
     """``reprolane ARGS`` with the audit settings of `stack` and `bucket` (plus ``REPROLANE_AUDIT_<KEY>`` from `env`),
-    log retention off so that test objects can be deleted."""
+    log retention off so that test objects can be deleted; with `operators`, its key store configured."""
     environ = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_OPERATOR_")},
+        **(operators.env() if operators is not None else {}),
         "REPROLANE_AUDIT_S3_ENDPOINT": stack.s3_endpoint,
         "REPROLANE_AUDIT_S3_ACCESS_KEY": stack.s3_access_key,
         "REPROLANE_AUDIT_S3_SECRET_KEY": stack.s3_secret_key,
@@ -66,6 +76,47 @@ def audit_cli(stack: StackInfo, bucket: str, *args: str, **env: str) -> subproce
         timeout=60,
         check=False,
     )
+
+
+@dataclass(frozen=True)
+class OperatorKeys:
+    """An operator key store (`capture.audit.operators`) and one 0600 key file per key, by name."""
+
+    store: Path
+    files: dict[str, Path]
+
+    def env(self) -> dict[str, str]:
+        return {"REPROLANE_OPERATOR_KEYS_PATH": str(self.store)}
+
+    def key_file(self, name: str) -> str:
+        return str(self.files[name])
+
+
+def operator_keys(directory: Path, **keys: tuple[tuple[str, ...], str | None]) -> OperatorKeys:
+    """A key store in `directory` with one key per keyword, ``name=(roles, tenant or None)``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    entries, files = [], {}
+    for name, (roles, tenant) in keys.items():
+        key, entry = new_operator_key(OPERATOR_KEYS, name, tenant, roles)
+        entries.append(entry)
+        files[name] = directory / f"{name}.key"
+        files[name].write_text(key + "\n", encoding="utf-8")
+        files[name].chmod(0o600)
+    write_key_file(directory / "operators.json", entries)
+    return OperatorKeys(directory / "operators.json", files)
+
+
+def access_records(client: Any, bucket: str, target: str, since: datetime | None = None) -> list[AccessRecord]:
+    """The access-log records of today (UTC) in `bucket` whose target starts with `target` (made at or after
+    `since`), oldest first."""
+    prefix = access_log_day_prefix(datetime.now(UTC).strftime("%Y-%m-%d"))
+    found = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            record = decode_access_record(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+            if record.target.startswith(target) and (since is None or record.at >= since):
+                found.append(record)
+    return sorted(found, key=lambda r: r.at)
 
 
 def new_key() -> tuple[bytes, bytes]:

@@ -32,9 +32,9 @@ from capture.spool import SpoolEntry
 from infra.buckets import s3_client
 from infra.state import StackInfo
 from schemas import Envelope, sha256_hex
-from schemas.layout import envelope_key
+from schemas.layout import envelope_key, index_body, request_index_key
 from schemas.sealed import decode_sealed, new_data_key, seal_envelope
-from tests.capture.audit.support import audit_cli, new_key, publish_through_s3, random_day
+from tests.capture.audit.support import audit_cli, new_key, operator_keys, publish_through_s3, random_day
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -205,3 +205,28 @@ async def test_a_republished_sealed_envelope_logs_the_stored_sealing(stack: Stac
     assert write_checkpoint(store, captured.strftime("%Y-%m-%d"), private, retention=None) is not None
     verdict = verify_request(store, env.request_id, public)
     assert verdict.ok, messages(verdict)
+
+
+def test_an_index_entry_moved_to_another_record_is_misindexed_and_never_followed(day: Day, tmp_path: Path) -> None:
+    """Whoever can write the bucket points a request id's index entry at another request's record (the entry
+    self-consistent: that record's key, id and tenant): verify names it, a hold refuses to follow it."""
+    victim, other = day.plain[0], day.plain[1]
+    sealed_victim = day.sealed[0]
+    for moved, to in ((victim, other), (sealed_victim, other)):
+        body = index_body(to.envelope_id(), day.key(to), to.tenant, to.captured_at)
+        day.client.put_object(Bucket=BUCKET, Key=request_index_key(moved.request_id), Body=body)
+        verdict = day.verify(moved)
+        assert "misindexed" in verdict.kinds(), messages(verdict)
+        assert f"request id {to.request_id!r}, the entry is filed under {moved.request_id!r}" in messages(verdict)
+    public = base64.b64encode(day.public).decode()
+    done = audit_cli(day.stack, BUCKET, "verify", victim.request_id, public_key=public)
+    assert done.returncode == 1
+    assert done.stdout.startswith(f"FAILED request {victim.request_id}: misindexed: the index entry of ")
+    assert audit_cli(day.stack, BUCKET, "verify", other.request_id, public_key=public).returncode == 0
+
+    ops = operator_keys(tmp_path / "ops", holder=(("hold-admin",), None))
+    held = audit_cli(day.stack, BUCKET, "hold", "add", sealed_victim.request_id, "--operator-key-file",
+                     ops.key_file("holder"), operators=ops)  # fmt: skip
+    assert held.returncode == 1
+    assert held.stderr.count("\n") == 1
+    assert "does not match the envelope it points to" in held.stderr

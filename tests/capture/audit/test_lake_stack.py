@@ -22,10 +22,12 @@ from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra.cli import build_app
-from replayer.errors import EnvelopeNotFoundError
+from replayer.errors import EnvelopeNotFoundError, StoreError
 from replayer.store import EnvelopeStore
 from schemas import DivergenceEvent, Envelope, FirstDivergence, StepCandidates, WorkflowRef
+from schemas.layout import envelope_key, index_body, request_index_key, workflow_index_key
 from tests.capture.audit.conftest import AuditStack, eventually
+from tests.capture.audit.support import access_records, operator_keys
 from tests.factories import envelope, runtime
 
 pytestmark = pytest.mark.stack
@@ -193,15 +195,16 @@ async def test_compaction_merges_small_files_and_drops_duplicates(audit_stack: A
     assert lake.compact("envelopes").partitions == 0  # nothing left to merge
 
 
-async def test_rebuild_index_restores_a_lost_index_object(audit_stack: AuditStack, tmp_path: Path) -> None:
+async def test_rebuild_index_restores_lost_entries_and_never_replaces_a_valid_one(
+    audit_stack: AuditStack, tmp_path: Path
+) -> None:
     a = audit_stack
     now = datetime.now(UTC).replace(microsecond=0)
+    day, tenant = now.strftime("%Y-%m-%d"), f"t-{a.suffix}"
     workflow = WorkflowRef(workflow_id=f"wf-{a.suffix}", step=4)
     envs = [
-        envelope(
-            request_id=f"ix{i}-{a.suffix}", captured_at=now, tenant=f"t-{a.suffix}", workflow=workflow if i else None
-        )
-        for i in range(2)
+        envelope(request_id=f"ix{i}-{a.suffix}", captured_at=now, tenant=tenant, workflow=workflow if i else None)
+        for i in range(3)
     ]
     settings = CaptureSettings(
         upstream="http://127.0.0.1:9", spool_dir=tmp_path / "spool", kafka_bootstrap=a.info.kafka_bootstrap,
@@ -217,22 +220,79 @@ async def test_rebuild_index_restores_a_lost_index_object(audit_stack: AuditStac
     await eventually(lambda: spool.depth == 0, 30, "publish")
     await publisher.stop()
     await spool.close()
-    await archive(a, 2)
+    await archive(a, 3)
 
-    s3 = a.client()
-    store = EnvelopeStore(s3, a.info.audit_bucket)
-    lost = [f"index/request-id/{envs[0].request_id}.json", f"index/request-id/{envs[1].request_id}.json",
-            f"index/workflow/{workflow.workflow_id}/000004-{envs[1].request_id}.json"]  # fmt: skip
-    originals = {k: s3.get_object(Bucket=a.info.audit_bucket, Key=k)["Body"].read() for k in lost}
+    s3, bucket = a.client(), a.info.audit_bucket
+    store = EnvelopeStore(s3, bucket)
+    step_key = [workflow_index_key(workflow.workflow_id, 4, e.request_id) for e in envs]
+    lost = [request_index_key(envs[0].request_id), request_index_key(envs[1].request_id), step_key[1]]
+    originals = {k: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in lost}
     for key in lost:
-        s3.delete_object(Bucket=a.info.audit_bucket, Key=key)
+        s3.delete_object(Bucket=bucket, Key=key)
     with pytest.raises(EnvelopeNotFoundError):
         store.get_by_request_id(envs[0].request_id)
 
-    written = a.lake().rebuild_index(s3, a.info.audit_bucket, now.strftime("%Y-%m-%d"))
-    assert written == 3
+    # envs[2]'s request-id entry now points at envs[0]'s record (invalid: another request); its workflow step
+    # entry points at envs[1], which is valid (the same tenant and step): a rebuild must keep it
+    def body_of(env: Envelope) -> bytes:
+        return index_body(env.envelope_id(), envelope_key(env.envelope_id(), tenant, now), tenant, now)
+
+    s3.put_object(Bucket=bucket, Key=request_index_key(envs[2].request_id), Body=body_of(envs[0]))
+    s3.put_object(Bucket=bucket, Key=step_key[2], Body=body_of(envs[1]))
+
+    ops = operator_keys(
+        tmp_path / "ops", keeper=(("retention-admin",), None), holder=(("hold-admin",), None),
+        other=(("retention-admin",), f"other-{a.suffix}"),
+    )  # fmt: skip
+    env = {
+        **ops.env(),
+        "REPROLANE_ARCHIVER_S3_ENDPOINT": a.info.s3_endpoint,
+        "REPROLANE_ARCHIVER_S3_ACCESS_KEY": a.info.s3_access_key,
+        "REPROLANE_ARCHIVER_S3_SECRET_KEY": a.info.s3_secret_key,
+        "REPROLANE_ARCHIVER_S3_BUCKET": bucket,
+        "REPROLANE_ARCHIVER_LAKE_BUCKET": a.bucket,
+        "REPROLANE_ARCHIVER_LAKE_PREFIX": a.prefix,
+    }
+    target, started = f"index of {day}", datetime.now(UTC)
+
+    def rebuild(*args: str) -> Any:
+        return CliRunner().invoke(build_app(), ["lake", "rebuild-index", "--date", day, *args], env=env)
+
+    for refused, why in (
+        (rebuild(), "no operator key"),
+        (rebuild("--operator-key-file", ops.key_file("holder")), "lacks the 'retention-admin' role"),
+        (rebuild("--operator-key-file", ops.key_file("other"), "--tenant", tenant), "is scoped to tenant"),
+    ):
+        assert (refused.exit_code, refused.stderr.count("\n")) == (2, 1), refused.output
+        assert refused.stderr.startswith("reprolane: error: lake.rebuild-index refused: ")
+        assert why in refused.stderr
+    with pytest.raises(EnvelopeNotFoundError):
+        store.get_by_request_id(envs[0].request_id)  # refused: nothing was written
+
+    done = rebuild("--operator-key-file", ops.key_file("keeper"))
+    assert done.exit_code == 0, done.output
+    assert done.stdout.splitlines()[0].endswith(
+        ": 3 written, 0 repaired, 0 kept, 1 kept pointing elsewhere, 1 invalid left, 0 lake rows skipped"
+    )
     for key, body in originals.items():
-        assert s3.get_object(Bucket=a.info.audit_bucket, Key=key)["Body"].read() == body  # byte for byte
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body  # byte for byte
     assert store.get_by_request_id(envs[0].request_id) == envs[0]
-    assert [e.request_id for e in store.list_workflow(workflow.workflow_id)] == [envs[1].request_id]
-    assert a.lake().rebuild_index(s3, a.info.audit_bucket, now.strftime("%Y-%m-%d")) == 0  # nothing missing now
+    with pytest.raises(StoreError, match="does not match"):
+        store.get_by_request_id(envs[2].request_id)  # left invalid without --overwrite, and said so
+    assert f"invalid: {request_index_key(envs[2].request_id)}" in done.stdout
+
+    done = rebuild("--operator-key-file", ops.key_file("keeper"), "--overwrite")
+    assert done.exit_code == 0, done.output
+    assert ": 0 written, 1 repaired, 3 kept, 1 kept pointing elsewhere, 0 invalid left" in done.stdout
+    assert store.get_by_request_id(envs[2].request_id) == envs[2]  # repaired
+    assert s3.get_object(Bucket=bucket, Key=step_key[2])["Body"].read() == body_of(envs[1])  # never clobbered
+    assert f"kept_other: {step_key[2]} -> " in done.stdout
+
+    decisions = [(r.actor_key_id, r.result, r.role) for r in access_records(s3, bucket, target, started)]
+    assert decisions == [
+        (None, "refused", "retention-admin"),
+        ("holder", "refused", "retention-admin"),
+        ("other", "refused", "retention-admin"),
+        ("keeper", "allowed", "retention-admin"),
+        ("keeper", "allowed", "retention-admin"),
+    ]

@@ -30,7 +30,7 @@ from infra.buckets import s3_client
 from infra.state import StackInfo
 from schemas import Envelope, WorkflowRef
 from schemas.layout import envelope_key
-from tests.capture.audit.support import audit_cli, publish_through_s3
+from tests.capture.audit.support import access_records, audit_cli, operator_keys, publish_through_s3
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -128,9 +128,10 @@ async def test_compliance_refuses_deleting_a_locked_version(
 
 
 async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
-    stack: StackInfo, settings: CaptureSettings, client: Any, bucket: str, tenant: str
+    stack: StackInfo, settings: CaptureSettings, client: Any, bucket: str, tenant: str, tmp_path: Path
 ) -> None:
     store = AuditStore(client, bucket)
+    ops = operator_keys(tmp_path / "ops", holds=(("hold-admin",), tenant), expiry=(("retention-admin",), tenant))
     only = f"envelopes/tenant={tenant}/"  # the bucket is shared: expire this test's tenant only
     workflow = f"wf-{uuid.uuid4().hex[:8]}"
     held, free = fresh(tenant=tenant), fresh(tenant=tenant)
@@ -140,11 +141,12 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     await publish(settings, [held, free, *steps], retention=SHORT)
     await publish(settings, [kept])
 
-    done = audit_cli(stack, bucket, "hold", "add", held.request_id)
+    holds = ("--operator-key-file", ops.key_file("holds"))
+    done = audit_cli(stack, bucket, "hold", "add", held.request_id, *holds, operators=ops)
     assert done.returncode == 0, done.stderr
     assert f"legal hold ON  {key_of(held)}" in done.stdout
-    assert [h.key for h in set_hold(store, workflow, True)] == [key_of(s) for s in steps]  # every step
-    assert audit_cli(stack, bucket, "hold", "add", "no-such-id").returncode == 2
+    assert [h.key for h in set_hold(store, workflow, True, tenant)] == [key_of(s) for s in steps]  # every step
+    assert audit_cli(stack, bucket, "hold", "add", "no-such-id", *holds, operators=ops).returncode == 2
 
     early = expire(store, prefix=only)  # nothing is past retention yet
     assert time.monotonic() < started + SHORT.total_seconds(), "too slow to test 'not yet expired'"
@@ -157,7 +159,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert [d["key"] for d in dry.deleted] == [key_of(free)]
     assert client.head_object(Bucket=bucket, Key=key_of(free))  # dry run deleted nothing
 
-    done = audit_cli(stack, bucket, "expire", "--tenant", tenant)
+    done = audit_cli(stack, bucket, "expire", "--operator-key-file", ops.key_file("expiry"), operators=ops)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[0] == "deleted 1; kept held 3, retained 1, unretained 0; refused 0"
     assert f"deleted: {key_of(free)}" in done.stdout
@@ -166,7 +168,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert key_of(free) not in versions
     assert {key_of(held), key_of(kept), *(key_of(s) for s in steps)} <= versions
 
-    assert audit_cli(stack, bucket, "hold", "remove", workflow).returncode == 0
+    assert audit_cli(stack, bucket, "hold", "remove", workflow, *holds, operators=ops).returncode == 0
     after = expire(store, prefix=only)
     assert sorted(d["key"] for d in after.deleted) == sorted(key_of(s) for s in steps)
     assert [h.split("?")[0] for h in after.held] == [key_of(held)]  # still held, long past its retention
@@ -180,3 +182,69 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert sorted(d["envelope_id"] for d in json.loads(report)["deleted"]) == sorted(e.envelope_id() for e in steps)
     # the expiry report is what lets `verify --range` call these leaves "expired" (test_tamper_stack.py)
     set_hold(store, held.request_id, False)  # the shared bucket: leave nothing held forever
+
+
+async def test_holds_act_for_a_hold_admin_key_on_one_tenants_records_and_are_logged(
+    stack: StackInfo, settings: CaptureSettings, client: Any, bucket: str, tenant: str, tmp_path: Path
+) -> None:
+    """Two tenants send the same workflow id: a hold reaches only the named (or the key's) tenant's steps; no
+    key, a key without hold-admin and a key scoped to another tenant are refused (exit 2, one line); every
+    decision is an access-log record."""
+    other = f"{tenant}-other"
+    workflow = f"wf-{uuid.uuid4().hex[:8]}"
+    mine = [fresh(tenant=tenant, workflow=WorkflowRef(workflow_id=workflow, step=i)) for i in range(2)]
+    theirs = fresh(tenant=other, workflow=WorkflowRef(workflow_id=workflow, step=0))
+    await publish(settings, [*mine, theirs], retention=SHORT)
+    ops = operator_keys(
+        tmp_path / "ops", admin=(("hold-admin",), None), scoped=(("hold-admin",), other),
+        viewer=(("viewer",), None), expirer=(("retention-admin",), None),
+    )  # fmt: skip
+
+    def hold(*args: str) -> Any:
+        return audit_cli(stack, bucket, "hold", *args, operators=ops)
+
+    store = AuditStore(client, bucket)
+
+    def held(env: Envelope) -> bool:
+        version = store.current_version(key_of(env))
+        assert version is not None
+        return store.legal_hold(key_of(env), version)
+
+    for refused, why in (
+        (hold("add", workflow, "--tenant", tenant), "no operator key: pass --operator-key-file"),
+        (hold("add", workflow, "--operator-key-file", ops.key_file("viewer")), "lacks the 'hold-admin' role"),
+        (hold("add", workflow, "--tenant", tenant, "--operator-key-file", ops.key_file("scoped")),
+         f"is scoped to tenant {other!r}, not tenant {tenant!r}"),
+    ):  # fmt: skip
+        assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
+        assert refused.stderr.startswith("reprolane: error: hold.add refused: "), refused.stderr
+        assert why in refused.stderr
+    unnamed = hold("add", workflow, "--operator-key-file", ops.key_file("admin"))
+    assert (unnamed.returncode, unnamed.stderr.count("\n")) == (2, 1)
+    assert "is a workflow id" in unnamed.stderr
+    assert "name the tenant (--tenant)" in unnamed.stderr
+    assert not any(held(e) for e in (*mine, theirs))  # nothing refused touched a record
+
+    done = hold("add", workflow, "--tenant", tenant, "--operator-key-file", ops.key_file("admin"))
+    assert done.returncode == 0, done.stderr
+    assert [held(e) for e in (*mine, theirs)] == [True, True, False]  # this tenant's steps only
+    done = hold("add", workflow, "--operator-key-file", ops.key_file("scoped"))  # the key's tenant
+    assert done.returncode == 0, done.stderr
+    assert held(theirs)
+    assert done.stdout.count("legal hold ON ") == 1
+    expiry = audit_cli(stack, bucket, "expire", "--tenant", tenant, "--operator-key-file", ops.key_file("admin"),
+                       operators=ops)  # fmt: skip
+    assert expiry.returncode == 2
+    assert "lacks the 'retention-admin' role" in expiry.stderr
+
+    decisions = [(r.actor_key_id, r.action, r.tenant, r.result) for r in access_records(client, bucket, workflow)]
+    assert decisions == [
+        (None, "hold.add", tenant, "refused"),
+        ("viewer", "hold.add", None, "refused"),
+        ("scoped", "hold.add", tenant, "refused"),
+        ("admin", "hold.add", tenant, "allowed"),
+        ("scoped", "hold.add", other, "allowed"),
+    ]
+    for key, who in ((ops.key_file("admin"), tenant), (ops.key_file("scoped"), other)):
+        assert hold("remove", workflow, "--tenant", who, "--operator-key-file", key).returncode == 0
+    assert not any(held(e) for e in (*mine, theirs))

@@ -29,6 +29,7 @@ from schemas import decode_envelope
 from schemas.layout import data_key_prefix, envelope_key
 from schemas.sealed import decode_sealed, is_sealed
 from tests.capture.audit.conftest import AuditStack
+from tests.capture.audit.support import OperatorKeys, access_records, operator_keys
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -250,8 +251,17 @@ async def test_after_a_shred_no_plaintext_of_the_tenant_remains_in_s3(audit_stac
     results = [k for k in audit_keys if k.startswith(replay_results_prefix(env.envelope_id(), env.captured_at))]
     assert len(results) == 1, "the replay result is stored"
 
-    shred = audit_cli_keys(a, "keys", "shred", tenant, "--yes")
+    ops = operator_keys(tmp_path / "ops", shredder=(("key-admin",), tenant), holder=(("hold-admin",), None))
+    refused = audit_cli_keys(a, "keys", "shred", tenant, "--yes", "--operator-key-file", ops.key_file("holder"),
+                             operators=ops)  # fmt: skip
+    assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
+    assert "lacks the 'key-admin' role" in refused.stderr
+    assert s3.list_objects_v2(Bucket=a.bucket, Prefix=data_key_prefix(tenant)).get("KeyCount", 0) >= 1
+    shred = audit_cli_keys(a, "keys", "shred", tenant, "--yes", "--operator-key-file", ops.key_file("shredder"),
+                           operators=ops)  # fmt: skip
     assert shred.returncode == 0, shred.stderr
+    decisions = [(r.actor_key_id, r.result) for r in access_records(s3, a.info.audit_bucket, tenant)]
+    assert decisions == [("holder", "refused"), ("shredder", "allowed")]
     assert s3.list_objects_v2(Bucket=a.bucket, Prefix=data_key_prefix(tenant)).get("KeyCount", 0) == 0
     scanned = 0
     for key in audit_keys:
@@ -264,14 +274,16 @@ async def test_after_a_shred_no_plaintext_of_the_tenant_remains_in_s3(audit_stac
         store.get_result(env, service.lane_fingerprint_sha256)
 
 
-def audit_cli_keys(a: AuditStack, *args: str) -> Any:
+def audit_cli_keys(a: AuditStack, *args: str, operators: OperatorKeys) -> Any:
     """``reprolane ARGS`` as an operator runs it, with the archiver's S3 settings on this test's keys bucket."""
     import os
     import subprocess
     import sys
 
     environ = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_OPERATOR_")},
+        **operators.env(),
+        "REPROLANE_ARCHIVER_S3_BUCKET": a.info.audit_bucket,
         "REPROLANE_ARCHIVER_S3_ENDPOINT": a.info.s3_endpoint,
         "REPROLANE_ARCHIVER_S3_ACCESS_KEY": a.info.s3_access_key,
         "REPROLANE_ARCHIVER_S3_SECRET_KEY": a.info.s3_secret_key,
