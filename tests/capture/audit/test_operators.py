@@ -113,7 +113,10 @@ def test_unknown_keys_another_kinds_key_and_no_store_are_refused(
 
 def test_a_key_file_others_can_read_is_refused(store: AuditStore, keys: dict[str, Path]) -> None:
     keys["admin"].chmod(0o644)
-    with pytest.raises(AccessDenied, match="readable by others"):
+    with pytest.raises(AccessDenied, match="readable or writable by group or others"):
+        gate(store, keys, "admin").authorise("hold.add", "r", "acme")
+    keys["admin"].chmod(0o640)  # a token, not a hash: its group may not read it either
+    with pytest.raises(AccessDenied, match="readable or writable by group or others"):
         gate(store, keys, "admin").authorise("hold.add", "r", "acme")
     keys["admin"].chmod(0o600)
     keys["store"].chmod(0o666)
