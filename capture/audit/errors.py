@@ -4,6 +4,7 @@
      └── AuditError                   base of everything raised by capture.audit
           ├── AuditStoreError         S3 refused or could not be reached (botocore translated at the boundary)
           ├── SigningKeyError         a signing / public key is missing or unreadable
+          ├── InconsistentLogError    a log is not consistent with a checkpoint already signed: not signing it
           ├── UnknownIdError          no envelope, workflow or day of that name (the CLI exits 2)
           └── LakeError               the audit lake cannot be written, read, compacted or queried
                └── QueryError         the SQL itself was refused (capture.audit.query)
@@ -25,6 +26,10 @@ class AuditStoreError(AuditError):
 
 
 class SigningKeyError(AuditError):
+    pass
+
+
+class InconsistentLogError(AuditError):
     pass
 
 
