@@ -37,7 +37,13 @@ from capture.audit.errors import AuditError, AuditStoreError, InconsistentLogErr
 from capture.audit.store import AuditStore
 from capture.ledger.errors import LedgerError
 from capture.ledger.merkle_log import log_size
-from schemas.layout import LOG_PREFIX, checkpoint_size_of_key, checkpoints_prefix, is_note_checkpoint_key, partition_value
+from schemas.layout import (
+    LOG_PREFIX,
+    checkpoint_size_of_key,
+    checkpoints_prefix,
+    is_note_checkpoint_key,
+    partition_value,
+)
 
 log = logging.getLogger("reprolane.checkpointer")
 
@@ -73,7 +79,8 @@ class RoundReport:
 
 
 def _note_size(store: AuditStore, day: str) -> int:
-    sizes = [checkpoint_size_of_key(k) for k, _ in store.list_keys(checkpoints_prefix(day)) if is_note_checkpoint_key(k)]
+    keys = [k for k, _ in store.list_keys(checkpoints_prefix(day)) if is_note_checkpoint_key(k)]
+    sizes = [checkpoint_size_of_key(k) for k in keys]
     return max((s for s in sizes if s is not None), default=0)
 
 

@@ -30,5 +30,5 @@ class AuditSettings(BaseSettings, S3ConnectionFields):
     log_origin: str = Field(
         default="reprolane.local/audit",
         pattern=r"^[!-*,-~]{1,200}$",
-        description="key name of the C2SP checkpoints and their origin prefix (<log_origin>/day=D): unique per deployment",
+        description="C2SP checkpoint key name and origin prefix (<log_origin>/day=D), unique per deployment",
     )
