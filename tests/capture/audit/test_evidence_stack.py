@@ -1,0 +1,236 @@
+"""Evidence on the real stack: requests through the sidecar in front of the real vLLM, published by the real
+publisher to SeaweedFS with the Merkle log, one replayed on the remote lane (the same vLLM), the scheduled
+checkpointer (``reprolane audit checkpointer``, a child process) signing the day within its period, then
+``reprolane evidence export`` and ``reprolane evidence verify`` as an outside verifier runs them: OK offline with
+the pinned key fingerprint, and a named failure for a tampered bundle.
+
+The day log is today's (the sidecar stamps the capture time), in the tamper tests' shared bucket, whose other
+logs are on random days; nothing here changes S3 behind the log's back (the tampering is on the bundle file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from capture.app import build_app
+from capture.audit.evidence_bundle import write_zip
+from capture.audit.store import AuditStore
+from capture.settings import CaptureSettings
+from capture.spool import Spool
+from infra.buckets import s3_client
+from infra.state import StackInfo
+from replayer.lanes import make_lane
+from replayer.replay import replay_envelope
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
+from schemas import Envelope, decode_envelope
+from schemas.layout import capture_day, envelope_key
+from tests.capture.audit.support import new_key, publish_through_s3
+from tests.capture.fake_upstream import serve
+from tests.capture.keys import write_test_keys
+
+pytestmark = pytest.mark.stack
+
+BUCKET = "reprolane-test-audit-tamper"
+KEY_NAME = "evidence.test/audit"
+QUESTIONS = ["What is the capital of France?", "Name a prime number.", "What colour is the sky?"]
+
+
+async def capture_through_sidecar(stack: StackInfo, tmp_path: Path) -> list[Envelope]:
+    assert stack.vllm_url is not None
+    assert stack.model_dir is not None
+    keys = write_test_keys(tmp_path)
+    settings = CaptureSettings(
+        upstream=stack.vllm_url,
+        mode="guaranteed",
+        spool_dir=tmp_path / "sidecar-spool",
+        manifest_path=stack.model_dir / "reprolane-manifest.json",
+        auth_mode="keys",
+        api_keys_path=keys.path,
+    )
+    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
+    ids = []
+    async with serve(build_app(settings, spool=spool)) as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=keys.bank, max_retries=0)
+        try:
+            for question in QUESTIONS:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=stack.model_name,
+                    messages=[{"role": "user", "content": question}],
+                    max_tokens=8,
+                    temperature=0,
+                    logprobs=True,
+                    top_logprobs=3,
+                )
+                ids.append(raw.headers["x-reprolane-request-id"])
+        finally:
+            await client.close()
+        pending = [decode_envelope(e.payload) for e in await spool.pending(10_000)]
+    by_id = {e.request_id: e for e in pending if e.outcome.kind == "output"}
+    return [by_id[i] for i in ids]
+
+
+def cli_env(stack: StackInfo, private: bytes) -> dict[str, str]:
+    return {
+        **os.environ,
+        "REPROLANE_AUDIT_S3_ENDPOINT": stack.s3_endpoint,
+        "REPROLANE_AUDIT_S3_ACCESS_KEY": stack.s3_access_key,
+        "REPROLANE_AUDIT_S3_SECRET_KEY": stack.s3_secret_key,
+        "REPROLANE_AUDIT_S3_BUCKET": BUCKET,
+        "REPROLANE_AUDIT_LOG_RETENTION_DAYS": "0",
+        "REPROLANE_AUDIT_SIGNING_KEY": base64.b64encode(private).decode(),
+        "REPROLANE_AUDIT_LOG_ORIGIN": KEY_NAME,
+    }
+
+
+def wait_for(condition: Any, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def rezip(bundle: bytes, name: str, change: Any) -> bytes:
+
+    with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    target = next(n for n in members if n.startswith(name))
+    members[target] = change(members[target])
+    return write_zip(members, datetime.now(UTC))
+
+
+def reprolane(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from infra.cli import app; app()", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def captured_published_replayed(stack: StackInfo, client: Any, tmp_path: Path) -> tuple[Envelope, Any]:
+    """Three requests through the sidecar, published with the Merkle log; the second replayed on the remote lane
+    and its result stored as the replayer stores it."""
+    envs = await capture_through_sidecar(stack, tmp_path)
+    publish = CaptureSettings(
+        upstream="http://127.0.0.1:9",
+        spool_dir=tmp_path / "spool",
+        s3_endpoint=stack.s3_endpoint,
+        s3_access_key=stack.s3_access_key,
+        s3_secret_key=stack.s3_secret_key,
+        s3_bucket=BUCKET,
+        retention_days=0,
+        audit_log=True,
+    )
+    await publish_through_s3(publish, envs, tmp_path / "spool")
+    target = envs[1]
+    lane = make_lane(ReplayerSettings(lane="remote", remote_url=stack.vllm_url, served_model_name=stack.model_name))
+    try:
+        result = replay_envelope(target, lane, ReplayerSettings())
+    finally:
+        lane.close()
+    assert EnvelopeStore(client, BUCKET).put_result(target, result)
+    return target, result
+
+
+def checkpointer_signs(env: dict[str, str], store: AuditStore, day: str) -> None:
+    """Run ``reprolane audit checkpointer --every 1`` until it has signed a new checkpoint of `day`; stop it."""
+    prefix = f"audit/checkpoints/day={day}/"
+    before = {k for k, _ in store.list_keys(prefix)}
+    service = subprocess.Popen(
+        [sys.executable, "-c", "from infra.cli import app; app()", "audit", "checkpointer", "--every", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        signed = wait_for(
+            lambda: any(k.endswith(".checkpoint") and k not in before for k, _ in store.list_keys(prefix)), 30
+        )
+    finally:
+        service.send_signal(signal.SIGTERM)
+        _, err = service.communicate(timeout=30)
+    assert signed, err
+    assert service.returncode == 0, err
+
+
+def _flip_last_signature_char(b: bytes) -> bytes:
+    return b[:-6] + (b"AAAA=\n" if b[-6:] != b"AAAA=\n" else b"BBBB=\n")
+
+
+def _next_index(b: bytes) -> bytes:
+    head, _, rest = b.partition(b"\nindex ")
+    number, _, tail = rest.partition(b"\n")
+    return head + b"\nindex " + str(int(number) + 1).encode() + b"\n" + tail
+
+
+def test_a_captured_request_exports_as_evidence_that_verifies_offline(stack: StackInfo, tmp_path: Path) -> None:
+    client = s3_client(stack.s3_endpoint, stack.s3_credentials)
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+        client.create_bucket(Bucket=BUCKET)
+    target, result = asyncio.run(captured_published_replayed(stack, client, tmp_path))
+    private, _public = new_key()
+    env = cli_env(stack, private)
+    store = AuditStore(client, BUCKET)
+    checkpointer_signs(env, store, capture_day(target.captured_at))
+
+    bundle_path = tmp_path / "evidence.zip"
+    done = reprolane("evidence", "export", target.request_id, "-o", str(bundle_path), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 replay result(s)" in done.stdout
+    fingerprint = done.stdout.rsplit("--key-fingerprint ", 1)[1].strip()
+
+    offline = {k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_")}  # no S3, no Kafka settings
+    offline["REPROLANE_AUDIT_S3_ENDPOINT"] = "http://127.0.0.1:9"  # and anything that tried S3 would fail
+
+    def verify(path: Path) -> subprocess.CompletedProcess[str]:
+        return reprolane("evidence", "verify", str(path), "--key-fingerprint", fingerprint, env=offline)
+
+    good = verify(bundle_path)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.startswith(f"verified request {target.request_id}")
+    assert "replays: 1 result(s)" in good.stdout
+    bundle = bundle_path.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
+        assert zf.read("envelope.bin") == client.get_object(Bucket=BUCKET, Key=store_key(target))["Body"].read()
+        replayed = json.loads(next(zf.read(n) for n in zf.namelist() if n.startswith("replays/")))
+        assert replayed["event"]["verdict"] == result.event.verdict
+
+    text = target.outcome.choices[0].text.encode()  # type: ignore[union-attr]
+    cases = {
+        "envelope bytes": rezip(bundle, "envelope.bin", lambda b: b.replace(text, text[::-1] + b"!")),
+        "replay result": rezip(bundle, "replays/", lambda b: b.replace(b'"verdict":"', b'"verdict":"x', 1)),
+        "signature": rezip(bundle, "proof.tlog-proof", _flip_last_signature_char),
+        "proof": rezip(bundle, "proof.tlog-proof", _next_index),
+    }
+    for label, tampered_bundle in cases.items():
+        path = tmp_path / f"tampered-{label.replace(' ', '-')}.zip"
+        path.write_bytes(tampered_bundle)
+        failed = verify(path)
+        assert failed.returncode == 1, (label, failed.stdout, failed.stderr)
+        assert failed.stdout.startswith(f"FAILED request {target.request_id}: {label}: "), (label, failed.stdout)
+
+
+def store_key(env: Envelope) -> str:
+    return envelope_key(env.envelope_id(), env.tenant, env.captured_at)
