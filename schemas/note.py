@@ -31,7 +31,6 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -306,8 +305,3 @@ def parse_tlog_proof(data: bytes) -> TlogProof:
     if any(len(h) != 32 for h in path):
         raise _fail("tlog-proof path holds a hash that is not 32 bytes", "proof.path")
     return TlogProof(index, path, checkpoint.encode(), extra)
-
-
-def encode_path(path: Sequence[bytes]) -> list[str]:
-    """A path as the base64 lines a tlog-proof holds (for summaries)."""
-    return [_b64(h) for h in path]

@@ -260,7 +260,7 @@ def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Ver
                 "run `reprolane audit checkpoint`",
             )
         return verdict
-    cp = covering[-1]
+    cp = max(covering, key=lambda h: (h.tree_size, h.c2sp))  # a C2SP one when both formats sign a size
     hashes = leaves.hashes()[: cp.tree_size]
     proof = inclusion_proof(hashes, index)
     if not verify_inclusion(hashes[index], index, cp.tree_size, proof, bytes.fromhex(cp.root_hash)):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import socket
 import uuid
 import zipfile
@@ -25,11 +26,13 @@ from capture.audit.evidence_bundle import ENVELOPE, MANIFEST, PROOF, parse_manif
 from capture.audit.evidence_verify import PinnedKey, verify_bundle
 from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
+from capture.audit.verify import verify_request
+from capture.ledger.merkle_log import append_leaves
 from capture.settings import CaptureSettings
 from infra.cli import build_app
-from schemas import Envelope
-from schemas.layout import checkpoint_key, replay_key
-from schemas.merkle import leaf_hash, merkle_root, sign_checkpoint, verify_inclusion
+from schemas import Envelope, sha256_hex
+from schemas.layout import checkpoint_key, envelope_key, index_body, replay_key, request_index_key
+from schemas.merkle import LeafEntry, leaf_hash, merkle_root, sign_checkpoint, verify_inclusion
 from schemas.note import (
     VerifierKey,
     key_fingerprint,
@@ -40,6 +43,7 @@ from schemas.note import (
     verifies,
 )
 from schemas.replay import DivergenceEvent, ReplayedOutput, ReplayResult, replay_result_id
+from schemas.sealed import seal_envelope
 from tests.capture.audit.support import publish_through_s3
 from tests.capture.audit.test_checkpoint import load_private_fresh
 from tests.factories import FIXED_TIME, envelope
@@ -280,7 +284,13 @@ def test_export_needs_a_c2sp_checkpoint_covering_the_leaf(moto_endpoint: str, tm
     store.put_new(checkpoint_key(DAY, 1), old.canonical())  # a JSON checkpoint of before: read, not exported
     with pytest.raises(EvidenceError, match="run `reprolane audit checkpoint`"):
         export_bundle(store, env.request_id, private, KEY_NAME)
+    legacy = verify_request(store, env.request_id, public_of(private))  # today's JSON checkpoints still verify
+    assert legacy.ok, [f.message for f in legacy.findings]
+    assert any("signature: Ed25519 key" in line for line in legacy.lines)
     assert write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME) is not None
+    both = verify_request(store, env.request_id, public_of(private))
+    assert both.ok, [f.message for f in both.findings]
+    assert any(f"C2SP note, key {KEY_NAME}+" in line for line in both.lines)
     assert verify_bundle(
         export_bundle(store, env.request_id, private, KEY_NAME).bundle, PinnedKey(public_of(private))
     ).ok
@@ -307,3 +317,30 @@ def test_the_verify_command_exits_by_the_verdict(logged: Logged, tmp_path: Path)
     junk = tmp_path / "junk.zip"
     junk.write_bytes(b"not a zip")
     assert runner.invoke(app, ["evidence", "verify", str(junk), "--key", vkey]).exit_code == 2
+
+
+def test_a_sealed_envelope_is_exported_sealed_and_verifies(logged: Logged) -> None:
+    env = envelope(request_id=f"req-sealed-{uuid.uuid4().hex[:8]}", tenant="acme-bank")
+    sealed = seal_envelope(
+        env.canonical(),
+        request_id=env.request_id,
+        tenant=env.tenant,
+        captured_at=env.captured_at,
+        workflow=env.workflow,
+        key_id="k1",
+        data_key=os.urandom(32),
+    ).canonical()
+    key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+    store = logged.store
+    store.put_new(key, sealed)
+    store.put_new(request_index_key(env.request_id), index_body(env.envelope_id(), key, env.tenant, env.captured_at))
+    append_leaves(store, DAY, [LeafEntry(env.envelope_id(), sha256_hex(sealed))], None)
+    assert write_checkpoint(store, DAY, logged.private, retention=None, key_name=KEY_NAME) is not None
+    bundle = export_bundle(store, env.request_id, logged.private, KEY_NAME).bundle
+    members = members_of(bundle)
+    assert members[ENVELOPE] == sealed
+    assert b"Paris" not in b"".join(members.values())  # nothing of the plaintext leaves the ciphertext
+    assert "sealed" in members["summary.html"].decode()
+    assert verify_bundle(bundle, logged.pin).ok
+    flipped = tampered(bundle, ENVELOPE, lambda b: b.replace(b'"ciphertext":"', b'"ciphertext":"A', 1))
+    assert verify_bundle(flipped, logged.pin).classes() == {"envelope"}
