@@ -85,7 +85,8 @@ def _note_size(store: AuditStore, day: str) -> int:
 
 
 class Checkpointer:
-    """One signing key, one bucket; `run_round` once, or `run` every `period_s` until `stop` is set."""
+    """One signing key, one bucket (every day log in it, or `only_days`); `run_round` once, or `run` every
+    `period_s` until `stop` is set."""
 
     def __init__(
         self,
@@ -95,8 +96,10 @@ class Checkpointer:
         key_name: str,
         retention: timedelta | None,
         metrics: CheckpointerMetrics | None = None,
+        only_days: list[str] | None = None,
     ) -> None:
         self.store = store
+        self.only_days = only_days
         self.private_raw = private_raw
         self.key_name = key_name
         self.retention = retention
@@ -104,7 +107,8 @@ class Checkpointer:
         self.stop = threading.Event()
 
     def days(self) -> list[str]:
-        return sorted(d for p in self.store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day")))
+        found = sorted(d for p in self.store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day")))
+        return found if self.only_days is None else [d for d in found if d in self.only_days]
 
     def _refuse(self, report: RoundReport, day: str, reason: str, exc: Exception) -> None:
         report.refused[day] = str(exc)

@@ -154,17 +154,22 @@ def checkpointer_cmd(
     every: Annotated[float, typer.Option("--every", min=0.1, help="seconds between rounds")] = 60.0,
     once: Annotated[bool, typer.Option("--once", help="one round, then exit (1 when a log was refused)")] = False,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="serve metrics on 127.0.0.1")] = None,
+    day: Annotated[list[str] | None, typer.Option("--day", help="only this YYYY-MM-DD (repeatable)")] = None,
 ) -> None:
     """Sign a checkpoint of every log that grew, every --every seconds, each checked for consistency with the
     previous one first; an inconsistent log is refused, logged and counted (capture.audit.checkpointer)."""
+    import logging
+
     from capture.audit.checkpointer import Checkpointer
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = AuditSettings()
     service = Checkpointer(
         _store(settings),
         signing_keys.signing_key(settings),
         key_name=settings.log_origin,
         retention=_retention(settings.log_retention_days),
+        only_days=day or None,
     )
     if metrics_port is not None:
         service.metrics.serve(metrics_port)

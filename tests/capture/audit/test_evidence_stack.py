@@ -4,8 +4,9 @@ checkpointer (``reprolane audit checkpointer``, a child process) signing the day
 ``reprolane evidence export`` and ``reprolane evidence verify`` as an outside verifier runs them: OK offline with
 the pinned key fingerprint, and a named failure for a tampered bundle.
 
-The day log is today's (the sidecar stamps the capture time), in the tamper tests' shared bucket, whose other
-logs are on random days; nothing here changes S3 behind the log's back (the tampering is on the bundle file).
+The first test's day log is today's (the sidecar stamps the capture time) and nothing changes S3 behind its back
+(the tampering is on the bundle file); the second rewrites a log of a random day of its own. Each run names its
+day (``--day``), so logs of other runs in the shared bucket are not its business.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,14 +42,15 @@ from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import Envelope, decode_envelope
-from schemas.layout import capture_day, envelope_key
-from tests.capture.audit.support import new_key, publish_through_s3
+from schemas.layout import capture_day, envelope_key, leaves_key
+from tests.capture.audit.support import new_key, publish_through_s3, random_day
 from tests.capture.fake_upstream import serve
 from tests.capture.keys import write_test_keys
+from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
 
-BUCKET = "reprolane-test-audit-tamper"
+BUCKET = "reprolane-test-evidence"  # its own: the checkpointer signs every log of a bucket it is not told --day
 KEY_NAME = "evidence.test/audit"
 QUESTIONS = ["What is the capital of France?", "Name a prime number.", "What colour is the sky?"]
 
@@ -154,11 +157,21 @@ async def captured_published_replayed(stack: StackInfo, client: Any, tmp_path: P
 
 
 def checkpointer_signs(env: dict[str, str], store: AuditStore, day: str) -> None:
-    """Run ``reprolane audit checkpointer --every 1`` until it has signed a new checkpoint of `day`; stop it."""
+    """Run ``reprolane audit checkpointer --every 1 --day DAY`` until it has signed a new checkpoint of `day`."""
     prefix = f"audit/checkpoints/day={day}/"
     before = {k for k, _ in store.list_keys(prefix)}
     service = subprocess.Popen(
-        [sys.executable, "-c", "from infra.cli import app; app()", "audit", "checkpointer", "--every", "1"],
+        [
+            sys.executable,
+            "-c",
+            "from infra.cli import app; app()",
+            "audit",
+            "checkpointer",
+            "--every",
+            "1",
+            "--day",
+            day,
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -173,6 +186,7 @@ def checkpointer_signs(env: dict[str, str], store: AuditStore, day: str) -> None
         _, err = service.communicate(timeout=30)
     assert signed, err
     assert service.returncode == 0, err
+    assert "checkpointer: every 1.0s" in err  # it logs what it does
 
 
 def _flip_last_signature_char(b: bytes) -> bytes:
@@ -234,3 +248,40 @@ def test_a_captured_request_exports_as_evidence_that_verifies_offline(stack: Sta
 
 def store_key(env: Envelope) -> str:
     return envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+
+
+def test_the_checkpointer_refuses_a_rewritten_log_on_seaweedfs(stack: StackInfo, tmp_path: Path) -> None:
+    client = s3_client(stack.s3_endpoint, stack.s3_credentials)
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+        client.create_bucket(Bucket=BUCKET)
+    captured = random_day()  # a day of its own: this test rewrites the log
+    day = capture_day(captured)
+    envs = [envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=captured) for _ in range(3)]
+    publish = CaptureSettings(
+        upstream="http://127.0.0.1:9",
+        spool_dir=tmp_path / "spool",
+        s3_endpoint=stack.s3_endpoint,
+        s3_access_key=stack.s3_access_key,
+        s3_secret_key=stack.s3_secret_key,
+        s3_bucket=BUCKET,
+        retention_days=0,
+        audit_log=True,
+    )
+    asyncio.run(publish_through_s3(publish, envs, tmp_path / "spool"))
+    private, _ = new_key()
+    env = cli_env(stack, private)
+    first = reprolane("audit", "checkpointer", "--once", "--day", day, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"signed audit/checkpoints/day={day}/000000000003.checkpoint" in first.stdout
+    key = leaves_key(day, 0)
+    body = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    head, a, b, rest = body[:16], body[16:80], body[80:144], body[144:]
+    client.put_object(Bucket=BUCKET, Key=key, Body=head + b + a + rest)  # swap two signed leaves
+    extra = envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=captured)
+    asyncio.run(publish_through_s3(publish, [extra], tmp_path / "spool2"))  # and the log grows
+    refused = reprolane("audit", "checkpointer", "--once", "--day", day, env=env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"REFUSED {day}: log of {day} is not consistent with checkpoint" in refused.stdout
+    assert "refused to sign" in refused.stderr
+    keys = [k for k, _ in AuditStore(client, BUCKET).list_keys(f"audit/checkpoints/day={day}/")]
+    assert keys == [f"audit/checkpoints/day={day}/000000000003.checkpoint"]
