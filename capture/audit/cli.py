@@ -177,8 +177,8 @@ def checkpointer_cmd(
         report = service.run_round()
         for head in report.signed:
             typer.echo(f"signed {head.key} root {head.root_hash}")
-        for day, why in report.refused.items():
-            typer.echo(f"REFUSED {day}: {why}")
+        for refused_day, why in report.refused.items():
+            typer.echo(f"REFUSED {refused_day}: {why}")
         raise typer.Exit(1 if report.refused else 0)
     import signal
 
