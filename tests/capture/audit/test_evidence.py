@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import socket
 import uuid
 import zipfile
@@ -31,7 +30,7 @@ from capture.ledger.merkle_log import append_leaves
 from capture.settings import CaptureSettings
 from infra.cli import build_app
 from schemas import Envelope, sha256_hex
-from schemas.layout import checkpoint_key, envelope_key, index_body, replay_key, request_index_key
+from schemas.layout import checkpoint_key, index_body, replay_key, request_index_key
 from schemas.merkle import LeafEntry, leaf_hash, merkle_root, sign_checkpoint, verify_inclusion
 from schemas.note import (
     VerifierKey,
@@ -42,12 +41,13 @@ from schemas.note import (
     sign_note,
     verifies,
 )
-from schemas.replay import DivergenceEvent, ReplayedOutput, ReplayResult, replay_result_id
-from schemas.sealed import seal_envelope
+from schemas.replay import replay_result_id
 from tests.capture.audit.support import publish_through_s3
 from tests.capture.audit.test_checkpoint import load_private_fresh
+from tests.capture.audit.test_verify_sealed import sealed_bytes
 from tests.factories import FIXED_TIME, envelope
 from tests.moto_s3 import moto_client, moto_server
+from tests.replayer.test_store import replay_result
 
 KEY_NAME = "bank.example/audit"
 DAY = FIXED_TIME.strftime("%Y-%m-%d")
@@ -57,28 +57,6 @@ DAY = FIXED_TIME.strftime("%Y-%m-%d")
 def moto_endpoint() -> Iterator[str]:
     with moto_server() as endpoint:
         yield endpoint
-
-
-def result_of(env: Envelope, verdict: str = "bitwise") -> ReplayResult:
-    event = DivergenceEvent(
-        request_id=env.request_id,
-        envelope_id=env.envelope_id(),
-        lane="remote",
-        lane_fingerprint=env.runtime,
-        lane_fingerprint_sha256=env.runtime.sha256(),
-        verdict=verdict,  # type: ignore[arg-type]
-        levels_held=("bitwise", "token", "numeric"),
-        target_level="token",
-        target_met=True,
-        token_match_rate=1.0,
-        recorded_length=3,
-        replayed_length=3,
-        length_diff=0,
-        cause_hint="identical",
-        replayed_at=FIXED_TIME,
-        replay_ms=1.0,
-    )
-    return ReplayResult(event=event, replayed=ReplayedOutput(token_ids=(1, 2, 3), text="The capital is Paris."))
 
 
 @dataclass
@@ -95,13 +73,13 @@ class Logged:
         return export_bundle(self.store, self.envs[i].request_id, self.private, KEY_NAME).bundle
 
 
-@pytest.fixture
-async def logged(moto_endpoint: str, tmp_path: Path) -> Logged:
+async def published(moto_endpoint: str, spool_dir: Path, envs: list[Envelope]) -> AuditStore:
+    """`envs` stored in a fresh moto bucket through the real publisher, with the Merkle log."""
     bucket = f"ev-{uuid.uuid4().hex[:12]}"
     moto_client(moto_endpoint).create_bucket(Bucket=bucket)
     settings = CaptureSettings(
         upstream="http://127.0.0.1:9",
-        spool_dir=tmp_path / "spool",
+        spool_dir=spool_dir,
         s3_endpoint=moto_endpoint,
         s3_access_key="k",
         s3_secret_key="s",
@@ -109,10 +87,15 @@ async def logged(moto_endpoint: str, tmp_path: Path) -> Logged:
         retention_days=0,
         audit_log=True,
     )
+    await publish_through_s3(settings, envs, spool_dir)
+    return AuditStore(moto_client(moto_endpoint), bucket)
+
+
+@pytest.fixture
+async def logged(moto_endpoint: str, tmp_path: Path) -> Logged:
     envs = [envelope(request_id=f"req-ev-{uuid.uuid4().hex[:8]}-{i}") for i in range(3)]
-    await publish_through_s3(settings, envs, tmp_path / "spool")
-    store = AuditStore(moto_client(moto_endpoint), bucket)
-    result = result_of(envs[1])
+    store = await published(moto_endpoint, tmp_path / "spool", envs)
+    result = replay_result(envs[1].envelope_id(), envs[1].request_id)
     key = replay_key(
         envs[1].envelope_id(),
         replay_result_id(envs[1].envelope_id(), result.event.lane_fingerprint_sha256),
@@ -259,24 +242,9 @@ def test_a_manifest_resigned_by_another_key_and_a_wrong_pin_are_refused(logged: 
     }
 
 
-def test_export_needs_a_c2sp_checkpoint_covering_the_leaf(moto_endpoint: str, tmp_path: Path) -> None:
-    bucket = f"ev-{uuid.uuid4().hex[:12]}"
-    moto_client(moto_endpoint).create_bucket(Bucket=bucket)
-    store = AuditStore(moto_client(moto_endpoint), bucket)
+async def test_export_needs_a_c2sp_checkpoint_covering_the_leaf(moto_endpoint: str, tmp_path: Path) -> None:
     env = envelope(request_id=f"req-old-{uuid.uuid4().hex[:8]}")
-    settings = CaptureSettings(
-        upstream="http://127.0.0.1:9",
-        spool_dir=tmp_path / "s",
-        s3_endpoint=moto_endpoint,
-        s3_access_key="k",
-        s3_secret_key="s",
-        s3_bucket=bucket,
-        retention_days=0,
-        audit_log=True,
-    )
-    import asyncio
-
-    asyncio.run(publish_through_s3(settings, [env], tmp_path / "s"))
+    store = await published(moto_endpoint, tmp_path / "s", [env])
     private = load_private_fresh()
     with pytest.raises(EvidenceError, match="no C2SP checkpoint"):
         export_bundle(store, env.request_id, private, KEY_NAME)
@@ -320,17 +288,9 @@ def test_the_verify_command_exits_by_the_verdict(logged: Logged, tmp_path: Path)
 
 
 def test_a_sealed_envelope_is_exported_sealed_and_verifies(logged: Logged) -> None:
-    env = envelope(request_id=f"req-sealed-{uuid.uuid4().hex[:8]}", tenant="acme-bank")
-    sealed = seal_envelope(
-        env.canonical(),
-        request_id=env.request_id,
-        tenant=env.tenant,
-        captured_at=env.captured_at,
-        workflow=env.workflow,
-        key_id="k1",
-        data_key=os.urandom(32),
-    ).canonical()
-    key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+    overrides = {"request_id": f"req-sealed-{uuid.uuid4().hex[:8]}", "tenant": "acme-bank"}
+    env = envelope(**overrides)
+    key, sealed = sealed_bytes(**overrides)
     store = logged.store
     store.put_new(key, sealed)
     store.put_new(request_index_key(env.request_id), index_body(env.envelope_id(), key, env.tenant, env.captured_at))

@@ -27,25 +27,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
-from capture.app import build_app
 from capture.audit.evidence_bundle import write_zip
 from capture.audit.store import AuditStore
 from capture.settings import CaptureSettings
-from capture.spool import Spool
 from infra.buckets import s3_client
 from infra.state import StackInfo
 from replayer.lanes import make_lane
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
-from schemas import Envelope, decode_envelope
+from schemas import Envelope
 from schemas.layout import capture_day, envelope_key, leaves_key
 from tests.capture.audit.support import new_key, publish_through_s3, random_day
-from tests.capture.fake_upstream import serve
-from tests.capture.keys import write_test_keys
+from tests.capture.test_app_stack import envelope_of, through_sidecar
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -56,37 +52,34 @@ QUESTIONS = ["What is the capital of France?", "Name a prime number.", "What col
 
 
 async def capture_through_sidecar(stack: StackInfo, tmp_path: Path) -> list[Envelope]:
-    assert stack.vllm_url is not None
-    assert stack.model_dir is not None
-    keys = write_test_keys(tmp_path)
-    settings = CaptureSettings(
-        upstream=stack.vllm_url,
-        mode="guaranteed",
-        spool_dir=tmp_path / "sidecar-spool",
-        manifest_path=stack.model_dir / "reprolane-manifest.json",
-        auth_mode="keys",
-        api_keys_path=keys.path,
+    """The `QUESTIONS`, asked through the sidecar (test_app_stack's: real vLLM, a real spool, API keys), as the
+    envelopes it recorded."""
+    found = []
+    async with through_sidecar(stack, tmp_path) as (client, spool):
+        for question in QUESTIONS:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=stack.model_name,
+                messages=[{"role": "user", "content": question}],
+                max_tokens=8,
+                temperature=0,
+                logprobs=True,
+                top_logprobs=3,
+            )
+            found.append(await envelope_of(spool, raw.headers["x-reprolane-request-id"]))
+    return found
+
+
+def publish_settings(stack: StackInfo, spool_dir: Path) -> CaptureSettings:
+    return CaptureSettings(
+        upstream="http://127.0.0.1:9",
+        spool_dir=spool_dir,
+        s3_endpoint=stack.s3_endpoint,
+        s3_access_key=stack.s3_access_key,
+        s3_secret_key=stack.s3_secret_key,
+        s3_bucket=BUCKET,
+        retention_days=0,
+        audit_log=True,
     )
-    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
-    ids = []
-    async with serve(build_app(settings, spool=spool)) as url:
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=keys.bank, max_retries=0)
-        try:
-            for question in QUESTIONS:
-                raw = await client.chat.completions.with_raw_response.create(
-                    model=stack.model_name,
-                    messages=[{"role": "user", "content": question}],
-                    max_tokens=8,
-                    temperature=0,
-                    logprobs=True,
-                    top_logprobs=3,
-                )
-                ids.append(raw.headers["x-reprolane-request-id"])
-        finally:
-            await client.close()
-        pending = [decode_envelope(e.payload) for e in await spool.pending(10_000)]
-    by_id = {e.request_id: e for e in pending if e.outcome.kind == "output"}
-    return [by_id[i] for i in ids]
 
 
 def cli_env(stack: StackInfo, private: bytes) -> dict[str, str]:
@@ -135,16 +128,7 @@ async def captured_published_replayed(stack: StackInfo, client: Any, tmp_path: P
     """Three requests through the sidecar, published with the Merkle log; the second replayed on the remote lane
     and its result stored as the replayer stores it."""
     envs = await capture_through_sidecar(stack, tmp_path)
-    publish = CaptureSettings(
-        upstream="http://127.0.0.1:9",
-        spool_dir=tmp_path / "spool",
-        s3_endpoint=stack.s3_endpoint,
-        s3_access_key=stack.s3_access_key,
-        s3_secret_key=stack.s3_secret_key,
-        s3_bucket=BUCKET,
-        retention_days=0,
-        audit_log=True,
-    )
+    publish = publish_settings(stack, tmp_path / "spool")
     await publish_through_s3(publish, envs, tmp_path / "spool")
     target = envs[1]
     lane = make_lane(ReplayerSettings(lane="remote", remote_url=stack.vllm_url, served_model_name=stack.model_name))
@@ -257,16 +241,7 @@ def test_the_checkpointer_refuses_a_rewritten_log_on_seaweedfs(stack: StackInfo,
     captured = random_day()  # a day of its own: this test rewrites the log
     day = capture_day(captured)
     envs = [envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=captured) for _ in range(3)]
-    publish = CaptureSettings(
-        upstream="http://127.0.0.1:9",
-        spool_dir=tmp_path / "spool",
-        s3_endpoint=stack.s3_endpoint,
-        s3_access_key=stack.s3_access_key,
-        s3_secret_key=stack.s3_secret_key,
-        s3_bucket=BUCKET,
-        retention_days=0,
-        audit_log=True,
-    )
+    publish = publish_settings(stack, tmp_path / "spool")
     asyncio.run(publish_through_s3(publish, envs, tmp_path / "spool"))
     private, _ = new_key()
     env = cli_env(stack, private)
