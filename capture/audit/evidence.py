@@ -152,7 +152,7 @@ def _retention(store: AuditStore, key: str) -> dict[str, Any]:
         "version_id": state["version_id"],
         "object_lock_mode": state["mode"],
         "retain_until": state["retain_until"],
-        "legal_hold": state["legal_hold"] == "ON",
+        "legal_hold": state["legal_hold"] == "ON" or store.legal_hold(key, str(state["version_id"])),
     }
 
 

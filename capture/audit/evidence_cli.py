@@ -20,6 +20,7 @@ import typer
 
 from capture.audit import signing_keys
 from capture.audit.errors import SigningKeyError
+from schemas.errors import ContractError
 from schemas.note import VerifierKey, key_fingerprint, parse_fingerprint, parse_vkey
 
 evidence_app = typer.Typer(
@@ -50,7 +51,10 @@ def load_pin(key: str | None, fingerprint: str | None) -> object:
         except (OSError, UnicodeDecodeError) as exc:
             raise SigningKeyError(f"public key {key}: cannot read: {exc}") from exc
     if _looks_like_vkey(text):
-        vkey = parse_vkey(text)
+        try:
+            vkey = parse_vkey(text)
+        except ContractError:
+            return PinnedKey(signing_keys.load_public(key))  # base64 of a raw key that happens to hold two '+'
         return PinnedKey(vkey.public_raw, vkey.name)
     return PinnedKey(signing_keys.load_public(key))
 

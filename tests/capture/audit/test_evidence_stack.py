@@ -23,7 +23,7 @@ import sys
 import time
 import uuid
 import zipfile
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,9 @@ from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
 
-BUCKET = "reprolane-test-evidence"  # its own: the checkpointer signs every log of a bucket it is not told --day
+# Its own bucket (a SeaweedFS bucket takes volume slots: one for both tests), with Object Lock so that the bundle
+# reports a real legal hold and retain-until date; a log's leaves are written without retention and can be rewritten.
+BUCKET = "reprolane-test-evidence-lock"
 KEY_NAME = "evidence.test/audit"
 QUESTIONS = ["What is the capital of France?", "Name a prime number.", "What colour is the sky?"]
 
@@ -69,26 +71,28 @@ async def capture_through_sidecar(stack: StackInfo, tmp_path: Path) -> list[Enve
     return found
 
 
-def publish_settings(stack: StackInfo, spool_dir: Path) -> CaptureSettings:
+def publish_settings(
+    stack: StackInfo, spool_dir: Path, bucket: str = BUCKET, retention_days: int = 0
+) -> CaptureSettings:
     return CaptureSettings(
         upstream="http://127.0.0.1:9",
         spool_dir=spool_dir,
         s3_endpoint=stack.s3_endpoint,
         s3_access_key=stack.s3_access_key,
         s3_secret_key=stack.s3_secret_key,
-        s3_bucket=BUCKET,
-        retention_days=0,
+        s3_bucket=bucket,
+        retention_days=retention_days,
         audit_log=True,
     )
 
 
-def cli_env(stack: StackInfo, private: bytes) -> dict[str, str]:
+def cli_env(stack: StackInfo, private: bytes, bucket: str = BUCKET) -> dict[str, str]:
     return {
         **os.environ,
         "REPROLANE_AUDIT_S3_ENDPOINT": stack.s3_endpoint,
         "REPROLANE_AUDIT_S3_ACCESS_KEY": stack.s3_access_key,
         "REPROLANE_AUDIT_S3_SECRET_KEY": stack.s3_secret_key,
-        "REPROLANE_AUDIT_S3_BUCKET": BUCKET,
+        "REPROLANE_AUDIT_S3_BUCKET": bucket,
         "REPROLANE_AUDIT_LOG_RETENTION_DAYS": "0",
         "REPROLANE_AUDIT_SIGNING_KEY": base64.b64encode(private).decode(),
         "REPROLANE_AUDIT_LOG_ORIGIN": KEY_NAME,
@@ -128,7 +132,7 @@ async def captured_published_replayed(stack: StackInfo, client: Any, tmp_path: P
     """Three requests through the sidecar, published with the Merkle log; the second replayed on the remote lane
     and its result stored as the replayer stores it."""
     envs = await capture_through_sidecar(stack, tmp_path)
-    publish = publish_settings(stack, tmp_path / "spool")
+    publish = publish_settings(stack, tmp_path / "spool", BUCKET, retention_days=1)
     await publish_through_s3(publish, envs, tmp_path / "spool")
     target = envs[1]
     lane = make_lane(ReplayerSettings(lane="remote", remote_url=stack.vllm_url, served_model_name=stack.model_name))
@@ -186,15 +190,21 @@ def _next_index(b: bytes) -> bytes:
 def test_a_captured_request_exports_as_evidence_that_verifies_offline(stack: StackInfo, tmp_path: Path) -> None:
     client = s3_client(stack.s3_endpoint, stack.s3_credentials)
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
-        client.create_bucket(Bucket=BUCKET)
+        client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
     target, result = asyncio.run(captured_published_replayed(stack, client, tmp_path))
     private, _public = new_key()
-    env = cli_env(stack, private)
+    env = cli_env(stack, private, BUCKET)
     store = AuditStore(client, BUCKET)
     checkpointer_signs(env, store, capture_day(target.captured_at))
-
-    bundle_path = tmp_path / "evidence.zip"
-    done = reprolane("evidence", "export", target.request_id, "-o", str(bundle_path), env=env)
+    key = store_key(target)
+    version = store.current_version(key)
+    assert version is not None
+    store.set_legal_hold(key, version, True)  # a hold and a retention date for the bundle to report
+    try:
+        bundle_path = tmp_path / "evidence.zip"
+        done = reprolane("evidence", "export", target.request_id, "-o", str(bundle_path), env=env)
+    finally:
+        store.set_legal_hold(key, version, False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 replay result(s)" in done.stdout
     fingerprint = done.stdout.rsplit("--key-fingerprint ", 1)[1].strip()
@@ -211,7 +221,11 @@ def test_a_captured_request_exports_as_evidence_that_verifies_offline(stack: Sta
     assert "replays: 1 result(s)" in good.stdout
     bundle = bundle_path.read_bytes()
     with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
-        assert zf.read("envelope.bin") == client.get_object(Bucket=BUCKET, Key=store_key(target))["Body"].read()
+        assert zf.read("envelope.bin") == client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        retention = json.loads(zf.read("retention.json"))
+        assert retention["legal_hold"] is True
+        assert retention["object_lock_mode"] == "COMPLIANCE"
+        assert retention["retain_until"].startswith((target.captured_at + timedelta(days=1)).strftime("%Y-%m-%d"))
         replayed = json.loads(next(zf.read(n) for n in zf.namelist() if n.startswith("replays/")))
         assert replayed["event"]["verdict"] == result.event.verdict
 
@@ -237,7 +251,7 @@ def store_key(env: Envelope) -> str:
 def test_the_checkpointer_refuses_a_rewritten_log_on_seaweedfs(stack: StackInfo, tmp_path: Path) -> None:
     client = s3_client(stack.s3_endpoint, stack.s3_credentials)
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
-        client.create_bucket(Bucket=BUCKET)
+        client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
     captured = random_day()  # a day of its own: this test rewrites the log
     day = capture_day(captured)
     envs = [envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=captured) for _ in range(3)]
