@@ -181,6 +181,14 @@ def _flip_last_signature_char(b: bytes) -> bytes:
     return b[:-6] + (b"AAAA=\n" if b[-6:] != b"AAAA=\n" else b"BBBB=\n")
 
 
+def _other_root(b: bytes) -> bytes:
+    """The checkpoint's root line (the third after the blank one) replaced by another valid root."""
+    lines = b.split(b"\n")
+    at = lines.index(b"") + 3
+    lines[at] = base64.b64encode(bytes(32) if base64.b64decode(lines[at]) != bytes(32) else b"\x01" * 32)
+    return b"\n".join(lines)
+
+
 def _next_index(b: bytes) -> bytes:
     head, _, rest = b.partition(b"\nindex ")
     number, _, tail = rest.partition(b"\n")
@@ -235,6 +243,7 @@ def test_a_captured_request_exports_as_evidence_that_verifies_offline(stack: Sta
         "replay result": rezip(bundle, "replays/", lambda b: b.replace(b'"verdict":"', b'"verdict":"x', 1)),
         "signature": rezip(bundle, "proof.tlog-proof", _flip_last_signature_char),
         "proof": rezip(bundle, "proof.tlog-proof", _next_index),
+        "checkpoint": rezip(bundle, "proof.tlog-proof", _other_root),
     }
     for label, tampered_bundle in cases.items():
         path = tmp_path / f"tampered-{label.replace(' ', '-')}.zip"
