@@ -71,6 +71,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "hold": ("capture.audit.cli", "hold_app", "group"),
     "expire": ("capture.audit.cli", "expire_command", "command"),
     "audit": ("capture.audit.cli", "audit_app", "group"),
+    "evidence": ("capture.audit.evidence_cli", "evidence_app", "group"),
     "archiver": ("capture.audit.lake_cli", "archiver_app", "group"),
     "lake": ("capture.audit.lake_cli", "lake_app", "group"),
     "query": ("capture.audit.lake_cli", "query_command", "command"),

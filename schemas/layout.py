@@ -232,6 +232,28 @@ def checkpoint_key_suffix(tree_size: int) -> str:
     return f"/{tree_size:012d}.json"
 
 
+def note_checkpoint_key(day: str, tree_size: int) -> str:
+    """A C2SP checkpoint (a signed note, `schemas.note`) of the day's log at that size; `checkpoint_key` holds
+    the older JSON checkpoints."""
+    return f"{checkpoints_prefix(day)}{tree_size:012d}.checkpoint"
+
+
+def is_note_checkpoint_key(key: str) -> bool:
+    return key.endswith(".checkpoint")
+
+
+def checkpoint_size_of_key(key: str) -> int | None:
+    """The tree size a checkpoint key (either format) names, None for anything else."""
+    name = key.rsplit("/", 1)[-1]
+    stem, dot, ext = name.partition(".")
+    return int(stem) if dot and ext in ("json", "checkpoint") and stem.isdigit() and len(stem) == 12 else None
+
+
+def log_origin(key_name: str, day: str) -> str:
+    """The origin line of the day log's C2SP checkpoints: the signing key's name, then the log id."""
+    return f"{key_name}/{log_id(day)}"
+
+
 def expiry_report_key(ran_at: datetime, suffix: str) -> str:
     """Where an expiry run's report goes: its start time (to the microsecond) and a random suffix."""
     return f"{EXPIRY_PREFIX}{ran_at.strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"

@@ -1,10 +1,19 @@
-"""Signed checkpoints of the day logs (``reprolane audit checkpoint``) and the reconcile repair job.
+"""Signed checkpoints of the day logs (``reprolane audit checkpoint``, and on a schedule
+`capture.audit.checkpointer`) and the reconcile repair job.
 
-`write_checkpoint` reads a day's leaf batches, computes the RFC 9162 root of the whole sequence, signs a
-`schemas.merkle.Checkpoint` with the Ed25519 key from the settings and writes it once, under Object Lock, to
-``audit/checkpoints/day=D/<tree_size:012d>.json``. Nothing new since the last checkpoint: nothing is written.
-A leaf log with gaps or overlapping batches is refused (it would sign a broken sequence): that is a finding
-for ``reprolane verify --range``, not something a checkpoint may paper over.
+`write_checkpoint` reads a day's leaf batches, computes the RFC 9162 root of the whole sequence, signs a C2SP
+checkpoint (`schemas.note`: origin ``<key name>/day=D``, size, root; an Ed25519 signed note) with the key from
+the settings and writes it once, under Object Lock, to ``audit/checkpoints/day=D/<tree_size:012d>.checkpoint``.
+Before it signs, the new tree must be consistent with the latest checkpoint already signed (an RFC 9162
+consistency proof from that one to the new one verifies): a log that was truncated or rewritten under a signed
+checkpoint is refused with `InconsistentLogError`, never signed over. Nothing new since the last checkpoint:
+nothing is written. A leaf log with gaps or overlapping batches is refused too (it would sign a broken
+sequence): that is a finding for ``reprolane verify --range``, not something a checkpoint may paper over.
+
+Two formats are read: the C2SP notes written now, and the JSON `schemas.merkle.Checkpoint` objects
+(``<size>.json``) written before; both are verified with the same Ed25519 key (`verified_heads`). A day whose
+latest checkpoint is a JSON one gets a C2SP checkpoint of the same size on the next run (after the same
+consistency check), so every log has a checkpoint outside tools can read.
 
 Run it often (a cron every few minutes, and once after the day ends): everything after the latest checkpoint
 is only as trustworthy as the bucket's write permissions; everything before it is signed.
@@ -20,31 +29,89 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from capture.audit.errors import AuditError
+from capture.audit.errors import AuditError, InconsistentLogError
+from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import append_leaves, read_leaves
 from schemas import sha256_hex
 from schemas.errors import ContractError
 from schemas.layout import (
     ENVELOPES_PREFIX,
-    checkpoint_key,
+    checkpoint_size_of_key,
     checkpoints_prefix,
     date_prefix,
     envelope_id_of_key,
     is_envelope_key,
+    is_note_checkpoint_key,
     log_id,
+    log_origin,
+    note_checkpoint_key,
     partition_value,
 )
-from schemas.merkle import Checkpoint, LeafEntry, decode_checkpoint, merkle_root, sign_checkpoint
+from schemas.merkle import (
+    Checkpoint,
+    LeafEntry,
+    consistency_proof,
+    decode_checkpoint,
+    root_from_hashes,
+    verify_checkpoint,
+    verify_consistency,
+)
+from schemas.note import (
+    Note,
+    TreeHead,
+    VerifierKey,
+    key_named_in,
+    parse_note,
+    parse_tree_head,
+    sign_checkpoint_note,
+    verifies,
+)
 
 log = logging.getLogger(__name__)
+
+#: The key name (and origin prefix) of checkpoints when the settings name none (``REPROLANE_AUDIT_LOG_ORIGIN``).
+DEFAULT_KEY_NAME = "reprolane.local/audit"
 
 
 @dataclass(frozen=True)
 class StoredCheckpoint:
+    """One checkpoint object as stored: a JSON `Checkpoint`, or a C2SP note and its tree head; neither (with
+    `error`) when it does not parse."""
+
     key: str
-    checkpoint: Checkpoint | None  # None: the object does not parse as a checkpoint
+    checkpoint: Checkpoint | None
     error: str | None = None
+    note: Note | None = None
+    head: TreeHead | None = None
+
+    @property
+    def tree_size(self) -> int:
+        if self.checkpoint is not None:
+            return self.checkpoint.tree_size
+        return self.head.tree_size if self.head is not None else -1
+
+
+@dataclass(frozen=True)
+class SignedHead:
+    """A checkpoint whose signature verified under the key asked for, in either format."""
+
+    key: str
+    tree_size: int
+    root_hash: str  # hex
+    signer: str  # how the report names the key that signed it
+    issued: str | None  # JSON checkpoints say when they were signed; C2SP notes do not
+    c2sp: bool
+
+
+def _parse(key: str, body: bytes) -> StoredCheckpoint:
+    try:
+        if is_note_checkpoint_key(key):
+            note = parse_note(body)
+            return StoredCheckpoint(key, None, note=note, head=parse_tree_head(note.text))
+        return StoredCheckpoint(key, decode_checkpoint(body))
+    except ContractError as exc:
+        return StoredCheckpoint(key, None, str(exc))
 
 
 def list_checkpoints(store: AuditStore, day: str) -> list[StoredCheckpoint]:
@@ -52,13 +119,65 @@ def list_checkpoints(store: AuditStore, day: str) -> list[StoredCheckpoint]:
     found: list[StoredCheckpoint] = []
     for key, _ in sorted(store.list_keys(checkpoints_prefix(day))):
         body = store.get(key)
-        if body is None:
-            continue
-        try:
-            found.append(StoredCheckpoint(key, decode_checkpoint(body)))
-        except ContractError as exc:
-            found.append(StoredCheckpoint(key, None, str(exc)))
-    return sorted(found, key=lambda c: (c.checkpoint.tree_size if c.checkpoint else -1, c.key))
+        if body is not None:
+            found.append(_parse(key, body))
+    return sorted(found, key=lambda c: (c.tree_size, c.key))
+
+
+def verified_heads(
+    stored: list[StoredCheckpoint], day: str, public_raw: bytes, key_name: str | None = None
+) -> tuple[list[SignedHead], list[str]]:
+    """The checkpoints signed by this key for this day's log (named by their size), and why each other one is
+    not. A note is signed under `key_name`, or (None) under any name whose key id this key gives; its origin
+    must be that name's origin of the day (`schemas.layout.log_origin`)."""
+    good: list[SignedHead] = []
+    problems: list[str] = []
+    for item in stored:
+        size_named = checkpoint_size_of_key(item.key)
+        if item.checkpoint is not None:
+            cp = item.checkpoint
+            if not verify_checkpoint(cp, public_raw):
+                problems.append(f"signature of {item.key} does not verify (key {cp.key_id})")
+            elif size_named != cp.tree_size or cp.log_id != log_id(day):
+                problems.append(f"{item.key} holds {cp.log_id} size {cp.tree_size}")
+            else:
+                signer = f"Ed25519 key {cp.key_id}"
+                good.append(SignedHead(item.key, cp.tree_size, cp.root_hash, signer, cp.issued_at.isoformat(), False))
+        elif item.note is not None and item.head is not None:
+            key = VerifierKey(key_name, public_raw) if key_name else key_named_in(item.note, public_raw)
+            if key is None or not verifies(item.note, key):
+                problems.append(f"signature of {item.key} does not verify under the key")
+            elif size_named != item.head.tree_size or item.head.origin != log_origin(key.name, day):
+                problems.append(f"{item.key} holds {item.head.origin} size {item.head.tree_size}")
+            else:
+                signer = f"C2SP note, key {key.name}+{key.key_id:08x}"
+                good.append(SignedHead(item.key, item.head.tree_size, item.head.root_hash.hex(), signer, None, True))
+        else:
+            problems.append(f"{item.key} does not parse: {item.error}")
+    return good, problems
+
+
+def check_consistent(day: str, hashes: list[bytes], heads: list[SignedHead]) -> None:
+    """`InconsistentLogError` unless the tree of `hashes` extends every signed checkpoint of the largest size
+    (an RFC 9162 consistency proof from it to the whole tree verifies)."""
+    if not heads:
+        return
+    latest = max(h.tree_size for h in heads)
+    if latest == 0:
+        return
+    new_root = root_from_hashes(hashes)
+    for head in (h for h in heads if h.tree_size == latest):
+        if latest > len(hashes):
+            raise InconsistentLogError(
+                f"log of {day} has {len(hashes)} leaves but checkpoint {head.key} signed {latest}: truncated"
+            )
+        old_root = bytes.fromhex(head.root_hash)
+        proof = consistency_proof(hashes, latest)
+        if not verify_consistency(latest, len(hashes), old_root, new_root, proof):
+            raise InconsistentLogError(
+                f"log of {day} is not consistent with checkpoint {head.key} (size {latest}): its first {latest} "
+                "leaves were rewritten; not signing"
+            )
 
 
 def write_checkpoint(
@@ -67,24 +186,32 @@ def write_checkpoint(
     private_raw: bytes,
     *,
     retention: timedelta | None,
+    key_name: str = DEFAULT_KEY_NAME,
     now: datetime | None = None,
-) -> Checkpoint | None:
-    """Sign and store a checkpoint of the whole day log; None when the latest checkpoint already covers it."""
+) -> SignedHead | None:
+    """Sign and store a C2SP checkpoint of the whole day log once it is consistent with the latest one signed;
+    None when a C2SP checkpoint of this size is there already."""
     leaves = read_leaves(store, day)
     if leaves.problems:
         raise AuditError(f"leaf log of {day} is broken, not signing it: {leaves.problems[0]}")
-    size = len(leaves.ids)
-    existing = [c.checkpoint for c in list_checkpoints(store, day) if c.checkpoint is not None]
-    if size == 0 or any(c.tree_size == size for c in existing):
+    hashes = leaves.hashes()
+    size = len(hashes)
+    heads, problems = verified_heads(list_checkpoints(store, day), day, public_of(private_raw), key_name)
+    for problem in problems:
+        log.warning("audit: checkpoint of %s ignored: %s", day, problem)
+    check_consistent(day, hashes, heads)
+    if size == 0 or any(h.tree_size == size and h.c2sp for h in heads):
         return None
     issued = now or datetime.now(UTC)
-    root = merkle_root([e.data() for e in leaves.entries])
-    checkpoint = sign_checkpoint(private_raw, log_id(day), size, root, issued)
+    root = root_from_hashes(hashes)
+    body = sign_checkpoint_note(TreeHead(log_origin(key_name, day), size, root), key_name, private_raw)
     until = issued + retention if retention is not None else None
-    if not store.put_new(checkpoint_key(day, size), checkpoint.canonical(), until):
+    key = note_checkpoint_key(day, size)
+    if not store.put_new(key, body, until):
         return None  # a concurrent run signed the same size first
-    log.info("audit: checkpoint %s size %d root %s", day, size, checkpoint.root_hash)
-    return checkpoint
+    log.info("audit: checkpoint %s size %d root %s", day, size, root.hex())
+    signer = VerifierKey(key_name, public_of(private_raw))
+    return SignedHead(key, size, root.hex(), f"C2SP note, key {signer.encode()}", issued.isoformat(), True)
 
 
 def envelope_days(store: AuditStore) -> list[str]:

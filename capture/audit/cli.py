@@ -173,11 +173,53 @@ def checkpoint_cmd(
     store = _store(settings)
     days = [day] if day else [d for p in store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day"))]
     for d in days:
-        cp = write_checkpoint(store, d, private, retention=_retention(settings.log_retention_days))
+        cp = write_checkpoint(
+            store, d, private, retention=_retention(settings.log_retention_days), key_name=settings.log_origin
+        )
         if cp is None:
             typer.echo(f"{d}: up to date")
         else:
-            typer.echo(f"{d}: checkpoint size {cp.tree_size} root {cp.root_hash} key {cp.key_id}")
+            typer.echo(f"{d}: checkpoint size {cp.tree_size} root {cp.root_hash} ({cp.signer})")
+
+
+@audit_app.command("checkpointer")
+def checkpointer_cmd(
+    every: Annotated[float, typer.Option("--every", min=0.1, help="seconds between rounds")] = 60.0,
+    once: Annotated[bool, typer.Option("--once", help="one round, then exit (1 when a log was refused)")] = False,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="serve metrics on 127.0.0.1")] = None,
+    day: Annotated[list[str] | None, typer.Option("--day", help="only this YYYY-MM-DD (repeatable)")] = None,
+) -> None:
+    """Sign a checkpoint of every log that grew, every --every seconds, each checked for consistency with the
+    previous one first; an inconsistent log is refused, logged and counted (capture.audit.checkpointer)."""
+    import logging
+
+    from capture.audit.checkpointer import Checkpointer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = AuditSettings()
+    service = Checkpointer(
+        _store(settings),
+        signing_keys.signing_key(settings),
+        key_name=settings.log_origin,
+        retention=_retention(settings.log_retention_days),
+        only_days=day or None,
+    )
+    if metrics_port is not None:
+        service.metrics.serve(metrics_port)
+    if once:
+        report = service.run_round()
+        for head in report.signed:
+            typer.echo(f"signed {head.key} root {head.root_hash}")
+        for refused_day, why in report.refused.items():
+            typer.echo(f"REFUSED {refused_day}: {why}")
+        raise typer.Exit(1 if report.refused else 0)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: service.stop.set())
+    try:
+        service.run(every)
+    except KeyboardInterrupt:
+        service.stop.set()
 
 
 @audit_app.command("reconcile")

@@ -4,6 +4,7 @@
      └── AuditError                   base of everything raised by capture.audit
           ├── AuditStoreError         S3 refused or could not be reached (botocore translated at the boundary)
           ├── SigningKeyError         a signing / public key is missing or unreadable
+          ├── InconsistentLogError    a log is not consistent with a checkpoint already signed: not signing it
           ├── UnknownIdError          no envelope, workflow or day of that name (the CLI exits 2)
           ├── IndexMismatchError      an index entry disagrees with the record it points at (never followed)
           ├── AccessDenied            an operator command refused: no key, wrong role, tenant out of scope (2)
@@ -27,6 +28,10 @@ class AuditStoreError(AuditError):
 
 
 class SigningKeyError(AuditError):
+    pass
+
+
+class InconsistentLogError(AuditError):
     pass
 
 

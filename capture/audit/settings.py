@@ -27,3 +27,8 @@ class AuditSettings(BaseSettings, S3ConnectionFields):
     log_retention_days: int = Field(
         default=1, ge=0, description="Object Lock retention of checkpoints and expiry reports; 0 = none"
     )
+    log_origin: str = Field(
+        default="reprolane.local/audit",
+        pattern=r"^[!-*,-~]{1,200}$",
+        description="C2SP checkpoint key name and origin prefix (<log_origin>/day=D), unique per deployment",
+    )

@@ -83,6 +83,20 @@ class AuditStore(LedgerStore):
         head = self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=key), is_missing)
         return None if head is None else str(head.get("VersionId") or "null")
 
+    def lock_state(self, key: str) -> dict[str, str | None] | None:
+        """The current version's id, Object Lock mode, retain-until date (ISO) and legal hold, from one HEAD;
+        None when there is no such key."""
+        head = self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=key), is_missing)
+        if head is None:
+            return None
+        until = head.get("ObjectLockRetainUntilDate")
+        return {
+            "version_id": str(head.get("VersionId") or "null"),
+            "mode": head.get("ObjectLockMode"),
+            "retain_until": until.isoformat() if isinstance(until, datetime) else None,
+            "legal_hold": head.get("ObjectLockLegalHoldStatus"),
+        }
+
     def set_legal_hold(self, key: str, version_id: str, on: bool) -> None:
         self._call(
             "legal hold",

@@ -42,28 +42,19 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from capture.audit.checkpoint import StoredCheckpoint, day_objects, list_checkpoints
+from capture.audit.checkpoint import SignedHead, StoredCheckpoint, day_objects, list_checkpoints, verified_heads
 from capture.audit.errors import UnknownIdError
 from capture.audit.index import check_entry, read_entry
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import LeafLog, read_leaves
 from schemas import sha256_hex
 from schemas.errors import ContractError
-from schemas.layout import (
-    EXPIRY_PREFIX,
-    capture_day_of_key,
-    checkpoint_key_suffix,
-    envelope_id_of_key,
-    log_id,
-    request_index_key,
-)
+from schemas.layout import EXPIRY_PREFIX, capture_day_of_key, envelope_id_of_key, log_id, request_index_key
 from schemas.merkle import (
-    Checkpoint,
     LeafEntry,
     consistency_proof,
     inclusion_proof,
     root_from_hashes,
-    verify_checkpoint,
     verify_consistency,
     verify_inclusion,
 )
@@ -170,23 +161,15 @@ def expired_ids(store: AuditStore) -> set[str]:
     return ids
 
 
-def _signed(stored: Sequence[StoredCheckpoint], day: str, public_raw: bytes, verdict: Verdict) -> list[Checkpoint]:
-    """The checkpoints whose signature, name and log id check out; the others become findings."""
-    good: list[Checkpoint] = []
-    for item in stored:
-        cp = item.checkpoint
-        if cp is None:
-            verdict.add("bad_checkpoint", f"bad_checkpoint: {item.key} does not parse: {item.error}")
-        elif not verify_checkpoint(cp, public_raw):
-            verdict.add("bad_checkpoint", f"bad_checkpoint: signature of {item.key} does not verify (key {cp.key_id})")
-        elif not item.key.endswith(checkpoint_key_suffix(cp.tree_size)) or cp.log_id != log_id(day):
-            verdict.add("bad_checkpoint", f"bad_checkpoint: {item.key} holds {cp.log_id} size {cp.tree_size}")
-        else:
-            good.append(cp)
+def _signed(stored: Sequence[StoredCheckpoint], day: str, public_raw: bytes, verdict: Verdict) -> list[SignedHead]:
+    """The checkpoints (JSON or C2SP) whose signature, name and log id check out; the others become findings."""
+    good, problems = verified_heads(list(stored), day, public_raw)
+    for problem in problems:
+        verdict.add("bad_checkpoint", f"bad_checkpoint: {problem}")
     return good
 
 
-def _prefix_problem(ids: list[str], hashes: list[bytes], start: int, cp: Checkpoint) -> Finding | None:
+def _prefix_problem(ids: list[str], hashes: list[bytes], start: int, cp: SignedHead) -> Finding | None:
     """Why the leaves no longer hash to `cp` (leaves before `start` are known good), or None when they do."""
     size = cp.tree_size
     if size > len(hashes):
@@ -209,13 +192,13 @@ def _prefix_problem(ids: list[str], hashes: list[bytes], start: int, cp: Checkpo
     return Finding("altered", f"altered: leaves {lo}..{size - 1} no longer hash to the root of checkpoint size {size}")
 
 
-def _check_chain(day: str, leaves: LeafLog, good: list[Checkpoint], verdict: Verdict) -> list[Checkpoint]:
+def _check_chain(day: str, leaves: LeafLog, good: list[SignedHead], verdict: Verdict) -> list[SignedHead]:
     """Each checkpoint against the current leaves, and consistency between consecutive ones; returns those that
     still match the leaves."""
     hashes = leaves.hashes()
-    matching: list[Checkpoint] = []
+    matching: list[SignedHead] = []
     last_good = 0
-    previous: Checkpoint | None = None
+    previous: SignedHead | None = None
     for cp in good:
         problem = _prefix_problem(leaves.ids, hashes, last_good, cp)
         if problem is not None:
@@ -279,15 +262,16 @@ def verify_request(store: AuditStore, request_id: str, public_raw: bytes) -> Ver
                 "run `reprolane audit checkpoint`",
             )
         return verdict
-    cp = covering[-1]
+    cp = max(covering, key=lambda h: (h.tree_size, h.c2sp))  # a C2SP one when both formats sign a size
     hashes = leaves.hashes()[: cp.tree_size]
     proof = inclusion_proof(hashes, index)
     if not verify_inclusion(hashes[index], index, cp.tree_size, proof, bytes.fromhex(cp.root_hash)):
         verdict.add("altered", f"altered: inclusion proof of leaf {index} fails against checkpoint {cp.tree_size}")
         return verdict
+    issued = f" issued {cp.issued}" if cp.issued else ""
     verdict.lines += [
-        f"  checkpoint: size {cp.tree_size} root {cp.root_hash} issued {cp.issued_at.isoformat()}",
-        f"  signature: Ed25519 key {cp.key_id} verifies",
+        f"  checkpoint: size {cp.tree_size} root {cp.root_hash}{issued} ({cp.key.rsplit('/', 1)[-1]})",
+        f"  signature: {cp.signer} verifies",
         f"  inclusion proof: {len(proof)} hashes, leaf {index} -> root: verifies",
     ]
     return verdict

@@ -28,6 +28,7 @@ import pytest
 import typer.main
 import yaml
 
+from capture.audit.checkpointer import CheckpointerMetrics
 from capture.metrics import CaptureMetrics
 from infra import paths
 from replayer.metrics import ReplayerMetrics
@@ -148,7 +149,7 @@ def _metric_labels() -> dict[str, frozenset[str]]:
         "gauge": ("",),
         "histogram": ("_bucket", "_sum", "_count", "_created"),
     }
-    for owner in (CaptureMetrics(), ReplayerMetrics()):
+    for owner in (CaptureMetrics(), ReplayerMetrics(), CheckpointerMetrics()):
         for metric in vars(owner).values():
             kind = getattr(metric, "_type", None)
             if kind not in suffixes:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from capture.audit.checkpoint import reconcile, write_checkpoint
-from capture.audit.errors import AuditError
+from capture.audit.checkpoint import list_checkpoints, reconcile, verified_heads, write_checkpoint
+from capture.audit.errors import AuditError, InconsistentLogError
 from capture.audit.signing_keys import keygen, load_private, load_public, public_of
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import append_leaves, read_leaves
@@ -21,8 +21,9 @@ from capture.outgoing import Outgoing
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
-from schemas.layout import leaves_key
-from schemas.merkle import LeafEntry, decode_checkpoint, merkle_root, verify_checkpoint
+from schemas.layout import checkpoint_key, leaves_key
+from schemas.merkle import LeafEntry, merkle_root, sign_checkpoint
+from schemas.note import VerifierKey, parse_note, verifies
 from tests.factories import FIXED_TIME, envelope
 from tests.moto_s3 import capture_settings, moto_client, moto_server
 
@@ -75,15 +76,50 @@ def test_checkpoint_signs_the_whole_log_once_per_size(store: AuditStore) -> None
     ids = [envelope(request_id=f"req-cp-{i}").envelope_id() for i in range(3)]
     append_leaves(store, DAY, [LeafEntry(i, i) for i in ids], None)
     now = datetime(2026, 11, 29, tzinfo=UTC)
-    cp = write_checkpoint(store, DAY, private, retention=None, now=now)
+    cp = write_checkpoint(store, DAY, private, retention=None, key_name="bank.example/audit", now=now)
     assert cp is not None
     assert cp.tree_size == 3
-    assert cp.root_hash == merkle_root([LeafEntry(i, i).data() for i in ids]).hex()
-    assert verify_checkpoint(cp, public_of(private))
-    stored = store.get(f"audit/checkpoints/day={DAY}/000000000003.json")
+    root = merkle_root([LeafEntry(i, i).data() for i in ids])
+    assert cp.root_hash == root.hex()
+    stored = store.get(f"audit/checkpoints/day={DAY}/000000000003.checkpoint")
     assert stored is not None
-    assert decode_checkpoint(stored) == cp
-    assert write_checkpoint(store, DAY, private, retention=None) is None  # nothing new
+    note = parse_note(stored)  # a C2SP checkpoint: origin, size, base64 root, one Ed25519 signature line
+    assert note.text == f"bank.example/audit/day={DAY}\n3\n{base64.b64encode(root).decode()}\n"
+    assert verifies(note, VerifierKey("bank.example/audit", public_of(private)))
+    assert write_checkpoint(store, DAY, private, retention=None, key_name="bank.example/audit") is None
+
+
+def test_a_day_with_a_json_checkpoint_gets_a_c2sp_one_and_both_verify(store: AuditStore) -> None:
+    private = load_private_fresh()
+    ids = [envelope(request_id=f"req-old-{i}").envelope_id() for i in range(2)]
+    append_leaves(store, DAY, [LeafEntry(i, i) for i in ids], None)
+    root = merkle_root([LeafEntry(i, i).data() for i in ids])
+    old = sign_checkpoint(private, f"day={DAY}", 2, root, datetime(2026, 11, 29, tzinfo=UTC))
+    store.put_new(checkpoint_key(DAY, 2), old.canonical())
+    cp = write_checkpoint(store, DAY, private, retention=None)
+    assert cp is not None
+    assert (cp.tree_size, cp.c2sp) == (2, True)
+    heads, problems = verified_heads(list_checkpoints(store, DAY), DAY, public_of(private))
+    assert problems == []
+    assert [(h.tree_size, h.c2sp, h.root_hash) for h in heads] == [(2, True, root.hex()), (2, False, root.hex())]
+
+
+def test_a_rewritten_or_truncated_log_is_not_signed(store: AuditStore) -> None:
+    private = load_private_fresh()
+    ids = [envelope(request_id=f"req-rw-{i}").envelope_id() for i in range(4)]
+    append_leaves(store, DAY, [LeafEntry(i, i) for i in ids[:2]], None)
+    assert write_checkpoint(store, DAY, private, retention=None) is not None
+    store.client.delete_object(Bucket=store.bucket, Key=leaves_key(DAY, 0))  # rewrite the signed prefix
+    append_leaves(store, DAY, [LeafEntry(i, i) for i in [ids[1], ids[0], ids[2]]], None)
+    with pytest.raises(InconsistentLogError, match="not consistent with checkpoint"):
+        write_checkpoint(store, DAY, private, retention=None)
+    store.client.delete_object(Bucket=store.bucket, Key=leaves_key(DAY, 0))
+    append_leaves(store, DAY, [LeafEntry(ids[0], ids[0])], None)
+    with pytest.raises(InconsistentLogError, match="truncated"):
+        write_checkpoint(store, DAY, private, retention=None)
+    assert [k for k, _ in store.list_keys(f"audit/checkpoints/day={DAY}/")] == [
+        f"audit/checkpoints/day={DAY}/000000000002.checkpoint"
+    ]
 
 
 async def test_reconcile_appends_stored_but_unlogged_envelopes(settings: CaptureSettings, store: AuditStore) -> None:

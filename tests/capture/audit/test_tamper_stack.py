@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from capture.audit.checkpoint import reconcile, write_checkpoint
+from capture.audit.errors import InconsistentLogError
 from capture.audit.store import AuditStore
 from capture.audit.verify import verify_range, verify_request
 from capture.ledger.merkle_log import read_leaves
@@ -166,12 +167,14 @@ def test_reordered_leaves_are_detected_and_the_swap_named(log: Log) -> None:
     single = verify_request(log.store, log.envs[0].request_id, log.public)
     assert not single.ok
     assert "reordered" in single.kinds()
-    # re-signing after the tamper does not launder it: the old checkpoint no longer matches, the chain breaks
+    # re-signing after the tamper cannot launder it: the checkpoint job refuses a log that is not consistent with
+    # the checkpoint it signed before, and the chain stays broken
     more = [envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=log.captured + timedelta(minutes=5))]
     from capture.ledger.merkle_log import append_leaves
 
     append_leaves(log.store, log.day, [LeafEntry(more[0].envelope_id(), more[0].envelope_id())], None)
-    assert write_checkpoint(log.store, log.day, log.private, retention=None) is not None
+    with pytest.raises(InconsistentLogError, match="not consistent"):
+        write_checkpoint(log.store, log.day, log.private, retention=None)
     again = verify_range(log.store, log.day, log.public)
     assert "reordered" in again.kinds()
 
