@@ -74,6 +74,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "lake": ("capture.audit.lake_cli", "lake_app", "group"),
     "query": ("capture.audit.lake_cli", "query_command", "command"),
     "keys": ("capture.audit.lake_cli", "keys_app", "group"),
+    "console": ("infra.console.cli", "console_command", "command"),
 }
 
 #: The exit code of each error tree, the first that matches wins (see the module docstring). Usage errors are
