@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from schemas import Choice, Envelope, ReplayResult, StepLogprobs, TopCandidate
 from schemas.replay import StepCandidates
 
+Spell = Callable[[int], str]
+"""Token id -> its text, with the tokenizer the envelope was recorded with."""
+
 
 @dataclass(frozen=True)
 class TextCut:
@@ -68,10 +71,11 @@ def recorded_choice(envelope: Envelope) -> Choice | None:
     return outcome.partial[0] if outcome.partial else None
 
 
-def _token_texts(steps: tuple[StepLogprobs, ...] | None) -> list[str] | None:
+def _token_texts(steps: tuple[StepLogprobs, ...] | None, spell: Spell | None) -> list[str] | None:
+    """Each step's token text (an empty one spelled by `spell`), or None when some step has none."""
     if not steps or any(s.token is None for s in steps):
         return None
-    return [s.token or "" for s in steps]
+    return [s.token or (spell(s.token_id) if spell is not None else "") for s in steps]
 
 
 def _cut_tokens(tokens: list[str], fork: int) -> TextCut:
@@ -87,21 +91,18 @@ def _common_prefix(a: str, b: str) -> int:
     return n
 
 
-def cut_at_fork(recorded: Choice, result: ReplayResult) -> tuple[TextCut, TextCut] | None:
+def cut_at_fork(recorded: Choice, result: ReplayResult, spell: Spell | None = None) -> tuple[TextCut, TextCut] | None:
     """Both texts cut at the fork, or None when the replay did not fork."""
     first = result.event.first_divergence
     if first is None:
         return None
     fork = first.position
-    rec_tokens, rep_tokens = _token_texts(recorded.logprobs), _token_texts(result.replayed.logprobs)
+    rec_tokens, rep_tokens = _token_texts(recorded.logprobs, spell), _token_texts(result.replayed.logprobs, spell)
     if rec_tokens is not None and rep_tokens is not None:
         return _cut_tokens(rec_tokens, fork), _cut_tokens(rep_tokens, fork)
     rec, rep = recorded.text, result.replayed.text
     n = _common_prefix(rec, rep)
     return TextCut(rec[:n], rec[n : n + 1], rec[n + 1 :]), TextCut(rep[:n], rep[n : n + 1], rep[n + 1 :])
-
-
-Spell = Callable[[int], str]
 
 
 def _label(candidate: TopCandidate | None, spell: Spell | None) -> str:
@@ -160,7 +161,7 @@ def replay_view(envelope: Envelope, result: ReplayResult, spell: Spell | None = 
         if first.before is not None:
             tables.append(top_table("the step before the fork", first.before, spell))
         tables.append(top_table("at the fork", first.at, spell))
-    cuts = cut_at_fork(recorded, result) if recorded is not None else None
+    cuts = cut_at_fork(recorded, result, spell) if recorded is not None else None
     positions, diffs = logprob_diffs(recorded, result) if recorded is not None else ([], [])
     return ReplayView(
         result,
