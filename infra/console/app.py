@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -68,22 +69,6 @@ class Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-def _security_headers(app: ASGIApp) -> ASGIApp:
-    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                present = {k.lower() for k, _ in message["headers"]}
-                for name, value in HEADERS.items():
-                    if name.encode() not in present:
-                        message["headers"].append((name.encode(), value.encode()))
-            await send(message)
-
-        await app(scope, receive, send_with_headers)
-
-    return wrapped
 
 
 @dataclass
@@ -140,11 +125,20 @@ class Console:
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    """The posted form's text fields, bounded in size (413 beyond `MAX_FORM_BYTES`)."""
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
+    """The posted form's fields (URL-encoded; the last value of a repeated name), read no further than
+    `MAX_FORM_BYTES` (413 beyond: a declared length is refused before anything is read)."""
+    declared = request.headers.get("content-length", "0")
+    if not declared.isdigit() or int(declared) > MAX_FORM_BYTES:
         raise Refused(413, "form too large")
-    return {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise Refused(413, "form too large")
+    try:
+        return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=32))
+    except ValueError:
+        raise Refused(400, "form has too many fields") from None
 
 
 def _templates() -> Jinja2Templates:
@@ -341,7 +335,10 @@ def build_console_app(console: Console) -> Starlette:
             "positions": charts.position_histogram(data.positions),
             "lag": charts.lag_histogram(data.lags_s),
             "gates": charts.gate_chart(
-                [(g.finished_at.strftime("%Y-%m-%d %H:%M"), g.pass_rate or 0.0, g.gate_passed) for g in gates]
+                [
+                    (f"{n}. {g.finished_at:%Y-%m-%d %H:%M:%S}", g.pass_rate or 0.0, g.gate_passed)
+                    for n, g in enumerate(gates, start=1)
+                ]
             ),
         }
         return page(request, "overview.html", session, data=data, figures=figures)
@@ -377,10 +374,18 @@ def build_console_app(console: Console) -> Starlette:
 
 
 class _SecurityHeaders:
-    """`HEADERS` on every response (pages, static files, redirects)."""
+    """`HEADERS` on every response (pages, static files, redirects), unless the response set its own."""
 
     def __init__(self, app: ASGIApp) -> None:
-        self.app = _security_headers(app)
+        self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                headers += [(k.encode(), v.encode()) for k, v in HEADERS.items() if k.encode() not in present]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

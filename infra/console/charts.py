@@ -122,6 +122,7 @@ def gate_chart(runs: list[tuple[str, float, bool]]) -> str:
                 marker={"color": ["#31a354" if r[2] else "#c0392b" for r in runs]},
             )
         ],
-        title="release-gate runs: pass rate",
+        title="release-gate runs: pass rate (green: passed)",
+        xaxis={"type": "category", "title": "run (finished, UTC)"},
         yaxis={"title": "pass rate", "range": [0, 1]},
     )

@@ -39,13 +39,15 @@ from infra.demo_workload import Workload, drive, load_workload, tenants
 from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.errors import EnvelopeNotFoundError
+from replayer.gate import run_gate
+from replayer.golden import GoldenSet, golden_environment
 from replayer.lanes.base import GenRequest
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayedOutput, ReplayResult, StepLogprobs
 from schemas.layout import LAKE_BUCKET
-from tests.replayer.support import REPLAY_KEY_ID, FakeLane, flip, write_replay_request_keys
+from tests.replayer.support import LANE_FINGERPRINT, REPLAY_KEY_ID, FakeLane, flip, write_replay_request_keys
 
 BUCKET = "reprolane-test-console"
 FORK_AT = 2
@@ -182,6 +184,22 @@ def _replay(
     return results
 
 
+def _gate_runs(envelopes: list[Envelope], diverged: Envelope, out: Path) -> None:
+    """Two release-gate runs over the captured envelopes as the golden set (`replayer.gate.run_gate`, the CLI's
+    own logic): one on a lane that echoes every answer (passes), one on the drifting lane (fails)."""
+    golden = GoldenSet("s3:console-test", tuple(envelopes))
+    baseline = golden_environment(golden)
+    candidate = baseline.model_copy(update={"runtime": LANE_FINGERPRINT, "source": "local"})
+    settings = ReplayerSettings()
+    out.mkdir(parents=True, exist_ok=True)
+    for n, forks in enumerate(((), (diverged,))):
+        lane = DriftLane()
+        for env in envelopes:
+            lane.learn(env, diverge_at=FORK_AT if env in forks else None)
+        report = run_gate(golden, baseline, candidate, lambda lane=lane: lane, settings)
+        (out / f"gate-{n}.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
+
+
 def _archive(stack: StackInfo, envelopes: list[Envelope], results: dict[str, ReplayResult], prefix: str) -> None:
     settings = LakeSettings(
         kafka_bootstrap=stack.kafka_bootstrap, envelope_topic=f"env-{prefix}", divergence_topic=f"div-{prefix}",
@@ -215,6 +233,7 @@ def build_world(stack: StackInfo, tmp: Path) -> World:
     results = _replay(stack, envelopes, diverged, steps[1])
     prefix = f"lake-console-{uuid.uuid4().hex[:8]}"
     _archive(stack, envelopes, results, prefix)
+    _gate_runs(envelopes, diverged, tmp / "gates")
     day = diverged.captured_at.astimezone(UTC).strftime("%Y-%m-%d")
     write_checkpoint(AuditStore(s3_client(stack.s3_endpoint, stack.s3_credentials), BUCKET), day, SIGNING_KEY,
                      retention=None)  # fmt: skip
@@ -230,6 +249,7 @@ def build_world(stack: StackInfo, tmp: Path) -> World:
         "REPROLANE_CONSOLE_OPERATOR_KEYS_PATH": str(tmp / "operator-keys.json"),
         "REPROLANE_CONSOLE_REPLAY_KEYS_PATH": str(tmp / "replay-keys.json"),
         "REPROLANE_CONSOLE_REPLAY_KEY_ID": REPLAY_KEY_ID,
+        "REPROLANE_CONSOLE_GATE_REPORTS_DIR": str(tmp / "gates"),
         "REPROLANE_AUDIT_S3_BUCKET": BUCKET,
         "REPROLANE_AUDIT_PUBLIC_KEY": base64.b64encode(public_of(SIGNING_KEY)).decode(),
         "REPROLANE_REPLAYER_S3_BUCKET": BUCKET,

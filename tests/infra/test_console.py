@@ -247,6 +247,8 @@ def test_the_gate(gate: Any) -> None:
             admin.post(f"/requests/{rid}/hold", data={"action": "add", "csrf": csrf_of(page.text)}).status_code == 200
         )
         assert records.held
+        assert admin.post(f"/requests/{rid}/hold", content=b"a=" + b"x" * 20_000).status_code == 413
+        assert admin.post(f"/requests/{rid}/hold", content=b"&".join([b"a=1"] * 40)).status_code == 400
         ledger.fail = True  # the access log cannot be written: nothing is done
         assert (
             admin.post(f"/requests/{rid}/hold", data={"action": "remove", "csrf": csrf_of(page.text)}).status_code

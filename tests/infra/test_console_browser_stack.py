@@ -161,8 +161,10 @@ def test_login_search_and_the_fork_with_both_top_k_tables(browser: Any, world: W
     shot(page, "workflow", world.tmp)
 
     page.goto(world.url + "/overview")
-    for chart in ("rate", "positions", "lag"):
+    for chart in ("rate", "positions", "lag", "gates"):
         page.wait_for_selector(f"#chart-{chart} .main-svg")
+    verdicts = page.locator("#gate-runs tbody tr td:nth-child(5)").all_inner_texts()
+    assert sorted(verdicts) == ["FAIL", "PASS"]
     shot(page, "overview", world.tmp)
 
 
