@@ -47,7 +47,7 @@ from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayedOutput, ReplayResult, StepLogprobs
 from schemas.layout import LAKE_BUCKET
-from tests.replayer.support import LANE_FINGERPRINT, REPLAY_KEY_ID, FakeLane, flip, write_replay_request_keys
+from tests.replayer.support import LANE_FINGERPRINT, REPLAY_KEY_ID, FakeLane, S3Target, flip, write_replay_request_keys
 
 BUCKET = "reprolane-test-console"
 FORK_AT = 2
@@ -168,13 +168,7 @@ def _replay(
     lane = DriftLane()
     for env in envelopes:
         lane.learn(env, diverge_at=FORK_AT if env in (diverged, fork_step) else None)
-    settings = ReplayerSettings(
-        s3_endpoint=stack.s3_endpoint,
-        s3_access_key=stack.s3_access_key,
-        s3_secret_key=stack.s3_secret_key,
-        s3_region=stack.s3_region,
-        s3_bucket=BUCKET,
-    )
+    settings = S3Target.from_stack(stack).settings(s3_bucket=BUCKET)
     store = EnvelopeStore.from_settings(settings)
     results = {}
     for env in envelopes:
