@@ -117,6 +117,18 @@ def test_login_search_and_the_fork_with_both_top_k_tables(browser: Any, world: W
     assert "diverged" in rows.first.inner_text()
     shot(page, "search", world.tmp)
 
+    # the lake's search: tenant, verdict, runtime fingerprint and time range (the archiver's Parquet, via DuckDB)
+    env = world.diverged
+    since = env.captured_at.astimezone(UTC).replace(second=0, microsecond=0).strftime("%Y-%m-%dT%H:%M")
+    lake = browser.new_context().new_page()
+    lake.context.add_cookies(page.context.cookies())
+    query = f"tenant={env.tenant}&verdict=diverged&runtime={env.runtime.sha256()[:10]}&since={since}"
+    lake.goto(f"{world.url}/search?{query}")
+    found = lake.locator("#results tbody tr td:first-child").all_inner_texts()
+    assert found == [rid]
+    lake.goto(f"{world.url}/search?tenant={env.tenant}&verdict=bitwise")
+    assert rid not in lake.locator("#results").inner_text()
+
     page.click(f"#results a:text('{rid}')")
     page.wait_for_url(f"{world.url}/requests/{rid}")
     assert page.inner_text("#request-id") == rid
