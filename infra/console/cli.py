@@ -1,0 +1,80 @@
+"""``reprolane console [--host H] [--port P]``: build the console from the settings and serve it with uvicorn.
+
+The console's own settings are `infra.console.settings.ConsoleSettings` (``REPROLANE_CONSOLE_*``); what it reads
+is configured with each source's own settings (audit, archiver, replayer), which a running local stack fills in.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from capture.audit.errors import SigningKeyError
+from capture.audit.lake import Lake
+from capture.audit.lake_settings import LakeSettings
+from capture.audit.settings import AuditSettings
+from capture.audit.signing_keys import verifying_key
+from capture.audit.store import AuditStore
+from infra import paths
+from infra.console.access import AccessLog
+from infra.console.app import Console, build_console_app
+from infra.console.records import Records
+from infra.console.replay_now import ReplayPublisher
+from infra.console.sessions import SessionStore
+from infra.console.settings import ConsoleSettings
+from infra.console.tokens import TokenDecoder
+from infra.stack_env import apply_to_process
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
+
+
+def build_console(
+    settings: ConsoleSettings,
+    audit: AuditSettings,
+    lake: LakeSettings | None,
+    replayer: ReplayerSettings,
+) -> Console:
+    """The console's parts from the settings of each source (no network call is made here)."""
+    store = AuditStore.from_settings(audit)
+    try:
+        public_key: bytes | None = verifying_key(audit)
+    except SigningKeyError:
+        public_key = None  # the request page says inclusion cannot be checked, and why
+    records = Records(
+        EnvelopeStore.from_settings(replayer),
+        store,
+        Lake.from_settings(lake) if lake is not None else None,
+        public_key=public_key,
+        gate_reports_dir=settings.gate_reports_dir,
+    )
+    publisher = None
+    if settings.replay_keys_path is not None and settings.replay_key_id is not None:
+        publisher = ReplayPublisher.from_files(replayer, settings.replay_keys_path, settings.replay_key_id)
+    return Console(
+        records,
+        AccessLog(store, retention_days=settings.access_log_retention_days),
+        SessionStore(idle_s=settings.session_idle_s, max_s=settings.session_max_s),
+        settings.operator_keys_path,
+        secure_cookie=settings.secure_cookie,
+        replay=publisher,
+        search_limit=settings.search_limit,
+        decoder=TokenDecoder.load(replayer.model_dir or paths.model_dir()),
+    )
+
+
+def console_command(
+    host: Annotated[str | None, typer.Option("--host", help="bind address (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="port (default 8700)")] = None,
+) -> None:
+    """Serve the auditors' web console (search, requests, replays, holds, overview)."""
+    import uvicorn
+
+    apply_to_process()
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = ConsoleSettings(**overrides)  # type: ignore[arg-type]
+    console = build_console(settings, AuditSettings(), LakeSettings(), ReplayerSettings())
+    if settings.operator_keys_path is None:
+        typer.echo("reprolane console: no REPROLANE_CONSOLE_OPERATOR_KEYS_PATH: nobody can log in", err=True)
+    typer.echo(f"reprolane console: http://{settings.host}:{settings.port}/", err=True)
+    uvicorn.run(build_console_app(console), host=settings.host, port=settings.port, log_level="warning")

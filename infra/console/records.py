@@ -1,0 +1,346 @@
+"""What the console reads, and from where: one reader per source, none of them copied.
+
+- envelopes, the indexes (request id, client request id, workflow) and replay results: the replayer's
+  `replayer.store.EnvelopeStore` (it checks every index entry against the envelope it points at, and opens
+  sealed envelopes with their tenant's key when a KEK is configured);
+- searches over many records and the overview's aggregates: the audit lake through
+  `capture.audit.query.connect` (DuckDB over the Parquet lake, locked down), with the caller's values bound as
+  parameters, never spliced into the SQL;
+- inclusion in the Merkle log against the latest signed checkpoint: `capture.audit.verify.verify_request`;
+- legal holds: `capture.audit.store.AuditStore` on the envelope object's current version.
+
+Every method takes the operator's tenant scope: a key scoped to a tenant reads that tenant's records only, and a
+record of another tenant is answered as absent (`NotVisible`), so a scoped key cannot probe others' ids.
+Everything here blocks (boto3, DuckDB): the web layer calls it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from capture.audit.errors import AuditError
+from capture.audit.lake import Lake
+from capture.audit.query import connect
+from capture.audit.store import AuditStore
+from capture.audit.verify import verify_request
+from replayer.errors import EnvelopeNotFoundError, ReplayerError
+from replayer.gate import GateReport
+from replayer.store import EnvelopeStore
+from schemas import Envelope, ReplayResult
+from schemas.errors import ContractError
+from schemas.layout import envelope_key
+
+#: Verdicts that count as "the tokens held" in the divergence rate (the lake's own example query says the same).
+HELD_VERDICTS = ("bitwise", "token")
+_GATE_REPORTS_SHOWN = 50
+
+
+class NotVisible(Exception):
+    """No such record, or not one of the operator's tenant (the two are answered alike)."""
+
+
+@dataclass(frozen=True)
+class Filters:
+    """A search, parsed and bounded at the edge (`infra.console.forms`)."""
+
+    request_id: str | None = None
+    client_request_id: str | None = None
+    workflow_id: str | None = None
+    tenant: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    verdict: str | None = None
+    runtime: str | None = None
+
+    def empty(self) -> bool:
+        return all(v is None for v in vars(self).values())
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in vars(self).items() if v is not None) or "(all)"
+
+
+@dataclass(frozen=True)
+class Row:
+    request_id: str
+    tenant: str
+    captured_at: datetime
+    model: str
+    workflow: str | None
+    runtime_sha256: str | None
+    verdicts: str
+
+
+@dataclass(frozen=True)
+class Inclusion:
+    ok: bool
+    lines: list[str]
+    problems: list[str]
+
+
+@dataclass(frozen=True)
+class Hold:
+    key: str
+    version_id: str | None
+    held: bool
+    retain_until: datetime | None
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    envelope: Envelope
+    results: list[ReplayResult]
+    inclusion: Inclusion
+    hold: Hold
+
+
+@dataclass(frozen=True)
+class Step:
+    envelope: Envelope
+    results: list[ReplayResult]
+
+    @property
+    def diverged(self) -> bool:
+        return any(r.event.verdict not in HELD_VERDICTS for r in self.results)
+
+
+@dataclass(frozen=True)
+class Overview:
+    by_runtime: list[dict[str, Any]] = field(default_factory=list)
+    positions: list[tuple[int, int]] = field(default_factory=list)
+    lags_s: list[float] = field(default_factory=list)
+    gate_runs: list[GateReport] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _visible(envelope: Envelope, scope: str | None) -> Envelope:
+    if scope is not None and envelope.tenant != scope:
+        raise NotVisible(envelope.request_id)
+    return envelope
+
+
+SEARCH_SQL = """
+SELECT e.request_id, e.tenant, e.captured_at, e.model,
+       CASE WHEN e.workflow_id IS NULL THEN NULL ELSE e.workflow_id || ' step ' || e.workflow_step END,
+       e.runtime_sha256, coalesce(string_agg(DISTINCT d.verdict, ', ' ORDER BY d.verdict), '')
+FROM envelopes e LEFT JOIN divergences d USING (envelope_id)
+WHERE ($tenant IS NULL OR e.tenant = $tenant)
+  AND ($since IS NULL OR e.captured_at >= $since)
+  AND ($until IS NULL OR e.captured_at < $until)
+  AND ($runtime IS NULL OR starts_with(e.runtime_sha256, $runtime) OR e.rt_system_fingerprint = $runtime)
+GROUP BY ALL
+HAVING $verdict IS NULL OR bool_or(d.verdict = $verdict)
+ORDER BY e.captured_at DESC
+LIMIT $limit
+"""
+
+BY_RUNTIME_SQL = f"""
+SELECT date_trunc('hour', d.replayed_at) AS hour, e.model, e.runtime_sha256, count(*) AS replays,
+       avg(CASE WHEN d.verdict IN {HELD_VERDICTS} THEN 0.0 ELSE 1.0 END) AS divergence_rate
+FROM divergences d JOIN envelopes e USING (envelope_id)
+WHERE $tenant IS NULL OR e.tenant = $tenant
+GROUP BY ALL ORDER BY ALL
+"""
+
+POSITIONS_SQL = """
+SELECT d.first_divergence_position, count(*) FROM divergences d
+WHERE d.first_divergence_position IS NOT NULL AND ($tenant IS NULL OR d.tenant = $tenant)
+GROUP BY ALL ORDER BY ALL
+"""
+
+LAG_SQL = """
+SELECT epoch(d.replayed_at) - epoch(e.captured_at) FROM divergences d JOIN envelopes e USING (envelope_id)
+WHERE $tenant IS NULL OR e.tenant = $tenant
+"""
+
+
+class Records:
+    """The console's reads (see module docstring)."""
+
+    def __init__(
+        self,
+        store: EnvelopeStore,
+        audit: AuditStore,
+        lake: Lake | None,
+        *,
+        public_key: bytes | None,
+        gate_reports_dir: Path | None = None,
+    ) -> None:
+        self.store = store
+        self.audit = audit
+        self.lake = lake
+        self.public_key = public_key
+        self.gate_reports_dir = gate_reports_dir
+
+    # -- search ------------------------------------------------------------------------------------------------
+
+    def search(self, filters: Filters, scope: str | None, limit: int) -> list[Row]:
+        """Rows matching `filters` in the operator's scope. An id (request, client request) is looked up in the
+        store's index, so a request is found before the archiver has put it in the lake; the rest is the lake's."""
+        tenant = scope or filters.tenant
+        if scope is not None and filters.tenant not in (None, scope):
+            return []
+        if filters.request_id is not None:
+            try:
+                envelopes = [self.store.get_by_request_id(filters.request_id)]
+            except EnvelopeNotFoundError:
+                return []
+            return [self._row(e) for e in envelopes if tenant is None or e.tenant == tenant]
+        if filters.client_request_id is not None:
+            if tenant is None:
+                raise ValueError("a client request id is the tenant's own label: name the tenant too")
+            try:
+                envelopes = self.store.find_by_client_request_id(tenant, filters.client_request_id)
+            except EnvelopeNotFoundError:
+                return []
+            return [self._row(e) for e in envelopes]
+        if filters.workflow_id is not None:
+            try:
+                return [s.row for s in self._steps(filters.workflow_id, tenant)]
+            except NotVisible:
+                return []
+        return self._lake_rows(filters, tenant, limit)
+
+    def _row(self, envelope: Envelope, results: list[ReplayResult] | None = None) -> Row:
+        results = self.store.results(envelope) if results is None else results
+        wf = envelope.workflow
+        return Row(
+            envelope.request_id,
+            envelope.tenant,
+            envelope.captured_at,
+            envelope.model,
+            f"{wf.workflow_id} step {wf.step}" if wf is not None else None,
+            envelope.runtime.sha256(),
+            ", ".join(sorted({r.event.verdict for r in results})),
+        )
+
+    def _lake(self) -> Any:
+        if self.lake is None:
+            raise AuditError("no lake is configured (REPROLANE_ARCHIVER_LAKE_BUCKET): only id lookups work")
+        return connect(self.lake)
+
+    def _lake_rows(self, filters: Filters, tenant: str | None, limit: int) -> list[Row]:
+        con = self._lake()
+        try:
+            params = {
+                "tenant": tenant,
+                "since": filters.since,
+                "until": filters.until,
+                "verdict": filters.verdict,
+                "runtime": filters.runtime,
+                "limit": limit,
+            }
+            rows = con.execute(SEARCH_SQL, params).fetchall()
+        finally:
+            con.close()
+        return [Row(*row) for row in rows]
+
+    # -- one request, one workflow -----------------------------------------------------------------------------
+
+    def request(self, request_id: str, scope: str | None) -> RequestRecord:
+        try:
+            envelope = _visible(self.store.get_by_request_id(request_id), scope)
+        except EnvelopeNotFoundError as exc:
+            raise NotVisible(request_id) from exc
+        return RequestRecord(envelope, self.store.results(envelope), self.inclusion(request_id), self.hold(envelope))
+
+    def envelope(self, request_id: str, scope: str | None) -> Envelope:
+        try:
+            return _visible(self.store.get_by_request_id(request_id), scope)
+        except EnvelopeNotFoundError as exc:
+            raise NotVisible(request_id) from exc
+
+    def inclusion(self, request_id: str) -> Inclusion:
+        """The Merkle inclusion of the request's envelope against the latest signed checkpoint covering it."""
+        if self.public_key is None:
+            return Inclusion(False, [], ["no checkpoint public key is configured (REPROLANE_AUDIT_PUBLIC_KEY)"])
+        try:
+            verdict = verify_request(self.audit, request_id, self.public_key)
+        except AuditError as exc:
+            return Inclusion(False, [], [str(exc)])
+        return Inclusion(verdict.ok, list(verdict.lines), [f.message for f in verdict.findings])
+
+    def hold(self, envelope: Envelope) -> Hold:
+        key = envelope_key(envelope.envelope_id(), envelope.tenant, envelope.captured_at)
+        version = self.audit.current_version(key)
+        if version is None:
+            return Hold(key, None, False, None)
+        return Hold(key, version, self.audit.legal_hold(key, version), self.audit.retain_until(key, version))
+
+    def set_hold(self, envelope: Envelope, on: bool) -> Hold:
+        """Place or lift the legal hold on this one envelope object's current version. Not
+        `capture.audit.retention.set_hold`: that takes any id and also holds every step of a workflow of that
+        name, which can be another tenant's (a workflow id is a client's label); the console acts on the one
+        record the operator is looking at."""
+        hold = self.hold(envelope)
+        if hold.version_id is None:
+            raise NotVisible(envelope.request_id)
+        self.audit.set_legal_hold(hold.key, hold.version_id, on)
+        return self.hold(envelope)
+
+    def _steps(self, workflow_id: str, tenant: str | None) -> list[_StepRow]:
+        try:
+            envelopes = self.store.list_workflow(workflow_id, tenant)
+        except EnvelopeNotFoundError as exc:
+            raise NotVisible(workflow_id) from exc
+        out = []
+        for env in envelopes:
+            results = self.store.results(env)
+            out.append(_StepRow(Step(env, results), self._row(env, results)))
+        return out
+
+    def workflow(self, workflow_id: str, tenant: str | None, scope: str | None) -> list[Step]:
+        """The workflow's steps in order; `tenant` picks whose when several tenants used the id (the store refuses
+        to mix them), a scoped operator always gets its own."""
+        if scope is not None and tenant not in (None, scope):
+            raise NotVisible(workflow_id)
+        return [s.step for s in self._steps(workflow_id, scope or tenant)]
+
+    # -- overview ----------------------------------------------------------------------------------------------
+
+    def overview(self, scope: str | None) -> Overview:
+        problems: list[str] = []
+        by_runtime: list[dict[str, Any]] = []
+        positions: list[tuple[int, int]] = []
+        lags: list[float] = []
+        try:
+            con = self._lake()
+            try:
+                params = {"tenant": scope}
+                cols = ("hour", "model", "runtime_sha256", "replays", "divergence_rate")
+                by_runtime = [dict(zip(cols, r, strict=True)) for r in con.execute(BY_RUNTIME_SQL, params).fetchall()]
+                positions = [(int(p), int(n)) for p, n in con.execute(POSITIONS_SQL, params).fetchall()]
+                lags = [float(v) for (v,) in con.execute(LAG_SQL, params).fetchall() if v is not None]
+            finally:
+                con.close()
+        except AuditError as exc:
+            problems.append(str(exc))
+        gates, gate_problems = self.gate_runs() if scope is None else ([], [])
+        return Overview(by_runtime, positions, lags, gates, problems + gate_problems)
+
+    def gate_runs(self) -> tuple[list[GateReport], list[str]]:
+        """Release-gate reports (``gate --report FILE.json``) in the configured folder, newest first. Gate runs
+        are not any one tenant's, so only an operator of every tenant sees them."""
+        if self.gate_reports_dir is None:
+            return [], []
+        reports: list[GateReport] = []
+        problems: list[str] = []
+        for path in sorted(self.gate_reports_dir.glob("*.json"))[-_GATE_REPORTS_SHOWN:]:
+            try:
+                reports.append(GateReport.model_validate(json.loads(path.read_bytes())))
+            except (OSError, ValueError) as exc:
+                problems.append(f"gate report {path.name} does not read: {str(exc).splitlines()[0]}")
+        return sorted(reports, key=lambda r: r.started_at, reverse=True), problems
+
+
+@dataclass(frozen=True)
+class _StepRow:
+    step: Step
+    row: Row
+
+
+#: What a read can fail with that a page shows as a message (the store or lake down, a record that does not decode).
+READ_ERRORS: tuple[type[Exception], ...] = (AuditError, ReplayerError, ContractError)

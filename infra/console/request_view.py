@@ -1,0 +1,174 @@
+"""A replay as an auditor reads it: the text with the fork marked, the top-k tables, the per-token differences.
+
+Pure: from an envelope's recorded choice 0 and a `schemas.ReplayResult` to plain values a template prints
+(nothing here escapes HTML: the templates do, every value is text). The fork is the event's first divergence
+(`schemas.replay.FirstDivergence`): the text is cut into the common prefix, the token where the two differ and
+the rest, for the recorded and the replayed side, using each step's own token text where the lane gave it (so
+the cut is where the tokens are), else the decoded text's common character prefix. A top-k candidate the
+capture kept as an id only is spelled with the recorded tokenizer when the caller has it (`infra.console.tokens`).
+
+The logprob difference per token is the recorded minus the replayed logprob of the token each side chose; from
+the fork on the two sides chose different tokens, so the plot marks the fork and the values after it compare
+different tokens (the chart says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from schemas import Choice, Envelope, ReplayResult, StepLogprobs, TopCandidate
+from schemas.replay import StepCandidates
+
+Spell = Callable[[int], str]
+"""Token id -> its text, with the tokenizer the envelope was recorded with."""
+
+
+@dataclass(frozen=True)
+class TextCut:
+    """A text cut at the fork: ``before`` is shared, ``at`` is this side's forking token, ``after`` the rest."""
+
+    before: str
+    at: str
+    after: str
+
+
+@dataclass(frozen=True)
+class TopRow:
+    rank: int
+    recorded: str
+    recorded_logprob: float | None
+    replayed: str
+    replayed_logprob: float | None
+
+
+@dataclass(frozen=True)
+class TopTable:
+    title: str
+    position: int
+    recorded_token: str
+    replayed_token: str
+    recorded_margin: float | None
+    replayed_margin: float | None
+    rows: list[TopRow]
+
+
+@dataclass(frozen=True)
+class ReplayView:
+    result: ReplayResult
+    recorded: TextCut | None
+    replayed: TextCut | None
+    tables: list[TopTable]
+    positions: list[int]
+    logprob_diffs: list[float]
+    fork: int | None
+
+
+def recorded_choice(envelope: Envelope) -> Choice | None:
+    outcome = envelope.outcome
+    if outcome.kind == "output":
+        return outcome.choices[0]
+    return outcome.partial[0] if outcome.partial else None
+
+
+def _token_texts(steps: tuple[StepLogprobs, ...] | None, spell: Spell | None) -> list[str] | None:
+    """Each step's token text (an empty one spelled by `spell`), or None when some step has none."""
+    if not steps or any(s.token is None for s in steps):
+        return None
+    return [s.token or (spell(s.token_id) if spell is not None else "") for s in steps]
+
+
+def _cut_tokens(tokens: list[str], fork: int) -> TextCut:
+    return TextCut("".join(tokens[:fork]), "".join(tokens[fork : fork + 1]), "".join(tokens[fork + 1 :]))
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cut_at_fork(recorded: Choice, result: ReplayResult, spell: Spell | None = None) -> tuple[TextCut, TextCut] | None:
+    """Both texts cut at the fork, or None when the replay did not fork."""
+    first = result.event.first_divergence
+    if first is None:
+        return None
+    fork = first.position
+    rec_tokens, rep_tokens = _token_texts(recorded.logprobs, spell), _token_texts(result.replayed.logprobs, spell)
+    if rec_tokens is not None and rep_tokens is not None:
+        return _cut_tokens(rec_tokens, fork), _cut_tokens(rep_tokens, fork)
+    rec, rep = recorded.text, result.replayed.text
+    n = _common_prefix(rec, rep)
+    return TextCut(rec[:n], rec[n : n + 1], rec[n + 1 :]), TextCut(rep[:n], rep[n : n + 1], rep[n + 1 :])
+
+
+def _label(candidate: TopCandidate | None, spell: Spell | None) -> str:
+    """``'text' (id)``: the candidate's own text, else the id decoded by `spell` (the recorded tokenizer)."""
+    if candidate is None:
+        return ""
+    text = candidate.token
+    if not text and spell is not None and candidate.token_id is not None:
+        text = spell(candidate.token_id)
+    return f"{text!r} ({candidate.token_id})" if candidate.token_id is not None else repr(text)
+
+
+def _token_label(token_id: int | None, top: tuple[TopCandidate, ...], spell: Spell | None) -> str:
+    if token_id is None:
+        return "(none)"
+    for candidate in top:
+        if candidate.token_id == token_id:
+            return _label(candidate, spell)
+    return _label(TopCandidate(token="", token_id=token_id, logprob=0.0), spell)
+
+
+def top_table(title: str, step: StepCandidates, spell: Spell | None = None) -> TopTable:
+    """The recorded and replayed top-k of one step side by side, by rank."""
+    rec = sorted(step.recorded_top, key=lambda c: c.rank or 0)
+    rep = sorted(step.replayed_top, key=lambda c: c.rank or 0)
+    rows = []
+    for i in range(max(len(rec), len(rep))):
+        a = rec[i] if i < len(rec) else None
+        b = rep[i] if i < len(rep) else None
+        a_logprob, b_logprob = (a.logprob if a else None), (b.logprob if b else None)
+        rows.append(TopRow(i + 1, _label(a, spell), a_logprob, _label(b, spell), b_logprob))
+    return TopTable(
+        title,
+        step.position,
+        _token_label(step.recorded_token_id, step.recorded_top, spell),
+        _token_label(step.replayed_token_id, step.replayed_top, spell),
+        step.recorded_margin,
+        step.replayed_margin,
+        rows,
+    )
+
+
+def logprob_diffs(recorded: Choice, result: ReplayResult) -> tuple[list[int], list[float]]:
+    """Per generated position: recorded minus replayed logprob of each side's chosen token (common length)."""
+    rec, rep = recorded.logprobs or (), result.replayed.logprobs or ()
+    n = min(len(rec), len(rep))
+    return list(range(n)), [rec[i].logprob - rep[i].logprob for i in range(n)]
+
+
+def replay_view(envelope: Envelope, result: ReplayResult, spell: Spell | None = None) -> ReplayView:
+    """`spell`: token id -> text with the tokenizer the envelope was recorded with (None: ids only)."""
+    recorded = recorded_choice(envelope)
+    first = result.event.first_divergence
+    tables = []
+    if first is not None:
+        if first.before is not None:
+            tables.append(top_table("the step before the fork", first.before, spell))
+        tables.append(top_table("at the fork", first.at, spell))
+    cuts = cut_at_fork(recorded, result, spell) if recorded is not None else None
+    positions, diffs = logprob_diffs(recorded, result) if recorded is not None else ([], [])
+    return ReplayView(
+        result,
+        cuts[0] if cuts else None,
+        cuts[1] if cuts else None,
+        tables,
+        positions,
+        diffs,
+        first.position if first is not None else None,
+    )

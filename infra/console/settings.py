@@ -1,0 +1,42 @@
+"""Settings of ``reprolane console`` (env prefix ``REPROLANE_CONSOLE_``).
+
+The console reads what other services wrote, with their own settings: the audit bucket (holds, Merkle log,
+checkpoints, the access log) through `capture.audit.settings.AuditSettings` (``REPROLANE_AUDIT_*``), the lake
+through `capture.audit.lake_settings.LakeSettings` (``REPROLANE_ARCHIVER_*``), envelopes, replay results and the
+on-demand topic through `replayer.settings.ReplayerSettings` (``REPROLANE_REPLAYER_*``). A running local stack
+fills all three in (`infra.stack_env`). These fields are the console's own: where it listens, whose keys it
+accepts, how its sessions behave, and the key it signs on-demand replay requests with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConsoleSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="REPROLANE_CONSOLE_", extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="address to bind; loopback unless a proxy fronts it")
+    port: int = Field(default=8700, ge=0, le=65535)
+    operator_keys_path: Path | None = Field(
+        default=None, description="the operator key store (hashed keys, 0600); without it nobody can log in"
+    )
+    secure_cookie: bool = Field(
+        default=False, description="mark the session cookie Secure (set it whenever TLS fronts the console)"
+    )
+    session_idle_s: float = Field(default=1800.0, gt=0.0, description="a session ends after this long unused")
+    session_max_s: float = Field(default=8 * 3600.0, gt=0.0, description="... and this long after login")
+    access_log_retention_days: int = Field(
+        default=0, ge=0, description="Object Lock retention of each access record; 0 = the bucket's default"
+    )
+    replay_keys_path: Path | None = Field(
+        default=None, description="replay-request keys file (the replayer's format); 'replay now' signs with one"
+    )
+    replay_key_id: str | None = Field(default=None, description="which key of replay_keys_path signs")
+    gate_reports_dir: Path | None = Field(
+        default=None, description="a folder of release-gate reports (gate --report FILE.json) for the overview"
+    )
+    search_limit: int = Field(default=200, ge=1, le=5000, description="most rows a search shows")

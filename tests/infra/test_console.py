@@ -1,0 +1,280 @@
+"""The console's parts without a stack: operator keys, sessions, forms, the replay view, chart embedding, and the
+gate (login, roles, tenant scope, CSRF, the access log) through Starlette's test client over in-memory records.
+
+The browser tests on the real stack (tests/infra/test_console_browser_stack.py) prove the same gate end to end;
+these fail fast and name the part that broke."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from capture.ledger.errors import LedgerStoreError
+from infra.console import charts, forms
+from infra.console.access import AccessLog
+from infra.console.app import Console, build_console_app
+from infra.console.operators import Operator, OperatorKeyError, OperatorKeys, new_operator_key, write_operator_keys
+from infra.console.records import Hold, Inclusion, NotVisible, RequestRecord
+from infra.console.request_view import replay_view
+from infra.console.sessions import SessionStore
+from replayer.compare import compare
+from replayer.settings import Thresholds
+from schemas import DivergenceEvent, ReplayedOutput, ReplayResult
+from schemas.console_access import decode_console_access
+from tests import factories
+from tests.replayer.support import LANE_FINGERPRINT, flip
+
+
+def test_a_key_proves_itself_and_nothing_else_does(tmp_path: Path) -> None:
+    key, entry = new_operator_key("auditor", "acme", ["viewer"])
+    path = tmp_path / "keys.json"
+    write_operator_keys(path, [entry])
+    keys = OperatorKeys.load(path)
+    assert keys.prove(key) == Operator("auditor", "acme", frozenset({"viewer"}))
+    assert keys.prove(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    assert keys.prove("rlo_auditor_") is None
+    assert keys.prove("rlk_auditor_x") is None
+    assert keys.prove("rlo_" + "x" * 300) is None
+    assert keys.still(Operator("auditor", "acme", frozenset({"viewer"})))
+    assert not keys.still(Operator("auditor", "acme", frozenset({"viewer", "hold-admin"})))
+    path.chmod(0o644)
+    with pytest.raises(OperatorKeyError, match="readable by others"):
+        OperatorKeys.load(path)
+
+
+def test_a_hold_admin_may_view_and_a_viewer_may_not_hold() -> None:
+    admin = Operator("a", None, frozenset({"hold-admin"}))
+    viewer = Operator("v", "acme", frozenset({"viewer"}))
+    assert admin.may("viewer")
+    assert admin.may("hold-admin")
+    assert not viewer.may("hold-admin")
+    assert viewer.sees("acme")
+    assert not viewer.sees("other")
+    assert admin.sees("other")
+
+
+def test_sessions_end_when_idle_or_old_and_are_bounded() -> None:
+    now = [0.0]
+    store = SessionStore(idle_s=10, max_s=25, max_sessions=2, clock=lambda: now[0])
+    op = Operator("a", None, frozenset({"viewer"}))
+    sid, _ = store.open(op)
+    now[0] = 9
+    assert store.get(sid) is not None
+    now[0] = 18
+    assert store.get(sid) is not None  # seen at 9: not idle yet
+    now[0] = 26
+    assert store.get(sid) is None  # older than max_s
+    first, _ = store.open(op)
+    store.open(op)
+    store.open(op)
+    assert store.get(first) is None  # the oldest was dropped
+    assert store.get(None) is None
+    assert store.get("x" * 500) is None
+
+
+def test_forms_refuse_what_is_not_an_id_a_verdict_or_a_time() -> None:
+    f = forms.filters({"request_id": " rl-1 ", "verdict": "diverged", "since": "2026-12-01", "runtime": "ABCD12"})
+    assert f.request_id == "rl-1"
+    assert f.runtime == "abcd12"
+    assert f.since is not None
+    assert f.since.tzinfo is not None
+    for bad, field_name in (
+        ({"request_id": "a b"}, "request_id"),
+        ({"tenant": "'; DROP"}, "tenant"),
+        ({"verdict": "maybe"}, "verdict"),
+        ({"since": "yesterday"}, "since"),
+        ({"since": "2026-12-02", "until": "2026-12-01"}, "until"),
+        ({"runtime": "x y"}, "runtime"),
+        ({"workflow_id": "w" * 300}, "workflow_id"),
+    ):
+        with pytest.raises(forms.FormError, match=f"^{field_name}"):
+            forms.filters(bad)
+
+
+def forked_result(at: int = 1) -> tuple[Any, ReplayResult]:
+    env = factories.envelope()
+    choice = env.outcome.choices[0]
+    recorded = ReplayedOutput(token_ids=choice.token_ids, text=choice.text, logprobs=choice.logprobs)
+    replayed = flip(recorded, at)
+    result = compare(choice, replayed, Thresholds(), env.target_level)
+    event = DivergenceEvent(
+        request_id=env.request_id, envelope_id=env.envelope_id(), lane="fake", lane_fingerprint=LANE_FINGERPRINT,
+        lane_fingerprint_sha256=LANE_FINGERPRINT.sha256(), verdict=result.verdict, levels_held=result.levels_held,
+        target_level=env.target_level, target_met=result.target_met, first_divergence=result.first_divergence,
+        token_match_rate=result.token_match_rate, recorded_length=result.recorded_length,
+        replayed_length=result.replayed_length, length_diff=result.length_diff, cause_hint=result.cause_hint,
+        replayed_at=factories.FIXED_TIME, replay_ms=1.0,
+    )  # fmt: skip
+    return env, ReplayResult(event=event, replayed=replayed)
+
+
+def test_the_replay_view_marks_the_fork_and_sets_both_top_k_side_by_side() -> None:
+    env, result = forked_result(at=1)
+    view = replay_view(env, result, spell=lambda i: f"<{i}>")
+    assert view.fork == 1
+    assert view.recorded is not None
+    assert view.replayed is not None
+    steps = env.outcome.choices[0].logprobs
+    assert view.recorded.before == steps[0].token
+    assert view.recorded.at == steps[1].token
+    assert view.replayed.at == steps[1].top[1].token
+    assert [t.title for t in view.tables] == ["the step before the fork", "at the fork"]
+    at = view.tables[1]
+    assert at.rows[0].recorded.endswith(f"({steps[1].top[0].token_id})")
+    assert at.rows[0].replayed.endswith(f"({steps[1].top[1].token_id})")
+    assert view.positions == [0, 1]
+
+
+def test_chart_json_cannot_end_its_script_block() -> None:
+    embedded = charts.embed(json.dumps({"name": "</script><script>alert(1)</script>&"}))
+    assert "<" not in embedded
+    assert ">" not in embedded
+    assert json.loads(embedded)["name"] == "</script><script>alert(1)</script>&"
+    assert charts.plotly_js().name == "plotly.min.js"
+
+
+# -- the gate, over in-memory records --------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryLedger:
+    """`capture.ledger.store.LedgerStore`'s put_new, in memory; `fail` makes every write fail."""
+
+    objects: dict[str, bytes] = field(default_factory=dict)
+    fail: bool = False
+    error = LedgerStoreError
+
+    def put_new(self, key: str, body: bytes, retain_until: Any = None) -> bool:
+        if self.fail:
+            raise LedgerStoreError("s3 put: down")
+        if key in self.objects:
+            return False
+        self.objects[key] = body
+        return True
+
+    def records(self) -> list[Any]:
+        return [decode_console_access(b) for b in self.objects.values()]
+
+
+@dataclass
+class MemoryRecords:
+    """The one request of `forked_result` (tenant acme-insurance), holdable."""
+
+    env: Any
+    result: ReplayResult
+    held: bool = False
+
+    def _mine(self, request_id: str, scope: str | None) -> Any:
+        if request_id != self.env.request_id or (scope is not None and scope != self.env.tenant):
+            raise NotVisible(request_id)
+        return self.env
+
+    def request(self, request_id: str, scope: str | None) -> RequestRecord:
+        env = self._mine(request_id, scope)
+        return RequestRecord(env, [self.result], Inclusion(True, ["leaf 0"], []), Hold("k", "v", self.held, None))
+
+    def envelope(self, request_id: str, scope: str | None) -> Any:
+        return self._mine(request_id, scope)
+
+    def set_hold(self, envelope: Any, on: bool) -> None:
+        self.held = on
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Any:
+    env, result = forked_result()
+    keys, entries = {}, []
+    for name, tenant, roles in (("viewer", None, ["viewer"]), ("admin", None, ["hold-admin"]),
+                                ("other", "other-tenant", ["hold-admin"]), ("keys", None, ["key-admin"])):  # fmt: skip
+        keys[name], entry = new_operator_key(name, tenant, roles)
+        entries.append(entry)
+    write_operator_keys(tmp_path / "keys.json", entries)
+    ledger = MemoryLedger()
+    records = MemoryRecords(env, result)
+    console = Console(records, AccessLog(ledger), SessionStore(idle_s=60, max_s=600), tmp_path / "keys.json")  # type: ignore[arg-type]
+    return console, keys, ledger, records
+
+
+def log_in(client: TestClient, key: str) -> Any:
+    form = client.get("/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert csrf is not None
+    return client.post("/login", data={"csrf": csrf.group(1), "token": key}, follow_redirects=False)
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None
+    return found.group(1)
+
+
+def test_the_gate(gate: Any) -> None:
+    console, keys, ledger, records = gate
+    rid = records.env.request_id
+    app = build_console_app(console)
+    with TestClient(app, base_url="http://127.0.0.1") as anon:
+        assert anon.get(f"/requests/{rid}", follow_redirects=False).headers["location"] == "/login"
+        assert anon.post(f"/requests/{rid}/hold", data={"action": "add"}).status_code == 401
+        assert log_in(anon, "rlo_viewer_nope").status_code == 401
+        assert anon.post("/login", data={"token": keys["viewer"]}).status_code == 403  # no login CSRF token
+        assert log_in(anon, keys["keys"]).status_code == 401  # neither viewer nor hold-admin
+    with TestClient(app, base_url="http://127.0.0.1") as viewer:
+        ok = log_in(viewer, keys["viewer"])
+        assert ok.status_code == 303
+        cookie = ok.headers["set-cookie"]
+        assert "HttpOnly" in cookie
+        assert "SameSite=strict" in cookie or "samesite=strict" in cookie.lower()
+        page = viewer.get(f"/requests/{rid}")
+        assert page.status_code == 200
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert '<mark class="fork"' in page.text
+        refused = viewer.post(f"/requests/{rid}/hold", data={"action": "add", "csrf": csrf_of(page.text)})
+        assert refused.status_code == 403
+        assert not records.held
+    with TestClient(app, base_url="http://127.0.0.1") as admin:
+        log_in(admin, keys["admin"])
+        page = admin.get(f"/requests/{rid}")
+        assert admin.post(f"/requests/{rid}/hold", data={"action": "add"}).status_code == 403  # no CSRF token
+        assert admin.post(f"/requests/{rid}/hold", data={"action": "add", "csrf": "x" * 43}).status_code == 403
+        assert not records.held
+        assert (
+            admin.post(f"/requests/{rid}/hold", data={"action": "add", "csrf": csrf_of(page.text)}).status_code == 200
+        )
+        assert records.held
+        assert admin.post(f"/requests/{rid}/hold", content=b"a=" + b"x" * 20_000).status_code == 413
+        assert admin.post(f"/requests/{rid}/hold", content=b"&".join([b"a=1"] * 40)).status_code == 400
+        ledger.fail = True  # the access log cannot be written: nothing is done
+        assert (
+            admin.post(f"/requests/{rid}/hold", data={"action": "remove", "csrf": csrf_of(page.text)}).status_code
+            == 503
+        )
+        assert records.held
+        ledger.fail = False
+    with TestClient(app, base_url="http://127.0.0.1") as other:
+        log_in(other, keys["other"])
+        assert other.get(f"/requests/{rid}").status_code == 404
+        assert other.get("/requests/rl-does-not-exist").status_code == 404
+    with TestClient(app, base_url="http://127.0.0.1") as survivor:
+        log_in(survivor, keys["viewer"])
+        assert survivor.get(f"/requests/{rid}").status_code == 200
+        write_operator_keys(console.keys_path, [])  # every key revoked: a live session ends on its next request
+        assert survivor.get(f"/requests/{rid}", follow_redirects=False).headers["location"] == "/login"
+        assert log_in(survivor, keys["viewer"]).status_code == 401
+
+    log = ledger.records()
+    decisions = {(r.action, r.actor_key_id, r.result) for r in log}
+    assert ("view.request", None, "refused") in decisions
+    assert ("login", None, "refused") in decisions
+    assert ("login", "keys", "refused") in decisions
+    assert ("hold.add", "viewer", "refused") in decisions
+    assert ("hold.add", "admin", "allowed") in decisions
+    assert ("view.request", "other", "refused") in decisions
+    assert any(r.reason == "missing or wrong CSRF token" and r.actor_key_id == "admin" for r in log)
+    assert not any(r.action == "hold.remove" and r.result == "allowed" for r in log)
+    assert any(r.reason == "the session's key was revoked" for r in log)
