@@ -5,8 +5,10 @@ bytes must hash to what that leaf commits to -> an RFC 9162 inclusion proof of t
 checkpoint covering it, whose Ed25519 signature is checked with the public key.
 
 What binds the stored bytes (`check_object`): a format-2 leaf (`schemas.merkle`) commits to the sha256 of the
-exact bytes stored, so any change to an object, sealed or not (junk, another envelope's bytes, the same
-plaintext sealed again, a truncation), is ``modified``, and the message says what the bytes are now. A
+exact bytes stored (of a compact object, `schemas.envelope_compact`: of the canonical bytes it decodes to), so
+any change to an object, sealed or not (junk, another envelope's bytes, the same plaintext sealed again, a
+truncation, a compact object edited or that no longer decodes), is ``modified``, and the message says what the
+bytes are now. A
 plaintext object must also hash to the id in its key name, and a sealed one must be a sealed record of that id.
 A format-1 leaf (older logs) and an object in no leaf commit to the id only: a plaintext object is still bound
 (its id is its hash), a sealed one only by the id it claims, which anyone with write access can forge; that
@@ -44,7 +46,8 @@ from capture.audit.checkpoint import StoredCheckpoint, day_objects, list_checkpo
 from capture.audit.errors import UnknownIdError
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import LeafLog, read_leaves
-from schemas import sha256_hex
+from schemas import envelope_bytes, sha256_hex
+from schemas.envelope_compact import decode_compact, is_compact
 from schemas.errors import ContractError
 from schemas.layout import (
     EXPIRY_PREFIX,
@@ -110,7 +113,9 @@ def _what_it_is(body: bytes, name: str) -> str:
             return f"a sealed record of another envelope ({sealed.envelope_id}: replaced)"
         return f"a sealed record of this envelope with other bytes (re-sealed: key {sealed.key_id}, another nonce)"
     try:
-        doc = json.loads(body)
+        doc = json.loads(envelope_bytes(body))
+    except ContractError:
+        return f"{len(body)} bytes of a compact envelope that do not decode (corrupt or forged)"
     except ValueError:
         return f"{len(body)} bytes that are not JSON (truncated or overwritten)"
     if isinstance(doc, dict) and isinstance(doc.get("request_id"), str):
@@ -126,6 +131,11 @@ def check_object(store: AuditStore, key: str, leaf: LeafEntry | None = None) -> 
     if body is None:
         return Finding("deleted", f"deleted: envelope object {key} is gone")
     actual = sha256_hex(body)
+    if is_compact(body):  # bound by the canonical bytes it decodes to (capture.ledger.merkle_log)
+        try:
+            actual = sha256_hex(decode_compact(body))
+        except ContractError as exc:
+            return Finding("modified", f"modified: {key} is a compact envelope that does not decode: {exc}")
     if leaf is not None and leaf.object_sha256 is not None and actual != leaf.object_sha256:
         return Finding(
             "modified",
