@@ -74,7 +74,7 @@ def test_a_forged_compact_object_is_modified(store: AuditStore) -> None:
         finding = check_object(store, obj.key, leaf)
         assert finding is not None
         assert finding.kind == "modified"
-        assert sha256_hex(forged_canonical) in finding.message
+        assert f"hash to {sha256_hex(forged_canonical)} once decoded from compact" in finding.message
         assert "an envelope of request" in finding.message
 
 
@@ -84,7 +84,7 @@ def test_a_corrupt_compact_object_is_modified(store: AuditStore) -> None:
     finding = check_object(store, obj.key, LeafEntry(obj.envelope_id, obj.envelope_id))
     assert finding is not None
     assert finding.kind == "modified"
-    assert "compact envelope that does not decode" in finding.message
+    assert "bytes of a compact envelope that do not decode (truncated or overwritten)" in finding.message
 
 
 class _NoStore:
