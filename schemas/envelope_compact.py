@@ -15,8 +15,11 @@ stored as "candidate j" when a candidate has its id and logprob. Integers are st
 largest value needs, floats as float32 when every value of the column is exactly a float32 (vLLM's logprobs
 are; otherwise as float64), both split into byte planes, which compress far better than interleaved bytes
 (the high bytes of a logprob column hardly vary). What is left of the record (the skeleton: model, contract,
-fingerprint, texts, and any field added later) stays canonical JSON. Then the whole body is compressed: zstd
-(through pyarrow, a dependency already; imported on first use) when it is available, else zlib.
+fingerprint, texts, and any field added later) stays JSON. Then each column, and the skeleton, is compressed on
+its own (each gets its own entropy statistics, which a single stream over all of them would share), with zstd
+(through pyarrow, a dependency already; imported on first use) where pyarrow has it, else zlib, and kept as it
+is when that is not smaller; a column equal to an earlier one (the chosen ids of the steps are the choice's
+token ids) is stored as a copy of it.
 
 Which members are columns is decided by shape, not by name: a dict member that is a list of ints (at least
 `_MIN_INTS`), or a non-empty list of step records whose members are exactly the known step and candidate
@@ -28,16 +31,23 @@ Layout (version 1; every integer little-endian):
 
     magic      `schemas.layout.COMPACT_MAGIC` (4 bytes)
     version    1 byte (1)
-    codec      1 byte: 0 none, 1 zlib, 2 zstd
-    length     4 bytes: the body's length before compression
-    body       (compressed) u32 length + head JSON ``{"d": skeleton, "s": [[path, kind, count], ...]}``,
-               then each slot's columns, each a u32 length + bytes
+    frames     the head, then each slot's columns in order; a frame is codec (1 byte: 0 none, 1 zlib, 2 zstd,
+               3 copy), u32 length decoded (for a copy: the index of the frame copied), u32 length stored, the
+               stored bytes (none for a copy)
+    head       JSON ``{"d": skeleton, "s": [[path, kind, count], ...]}``: a slot's path is the keys and list
+               indexes to the member it fills, its kind ``ints`` (one int column) or ``steps`` (the columns of
+               `_encode_steps`), its count the list's length
 
 Columns: an int column is 1 byte (width 1-8 | 0x10 when zigzag-coded) + width byte planes; a float column is
 1 byte (4 or 8) + that many byte planes; a string column is an int column of UTF-8 lengths + the bytes.
 
-Readers never trust the bytes: lengths are bounded by what is left and by `MAX_DECODED_BYTES`, counts must
-agree, and anything malformed is a `ContractError`. Pure: no IO.
+Decoding writes the canonical text of the skeleton with each slot's member put back (the steps by msgspec, as
+`schemas.envelope_codec.steps_canonical_text` writes them), so it is as exact as the canonical encoder itself.
+
+Readers never trust the bytes: every length is bounded by what is left, the decoded total by
+`MAX_DECODED_BYTES` and the values by `MAX_VALUES` (a record beyond them is never written: the encoder's own
+decode check refuses it, and it stays JSON), counts and references must agree, and anything malformed is a
+`ContractError`. Pure: no IO.
 """
 
 from __future__ import annotations
@@ -61,8 +71,11 @@ CODEC_NONE: Final = 0
 CODEC_ZLIB: Final = 1
 CODEC_ZSTD: Final = 2
 CODEC_COPY: Final = 3
-#: The longest canonical envelope a compact record may decode to (a bound on hostile length fields).
-MAX_DECODED_BYTES: Final = 512 * 1024 * 1024
+#: What a compact record may decode to at most: bytes of frames, and values of columns (bounds on hostile length
+#: fields and counts, so a reader never holds more than a few hundred MB for one record; a legitimate record is far
+#: below both: an answer of 8,192 tokens at top-20 holds under 1 M values in under 3 MB of frames).
+MAX_DECODED_BYTES: Final = 64 * 1024 * 1024
+MAX_VALUES: Final = 16 * 1024 * 1024
 _MIN_INTS: Final = 8  # shorter int lists cost less as JSON text than as a column
 _ZSTD_LEVEL: Final = 3
 _ZLIB_LEVEL: Final = 6
@@ -173,6 +186,12 @@ class _Reader:
         self.data, self.at = data, at
         self.frames: list[bytes] = []
         self.decoded = 0
+        self.values = 0
+
+    def count(self, n: int) -> None:
+        self.values += n
+        if self.values > MAX_VALUES:
+            raise ContractError(f"compact envelope: holds more than {MAX_VALUES} values")
 
     def done(self) -> bool:
         return self.at == len(self.data)
@@ -199,6 +218,7 @@ class _Reader:
         return column
 
     def ints(self, count: int) -> list[int]:
+        self.count(count)
         data = self.chunk()
         if not data:
             raise ContractError("compact envelope: an int column has no header")
@@ -217,6 +237,7 @@ class _Reader:
         return [int(v) for v in signed.tolist()]
 
     def floats(self, count: int) -> list[float]:
+        self.count(count)
         data = self.chunk()
         if not data or data[0] not in (4, 8) or len(data) != 1 + data[0] * count:
             raise ContractError(f"compact envelope: a float column of {count} values is malformed")
@@ -331,7 +352,7 @@ def _decode_steps(reader: _Reader, n: int) -> list[StepRow]:
     chosen_ids = reader.ints(n)
     refs = reader.ints(n)
     states = reader.ints(n)
-    if any(c < 0 for c in counts) or sum(counts) > MAX_DECODED_BYTES // 16:
+    if any(c < 0 for c in counts) or sum(counts) > MAX_VALUES:
         raise ContractError("compact envelope: a step count is out of range")
     if any(not 0 <= r <= c for r, c in zip(refs, counts, strict=True)) or any(s not in (0, 1, 2) for s in states):
         raise ContractError("compact envelope: a step reference is out of range")
@@ -478,7 +499,7 @@ def _checked_slot(slot: Any) -> tuple[list[Any], str, int]:
     path, kind, count = slot
     if type(path) is not list or not path or type(path[-1]) is not str or kind not in ("ints", "steps"):
         raise ContractError("compact envelope: a slot's path or kind is malformed")
-    if type(count) is not int or not 0 <= count <= MAX_DECODED_BYTES // 2:
+    if type(count) is not int or not 0 <= count <= MAX_VALUES:
         raise ContractError("compact envelope: a slot's count is out of range")
     if any(type(p) is not str and (type(p) is not int or p < 0) for p in path):
         raise ContractError("compact envelope: a slot's path holds something that is no key or index")

@@ -219,6 +219,13 @@ def test_malformed_records_are_contract_errors() -> None:
     bomb = COMPACT_MAGIC + b"\x01" + struct.pack("<BII", 1, 2**31, 10) + b"\x00" * 10
     with pytest.raises(ContractError, match="more than"):
         decode_compact(bomb)
+    head = b'{"d":{},"s":[[["x"],"ints",33554432]]}'
+    too_many = COMPACT_MAGIC + b"\x01" + struct.pack("<BII", 0, len(head), len(head)) + head
+    with pytest.raises(ContractError, match="count is out of range"):
+        decode_compact(too_many)
+    copies = COMPACT_MAGIC + b"\x01" + struct.pack("<BII", 3, 0, 0)
+    with pytest.raises(ContractError, match="copies one that is not before it"):
+        decode_compact(copies)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
