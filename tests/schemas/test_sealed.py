@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from schemas import ContractError, decode_envelope
+from schemas.envelope_compact import encode_compact
 from schemas.errors import SealError
 from schemas.sealed import (
     SealedBlob,
@@ -134,3 +135,23 @@ def test_parse_kek() -> None:
         parse_kek(base64.b64encode(b"short").decode())
     with pytest.raises(SealError, match="base64"):
         parse_kek("not base64 !!")
+
+
+def test_a_compact_envelope_sealed_opens_to_its_canonical_bytes() -> None:
+    """The sidecar seals what it stores: the compact form (`schemas.envelope_compact`); the id is still the
+    canonical bytes' hash, and opening gives those bytes back."""
+    env, key = envelope(), new_data_key()
+    compact = encode_compact(env.canonical())
+    assert compact is not None
+    sealed = seal_envelope(
+        compact,
+        request_id=env.request_id,
+        tenant=env.tenant,
+        captured_at=env.captured_at,
+        workflow=env.workflow,
+        key_id="k1",
+        data_key=key,
+    )
+    assert sealed.envelope_id == env.envelope_id()
+    assert len(sealed.ciphertext) < len(env.canonical())  # base64 of the compact bytes, smaller than the JSON
+    assert open_envelope(sealed, key) == env.canonical()
