@@ -10,7 +10,8 @@ live beside the clients they configure, in `infra.clients.connection`.
 - `envelope`: the Request Reproducibility Envelope and its captured outcome.
 - `envelope_codec`: the envelope's canonical bytes written fast (msgspec for the per-token logprobs), exactly.
 - `envelope_compact`: the compact storage and transport form of those bytes, and `envelope_bytes`, which every
-  reader of stored or consumed envelopes decodes with.
+  reader of stored or consumed envelopes decodes with; its columns and frames (`compact_columns`) and its
+  per-token logprob columns (`compact_steps`).
 - `sampling`: the sampling contract (every parameter that changes which tokens come out).
 - `fingerprint`: the runtime fingerprint and the field-by-field diff between two of them.
 - `environment`: artifacts + runtime, the unit the release gate compares.

@@ -29,9 +29,8 @@ from schemas import (
     envelope_bytes,
 )
 from schemas.canonical import canonical_json
+from schemas.compact_columns import CODEC_NONE, CODEC_ZLIB
 from schemas.envelope_compact import (
-    CODEC_NONE,
-    CODEC_ZLIB,
     decode_compact,
     encode_compact,
     encoding_of,
