@@ -37,6 +37,7 @@ here; loading keys from files is the caller's business.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
@@ -46,6 +47,7 @@ from pydantic import Field
 
 from schemas.base import Record, UtcDatetime, decode_record
 from schemas.canonical import canonical_bytes
+from schemas.envelope_compact import decode_compact, is_compact
 from schemas.errors import ContractError
 
 CHECKPOINT_SCHEMA_VERSION: Final = "reprolane.checkpoint/1"
@@ -63,6 +65,16 @@ def leaf_hash(data: bytes) -> bytes:
 
 def node_hash(left: bytes, right: bytes) -> bytes:
     return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def object_digest(body: bytes) -> str:
+    """The sha256 (hex) a format-2 leaf commits to for an envelope object's stored bytes: of the bytes, or, for a
+    compact envelope, of the canonical bytes it decodes to (so also its id); compact bytes that do not decode are
+    hashed as they are (no leaf commits to those)."""
+    if is_compact(body):
+        with contextlib.suppress(ContractError):
+            return hashlib.sha256(decode_compact(body)).hexdigest()
+    return hashlib.sha256(body).hexdigest()
 
 
 def leaf_data(envelope_id: str) -> bytes:

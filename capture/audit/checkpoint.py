@@ -23,7 +23,6 @@ from datetime import UTC, datetime, timedelta
 from capture.audit.errors import AuditError
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import append_leaves, read_leaves
-from schemas import sha256_hex
 from schemas.errors import ContractError
 from schemas.layout import (
     ENVELOPES_PREFIX,
@@ -35,7 +34,7 @@ from schemas.layout import (
     log_id,
     partition_value,
 )
-from schemas.merkle import Checkpoint, LeafEntry, decode_checkpoint, merkle_root, sign_checkpoint
+from schemas.merkle import Checkpoint, LeafEntry, decode_checkpoint, merkle_root, object_digest, sign_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ def reconcile(store: AuditStore, day: str, *, retention: timedelta | None, dry_r
             body = store.get(objects[eid])
             if body is None:
                 raise AuditError(f"reconcile {day}: {objects[eid]} vanished while reading it")
-            entries.append(LeafEntry(eid, sha256_hex(body)))
+            entries.append(LeafEntry(eid, object_digest(body)))
         until = datetime.now(UTC) + retention if retention is not None else None
         start = append_leaves(store, day, entries, until)
         log.warning("audit: reconcile %s appended %d ids at leaf %d", day, len(missing), start)

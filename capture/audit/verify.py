@@ -36,7 +36,6 @@ What each finding means (``fatal`` ones make the verdict fail, exit 1):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from capture.audit.errors import UnknownIdError
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import LeafLog, read_leaves
 from schemas import envelope_bytes, sha256_hex
-from schemas.envelope_compact import decode_compact, is_compact
+from schemas.envelope_compact import is_compact
 from schemas.errors import ContractError
 from schemas.layout import (
     EXPIRY_PREFIX,
@@ -63,6 +62,7 @@ from schemas.merkle import (
     LeafEntry,
     consistency_proof,
     inclusion_proof,
+    object_digest,
     root_from_hashes,
     verify_checkpoint,
     verify_consistency,
@@ -131,10 +131,8 @@ def check_object(store: AuditStore, key: str, leaf: LeafEntry | None = None) -> 
     body = store.get(key)
     if body is None:
         return Finding("deleted", f"deleted: envelope object {key} is gone")
-    actual, decoded = sha256_hex(body), ""
-    if is_compact(body):  # bound by the canonical bytes it decodes to (capture.ledger.merkle_log)
-        with contextlib.suppress(ContractError):  # bytes that do not decode keep their own hash: bound by nothing
-            actual, decoded = sha256_hex(decode_compact(body)), " once decoded from compact"
+    actual = object_digest(body)  # of a compact object: of the canonical bytes it decodes to
+    decoded = " once decoded from compact" if is_compact(body) and actual != sha256_hex(body) else ""
     if leaf is not None and leaf.object_sha256 is not None and actual != leaf.object_sha256:
         return Finding(
             "modified",

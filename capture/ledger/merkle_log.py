@@ -196,8 +196,8 @@ def _same_envelope(a: SealedEnvelope, b: SealedEnvelope) -> bool:
 def stored_digest(store: LedgerStore, item: StoredRecord) -> str:
     """The sha256 a leaf of `item` commits to: of its payload, or of the stored earlier sealing of the same
     envelope (see module doc). `LedgerError` when the object is not there (the S3 sink confirmed it: retry)."""
-    if is_compact(item.payload):
-        return item.envelope_id  # a compact object is bound by the canonical bytes it decodes to (module doc)
+    if is_compact(item.payload):  # `schemas.merkle.object_digest` of it, known without decoding: the id
+        return item.envelope_id
     digest = sha256_hex(item.payload)
     if item.schema_version != SEALED_SCHEMA_VERSION:
         return digest  # plaintext: the id is the hash of the payload, and the object key is that id

@@ -6,20 +6,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
 import pytest
 
+from capture.audit.checkpoint import reconcile
 from capture.audit.store import AuditStore
 from capture.audit.verify import check_object
-from capture.ledger.merkle_log import stored_digest
+from capture.ledger.merkle_log import read_leaves, stored_digest
 from capture.outgoing import Outgoing
 from capture.spool import SpoolEntry
 from schemas import sha256_hex
 from schemas.envelope_compact import encode_compact, is_compact
-from schemas.layout import envelope_key
+from schemas.layout import capture_day, envelope_key
 from schemas.merkle import LeafEntry
 from tests.factories import envelope
 from tests.moto_s3 import moto_server
@@ -105,3 +106,19 @@ def test_the_log_writer_commits_a_compact_record_to_its_canonical_bytes() -> Non
     assert is_compact(packed.payload)
     assert packed.envelope_id == item.envelope_id == env.envelope_id()
     assert stored_digest(_NoStore(), packed) == env.envelope_id() == stored_digest(_NoStore(), item)
+
+
+def test_reconcile_logs_a_compact_object_by_its_canonical_bytes(store: AuditStore) -> None:
+    """``reprolane audit reconcile`` appends what a stored-but-unlogged object is: for a compact one, what the
+    writer would have logged (its id), so verify then passes."""
+    captured = datetime(2400, 1, 1, tzinfo=UTC) + timedelta(days=uuid.uuid4().int % 100_000)
+    env = envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=captured)
+    packed = encode_compact(env.canonical())
+    assert packed is not None
+    key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+    store.client.put_object(Bucket=store.bucket, Key=key, Body=packed)
+    day = capture_day(captured)
+    assert reconcile(store, day, retention=None) == [env.envelope_id()]
+    (leaf,) = read_leaves(store, day).first_entries().values()
+    assert leaf == LeafEntry(env.envelope_id(), env.envelope_id())
+    assert check_object(store, key, leaf) is None
