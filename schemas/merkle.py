@@ -6,7 +6,7 @@ to is versioned by its leaf batch (`encode_leaf_batch`, `decode_leaf_batch`):
     format 2  the batch starts with the 16 bytes ``reprolane.leaf/2``, then 64 bytes per leaf: the envelope id and
               the sha256 of the object's stored bytes (both raw). Leaf data = those 64 bytes. For a plaintext
               envelope the two are equal (its id is the hash of its bytes; a compact one's leaf commits to the
-              canonical bytes it decodes to, `schemas.envelope_compact`, so also the id); for a sealed one
+              canonical bytes it decodes to, `object_digest`, so also the id); for a sealed one
               (`schemas.sealed`) the second binds the exact ciphertext, nonce, key id and metadata stored.
     format 1  (logs written before format 2) 32 bytes per leaf, the envelope id; leaf data = those 32 bytes. It
               binds a plaintext object's bytes (through its id) but only the *claimed* id of a sealed one: junk

@@ -1,12 +1,12 @@
 """Sealed envelopes: per-tenant encryption of stored records, so that destroying a key shreds the records.
 
-An encrypted tenant's envelope leaves the capture side as a `SealedEnvelope` instead of the plaintext canonical
-envelope: AES-256-GCM (through `cryptography`) of its bytes (canonical JSON, or their compact form:
-`schemas.envelope_compact`) under the tenant's *data key*, with the
-record's metadata as additional authenticated data. Everything outside ``ciphertext`` is non-sensitive routing
-metadata (ids, tenant, capture time, workflow position, key id); prompt, output, model and runtime live only in
-the ciphertext. ``envelope_id`` is the sha256 of the *plaintext* canonical envelope, so S3 keys, Kafka headers and
-the replay idempotency key are the same whether a tenant is encrypted or not, and `open_envelope` checks it.
+An encrypted tenant's envelope leaves the capture side as a `SealedEnvelope` instead of the plaintext envelope:
+AES-256-GCM (through `cryptography`) of its bytes (canonical JSON, or their compact form:
+`schemas.envelope_compact`) under the tenant's *data key*, with the record's metadata as additional authenticated
+data. Everything outside ``ciphertext`` is non-sensitive routing metadata (ids, tenant, capture time, workflow
+position, key id); prompt, output, model and runtime live only in the ciphertext. ``envelope_id`` is the sha256 of
+the *plaintext* canonical envelope, so S3 keys, Kafka headers and the replay idempotency key are the same whether a
+tenant is encrypted or not, and `open_envelope` checks it.
 
 Data keys are stored wrapped (`WrappedKey`): AES-256-GCM under a key-encryption key (KEK) from the configured key
 source, with the tenant and key id as AAD, so a wrapped key copied to another tenant's name does not unwrap.
