@@ -52,7 +52,6 @@ decode check refuses it, and it stays JSON), counts and references must agree, a
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -143,9 +142,9 @@ def decode_compact(data: bytes) -> bytes:
         doc, slots = head["d"], head["s"]
         if type(doc) is not dict or type(slots) is not list:
             raise TypeError("the head is not {d: object, s: list}")
-    except (msgspec.DecodeError, KeyError, TypeError) as exc:
+    except (msgspec.DecodeError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ContractError(f"compact envelope: the head is malformed: {exc}") from exc
-    raws: list[Callable[[], str] | str] = []
+    raws: list[str] = []
     values: list[Any] = []
     for slot in slots:
         _, kind, count = _checked_slot(slot)
@@ -160,7 +159,10 @@ def decode_compact(data: bytes) -> bytes:
             values.append(rows)
     if not reader.done():
         raise ContractError("compact envelope: bytes after the last frame")
-    return _splice(doc, slots, raws, values).encode("utf-8")
+    try:
+        return _splice(doc, slots, raws, values).encode("utf-8")
+    except RecursionError as exc:  # a skeleton nested deeper than the encoder goes
+        raise ContractError("compact envelope: the record is nested too deeply") from exc
 
 
 def _checked_slot(slot: Any) -> tuple[list[Any], str, int]:

@@ -222,6 +222,10 @@ def test_malformed_records_are_contract_errors() -> None:
     too_many = COMPACT_MAGIC + b"\x01" + struct.pack("<BII", 0, len(head), len(head)) + head
     with pytest.raises(ContractError, match="count is out of range"):
         decode_compact(too_many)
+    deep = b'{"d":{"a":' + b"[" * 5000 + b"]" * 5000 + b'},"s":[]}'
+    nested = COMPACT_MAGIC + b"\x01" + struct.pack("<BII", 0, len(deep), len(deep)) + deep
+    with pytest.raises(ContractError, match="malformed"):
+        decode_compact(nested)
     copies = COMPACT_MAGIC + b"\x01" + struct.pack("<BII", 3, 0, 0)
     with pytest.raises(ContractError, match="copies one that is not before it"):
         decode_compact(copies)
