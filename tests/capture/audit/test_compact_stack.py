@@ -6,7 +6,8 @@ an envelope stored as JSON, as sidecars stored them before, takes the same path;
 
 One bucket of its own, without Object Lock (the test plays the attacker at the end), reused across runs: every
 SeaweedFS bucket takes volume slots. Each run has its own topics, lake prefix and request ids; the day's log of
-the bucket grows by run, and the checkpoint written here covers it all.
+the bucket grows by run (the sidecar stamps the capture time: the day is today). Every run signs with the same
+key and first removes the day's checkpoints (its own bucket: a checkpoint another key signed would be reported).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,11 +49,12 @@ from schemas.layout import (
     HEADER_ENVELOPE_ID,
     LAKE_BUCKET,
     capture_day,
+    checkpoints_prefix,
     content_type,
     envelope_key,
 )
 from tests.capture.audit.conftest import eventually
-from tests.capture.audit.support import audit_cli, new_key, publish_through_s3
+from tests.capture.audit.support import audit_cli, publish_through_s3
 from tests.capture.fake_upstream import serve
 from tests.capture.keys import ApiKeys, write_test_keys
 from tests.factories import envelope
@@ -62,6 +65,16 @@ pytestmark = pytest.mark.stack
 
 BUCKET = "reprolane-test-compact"
 MESSAGES: Any = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def signing_key() -> tuple[bytes, bytes]:
+    """This test's fixed Ed25519 (private, public) raw key pair (see module docstring)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    private = hashlib.sha256(b"reprolane test_compact_stack signing key").digest()
+    public = Ed25519PrivateKey.from_private_bytes(private).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return private, public
 
 
 def capture_settings(stack: StackInfo, tmp_path: Path, keys: ApiKeys) -> CaptureSettings:
@@ -149,10 +162,12 @@ async def test_compact_envelopes_are_stored_sent_verified_replayed_and_archived(
     assert [decode_envelope(r.value) for r in records if not is_compact(r.value)] == [old]
 
     # 4. reprolane verify proves both, against a signed checkpoint of the day's log
-    private, public = new_key()
+    private, public = signing_key()
     audit = AuditStore(client, BUCKET)
     day = capture_day(captured.captured_at)
     assert capture_day(old.captured_at) == day, "run this test not at midnight UTC"
+    for stale in client.list_objects_v2(Bucket=BUCKET, Prefix=checkpoints_prefix(day)).get("Contents", []):
+        client.delete_object(Bucket=BUCKET, Key=stale["Key"])
     assert write_checkpoint(audit, day, private, retention=None) is not None
     public_b64 = base64.b64encode(public).decode()
     for rid in (request_id, old.request_id):
