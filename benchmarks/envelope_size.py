@@ -1,18 +1,28 @@
 """Envelope size by prompt length, output length and top-k: the table behind docs/SCALING.md section 1.
 
-Builds real `schemas.Envelope` records (the same shape tests/factories.py builds, scaled up) and measures
-``len(envelope.canonical())``, the bytes the capture sidecar publishes to Kafka and writes to S3, plus their
-gzip size (Kafka's gzip codec and a compressed S3 copy would see about this much).
+Builds real `schemas.Envelope` records (the same shape tests/factories.py builds, scaled up) and measures, side by
+side in one run, what an envelope costs in both stored forms:
+
+- JSON: ``len(envelope.canonical())``, what the sidecar stored before compact envelopes (``envelope_encoding =
+  "json"``), and its gzip size (Kafka's gzip codec and a compressed S3 copy would see about this much);
+- compact: ``len(encode_compact(canonical))`` (`schemas.envelope_compact`, the default ``envelope_encoding``),
+  what the sidecar now publishes to Kafka and writes to S3; each one is checked to decode to the canonical bytes.
+
+``bytes/step`` is the marginal cost of one generated token: the size difference between the longest and the
+shortest output of the same prompt and top-k, per token. ``--timing`` adds the encode and decode time of the
+compact form (best of three), the CPU a publisher and a reader pay per envelope.
 
 What the synthetic values look like, and why (each choice makes the measurement realistic, not small):
 - token ids drawn uniformly from a 128,256-token vocabulary (Llama 3 size: 5-6 digit ids, as in production);
-- token strings of 1-8 characters (typical BPE pieces), prompt and output text ~4 characters per token;
+- token strings of 1-8 characters (typical BPE pieces), prompt and output text ~4 characters per token, every one
+  drawn afresh (even a candidate's text is not its id's: a real tokenizer's would repeat, so this overstates);
 - logprobs are float32 values widened to float64, as vLLM returns them, so their shortest repr is 8-20
   characters like the real ones (a random float64 would overstate, a rounded one understate);
-- top-k candidates carry token, token_id, logprob and rank, as the sidecar records them;
+- top-k candidates carry token, token_id, logprob and rank, as the sidecar records them; the chosen token is
+  candidate 1 (same id and logprob), as in greedy and most sampled steps;
   "k=0" records the chosen token's logprob per step and no alternatives.
 
-Run:  .venv/bin/python benchmarks/envelope_size.py [--vocab N] [--seed S] [--markdown]
+Run:  .venv/bin/python benchmarks/envelope_size.py [--vocab N] [--seed S] [--markdown] [--timing]
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import gzip
 import random
 import struct
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from schemas import (
@@ -37,6 +48,7 @@ from schemas import (
     Timings,
     TopCandidate,
 )
+from schemas.envelope_compact import decode_compact, encode_compact
 
 PROMPT_LENGTHS = (128, 1024, 8192)
 OUTPUT_LENGTHS = (16, 256, 2048)
@@ -138,20 +150,55 @@ def build_envelope(prompt_len: int, output_len: int, top_k: int, *, vocab: int, 
     )
 
 
-def measure(vocab: int, seed: int) -> list[tuple[int, int, int, int, int, float]]:
-    """Rows of (prompt_len, output_len, top_k, canonical bytes, gzip bytes, bytes per output step)."""
+@dataclass(frozen=True)
+class Row:
+    prompt: int
+    output: int
+    top_k: int
+    json: int
+    gzip: int
+    compact: int
+    json_per_step: float = 0.0
+    compact_per_step: float = 0.0
+    encode_ms: float = 0.0
+    decode_ms: float = 0.0
+
+
+def _best_ms(work: object, repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()  # type: ignore[operator]
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def measure(vocab: int, seed: int, *, timing: bool = False) -> list[Row]:
+    """One `Row` per shape; the per-step figures from the longest and shortest output of each prompt and top-k."""
     rows = []
     for prompt_len in PROMPT_LENGTHS:
         for output_len in OUTPUT_LENGTHS:
             for top_k in TOP_KS:
                 raw = build_envelope(prompt_len, output_len, top_k, vocab=vocab, seed=seed).canonical()
+                compact = encode_compact(raw)
+                assert compact is not None, "the codec refused a valid envelope"
+                assert decode_compact(compact) == raw, "compact form is not lossless"
+                encode_ms = _best_ms(lambda raw=raw: encode_compact(raw)) if timing else 0.0
+                decode_ms = _best_ms(lambda compact=compact: decode_compact(compact)) if timing else 0.0
                 packed = gzip.compress(raw, compresslevel=6, mtime=0)
-                rows.append((prompt_len, output_len, top_k, len(raw), len(packed), 0.0))
-    # Marginal cost of one generated step at each top-k: difference between the longest and shortest output.
-    by_shape = {(p, o, k): size for p, o, k, size, _, _ in rows}
+                rows.append(
+                    Row(prompt_len, output_len, top_k, len(raw), len(packed), len(compact), 0, 0, encode_ms, decode_ms)
+                )
+    by_shape = {(r.prompt, r.output, r.top_k): r for r in rows}
     lo, hi = OUTPUT_LENGTHS[0], OUTPUT_LENGTHS[-1]
+
+    def per_step(r: Row, size: str) -> float:
+        long, short = by_shape[(r.prompt, hi, r.top_k)], by_shape[(r.prompt, lo, r.top_k)]
+        return float(getattr(long, size) - getattr(short, size)) / (hi - lo)
+
     return [
-        (p, o, k, size, gz, (by_shape[(p, hi, k)] - by_shape[(p, lo, k)]) / (hi - lo)) for p, o, k, size, gz, _ in rows
+        Row(**{**r.__dict__, "json_per_step": per_step(r, "json"), "compact_per_step": per_step(r, "compact")})
+        for r in rows
     ]
 
 
@@ -168,20 +215,33 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=128_256)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--timing", action="store_true", help="also time encoding and decoding the compact form")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = measure(args.vocab, args.seed)
+    rows = measure(args.vocab, args.seed, timing=args.timing)
     elapsed = time.perf_counter() - started
+    timed = " encode | decode |" if args.timing else ""
     if args.markdown:
-        print("| prompt tokens | output tokens | top-k | canonical | gzip | ratio | bytes/step |")
-        print("|---:|---:|---:|---:|---:|---:|---:|")
-        for p, o, k, size, gz, per_step in rows:
-            print(f"| {p} | {o} | {k} | {_human(size)} | {_human(gz)} | {size / gz:.1f}x | {per_step:.0f} |")
+        head = "| prompt tokens | output tokens | top-k | JSON | gzip | compact | JSON/compact "
+        head += "| bytes/step JSON -> compact |"
+        print(head + timed)
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.timing else ""))
+        for r in rows:
+            cells = f" {r.encode_ms:.1f} ms | {r.decode_ms:.1f} ms |" if args.timing else ""
+            print(
+                f"| {r.prompt} | {r.output} | {r.top_k} | {_human(r.json)} | {_human(r.gzip)} | {_human(r.compact)} | "
+                f"{r.json / r.compact:.1f}x | {r.json_per_step:.0f} -> {r.compact_per_step:.1f} |{cells}"
+            )
     else:
-        print(f"{'prompt':>7} {'output':>7} {'top_k':>5} {'canonical_B':>12} {'gzip_B':>10} {'bytes/step':>10}")
-        for p, o, k, size, gz, per_step in rows:
-            print(f"{p:>7} {o:>7} {k:>5} {size:>12} {gz:>10} {per_step:>10.0f}")
-    print(f"# vocab={args.vocab} seed={args.seed}; {len(rows)} envelopes built and encoded in {elapsed:.1f} s")
+        head = f"{'prompt':>7} {'output':>7} {'top_k':>5} {'json_B':>9} {'gzip_B':>9} {'compact_B':>9} {'ratio':>6}"
+        print(
+            head + f" {'step_json':>9} {'step_compact':>12}" + (f" {'enc_ms':>7} {'dec_ms':>7}" if args.timing else "")
+        )
+        for r in rows:
+            line = f"{r.prompt:>7} {r.output:>7} {r.top_k:>5} {r.json:>9} {r.gzip:>9} {r.compact:>9} "
+            line += f"{r.json / r.compact:>6.1f} {r.json_per_step:>9.0f} {r.compact_per_step:>12.1f}"
+            print(line + (f" {r.encode_ms:>7.1f} {r.decode_ms:>7.1f}" if args.timing else ""))
+    print(f"# vocab={args.vocab} seed={args.seed}; {len(rows)} envelopes built, encoded both ways in {elapsed:.1f} s")
 
 
 if __name__ == "__main__":

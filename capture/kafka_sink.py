@@ -3,13 +3,13 @@
 `KafkaSink` takes a batch of `capture.outgoing.Outgoing` records and either confirms *every* record or raises
 `SinkError`; every aiokafka exception is translated here, so the publisher only ever sees `SinkError`.
 
-Topic `schemas.layout.TOPIC_ENVELOPES`, key = request id, value = the canonical envelope bytes, headers
-``reprolane-envelope-id`` and ``reprolane-schema``; ``acks="all"``, linger 5 ms, all sends of a batch awaited
-together. Idempotence is off on purpose: Tansu refuses InitProducerId, and delivery is at-least-once anyway
-(duplicates collapse by envelope id downstream). An envelope over `schemas.layout.CLAIM_CHECK_BYTES` is sent as a
-`schemas.claim_check.ClaimCheck` naming its envelope object (header ``reprolane-claim-check``); the publisher
-sends such a batch to Kafka only after S3 stored it (`capture.sinks.Sink.refers_to_objects`), so a reference
-never points at nothing.
+Topic `schemas.layout.TOPIC_ENVELOPES`, key = request id, value = the envelope's bytes (compact or canonical JSON,
+or its sealed record), headers ``reprolane-envelope-id``, ``reprolane-schema`` and ``reprolane-encoding``;
+``acks="all"``, linger 5 ms, all sends of a batch awaited together. Idempotence is off on purpose: Tansu refuses
+InitProducerId, and delivery is at-least-once anyway (duplicates collapse by envelope id downstream). An envelope
+over `schemas.layout.CLAIM_CHECK_BYTES` is sent as a `schemas.claim_check.ClaimCheck` naming its envelope object
+(header ``reprolane-claim-check``); the publisher sends such a batch to Kafka only after S3 stored it
+(`capture.sinks.Sink.refers_to_objects`), so a reference never points at nothing.
 
 A record Kafka refuses for good (record too large, invalid or corrupt record) is reported in `RecordsRefused`
 once every other record of the batch is confirmed; the publisher quarantines it (`capture.quarantine`) and sends
@@ -34,6 +34,7 @@ from schemas.layout import (
     HEADER_CLAIM_CHECK,
     HEADER_DLQ_REASON,
     HEADER_DLQ_SINK,
+    HEADER_ENCODING,
     HEADER_ENVELOPE_ID,
     HEADER_SCHEMA,
     MAX_MESSAGE_BYTES,
@@ -129,6 +130,7 @@ class KafkaSink:
                     [
                         (HEADER_ENVELOPE_ID, item.envelope_id.encode()),
                         (HEADER_SCHEMA, item.schema_version.encode()),
+                        (HEADER_ENCODING, item.encoding.encode()),
                     ],
                 )
                 if item.claim_checked:

@@ -1,9 +1,12 @@
 """The record every sink takes: a spooled envelope with the few fields it is routed and keyed by.
 
 `Outgoing.from_entry` reads them from the envelope's canonical JSON (only those members, `_RouteFields`); a spool
-record that is not a routable envelope is a `SinkError`. The record also names its S3 objects (`object_key`,
-`index_keys`, `index_body`) and whether Kafka gets a claim check instead of its payload (`claim_checked`: over
-`schemas.layout.CLAIM_CHECK_BYTES`). A guaranteed stream's *started* record is not indexed (`started`).
+record that is not a routable envelope is a `SinkError`. The spool always holds canonical JSON; `Outgoing.compacted`
+swaps the payload for its compact form (`schemas.envelope_compact`) before the sinks see it, when the sidecar stores
+compact envelopes (``envelope_encoding``), and ``encoding`` says which form the payload is. The record also names
+its S3 objects (`object_key`, `index_keys`, `index_body`) and whether Kafka gets a claim check instead of its
+payload (`claim_checked`: over `schemas.layout.CLAIM_CHECK_BYTES`). A guaranteed stream's *started* record is not
+indexed (`started`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,16 @@ from capture.errors import SinkError
 from capture.spool import SpoolEntry
 from schemas import sha256_hex
 from schemas.envelope import STARTED_ERROR_TYPE
-from schemas.layout import CLAIM_CHECK_BYTES, envelope_key, index_body, request_index_key, workflow_index_key
+from schemas.envelope_compact import encode_compact, encoding_of
+from schemas.layout import (
+    CLAIM_CHECK_BYTES,
+    ENCODING_COMPACT,
+    ENCODING_JSON,
+    envelope_key,
+    index_body,
+    request_index_key,
+    workflow_index_key,
+)
 
 
 class _WorkflowFields(msgspec.Struct):
@@ -64,6 +76,8 @@ class Outgoing:
     #: stored and logged like any envelope, but not indexed, so the write-once index entries go to the envelope
     #: that says how the request ended (a started record no finished one followed is found by its object key).
     started: bool = False
+    #: What `payload` is: `ENCODING_JSON` (canonical, or a sealed record) or `ENCODING_COMPACT`.
+    encoding: str = ENCODING_JSON
 
     @classmethod
     def from_entry(cls, entry: SpoolEntry) -> Outgoing:
@@ -107,4 +121,12 @@ class Outgoing:
 
     def with_payload(self, payload: bytes, schema_version: str) -> Outgoing:
         """This record with another payload (the sealed one, `capture.ledger.sealing`): routed and keyed the same."""
-        return dataclasses.replace(self, payload=payload, schema_version=schema_version)
+        return dataclasses.replace(self, payload=payload, schema_version=schema_version, encoding=encoding_of(payload))
+
+    def compacted(self) -> Outgoing:
+        """This record with its payload in compact form (the same envelope id), or as it is when it is compact
+        already or the codec cannot reproduce its bytes exactly (`schemas.envelope_compact.encode_compact`)."""
+        if self.encoding == ENCODING_COMPACT:
+            return self
+        compact = encode_compact(self.payload)
+        return self if compact is None else dataclasses.replace(self, payload=compact, encoding=ENCODING_COMPACT)

@@ -25,8 +25,11 @@ A crash or a stop anywhere before 3 leaves the batch pending: the next start pub
 are therefore possible and harmless (the envelope id is the content hash; S3 writes are content-addressed
 and conditional; the quarantine's files are named by the record's hash).
 
-Tenants in ``settings.encrypt_tenants`` are sealed between 1 and 2 (`capture.ledger.sealing.Sealer`): the
-sinks receive the `schemas.sealed.SealedEnvelope` bytes, never the plaintext (which exists only in the local spool).
+With ``envelope_encoding = "compact"`` (the default) each record's payload is swapped for its compact form
+(`capture.outgoing.Outgoing.compacted`, in a worker thread) between 1 and 2: the spool keeps the canonical JSON, the
+sinks store and send the compact bytes. Tenants in ``settings.encrypt_tenants`` are sealed after that
+(`capture.ledger.sealing.Sealer`, over the compact bytes): the sinks receive the `schemas.sealed.SealedEnvelope`
+bytes, never the plaintext (which exists only in the local spool).
 A keyring failure (the ledger's `KeyringError`, here a `SealingError`) is retried like a failing sink; at
 construction (no KEK) it is raised.
 """
@@ -50,6 +53,7 @@ from capture.quarantine import Quarantine, Refusal, quarantine_dir
 from capture.sinks import AuditLogSink, Sink, default_sinks
 from capture.spool import Spool, SpoolEntry
 from infra.clients.s3 import S3Policy, make_s3_client
+from schemas import envelope_bytes
 
 if TYPE_CHECKING:
     from capture.metrics import CaptureMetrics
@@ -68,6 +72,10 @@ def _sealer(settings: CaptureSettings) -> Sealer:
     return Sealer(
         Keyring(client, settings.keys_bucket, kek, cache_s=settings.data_key_cache_s), settings.encrypt_tenants
     )
+
+
+def _compacted(batch: Sequence[Outgoing]) -> list[Outgoing]:
+    return [item.compacted() for item in batch]
 
 
 class Publisher:
@@ -169,6 +177,8 @@ class Publisher:
         if not entries:
             return
         batch, refused = self._routable(entries)
+        if batch and self._settings.envelope_encoding == "compact":
+            batch = await asyncio.to_thread(_compacted, batch)
         if batch and self._sealer is not None:
             try:
                 batch = await asyncio.to_thread(self._sealer.seal_batch, batch)
@@ -238,7 +248,7 @@ class Publisher:
                             seq,
                             Refusal(
                                 seq,
-                                item.payload,
+                                envelope_bytes(item.payload),  # a compact record is kept as canonical JSON
                                 sink.name,
                                 code,
                                 reason,

@@ -9,11 +9,13 @@ retried whole.
 Per envelope, with boto3 in a thread pool, or in worker processes with ``s3_processes`` (`capture.s3_workers`:
 boto3's CPU per PUT is several times what capturing a request costs):
 
-- ``envelopes/tenant=.../date=.../<envelope_id>.json`` with Object Lock retention until
+- ``envelopes/tenant=.../date=.../<envelope_id>.json`` (compact or JSON, its Content-Type says which:
+  `schemas.layout.content_type`) with Object Lock retention until
   ``captured_at + retention days`` (the tenant's entry in ``retention_days_by_tenant``, else ``retention_days``;
   0 = no retention header) (if that has passed already, e.g. a backlog older than the retention,
   until now + `MIN_RETENTION`: an audit record is never stored unprotected) and ``IfNoneMatch="*"``:
-  the key is a content address, so 412 (already there) means the same bytes are there, which is success.
+  the key is a content address, so 412 (already there) means the same envelope is there (its bytes, or the
+  same canonical bytes in the other encoding after an ``envelope_encoding`` switch), which is success.
 - index objects ``index/request-id/<request_id>.json`` and, with a workflow,
   ``index/workflow/<id>/<step>-<request_id>.json``, body ``{"envelope_id", "key", "tenant", "captured_at"}``,
   written without retention and *once* (``IfNoneMatch="*"``): the first record to claim a request id (or a
@@ -42,7 +44,7 @@ from capture.errors import RecordsRefused, SinkError
 from capture.outgoing import Outgoing
 from capture.s3_workers import Put, PutFailure, PutOutcome, S3Processes, as_failure, run_put
 from infra.clients.s3 import S3Policy, make_s3_client
-from schemas.layout import client_request_index_key
+from schemas.layout import client_request_index_key, content_type
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -179,7 +181,7 @@ class S3Sink:
 
     def _envelope_put(self, item: Outgoing) -> Put:
         params: dict[str, Any] = {
-            "ContentType": "application/json",
+            "ContentType": content_type(item.encoding),
             "IfNoneMatch": "*",
             "Metadata": {"envelope-id": item.envelope_id, "schema": item.schema_version},
         }

@@ -107,6 +107,11 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         default=False, description="append every stored envelope id to the Merkle log (capture.ledger.merkle_log)"
     )
     object_lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = "COMPLIANCE"
+    envelope_encoding: Literal["compact", "json"] = Field(
+        default="compact",
+        description="how envelopes are stored in S3 and sent on Kafka: compact (schemas/envelope_compact.py, several "
+        "times smaller; the same canonical bytes and id) or json (the canonical JSON itself); readers take both",
+    )
 
     # --- privacy: per-tenant encryption (capture/ledger/sealing.py, schemas/sealed.py; the KEK and keys bucket are
     # the data-key fields)

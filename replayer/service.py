@@ -52,6 +52,7 @@ from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import ContractError, DivergenceEvent, Envelope, ReplayRequest, decode_envelope, decode_replay_request
 from schemas.claim_check import is_claim_check
+from schemas.envelope_compact import decode_compact, is_compact
 from schemas.layout import (
     HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE,
@@ -91,7 +92,13 @@ def _source(msg: Any) -> str:
 
 
 def _classify_undecodable(body: bytes, exc: ContractError) -> _DeadLetter:
-    """Not JSON at all ("undecodable") or JSON that breaks the contract ("schema", naming the fields)."""
+    """Not an envelope's bytes at all ("undecodable": not JSON, a corrupt compact record) or a record that breaks
+    the contract ("schema", naming the fields)."""
+    if is_compact(body):
+        try:
+            body = decode_compact(body)
+        except ContractError as corrupt:
+            return _DeadLetter("undecodable", f"undecodable: {corrupt}")
     try:
         json.loads(body)
     except ValueError as not_json:  # UnicodeDecodeError is a ValueError

@@ -9,6 +9,9 @@ live beside the clients they configure, in `infra.clients.connection`.
   each offending field.
 - `envelope`: the Request Reproducibility Envelope and its captured outcome.
 - `envelope_codec`: the envelope's canonical bytes written fast (msgspec for the per-token logprobs), exactly.
+- `envelope_compact`: the compact storage and transport form of those bytes, and `envelope_bytes`, which every
+  reader of stored or consumed envelopes decodes with; its columns and frames (`compact_columns`) and its
+  per-token logprob columns (`compact_steps`).
 - `sampling`: the sampling contract (every parameter that changes which tokens come out).
 - `fingerprint`: the runtime fingerprint and the field-by-field diff between two of them.
 - `environment`: artifacts + runtime, the unit the release gate compares.
@@ -38,8 +41,10 @@ from schemas.envelope import (
     WorkflowRef,
     decode_envelope,
     use_canonical_writer,
+    use_envelope_reader,
 )
 from schemas.envelope_codec import canonical_envelope
+from schemas.envelope_compact import envelope_bytes
 from schemas.environment import EnvironmentFingerprint, decode_environment, diff_environments
 from schemas.errors import ContractError
 from schemas.fingerprint import FieldDiff, RuntimeFingerprint, diff_fingerprints
@@ -58,6 +63,7 @@ from schemas.replay import (
 from schemas.sampling import SAMPLING_CONTRACT_VERSION, SamplingContract
 
 use_canonical_writer(canonical_envelope)  # `Envelope.canonical` writes with the codec (see `schemas.envelope_codec`)
+use_envelope_reader(envelope_bytes)  # `decode_envelope` reads compact records too (see `schemas.envelope_compact`)
 
 __all__ = [
     "LEVEL_ORDER",
@@ -94,5 +100,6 @@ __all__ = [
     "decode_replay_result",
     "diff_environments",
     "diff_fingerprints",
+    "envelope_bytes",
     "sha256_hex",
 ]

@@ -207,6 +207,19 @@ def use_canonical_writer(writer: Callable[[Envelope], bytes]) -> None:
     _write_canonical = writer
 
 
+_stored_bytes: Callable[[bytes], bytes] = bytes
+"""What turns stored or consumed envelope bytes into canonical JSON before `decode_envelope` parses them: the
+package sets `schemas.envelope_compact.envelope_bytes` (compact records decoded, JSON as it is), which reads this
+module's codec, so this module cannot import it (as with `use_canonical_writer`)."""
+
+
+def use_envelope_reader(reader: Callable[[bytes], bytes]) -> None:
+    """Make `reader` turn stored bytes into canonical JSON for `decode_envelope` (JSON must pass unchanged)."""
+    global _stored_bytes
+    _stored_bytes = reader
+
+
 def decode_envelope(data: bytes | str) -> Envelope:
-    """Parse an envelope from JSON bytes, raising `ContractError` that names each offending field."""
-    return decode_record(Envelope, "envelope", data)
+    """Parse an envelope from its stored bytes, canonical JSON or compact (`schemas.envelope_compact`), raising
+    `ContractError` that names each offending field."""
+    return decode_record(Envelope, "envelope", data if isinstance(data, str) else _stored_bytes(data))

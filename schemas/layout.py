@@ -3,7 +3,8 @@
 Every key, prefix and partition path any service writes or reads is a function or constant here; nobody else
 spells ``"index/..."``. Kafka (at-least-once: duplicates are expected and collapse by envelope id):
 
-    reprolane.envelopes.v1        key = request_id, value = canonical envelope JSON
+    reprolane.envelopes.v1        key = request_id, value = the envelope: canonical JSON or compact (header
+                                  `HEADER_ENCODING`; `schemas.envelope_compact`)
     reprolane.divergences.v1      key = request_id, value = DivergenceEvent JSON
     reprolane.replay-requests.v1  key = request_id, value = ReplayRequest JSON (on-demand replays)
     reprolane.dead-letter.v1      key = original key, value = original bytes, reason in headers
@@ -63,6 +64,25 @@ HEADER_ENVELOPE_ID: Final = "reprolane-envelope-id"
 HEADER_SCHEMA: Final = "reprolane-schema"
 HEADER_DLQ_REASON: Final = "reprolane-dlq-reason"
 HEADER_DLQ_SOURCE: Final = "reprolane-dlq-source"
+#: How an envelope's bytes are encoded (`ENCODING_JSON` or `ENCODING_COMPACT`): the Kafka header of an envelope
+#: record, and through `content_type` the S3 object's Content-Type. Informational: readers tell the encoding
+#: from the bytes themselves (`COMPACT_MAGIC`), so a record without the header, or with a wrong one, still reads.
+HEADER_ENCODING: Final = "reprolane-encoding"
+ENCODING_JSON: Final = "json"
+ENCODING_COMPACT: Final = "compact/1"
+#: The first bytes of a compact envelope (`schemas.envelope_compact`): never the start of JSON, nor of UTF-8 text.
+COMPACT_MAGIC: Final = b"\xd2RLC"
+_CONTENT_TYPES: Final = {
+    ENCODING_JSON: "application/json",
+    ENCODING_COMPACT: "application/vnd.reprolane.envelope+compact",
+}
+
+
+def content_type(encoding: str) -> str:
+    """The S3 Content-Type of an envelope object in `encoding` (the key stays ``<envelope_id>.json`` either way:
+    a key is the envelope's content address, and every reader finds its encoding in the bytes)."""
+    return _CONTENT_TYPES[encoding]
+
 
 ENVELOPES_PREFIX: Final = "envelopes/"
 INDEX_PREFIX: Final = "index/"

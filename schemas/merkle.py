@@ -5,7 +5,8 @@ to is versioned by its leaf batch (`encode_leaf_batch`, `decode_leaf_batch`):
 
     format 2  the batch starts with the 16 bytes ``reprolane.leaf/2``, then 64 bytes per leaf: the envelope id and
               the sha256 of the object's stored bytes (both raw). Leaf data = those 64 bytes. For a plaintext
-              envelope the two are equal (its id is the hash of its bytes); for a sealed one
+              envelope the two are equal (its id is the hash of its bytes; a compact one's leaf commits to the
+              canonical bytes it decodes to, `object_digest`, so also the id); for a sealed one
               (`schemas.sealed`) the second binds the exact ciphertext, nonce, key id and metadata stored.
     format 1  (logs written before format 2) 32 bytes per leaf, the envelope id; leaf data = those 32 bytes. It
               binds a plaintext object's bytes (through its id) but only the *claimed* id of a sealed one: junk
@@ -36,6 +37,7 @@ here; loading keys from files is the caller's business.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
@@ -45,6 +47,7 @@ from pydantic import Field
 
 from schemas.base import Record, UtcDatetime, decode_record
 from schemas.canonical import canonical_bytes
+from schemas.envelope_compact import decode_compact, is_compact
 from schemas.errors import ContractError
 
 CHECKPOINT_SCHEMA_VERSION: Final = "reprolane.checkpoint/1"
@@ -62,6 +65,16 @@ def leaf_hash(data: bytes) -> bytes:
 
 def node_hash(left: bytes, right: bytes) -> bytes:
     return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def object_digest(body: bytes) -> str:
+    """The sha256 (hex) a format-2 leaf commits to for an envelope object's stored bytes: of the bytes, or, for a
+    compact envelope, of the canonical bytes it decodes to (so also its id); compact bytes that do not decode are
+    hashed as they are (no leaf commits to those)."""
+    if is_compact(body):
+        with contextlib.suppress(ContractError):
+            return hashlib.sha256(decode_compact(body)).hexdigest()
+    return hashlib.sha256(body).hexdigest()
 
 
 def leaf_data(envelope_id: str) -> bytes:

@@ -1,11 +1,12 @@
 """Sealed envelopes: per-tenant encryption of stored records, so that destroying a key shreds the records.
 
-An encrypted tenant's envelope leaves the capture side as a `SealedEnvelope` instead of the plaintext canonical
-envelope: AES-256-GCM (through `cryptography`) of the canonical bytes under the tenant's *data key*, with the
-record's metadata as additional authenticated data. Everything outside ``ciphertext`` is non-sensitive routing
-metadata (ids, tenant, capture time, workflow position, key id); prompt, output, model and runtime live only in
-the ciphertext. ``envelope_id`` is the sha256 of the *plaintext* canonical envelope, so S3 keys, Kafka headers and
-the replay idempotency key are the same whether a tenant is encrypted or not, and `open_envelope` checks it.
+An encrypted tenant's envelope leaves the capture side as a `SealedEnvelope` instead of the plaintext envelope:
+AES-256-GCM (through `cryptography`) of its bytes (canonical JSON, or their compact form:
+`schemas.envelope_compact`) under the tenant's *data key*, with the record's metadata as additional authenticated
+data. Everything outside ``ciphertext`` is non-sensitive routing metadata (ids, tenant, capture time, workflow
+position, key id); prompt, output, model and runtime live only in the ciphertext. ``envelope_id`` is the sha256 of
+the *plaintext* canonical envelope, so S3 keys, Kafka headers and the replay idempotency key are the same whether a
+tenant is encrypted or not, and `open_envelope` checks it.
 
 Data keys are stored wrapped (`WrappedKey`): AES-256-GCM under a key-encryption key (KEK) from the configured key
 source, with the tenant and key id as AAD, so a wrapped key copied to another tenant's name does not unwrap.
@@ -37,6 +38,7 @@ from pydantic import Field
 from schemas.base import Record, UtcDatetime, decode_record, has_schema_version
 from schemas.canonical import canonical_bytes, canonical_json, sha256_hex
 from schemas.envelope import RequestId, Sha256, WorkflowRef
+from schemas.envelope_compact import envelope_bytes
 from schemas.errors import ContractError, SealError
 from schemas.replay import DivergenceEvent, ReplayResult, StepCandidates, decode_replay_result
 
@@ -208,7 +210,7 @@ class SealedEnvelope(_Sealed):
 
 
 def seal_envelope(
-    canonical: bytes,
+    plaintext: bytes,
     *,
     request_id: str,
     tenant: str,
@@ -217,10 +219,11 @@ def seal_envelope(
     key_id: str,
     data_key: bytes,
 ) -> SealedEnvelope:
-    """Seal the canonical bytes of an envelope (the caller passes the routing metadata it already parsed)."""
+    """Seal an envelope's bytes, canonical JSON or compact (the caller passes the routing metadata it already
+    parsed; ``envelope_id`` is the canonical bytes' hash either way)."""
     draft = SealedEnvelope(
         request_id=request_id,
-        envelope_id=sha256_hex(canonical),
+        envelope_id=sha256_hex(envelope_bytes(plaintext)),
         tenant=tenant,
         captured_at=captured_at,
         workflow=workflow,
@@ -228,12 +231,16 @@ def seal_envelope(
         nonce="AAAA",
         ciphertext="AAAA",
     )
-    return _sealed_as(draft, canonical, data_key)
+    return _sealed_as(draft, plaintext, data_key)
 
 
 def open_envelope(sealed: SealedEnvelope, data_key: bytes) -> bytes:
-    """The plaintext canonical envelope bytes (its sha256 checked against ``envelope_id``), or `SealError`."""
-    plaintext = _plaintext_of(sealed, data_key)
+    """The plaintext canonical envelope bytes (its sha256 checked against ``envelope_id``), or `SealError`. The
+    sealed plaintext is canonical JSON or, since compact envelopes, their compact form (`envelope_bytes`)."""
+    try:
+        plaintext = envelope_bytes(_plaintext_of(sealed, data_key))
+    except ContractError as exc:
+        raise SealError(f"sealed envelope {sealed.envelope_id}: the plaintext is a corrupt compact envelope") from exc
     if sha256_hex(plaintext) != sealed.envelope_id:
         raise SealError(f"sealed envelope {sealed.envelope_id}: the plaintext does not hash to its envelope id")
     return plaintext

@@ -44,7 +44,7 @@ from capture.audit.lake_settings import LakeSettings
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
 from infra.clients.s3 import S3Policy, error_code, is_missing, make_s3_client, s3_errors
 from infra.clients.shutdown import stop_on_signals
-from schemas import ContractError, decode_divergence, decode_envelope, sha256_hex
+from schemas import ContractError, decode_divergence, decode_envelope, envelope_bytes, sha256_hex
 from schemas.claim_check import decode_claim_check, is_claim_check, verify_claimed
 from schemas.layout import HEADER_ENVELOPE_ID
 from schemas.sealed import decode_sealed, is_sealed
@@ -85,8 +85,9 @@ class Archiver:
     def add(self, topic: str, value: bytes | None, source: str = "?", claimed_id: bytes | None = None) -> bool:
         """Turn one message into a buffered row; False (counted in `skipped`) when it is not archivable.
 
-        `claimed_id` is the ``reprolane-envelope-id`` header: when it equals the sha256 of the value, the value
-        is the canonical encoding the publisher hashed, and the id is not recomputed (a re-encode per row)."""
+        `claimed_id` is the ``reprolane-envelope-id`` header: when it equals the sha256 of the value's canonical
+        bytes (the value, or what a compact value decodes to), those are the bytes the publisher hashed, and the
+        id is not recomputed (a re-encode per row)."""
         self.stats.consumed += 1
         now = datetime.now(UTC)
         try:
@@ -99,8 +100,9 @@ class Archiver:
                 sealed = decode_sealed(value)
                 row, where = sealed_row(sealed, now), ("envelopes", day(sealed.captured_at), sealed.tenant)
             else:
-                env = decode_envelope(value)
-                digest = sha256_hex(value)
+                canonical = envelope_bytes(value)  # a compact envelope's canonical bytes
+                env = decode_envelope(canonical)
+                digest = sha256_hex(canonical)
                 known = digest if claimed_id is not None and claimed_id.decode(errors="replace") == digest else None
                 row, where = envelope_row(env, now, known), ("envelopes", day(env.captured_at), env.tenant)
         except ContractError as exc:

@@ -33,7 +33,6 @@ from capture.audit.errors import AuditError, InconsistentLogError
 from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import append_leaves, read_leaves
-from schemas import sha256_hex
 from schemas.errors import ContractError
 from schemas.layout import (
     ENVELOPES_PREFIX,
@@ -53,6 +52,7 @@ from schemas.merkle import (
     LeafEntry,
     consistency_proof,
     decode_checkpoint,
+    object_digest,
     root_from_hashes,
     verify_checkpoint,
     verify_consistency,
@@ -247,7 +247,7 @@ def reconcile(store: AuditStore, day: str, *, retention: timedelta | None, dry_r
             body = store.get(objects[eid])
             if body is None:
                 raise AuditError(f"reconcile {day}: {objects[eid]} vanished while reading it")
-            entries.append(LeafEntry(eid, sha256_hex(body)))
+            entries.append(LeafEntry(eid, object_digest(body)))
         until = datetime.now(UTC) + retention if retention is not None else None
         start = append_leaves(store, day, entries, until)
         log.warning("audit: reconcile %s appended %d ids at leaf %d", day, len(missing), start)

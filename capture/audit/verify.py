@@ -5,8 +5,10 @@ bytes must hash to what that leaf commits to -> an RFC 9162 inclusion proof of t
 checkpoint covering it, whose Ed25519 signature is checked with the public key.
 
 What binds the stored bytes (`check_object`): a format-2 leaf (`schemas.merkle`) commits to the sha256 of the
-exact bytes stored, so any change to an object, sealed or not (junk, another envelope's bytes, the same
-plaintext sealed again, a truncation), is ``modified``, and the message says what the bytes are now. A
+exact bytes stored (of a compact object, `schemas.envelope_compact`: of the canonical bytes it decodes to), so
+any change to an object, sealed or not (junk, another envelope's bytes, the same plaintext sealed again, a
+truncation, a compact object edited or that no longer decodes), is ``modified``, and the message says what the
+bytes are now. A
 plaintext object must also hash to the id in its key name, and a sealed one must be a sealed record of that id.
 A format-1 leaf (older logs) and an object in no leaf commit to the id only: a plaintext object is still bound
 (its id is its hash), a sealed one only by the id it claims, which anyone with write access can forge; that
@@ -47,13 +49,15 @@ from capture.audit.errors import UnknownIdError
 from capture.audit.index import check_entry, read_entry
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import LeafLog, read_leaves
-from schemas import sha256_hex
+from schemas import envelope_bytes, sha256_hex
+from schemas.envelope_compact import is_compact
 from schemas.errors import ContractError
 from schemas.layout import EXPIRY_PREFIX, capture_day_of_key, envelope_id_of_key, log_id, request_index_key
 from schemas.merkle import (
     LeafEntry,
     consistency_proof,
     inclusion_proof,
+    object_digest,
     root_from_hashes,
     verify_consistency,
     verify_inclusion,
@@ -104,7 +108,9 @@ def _what_it_is(body: bytes, name: str) -> str:
             return f"a sealed record of another envelope ({sealed.envelope_id}: replaced)"
         return f"a sealed record of this envelope with other bytes (re-sealed: key {sealed.key_id}, another nonce)"
     try:
-        doc = json.loads(body)
+        doc = json.loads(envelope_bytes(body))
+    except ContractError:
+        return f"{len(body)} bytes of a compact envelope that do not decode (truncated or overwritten)"
     except ValueError:
         return f"{len(body)} bytes that are not JSON (truncated or overwritten)"
     if isinstance(doc, dict) and isinstance(doc.get("request_id"), str):
@@ -119,18 +125,20 @@ def check_object(store: AuditStore, key: str, leaf: LeafEntry | None = None) -> 
     body = store.get(key)
     if body is None:
         return Finding("deleted", f"deleted: envelope object {key} is gone")
-    actual = sha256_hex(body)
+    actual = object_digest(body)  # of a compact object: of the canonical bytes it decodes to
+    decoded = " once decoded from compact" if is_compact(body) and actual != sha256_hex(body) else ""
     if leaf is not None and leaf.object_sha256 is not None and actual != leaf.object_sha256:
         return Finding(
             "modified",
-            f"modified: stored bytes of {key} hash to {actual}, the log committed to {leaf.object_sha256}; "
+            f"modified: stored bytes of {key} hash to {actual}{decoded}, the log committed to {leaf.object_sha256}; "
             f"they are {_what_it_is(body, name)}",
         )
     if not is_sealed(body):
         if actual != name:
             return Finding(
                 "modified",
-                f"modified: stored bytes of {key} hash to {actual}, id says {name}; they are {_what_it_is(body, name)}",
+                f"modified: stored bytes of {key} hash to {actual}{decoded}, id says {name}; "
+                f"they are {_what_it_is(body, name)}",
             )
         return None
     try:

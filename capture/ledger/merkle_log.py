@@ -18,14 +18,21 @@ racing for the same start index cannot both win; the loser relists and takes the
 object is written once, under Object Lock when retention is set.
 
 The bytes a leaf commits to are the bytes stored. A plaintext envelope's object key is its content address, so
-those are the record's own. A sealed envelope is sealed afresh (a new nonce, maybe a newer key) each time a
-batch is published, and the S3 sink takes "already there" as success, so after a crash between the S3 put and
-the leaf append the object holds an earlier sealing than the record in hand: the writer reads every sealed
-object back and commits to what is stored when it is a sealing of the same envelope (same id, request,
-tenant, capture time and workflow), and to the record in hand otherwise, so ``reprolane verify`` names a
-foreign object as modified instead of the log vouching for it. That is one GET per sealed envelope. What this
-cannot tell: a sealing of the same metadata that someone with PutObject wrote under the key *before* the sidecar
-did (they would need the envelope id before it was stored); the writer holds no data key to open it.
+those are the record's own. A compact envelope (`schemas.envelope_compact`) is a plaintext envelope held in another
+encoding: its leaf commits to the canonical bytes it decodes to (the second half of the leaf is then its id, as for
+a JSON object), and ``reprolane verify`` decodes the object and hashes those. So a leaf says which record was
+stored, whichever encoding holds it (the JSON of a record published before an ``envelope_encoding`` switch and
+its compact form after it are the same record), without a read-back per envelope; any change to what the object
+decodes to, or bytes that do not decode, is a modification.
+
+A sealed envelope is sealed afresh (a new nonce, maybe a newer key) each time a batch is published, and the S3 sink
+takes "already there" as success, so after a crash between the S3 put and the leaf append the object holds an
+earlier sealing than the record in hand: the writer reads every sealed object back and commits to what is stored
+when it is a sealing of the same envelope (same id, request, tenant, capture time and workflow), and to the record
+in hand otherwise, so ``reprolane verify`` names a foreign object as modified instead of the log vouching for it.
+That is one GET per sealed envelope. What this cannot tell: a sealing of the same metadata that someone with
+PutObject wrote under the key *before* the sidecar did (they would need the envelope id before it was stored); the
+writer holds no data key to open it.
 
 Duplicates: delivery is at-least-once (a crash after the append and before the spool ack republishes the
 batch), and a restarted writer has forgotten what it appended. Rather than a fragile seen-set, the rule is:
@@ -59,6 +66,7 @@ from capture.ledger.errors import LedgerError
 from capture.ledger.records import StoredRecord
 from capture.ledger.store import LedgerStore
 from schemas import sha256_hex
+from schemas.envelope_compact import is_compact
 from schemas.errors import ContractError
 from schemas.layout import capture_day, envelope_key, is_leaves_key, leaves_key, leaves_prefix, leaves_start
 from schemas.merkle import LeafEntry, decode_leaf_batch, encode_leaf_batch, leaf_batch_count
@@ -188,6 +196,8 @@ def _same_envelope(a: SealedEnvelope, b: SealedEnvelope) -> bool:
 def stored_digest(store: LedgerStore, item: StoredRecord) -> str:
     """The sha256 a leaf of `item` commits to: of its payload, or of the stored earlier sealing of the same
     envelope (see module doc). `LedgerError` when the object is not there (the S3 sink confirmed it: retry)."""
+    if is_compact(item.payload):  # `schemas.merkle.object_digest` of it, known without decoding: the id
+        return item.envelope_id
     digest = sha256_hex(item.payload)
     if item.schema_version != SEALED_SCHEMA_VERSION:
         return digest  # plaintext: the id is the hash of the payload, and the object key is that id

@@ -33,8 +33,16 @@ from capture.spool import Spool
 from infra.buckets import s3_client
 from infra.stack import LocalStack
 from infra.state import StackInfo
-from schemas import Envelope
-from schemas.layout import HEADER_ENVELOPE_ID, HEADER_SCHEMA, envelope_key, request_index_key, workflow_index_key
+from schemas import decode_envelope, envelope_bytes
+from schemas.layout import (
+    ENCODING_COMPACT,
+    HEADER_ENCODING,
+    HEADER_ENVELOPE_ID,
+    HEADER_SCHEMA,
+    envelope_key,
+    request_index_key,
+    workflow_index_key,
+)
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -93,7 +101,8 @@ async def kafka_envelope_ids(stack: StackInfo, topic: str, want: set[str], withi
                     headers = dict(record.headers)
                     env_id = headers[HEADER_ENVELOPE_ID].decode()
                     assert headers[HEADER_SCHEMA] == b"reprolane.envelope/1"
-                    assert Envelope.model_validate_json(record.value).envelope_id() == env_id
+                    assert headers[HEADER_ENCODING] == ENCODING_COMPACT.encode()  # the default encoding
+                    assert decode_envelope(record.value).envelope_id() == env_id
                     seen[env_id] = seen.get(env_id, 0) + 1
     finally:
         await consumer.stop()
@@ -155,7 +164,7 @@ async def test_envelopes_reach_kafka_and_s3_with_retention_and_indexes(
         head = client.head_object(Bucket=stack.audit_bucket, Key=key)
         assert head["ObjectLockMode"] == "COMPLIANCE"
         assert head["ObjectLockRetainUntilDate"] == now + timedelta(days=settings.retention_days)
-        assert client.get_object(Bucket=stack.audit_bucket, Key=key)["Body"].read() == env.canonical()
+        assert envelope_bytes(client.get_object(Bucket=stack.audit_bucket, Key=key)["Body"].read()) == env.canonical()
         assert env.workflow is not None
         for index_key in (
             request_index_key(env.request_id),

@@ -27,6 +27,7 @@ from capture.spool import Spool
 from infra.buckets import s3_client
 from infra.state import StackInfo
 from replayer.store import EnvelopeStore
+from schemas import envelope_bytes
 from schemas.layout import envelope_key, request_index_key
 from tests.factories import envelope
 from tests.replayer.support import S3Target
@@ -95,6 +96,6 @@ async def test_a_second_claimant_of_a_request_id_does_not_move_the_index(
     assert (index["envelope_id"], index["tenant"]) == (victim.envelope_id(), "acme-bank")
     assert metrics.value("reprolane_capture_index_conflicts_total") == 1
     key = envelope_key(attacker.envelope_id(), "attacker", now)
-    assert client.get_object(Bucket=stack.audit_bucket, Key=key)["Body"].read() == attacker.canonical()
+    assert envelope_bytes(client.get_object(Bucket=stack.audit_bucket, Key=key)["Body"].read()) == attacker.canonical()
     store = EnvelopeStore.from_settings(S3Target.from_stack(stack).settings())
     assert store.get_by_request_id(request_id) == victim

@@ -19,8 +19,16 @@ from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from schemas import WorkflowRef
-from schemas.layout import envelope_key, request_index_key, workflow_index_key
+from schemas import WorkflowRef, envelope_bytes
+from schemas.envelope_compact import is_compact
+from schemas.layout import (
+    ENCODING_COMPACT,
+    ENCODING_JSON,
+    content_type,
+    envelope_key,
+    request_index_key,
+    workflow_index_key,
+)
 from tests.capture.support import drained
 from tests.factories import envelope
 from tests.moto_s3 import capture_settings, moto_client, moto_server
@@ -103,12 +111,16 @@ async def test_publishes_to_kafka_and_s3_with_retention_and_indexes(
     finally:
         await publisher.stop()
 
-    assert [o.payload for o in kafka.sent] == [e.canonical() for e in envs]
+    assert all(is_compact(o.payload) for o in kafka.sent)  # the default encoding: the same record, compact
+    assert [envelope_bytes(o.payload) for o in kafka.sent] == [e.canonical() for e in envs]
     assert [o.envelope_id for o in kafka.sent] == [e.envelope_id() for e in envs]
     for env in envs:
         key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
         obj = s3.get_object(Bucket=BUCKET, Key=key)
-        assert obj["Body"].read() == env.canonical()
+        body = obj["Body"].read()
+        assert is_compact(body)
+        assert obj["ContentType"] == content_type(ENCODING_COMPACT)
+        assert envelope_bytes(body) == env.canonical()
         assert obj["ObjectLockMode"] == "COMPLIANCE"
         assert obj["ObjectLockRetainUntilDate"] == now + timedelta(days=1)
         index = json.loads(s3.get_object(Bucket=BUCKET, Key=request_index_key(env.request_id))["Body"].read())
@@ -123,6 +135,26 @@ async def test_publishes_to_kafka_and_s3_with_retention_and_indexes(
     assert metrics.value("reprolane_capture_envelopes_published_total", {"sink": "kafka"}) == 2
     assert metrics.value("reprolane_capture_envelopes_published_total", {"sink": "s3"}) == 2
     assert metrics.value("reprolane_capture_publish_lag_seconds") == 0.0
+
+
+async def test_the_json_encoding_stores_and_sends_the_canonical_bytes(
+    spool: Spool, settings: CaptureSettings, s3: Any
+) -> None:
+    """``envelope_encoding = "json"``: what was stored before compact envelopes, byte for byte."""
+    env = envelope(request_id=fresh_request_id())
+    await spool.append(env)
+    kafka = FakeKafka()
+    plain = settings.model_copy(update={"envelope_encoding": "json"})
+    publisher = Publisher(spool, plain, sinks=[kafka, S3Sink(plain)])
+    await publisher.start()
+    try:
+        await drained(spool)
+    finally:
+        await publisher.stop()
+    assert [(o.payload, o.encoding) for o in kafka.sent] == [(env.canonical(), ENCODING_JSON)]
+    obj = s3.get_object(Bucket=BUCKET, Key=envelope_key(env.envelope_id(), env.tenant, env.captured_at))
+    assert obj["Body"].read() == env.canonical()
+    assert obj["ContentType"] == content_type(ENCODING_JSON) == "application/json"
 
 
 async def test_kafka_outage_keeps_everything_pending_then_drains(spool: Spool, settings: CaptureSettings) -> None:
@@ -192,7 +224,7 @@ async def test_restart_republishes_what_was_not_acked(settings: CaptureSettings,
     assert [o.envelope_id for o in kafka.sent] == [e.envelope_id() for e in envs]
     for env in envs:  # written twice (412 the second time): still there, still the same bytes
         key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
-        assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == env.canonical()
+        assert envelope_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()) == env.canonical()
 
 
 async def test_request_index_keeps_the_first_envelope_and_counts_later_claimants(
@@ -226,7 +258,7 @@ async def test_request_index_keeps_the_first_envelope_and_counts_later_claimants
     assert metrics.value("reprolane_capture_index_conflicts_total") == 4
     for env in [*envs, later]:
         key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
-        assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == env.canonical()
+        assert envelope_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()) == env.canonical()
 
 
 async def test_retention_never_ends_in_the_past(settings: CaptureSettings) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import stat
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -38,7 +39,7 @@ from capture.s3_workers import is_refused_for_good
 from capture.settings import CaptureSettings
 from capture.spool import Spool, SpoolEntry
 from infra.clients.s3 import S3Policy, make_s3_client
-from schemas import Envelope, WorkflowRef, sha256_hex
+from schemas import Envelope, WorkflowRef, envelope_bytes, sha256_hex
 from schemas.layout import MAX_KEY_BYTES, envelope_key
 from tests.capture.support import drained
 from tests.factories import envelope
@@ -173,7 +174,7 @@ async def test_a_record_s3_refuses_for_good_is_quarantined_and_the_rest_flow(
         await publisher.stop()
     for env in good:
         key = envelope_key(env.envelope_id(), tenant, env.captured_at)
-        assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == env.canonical()
+        assert envelope_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()) == env.canonical()
     logged = {item.envelope_id for item in audit.sent}
     assert logged == {env.envelope_id() for env in good}  # the refused record has no leaf
     assert metrics.value("reprolane_capture_records_quarantined_total", {"sink": "s3", "code": "KeyTooLongError"}) == 1
@@ -195,8 +196,9 @@ async def test_a_record_s3_refuses_for_good_is_quarantined_and_the_rest_flow(
 async def test_an_envelope_object_s3_refuses_for_good_is_quarantined(
     spool: Spool, settings: CaptureSettings, s3: Any
 ) -> None:
+    noise = secrets.token_urlsafe(12000)  # incompressible, so the compact form is too large as well
     big = envelope(
-        request_id=unique("req-big"), sampling=envelope().sampling.model_copy(update={"extra": {"x": "y" * 9000}})
+        request_id=unique("req-big"), sampling=envelope().sampling.model_copy(update={"extra": {"x": noise}})
     )
     good = envelope(request_id=unique("req"))
     kafka = FakeSink("kafka")
@@ -214,7 +216,7 @@ async def test_an_envelope_object_s3_refuses_for_good_is_quarantined(
     why = json.loads((quarantine_dir(settings.spool_dir) / f"{sha256_hex(big.canonical())}.s3.reason.json").read_text())
     assert (why["code"], why["request_id"]) == ("EntityTooLarge", big.request_id)
     key = envelope_key(good.envelope_id(), good.tenant, good.captured_at)
-    assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == good.canonical()
+    assert envelope_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()) == good.canonical()
 
 
 async def test_a_spool_record_that_is_not_an_envelope_is_quarantined_not_blocking(
@@ -257,14 +259,14 @@ async def test_transient_failures_are_still_retried_never_quarantined(spool: Spo
 async def test_a_claim_checked_record_goes_to_kafka_only_after_s3_stored_it(
     spool: Spool, settings: CaptureSettings, s3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("capture.outgoing.CLAIM_CHECK_BYTES", 1000)  # the factory's envelopes are ~3 KB
-    monkeypatch.setattr("capture.kafka_sink.CLAIM_CHECK_BYTES", 1000)
+    monkeypatch.setattr("capture.outgoing.CLAIM_CHECK_BYTES", 500)  # the factory's envelopes are ~1 KB compact
+    monkeypatch.setattr("capture.kafka_sink.CLAIM_CHECK_BYTES", 500)
     env = envelope(request_id=unique("req"))
     key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
     kafka = FakeSink("kafka", refers_to_objects=True)
     stored_first: list[bool] = []
     kafka.on_publish = lambda batch: stored_first.append(
-        s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == env.canonical()
+        envelope_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()) == env.canonical()
     )
     metrics = CaptureMetrics()
     await spool.append(env)

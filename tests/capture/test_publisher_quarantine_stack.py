@@ -98,7 +98,8 @@ async def spool(tmp_path: Path) -> AsyncIterator[Spool]:
 async def test_refused_and_oversized_records_do_not_stop_the_pipeline(
     stack: StackInfo, spool: Spool, tmp_path: Path, s3_processes: int
 ) -> None:
-    settings = settings_for(stack, tmp_path / "spool")
+    # JSON envelopes: a record over Kafka's limit is easy to make as JSON (compact ones of this junk are tiny)
+    settings = settings_for(stack, tmp_path / "spool").model_copy(update={"envelope_encoding": "json"})
     topic, dead, tenant = unique("envelopes"), unique("dead-letter"), unique("tenant")
     now = datetime.now(UTC)
     refused = envelope(
@@ -179,7 +180,7 @@ async def test_a_record_kafka_refuses_for_good_is_quarantined_not_retried(
     as for good: quarantined and dead-lettered (empty value: it would not fit either), the rest flow."""
     monkeypatch.setattr("capture.outgoing.CLAIM_CHECK_BYTES", 2 * MAX_MESSAGE_BYTES)
     monkeypatch.setattr("capture.kafka_sink.CLAIM_CHECK_BYTES", 2 * MAX_MESSAGE_BYTES)
-    settings = settings_for(stack, tmp_path / "spool")
+    settings = settings_for(stack, tmp_path / "spool").model_copy(update={"envelope_encoding": "json"})  # as above
     topic, dead, tenant = unique("envelopes"), unique("dead-letter"), unique("tenant")
     extra = {"junk": "\\" * (4 * 1024 * 1024 + 256)}
     sampling = SamplingContract(temperature=0.7, max_tokens=16, seed=1, seed_scope="per_request", extra=extra)

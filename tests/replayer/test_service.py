@@ -36,6 +36,8 @@ from schemas import (
     Timings,
     decode_divergence,
 )
+from schemas.canonical import canonical_json
+from schemas.envelope_compact import encode_compact
 from schemas.layout import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, HEADER_ENVELOPE_ID
 from schemas.replay_auth import sign_replay_request
 from tests import factories
@@ -188,6 +190,31 @@ async def test_redelivery_publishes_the_same_result_without_replaying_again(s3: 
     assert h.metrics.value("reprolane_replay_deduplicated_total") == 1
     (key,) = h.service.store.list_results(env)
     assert key.endswith(f"/{h.events[0].result_id()}.json")
+
+
+async def test_compact_envelopes_are_replayed_and_corrupt_or_invalid_ones_dead_lettered(s3: S3Target) -> None:
+    """What the sidecar sends by default: the compact form (`schemas.envelope_compact`) of the same envelope."""
+    h = build(s3)
+    good = greedy(7, h.lane)
+    compact = encode_compact(good.canonical())
+    assert compact is not None
+    bad_schema = json.loads(good.canonical())
+    bad_schema["sampling"]["temperature"] = -1
+    invalid = encode_compact(canonical_json(bad_schema))
+    assert invalid is not None
+    async with TestKafkaBroker(h.service.broker):
+        await h.send(compact[:-5], key=b"poison-1")
+        await h.send(invalid, key=b"poison-2")
+        await h.send(compact, key=good.request_id.encode())
+    assert [(e.request_id, e.envelope_id, e.verdict) for e in h.events] == [
+        (good.request_id, good.envelope_id(), "bitwise")
+    ]
+    assert h.service.store.get_result(good, h.service.lane_fingerprint_sha256) is not None
+    (body1, headers1), (_, headers2) = h.dead
+    assert body1 == compact[:-5]
+    assert headers1[HEADER_DLQ_REASON].startswith("undecodable: compact envelope: truncated")
+    assert headers2[HEADER_DLQ_REASON].startswith("schema: ")
+    assert "sampling.temperature" in headers2[HEADER_DLQ_REASON]
 
 
 async def test_poison_messages_go_to_the_dead_letter_topic_and_consumption_continues(s3: S3Target) -> None:

@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 import pytest
 
 from schemas import ContractError, decode_envelope
+from schemas.envelope_compact import encode_compact
 from schemas.errors import SealError
 from schemas.sealed import (
     SealedBlob,
+    SealedEnvelope,
     decode_sealed,
     decode_wrapped_key,
     is_sealed,
@@ -28,11 +30,14 @@ from tests.factories import envelope
 NOW = datetime(2026, 7, 14, 10, 0, tzinfo=UTC)
 
 
-def sealed_fixture(key: bytes) -> tuple[bytes, object]:
+def sealed_fixture(key: bytes, *, compact: bool = False) -> tuple[bytes, object]:
+    """The canonical bytes of the factory envelope, and those bytes (or their compact form) sealed under `key`."""
     env = envelope()
     canonical = env.canonical()
+    plaintext = encode_compact(canonical) if compact else canonical
+    assert plaintext is not None
     sealed = seal_envelope(
-        canonical,
+        plaintext,
         request_id=env.request_id,
         tenant=env.tenant,
         captured_at=env.captured_at,
@@ -134,3 +139,14 @@ def test_parse_kek() -> None:
         parse_kek(base64.b64encode(b"short").decode())
     with pytest.raises(SealError, match="base64"):
         parse_kek("not base64 !!")
+
+
+def test_a_compact_envelope_sealed_opens_to_its_canonical_bytes() -> None:
+    """The sidecar seals what it stores: the compact form (`schemas.envelope_compact`); the id is still the
+    canonical bytes' hash, and opening gives those bytes back."""
+    key = new_data_key()
+    canonical, sealed = sealed_fixture(key, compact=True)
+    assert isinstance(sealed, SealedEnvelope)
+    assert sealed.envelope_id == envelope().envelope_id()
+    assert len(sealed.ciphertext) < len(canonical)  # base64 of the compact bytes, smaller than the JSON
+    assert open_envelope(sealed, key) == canonical

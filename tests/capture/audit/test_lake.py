@@ -17,6 +17,7 @@ from capture.audit.query import QueryError, render_csv, render_json, render_tabl
 from capture.outgoing import Outgoing
 from capture.spool import SpoolEntry
 from schemas import CapturedError, Timings
+from schemas.envelope_compact import encode_compact
 from schemas.sealed import new_data_key, seal_envelope
 from tests.factories import FIXED_TIME, envelope, runtime
 
@@ -154,3 +155,19 @@ async def test_a_matching_envelope_id_header_is_trusted_and_a_wrong_one_is_not(l
         await archiver.flush()
     ids = run_query(lake, "SELECT envelope_id FROM envelopes_raw").rows
     assert ids == [(env.envelope_id(),)] * 3
+
+
+async def test_a_compact_envelope_is_archived_as_the_record_it_holds(lake: Lake) -> None:
+    """What the sidecar sends by default (`schemas.envelope_compact`): the same row as its JSON, its id taken from
+    the header only when it is the hash of the decoded canonical bytes."""
+    archiver = Archiver(SETTINGS, lake)
+    env = envelope(request_id="compact-1")
+    compact = encode_compact(env.canonical())
+    assert compact is not None
+    assert archiver.add(SETTINGS.envelope_topic, compact, claimed_id=env.envelope_id().encode())
+    assert archiver.add(SETTINGS.envelope_topic, compact, claimed_id=b"f" * 64)  # a lying header: recomputed
+    assert not archiver.add(SETTINGS.envelope_topic, compact[:-3])  # corrupt: skipped, not archived
+    await archiver.flush()
+    rows = run_query(lake, "SELECT envelope_id, request_id FROM envelopes_raw").rows
+    assert rows == [(env.envelope_id(), "compact-1")]
+    assert archiver.stats.skipped == 1

@@ -28,7 +28,7 @@ from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from infra.buckets import s3_client
 from infra.state import StackInfo
-from schemas import Envelope, WorkflowRef
+from schemas import Envelope, WorkflowRef, envelope_bytes
 from schemas.layout import envelope_key
 from tests.capture.audit.support import access_records, audit_cli, operator_keys, publish_through_s3
 from tests.factories import envelope
@@ -124,7 +124,8 @@ async def test_compliance_refuses_deleting_a_locked_version(
             VersionId=version,
             Retention={"Mode": "COMPLIANCE", "RetainUntilDate": datetime.now(UTC) + timedelta(seconds=5)},
         )
-    assert client.get_object(Bucket=bucket, Key=key_of(env), VersionId=version)["Body"].read() == env.canonical()
+    stored = client.get_object(Bucket=bucket, Key=key_of(env), VersionId=version)["Body"].read()
+    assert envelope_bytes(stored) == env.canonical()
 
 
 async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
