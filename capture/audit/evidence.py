@@ -53,7 +53,7 @@ from schemas.layout import (
     envelope_id_of_key,
     request_index_key,
 )
-from schemas.merkle import inclusion_proof, root_from_hashes
+from schemas.merkle import inclusion_proof, object_digest, root_from_hashes
 from schemas.note import TlogProof, VerifierKey, key_fingerprint, sign_note
 from schemas.replay import decode_replay_result
 from schemas.sealed import decode_sealed, is_sealed, is_sealed_result
@@ -180,7 +180,7 @@ def export_bundle(
         raise EvidenceError(f"envelope {envelope_id} is stored but in no leaf of {day}: run `reprolane verify`")
     leaf = leaves.entries[index]
     bound = leaf.object_sha256 or leaf.envelope_id
-    if sha256_hex(body) != bound and not (leaf.object_sha256 is None and is_sealed(body)):
+    if object_digest(body) != bound and not (leaf.object_sha256 is None and is_sealed(body)):
         raise EvidenceError(f"stored bytes of {key} are not what leaf {index} commits to: run `reprolane verify`")
     public = public_of(private_raw)
     heads, _ = verified_heads(list_checkpoints(store, day), day, public, key_name)

@@ -43,9 +43,9 @@ from capture.audit.evidence_bundle import (
     proof_parts,
     read_zip,
 )
-from schemas import ContractError, decode_envelope, sha256_hex
+from schemas import ContractError, decode_envelope, envelope_bytes, sha256_hex
 from schemas.layout import capture_day, log_origin
-from schemas.merkle import leaf_hash, verify_inclusion
+from schemas.merkle import leaf_hash, object_digest, verify_inclusion
 from schemas.note import (
     Note,
     TlogProof,
@@ -166,14 +166,14 @@ def _envelope_leaf(body: bytes, leaf_size: int) -> tuple[str, bytes, str | None]
         sealed = decode_sealed(body)
         envelope_id, day = sealed.envelope_id, capture_day(sealed.captured_at)
     else:
-        envelope_id = sha256_hex(body)
+        envelope_id = sha256_hex(envelope_bytes(body))  # a compact envelope: of the canonical bytes it decodes to
         try:
             day = capture_day(decode_envelope(body).captured_at)
         except ContractError:
             day = None
     data = bytes.fromhex(envelope_id)
     if leaf_size != 32:
-        data += bytes.fromhex(sha256_hex(body))
+        data += bytes.fromhex(object_digest(body))
     return envelope_id, data, day
 
 
@@ -222,7 +222,8 @@ def _check_log(members: dict[str, bytes], pin: PinnedKey, report: BundleReport, 
         logged = proof.extra[32:].hex() if len(proof.extra) == 64 else proof.extra.hex()
         report.add(
             "envelope",
-            f"{ENVELOPE} hashes to {sha256_hex(body)}, the log committed to {logged} (leaf {index} of {head.origin})",
+            f"{ENVELOPE} hashes to {object_digest(body)}, the log committed to {logged}"
+            f" (leaf {index} of {head.origin})",
         )
     elif signed:
         report.add("proof", f"the inclusion path does not lead from leaf {index} to the signed root of size {size}")

@@ -29,7 +29,8 @@ from capture.audit.verify import verify_request
 from capture.ledger.merkle_log import append_leaves
 from capture.settings import CaptureSettings
 from infra.cli import build_app
-from schemas import Envelope, sha256_hex
+from schemas import Envelope, envelope_bytes, sha256_hex
+from schemas.envelope_compact import encode_compact, is_compact
 from schemas.layout import checkpoint_key, index_body, replay_key, request_index_key
 from schemas.merkle import LeafEntry, leaf_hash, merkle_root, sign_checkpoint, verify_inclusion
 from schemas.note import (
@@ -135,7 +136,7 @@ def test_an_exported_bundle_verifies_offline_with_the_pinned_key(
         "retention.json",
         "key.vkey",
     }
-    assert members[ENVELOPE] == logged.envs[1].canonical()  # the stored bytes, exactly
+    assert envelope_bytes(members[ENVELOPE]) == logged.envs[1].canonical()  # the stored (compact) bytes
     assert [n for n in members if n.startswith("replays/")] != []
 
     def no_network(*_args: Any, **_kwargs: Any) -> None:
@@ -194,6 +195,13 @@ def _signature(data: bytes) -> bytes:
     return head + b" " + base64.b64encode(bytes(raw)) + b"\n"
 
 
+def _lyon(stored: bytes) -> bytes:
+    """The stored envelope with its answer changed, stored again in its own encoding (a forger's object)."""
+    changed = envelope_bytes(stored).replace(b"Paris", b"Lyon!")
+    assert changed != envelope_bytes(stored)
+    return (encode_compact(changed) or changed) if is_compact(stored) else changed
+
+
 def _verdict(data: bytes) -> bytes:
     doc = json.loads(data)
     doc["event"]["verdict"] = "token"
@@ -203,7 +211,7 @@ def _verdict(data: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("member", "change", "part_class", "says"),
     [
-        (ENVELOPE, lambda b: b.replace(b"Paris", b"Lyon!"), "envelope", "the log committed to"),
+        (ENVELOPE, _lyon, "envelope", "the log committed to"),
         (PROOF, lambda b: _flip_b64_line(b, _path_line(b)), "proof", "does not lead from leaf 1"),
         (PROOF, lambda b: b.replace(b"index 1\n", b"index 2\n"), "proof", "does not lead from leaf 2"),
         (PROOF, lambda b: _flip_b64_line(b, _root_line(b)), "checkpoint", "size or root was changed"),
@@ -268,7 +276,7 @@ def test_the_verify_command_exits_by_the_verdict(logged: Logged, tmp_path: Path)
     bundle = logged.export()
     good, bad = tmp_path / "good.zip", tmp_path / "bad.zip"
     good.write_bytes(bundle)
-    bad.write_bytes(tampered(bundle, ENVELOPE, lambda b: b.replace(b"Paris", b"Lyon!")))
+    bad.write_bytes(tampered(bundle, ENVELOPE, _lyon))
     pub = tmp_path / "audit.pub"
     pub.write_text(base64.b64encode(public_of(logged.private)).decode())
     app = build_app()
