@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Self
 
 import msgspec
 
 from capture.errors import SinkError
+from capture.ledger.records import StoredRecord
 from capture.spool import SpoolEntry
 from schemas import sha256_hex
 from schemas.envelope import STARTED_ERROR_TYPE
@@ -59,18 +61,10 @@ _ROUTE_DECODER = msgspec.json.Decoder(_RouteFields)
 
 
 @dataclass(frozen=True)
-class Outgoing:
-    """A spooled envelope with the few fields the sinks route by (read from its canonical JSON)."""
+class Outgoing(StoredRecord):
+    """A spooled envelope with the few fields the sinks route by (read from its canonical JSON): the ledger's
+    (`capture.ledger.records.StoredRecord`) and the sinks' own."""
 
-    seq: int
-    payload: bytes
-    envelope_id: str
-    request_id: str
-    tenant: str
-    captured_at: datetime
-    schema_version: str
-    workflow_id: str | None
-    workflow_step: int | None
     client_request_id: str | None = None
     #: A guaranteed stream's *started* record (outcome ``incomplete``, `schemas.Envelope.is_started_record`):
     #: stored and logged like any envelope, but not indexed, so the write-once index entries go to the envelope
@@ -119,8 +113,9 @@ class Outgoing:
         """True when Kafka gets a claim check instead of the payload (`capture.kafka_sink`)."""
         return len(self.payload) > CLAIM_CHECK_BYTES
 
-    def with_payload(self, payload: bytes, schema_version: str) -> Outgoing:
-        """This record with another payload (the sealed one, `capture.ledger.sealing`): routed and keyed the same."""
+    def with_payload(self, payload: bytes, schema_version: str) -> Self:
+        """This record with another payload (the sealed one, `capture.ledger.sealing`): routed and keyed the same,
+        its `encoding` read from the new payload."""
         return dataclasses.replace(self, payload=payload, schema_version=schema_version, encoding=encoding_of(payload))
 
     def compacted(self) -> Outgoing:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 from wsgiref.simple_server import WSGIServer
 
@@ -84,27 +84,19 @@ def _note_size(store: AuditStore, day: str) -> int:
     return max((s for s in sizes if s is not None), default=0)
 
 
+@dataclass(eq=False)  # a service, compared by identity
 class Checkpointer:
     """One signing key, one bucket (every day log in it, or `only_days`); `run_round` once, or `run` every
     `period_s` until `stop` is set."""
 
-    def __init__(
-        self,
-        store: AuditStore,
-        private_raw: bytes,
-        *,
-        key_name: str,
-        retention: timedelta | None,
-        metrics: CheckpointerMetrics | None = None,
-        only_days: list[str] | None = None,
-    ) -> None:
-        self.store = store
-        self.only_days = only_days
-        self.private_raw = private_raw
-        self.key_name = key_name
-        self.retention = retention
-        self.metrics = metrics or CheckpointerMetrics()
-        self.stop = threading.Event()
+    store: AuditStore
+    private_raw: bytes
+    _: KW_ONLY
+    key_name: str
+    retention: timedelta | None
+    metrics: CheckpointerMetrics = field(default_factory=CheckpointerMetrics)
+    only_days: list[str] | None = None
+    stop: threading.Event = field(default_factory=threading.Event, init=False)
 
     def days(self) -> list[str]:
         found = sorted(d for p in self.store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day")))

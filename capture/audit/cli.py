@@ -14,6 +14,7 @@ stderr and picks the code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated
@@ -42,16 +43,17 @@ def _retention(days: int) -> timedelta | None:
     return timedelta(days=days) if days > 0 else None
 
 
-def _print_verdict(verdict: Verdict) -> None:
-    fatal = [f for f in verdict.findings if f.fatal]
-    if fatal:
-        typer.echo(f"FAILED {verdict.subject}: {fatal[0].message}")
-    else:
-        typer.echo(f"verified {verdict.subject}")
-    for line in verdict.lines:
+def echo_verdict(subject: str, failure: str | None, lines: list[str], notes: list[str]) -> None:
+    """How every verification command answers (``reprolane verify``, ``reprolane evidence verify``): one line
+    ``verified SUBJECT`` or ``FAILED SUBJECT: first failure``, then what was checked, then every finding."""
+    typer.echo(f"verified {subject}" if failure is None else f"FAILED {subject}: {failure}")
+    for line in [*lines, *(f"  - {note}" for note in notes)]:
         typer.echo(line)
-    for finding in verdict.findings:
-        typer.echo(f"  - {finding.message}")
+
+
+def _print_verdict(verdict: Verdict) -> None:
+    fatal = next((f.message for f in verdict.findings if f.fatal), None)
+    echo_verdict(verdict.subject, fatal, verdict.lines, [f.message for f in verdict.findings])
 
 
 def _parse_range(spec: str) -> tuple[str, int | None, int | None]:
@@ -109,24 +111,26 @@ def _hold(some_id: str, on: bool, tenant: str | None, key_file: Path | None) -> 
         typer.echo(f"legal hold {'ON ' if on else 'OFF'} {obj.key} (version {obj.version_id})")
 
 
-@hold_app.command("add")
-def hold_add(
-    some_id: Annotated[str, typer.Argument(metavar="REQUEST_ID|WORKFLOW_ID")],
-    tenant: TenantOpt = None,
-    operator_key_file: OperatorKeyFileOpt = None,
-) -> None:
-    """Place a legal hold on an envelope, or on every step of one tenant's workflow (needs hold-admin)."""
-    _hold(some_id, True, tenant, operator_key_file)
+def _hold_command(on: bool, doc: str) -> Callable[..., None]:
+    """``hold add`` and ``hold remove``: one signature, the direction bound."""
+
+    def command(
+        some_id: Annotated[str, typer.Argument(metavar="REQUEST_ID|WORKFLOW_ID")],
+        tenant: TenantOpt = None,
+        operator_key_file: OperatorKeyFileOpt = None,
+    ) -> None:
+        _hold(some_id, on, tenant, operator_key_file)
+
+    command.__doc__ = doc
+    return command
 
 
-@hold_app.command("remove")
-def hold_remove(
-    some_id: Annotated[str, typer.Argument(metavar="REQUEST_ID|WORKFLOW_ID")],
-    tenant: TenantOpt = None,
-    operator_key_file: OperatorKeyFileOpt = None,
-) -> None:
-    """Lift a legal hold (needs hold-admin)."""
-    _hold(some_id, False, tenant, operator_key_file)
+hold_app.command("add")(
+    _hold_command(
+        True, "Place a legal hold on an envelope, or on every step of one tenant's workflow (needs hold-admin)."
+    )
+)
+hold_app.command("remove")(_hold_command(False, "Lift a legal hold (needs hold-admin)."))
 
 
 def expire_command(

@@ -41,7 +41,7 @@ from capture.audit.evidence_bundle import (
     replay_member,
     write_zip,
 )
-from capture.audit.evidence_summary import render_summary
+from capture.audit.evidence_summary import LogPlace, render_summary
 from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import read_leaves
@@ -66,14 +66,8 @@ class EvidenceError(AuditError):
 @dataclass(frozen=True)
 class Exported:
     bundle: bytes
-    request_id: str
-    envelope_id: str
-    origin: str
-    leaf_index: int
-    tree_size: int
+    place: LogPlace
     replays: int
-    vkey: str
-    fingerprint: str
 
 
 def _pointer(store: AuditStore, request_id: str) -> tuple[str, str]:
@@ -89,23 +83,19 @@ def _pointer(store: AuditStore, request_id: str) -> tuple[str, str]:
 
 def _record_facts(body: bytes) -> dict[str, Any]:
     """What the stored bytes say about the record (all of it when plaintext, the clear metadata when sealed)."""
-    if is_sealed(body):
-        sealed = decode_sealed(body)
-        return {
-            "sealed": True,
-            "tenant": sealed.tenant,
-            "captured_at": sealed.captured_at.isoformat(),
-            "workflow": sealed.workflow.model_dump(mode="json") if sealed.workflow else None,
-            "key_id": sealed.key_id,
-        }
-    env = decode_envelope(body)
-    return {
-        "sealed": False,
-        "tenant": env.tenant,
-        "captured_at": env.captured_at.isoformat(),
-        "workflow": env.workflow.model_dump(mode="json") if env.workflow else None,
-        "envelope": env,
+    sealed = decode_sealed(body) if is_sealed(body) else None
+    record = sealed if sealed is not None else decode_envelope(body)
+    facts: dict[str, Any] = {
+        "sealed": sealed is not None,
+        "tenant": record.tenant,
+        "captured_at": record.captured_at.isoformat(),
+        "workflow": record.workflow.model_dump(mode="json") if record.workflow else None,
     }
+    if sealed is not None:
+        facts["key_id"] = sealed.key_id
+    else:
+        facts["envelope"] = record
+    return facts
 
 
 def _replays(store: AuditStore, day: str, envelope_id: str) -> dict[str, bytes]:
@@ -213,19 +203,15 @@ def export_bundle(
         KEY: (vkey.encode() + "\n").encode(),
     }
     members.update({replay_member(rid): data for rid, data in replays.items()})
+    place = LogPlace(
+        request_id, envelope_id, origin, index, head.tree_size, head.root_hash, vkey.encode(), key_fingerprint(public)
+    )
     members[SUMMARY] = render_summary(
-        request_id=request_id,
-        envelope_id=envelope_id,
+        place,
         facts=facts,
-        origin=origin,
-        leaf_index=index,
-        tree_size=head.tree_size,
-        root_hash=head.root_hash,
         replays=replays,
         fingerprints=fingerprints,
         retention=retention,
-        vkey=vkey.encode(),
-        fingerprint=key_fingerprint(public),
         exported_at=exported.isoformat(),
     ).encode()
     parts = [Part(c, PROOF, sha256_hex(b)) for c, b in proof_parts(members[PROOF]).items()]
@@ -236,17 +222,7 @@ def export_bundle(
             parts.append(Part(classes.get(name, "replay_result"), name, sha256_hex(data)))
     manifest = Manifest(request_id, envelope_id, origin, index, exported.isoformat(), tuple(parts))
     members[MANIFEST] = sign_note(manifest.text(), key_name, private_raw).encode()
-    return Exported(
-        write_zip(members, exported),
-        request_id,
-        envelope_id,
-        origin,
-        index,
-        head.tree_size,
-        len(replays),
-        vkey.encode(),
-        key_fingerprint(public),
-    )
+    return Exported(write_zip(members, exported), place, len(replays))
 
 
 def proof_origin(checkpoint: bytes) -> str:

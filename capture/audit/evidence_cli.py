@@ -81,11 +81,12 @@ def export_cmd(
             fh.write(done.bundle)
     except OSError as exc:
         raise typer.BadParameter(f"{output}: cannot write: {exc.strerror}") from exc
+    place = done.place
     typer.echo(
-        f"wrote {output} ({len(done.bundle)} bytes): request {done.request_id}, leaf {done.leaf_index} of "
-        f"{done.origin}, checkpoint size {done.tree_size}, {done.replays} replay result(s)"
+        f"wrote {output} ({len(done.bundle)} bytes): request {place.request_id}, leaf {place.leaf_index} of "
+        f"{place.origin}, checkpoint size {place.tree_size}, {done.replays} replay result(s)"
     )
-    typer.echo(f"verify offline: reprolane evidence verify {output} --key-fingerprint {done.fingerprint}")
+    typer.echo(f"verify offline: reprolane evidence verify {output} --key-fingerprint {place.fingerprint}")
 
 
 @evidence_app.command("verify")
@@ -97,6 +98,7 @@ def verify_cmd(
     ] = None,
 ) -> None:
     """Verify a bundle offline against a pinned key; names the part that is wrong (exit 1)."""
+    from capture.audit.cli import echo_verdict
     from capture.audit.evidence_verify import PinnedKey, verify_bundle
 
     pin = load_pin(key, key_fingerprint_)
@@ -106,14 +108,8 @@ def verify_cmd(
     except OSError as exc:
         raise typer.BadParameter(f"{bundle}: cannot read: {exc.strerror}") from exc
     report = verify_bundle(data, pin)
-    if report.ok:
-        typer.echo(f"verified {report.subject}")
-    else:
-        typer.echo(f"FAILED {report.subject}: {report.problems[0].line()}")
-    for line in report.lines:
-        typer.echo(line)
-    for problem in report.problems:
-        typer.echo(f"  - {problem.line()}")
+    problems = [p.line() for p in report.problems]
+    echo_verdict(report.subject, problems[0] if problems else None, report.lines, problems)
     raise typer.Exit(0 if report.ok else 1)
 
 

@@ -9,6 +9,7 @@ says how to run it.
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from typing import Any
 
 from schemas import ContractError
@@ -78,37 +79,45 @@ def _replays_section(replays: dict[str, bytes]) -> str:
     return f"<h2>Replays</h2><table>{head}{''.join(rows)}</table>"
 
 
+@dataclass(frozen=True)
+class LogPlace:
+    """Where a bundle's record stands in the signed log, and the key that signed the checkpoint: the head of the
+    summary page, and what ``reprolane evidence export`` answers."""
+
+    request_id: str
+    envelope_id: str
+    origin: str
+    leaf_index: int
+    tree_size: int
+    root_hash: str
+    vkey: str
+    fingerprint: str
+
+
 def render_summary(
+    place: LogPlace,
     *,
-    request_id: str,
-    envelope_id: str,
     facts: dict[str, Any],
-    origin: str,
-    leaf_index: int,
-    tree_size: int,
-    root_hash: str,
     replays: dict[str, bytes],
     fingerprints: dict[str, Any],
     retention: dict[str, Any],
-    vkey: str,
-    fingerprint: str,
     exported_at: str,
 ) -> str:
     workflow = facts.get("workflow") or {}
     record = [
-        ("request id", request_id),
-        ("envelope id", envelope_id),
+        ("request id", place.request_id),
+        ("envelope id", place.envelope_id),
         ("tenant", facts.get("tenant")),
         ("captured at", facts.get("captured_at")),
         ("workflow", f"{workflow.get('workflow_id')} step {workflow.get('step')}" if workflow else None),
     ]
     log = [
-        ("log (checkpoint origin)", origin),
-        ("leaf index", leaf_index),
-        ("signed tree size", tree_size),
-        ("signed root (hex)", root_hash),
-        ("audit key (C2SP vkey)", vkey),
-        ("audit key fingerprint", fingerprint),
+        ("log (checkpoint origin)", place.origin),
+        ("leaf index", place.leaf_index),
+        ("signed tree size", place.tree_size),
+        ("signed root (hex)", place.root_hash),
+        ("audit key (C2SP vkey)", place.vkey),
+        ("audit key fingerprint", place.fingerprint),
     ]
     fps = [
         ("runtime sha256", fingerprints.get("runtime_sha256")),
@@ -123,14 +132,14 @@ def render_summary(
         ("version", retention.get("version_id")),
     ]
     verify = (
-        f"reprolane evidence verify BUNDLE.zip --key-fingerprint {fingerprint}\n"
+        f"reprolane evidence verify BUNDLE.zip --key-fingerprint {place.fingerprint}\n"
         "# or with the key itself (PEM, base64 or the vkey above): --key PUBKEY\n"
         "# any c2sp.org/tlog-proof verifier: proof.tlog-proof, the vkey above, and the leaf data in its extra line"
     )
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
-        f"<title>Evidence: {_e(request_id)}</title><style>{_STYLE}</style></head><body>"
-        f"<h1>Evidence bundle of request <code>{_e(request_id)}</code></h1>"
+        f"<title>Evidence: {_e(place.request_id)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>Evidence bundle of request <code>{_e(place.request_id)}</code></h1>"
         f"<p>Exported {_e(exported_at)}. This page is a summary; the proof is the bundle's signed files.</p>"
         f"<table>{_rows(record)}</table>"
         f"<h2>Inclusion in the signed log</h2><table>{_rows(log)}</table>"

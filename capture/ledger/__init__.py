@@ -5,11 +5,11 @@
 - `sealing`: per-tenant data keys wrapped by the KEK (`Keyring`, crypto-shredding) and the `Sealer` that seals
   an encrypted tenant's records before they leave the sidecar.
 - `store`: the S3 boundary (`LedgerStore`: conditional creates, reads, listings).
-- `records`: what the ledger reads of a stored record (`StoredRecord`, which `capture.outgoing.Outgoing` is).
+- `records`: what the ledger reads of a stored record (`StoredRecord`, which `capture.outgoing.Outgoing` extends).
 - `key_file`: hashed key files, one format for the sidecar's API keys and the operators' keys.
 - `errors`: the ledger's small exception tree (`LedgerError`, `LedgerStoreError`, `KeyringError`, `KeyFileError`).
 
 Imports: only `schemas` and `infra.clients` (S3). It imports nothing of the sidecar (``capture.*`` modules) or of
-the audit jobs (`capture.audit`); both import it. It reads the sidecar's records through a protocol
-(`records.StoredRecord`) and its KEK through the shared data-key fields (`infra.clients.connection.DataKeyFields`).
+the audit jobs (`capture.audit`); both import it. The sidecar's records extend its record type (`records.StoredRecord`);
+it reads its KEK through the shared data-key fields (`infra.clients.connection.DataKeyFields`).
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,23 +76,10 @@ class Spool:
         return self._writer.running
 
     @property
-    def linger_s(self) -> float:
-        """> 0: the writer waits this long after a batch's first append before writing it (see invariant 1)."""
-        return self._writer.linger_s
-
-    @property
-    def fsync_count(self) -> int:
-        """fsyncs of a segment so far (one per group commit)."""
-        return self._writer.fsync_count
-
-    @property
-    def on_fsync(self) -> Callable[[], None] | None:
-        """Called after every fsync of a segment (tests count group commits with it)."""
-        return self._writer.on_fsync
-
-    @on_fsync.setter
-    def on_fsync(self, callback: Callable[[], None] | None) -> None:
-        self._writer.on_fsync = callback
+    def writer(self) -> GroupCommitWriter:
+        """The task that writes the appends: its ``linger_s``, ``fsync_count`` and ``on_fsync`` (tests count
+        group commits with it) are the spool's."""
+        return self._writer
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -17,7 +17,7 @@ Everything here blocks (boto3, DuckDB): the web layer calls it from a worker thr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -157,23 +157,16 @@ WHERE $tenant IS NULL OR e.tenant = $tenant
 """
 
 
+@dataclass(eq=False)  # a service, compared by identity
 class Records:
     """The console's reads (see module docstring)."""
 
-    def __init__(
-        self,
-        store: EnvelopeStore,
-        audit: AuditStore,
-        lake: Lake | None,
-        *,
-        public_key: bytes | None,
-        gate_reports_dir: Path | None = None,
-    ) -> None:
-        self.store = store
-        self.audit = audit
-        self.lake = lake
-        self.public_key = public_key
-        self.gate_reports_dir = gate_reports_dir
+    store: EnvelopeStore
+    audit: AuditStore
+    lake: Lake | None
+    _: KW_ONLY
+    public_key: bytes | None
+    gate_reports_dir: Path | None = None
 
     # -- search ------------------------------------------------------------------------------------------------
 

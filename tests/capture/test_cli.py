@@ -37,7 +37,7 @@ def test_s3_processes_flag_reaches_the_settings() -> None:
 
 def test_only_best_effort_spools_linger(tmp_path: Path) -> None:
     def spool(**flags: object) -> float:
-        return build_spool(build_settings(upstream="http://127.0.0.1:9", spool_dir=tmp_path, **flags)).linger_s
+        return build_spool(build_settings(upstream="http://127.0.0.1:9", spool_dir=tmp_path, **flags)).writer.linger_s
 
     assert spool(mode="best_effort") == 0.010  # the default: one fsync per 10 ms, whatever the rate
     assert spool(mode="guaranteed") == 0.0  # clients wait for the fsync: never an added wait

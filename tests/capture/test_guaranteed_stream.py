@@ -166,7 +166,7 @@ async def test_the_started_record_is_durable_before_upstream_is_asked_and_before
     upstream = GatedUpstream()
     upstream.on_arrival = lambda: events.append(("upstream", spool.depth))
     async with real_sidecar(spool, upstream) as (client, _m):
-        spool.on_fsync = lambda: events.append(("fsync", spool.depth))
+        spool.writer.on_fsync = lambda: events.append(("fsync", spool.depth))
         received: list[bytes] = []
 
         async def call() -> tuple[int, str]:

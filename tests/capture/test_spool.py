@@ -85,7 +85,7 @@ async def test_concurrent_appends_share_fsyncs(
     try:
         await asyncio.gather(*(spool.append(env) for env in envelopes(100)))
         assert spool.depth == 100
-        assert 1 <= spool.fsync_count <= 10, spool.fsync_count
+        assert 1 <= spool.writer.fsync_count <= 10, spool.writer.fsync_count
         assert fsyncs <= 10, fsyncs  # real fsync calls, files and directory included
     finally:
         await spool.close()
@@ -97,7 +97,7 @@ async def test_linger_writes_spaced_appends_together_and_each_returns_after_the_
     spool = make_spool(linger_ms=300.0)
     await spool.open()
     synced: list[int] = []
-    spool.on_fsync = lambda: synced.append(spool.depth)
+    spool.writer.on_fsync = lambda: synced.append(spool.depth)
     try:
         appends = []
         for env in envelopes(10):  # 2 ms apart, as best_effort recordings at ~500 requests/s
@@ -135,7 +135,7 @@ async def test_close_writes_what_is_queued_and_an_idle_close_does_not_linger(mak
 
 async def test_append_returns_only_after_fsync(spool: Spool) -> None:
     synced_depths: list[int] = []
-    spool.on_fsync = lambda: synced_depths.append(spool.depth)
+    spool.writer.on_fsync = lambda: synced_depths.append(spool.depth)
     await spool.append(envelope(request_id="one"))
     assert synced_depths == [1]
 
