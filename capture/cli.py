@@ -141,6 +141,9 @@ def serve_command(
     flag_tenant: Annotated[list[str] | None, typer.Option(help="flag this tenant's requests (repeatable)")] = None,
     sample_rate: Annotated[float | None, typer.Option(help="fraction of requests flagged for replay")] = None,
     sidecar_id: Annotated[str | None, typer.Option(help="name recorded in every envelope")] = None,
+    schedule_recorder: Annotated[
+        str | None, typer.Option(help="upstream records its schedule (name of the recorder): envelopes point at it")
+    ] = None,
     auth_mode: Annotated[
         str | None, typer.Option(help="keys (default) | anonymous-allowed | trusted-proxy | off (local dev only)")
     ] = None,
@@ -162,7 +165,8 @@ def serve_command(
                 "--upstream-override-generation-config", upstream_override_generation_config
             ),
             refuse_uncaptured=refuse_uncaptured, flag_tenants=tuple(flag_tenant) if flag_tenant else None,
-            sample_rate=sample_rate, sidecar_id=sidecar_id, auth_mode=auth_mode, api_keys_path=api_keys_path,
+            sample_rate=sample_rate, sidecar_id=sidecar_id, schedule_recorder=schedule_recorder, auth_mode=auth_mode,
+            api_keys_path=api_keys_path,
             trusted_proxies=tuple(trusted_proxy) if trusted_proxy else None,
         )  # fmt: skip
     except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2

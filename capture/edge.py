@@ -38,6 +38,7 @@ HOP_BY_HOP = frozenset(
     {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length"}
     | {b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"trailer", b"accept-encoding"}
 )
+_CLIENT_REQUEST_ID: Final = b"x-request-id"
 _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
 _JSON_SEP = (",", ":")
 _BODY_UNREAD: Final = frozenset({408, 413})
@@ -243,10 +244,22 @@ def refuse_unsendable(headers: Iterable[tuple[bytes, bytes]]) -> None:
             raise BadRequest(400, f"header {loggable(name.decode('latin-1'))} holds a control character")
 
 
-def forward_headers(headers: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:
-    """Client headers for a captured request upstream: secrets forwarded (never recorded), ours removed."""
-    out = [(k, v) for k, v in headers.items() if k not in HOP_BY_HOP and not k.startswith(b"x-reprolane-")]
+def forward_headers(headers: dict[bytes, bytes], request_id: bytes) -> list[tuple[bytes, bytes]]:
+    """Client headers for a captured request upstream: secrets forwarded (never recorded), ours removed, and
+    ``X-Request-Id`` set to the sidecar's own `request_id` in place of the client's.
+
+    vLLM names the engine request after ``X-Request-Id`` (``chatcmpl-<id>``), which is how an envelope finds its
+    schedule (`schemas.schedule_delivery`). The client's value is recorded as ``client_request_id`` and stays
+    here: forwarded, it would name the engine request after a value the client chose, that two clients (or two
+    retries) may share, and the join would pick the wrong request.
+    """
+    out = [
+        (k, v)
+        for k, v in headers.items()
+        if k not in HOP_BY_HOP and not k.startswith(b"x-reprolane-") and k != _CLIENT_REQUEST_ID
+    ]
     out.append((b"accept-encoding", b"identity"))
+    out.append((_CLIENT_REQUEST_ID, request_id))
     return out
 
 

@@ -88,7 +88,8 @@ class Forwarder:
 
     def call(self, ctx: RequestContext, upstream_body: bytes, headers: dict[bytes, bytes]) -> UpstreamCall:
         """The upstream request of a captured one: ``async with forwarder.call(...) as resp``."""
-        return self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forward_headers(headers))
+        forwarded = forward_headers(headers, ctx.request_id.encode("ascii"))
+        return self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forwarded)
 
     def finish(
         self, ctx: RequestContext, prepared: Prepared, collector: OutputCollector, error: Failure | None, t0: float

@@ -7,6 +7,8 @@ spells ``"index/..."``. Kafka (at-least-once: duplicates are expected and collap
     reprolane.divergences.v1      key = request_id, value = DivergenceEvent JSON
     reprolane.replay-requests.v1  key = request_id, value = ReplayRequest JSON (on-demand replays)
     reprolane.dead-letter.v1      key = original key, value = original bytes, reason in headers
+    reprolane.schedules.v1        key = engine id, value = one closed schedule segment (`schemas.schedule_delivery`),
+                                  headers engine id, segment seq and sha256 (duplicates collapse by engine + seq)
 
 An envelope over `CLAIM_CHECK_BYTES` travels on the envelope topic as a `schemas.claim_check.ClaimCheck` (header
 `HEADER_CLAIM_CHECK`) naming its envelope object; the capture side's dead letters (records a sink refused for
@@ -23,6 +25,10 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
     audit/expiry/<YYYYmmddTHHMMSSffffffZ>-<uuid8>.json                       expiry_report_key
+    schedules/engine=<engine_id>/<seq:08d>.jsonl                              schedule_segment_key: one closed
+                                                                              segment of an engine's schedule log
+    index/schedule/<external_request_id>/<engine_request_id>.json            schedule_index_key: a request's
+                                                                              arrival (`ScheduleIndexEntry`)
 
 An index object's body is `index_body`: ``{"captured_at", "envelope_id", "key", "tenant"}`` (sorted, compact).
 The day of an envelope key, a Merkle log and a replay result is always the envelope's *capture* day
@@ -51,7 +57,8 @@ TOPIC_ENVELOPES: Final = "reprolane.envelopes.v1"
 TOPIC_DIVERGENCES: Final = "reprolane.divergences.v1"
 TOPIC_REPLAY_REQUESTS: Final = "reprolane.replay-requests.v1"
 TOPIC_DEAD_LETTER: Final = "reprolane.dead-letter.v1"
-ALL_TOPICS: Final = (TOPIC_ENVELOPES, TOPIC_DIVERGENCES, TOPIC_REPLAY_REQUESTS, TOPIC_DEAD_LETTER)
+TOPIC_SCHEDULES: Final = "reprolane.schedules.v1"
+ALL_TOPICS: Final = (TOPIC_ENVELOPES, TOPIC_DIVERGENCES, TOPIC_REPLAY_REQUESTS, TOPIC_DEAD_LETTER, TOPIC_SCHEDULES)
 
 #: Largest record a producer may send and a consumer must accept (topics are created with this
 #: ``max.message.bytes``): an 8k-token output with top-20 logprobs is about 3 MiB of JSON.
@@ -61,6 +68,9 @@ HEADER_ENVELOPE_ID: Final = "reprolane-envelope-id"
 HEADER_SCHEMA: Final = "reprolane-schema"
 HEADER_DLQ_REASON: Final = "reprolane-dlq-reason"
 HEADER_DLQ_SOURCE: Final = "reprolane-dlq-source"
+HEADER_ENGINE_ID: Final = "reprolane-engine-id"
+HEADER_SEGMENT_SEQ: Final = "reprolane-segment-seq"
+HEADER_SEGMENT_SHA256: Final = "reprolane-segment-sha256"
 
 ENVELOPES_PREFIX: Final = "envelopes/"
 INDEX_PREFIX: Final = "index/"
@@ -69,6 +79,8 @@ LOG_PREFIX: Final = "audit/log/"
 CHECKPOINTS_PREFIX: Final = "audit/checkpoints/"
 EXPIRY_PREFIX: Final = "audit/expiry/"
 DATA_KEYS_PREFIX: Final = "keys/"
+SCHEDULES_PREFIX: Final = "schedules/"
+SCHEDULE_INDEX_PREFIX: Final = f"{INDEX_PREFIX}schedule/"
 #: The lake's default key prefix in the lake bucket (``REPROLANE_ARCHIVER_LAKE_PREFIX`` changes it).
 LAKE_PREFIX: Final = "lake"
 
@@ -233,6 +245,29 @@ def checkpoint_key_suffix(tree_size: int) -> str:
 def expiry_report_key(ran_at: datetime, suffix: str) -> str:
     """Where an expiry run's report goes: its start time (to the microsecond) and a random suffix."""
     return f"{EXPIRY_PREFIX}{ran_at.strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
+
+
+# ------------------------------------------------------------------------------------------- schedules
+
+
+def schedule_engine_prefix(engine_id: str) -> str:
+    """Every shipped segment of one engine instance's schedule log, in seq order."""
+    return f"{SCHEDULES_PREFIX}engine={engine_id}/"
+
+
+def schedule_segment_key(engine_id: str, seq: int) -> str:
+    """One closed segment, written once (``IfNoneMatch``): the same seq is always the same bytes."""
+    return f"{schedule_engine_prefix(engine_id)}{seq:08d}.jsonl"
+
+
+def schedule_index_prefix(external_request_id: str) -> str:
+    """Every arrival indexed under one external request id (a request with ``n > 1`` has one per child)."""
+    return f"{SCHEDULE_INDEX_PREFIX}{external_request_id}/"
+
+
+def schedule_index_key(external_request_id: str, engine_request_id: str) -> str:
+    """One arrival's index entry (`schemas.schedule_delivery.ScheduleIndexEntry`), written once."""
+    return f"{schedule_index_prefix(external_request_id)}{engine_request_id}.json"
 
 
 # ---------------------------------------------------------------------------------------------- data keys
