@@ -44,7 +44,7 @@ MAX_LINE_BYTES: Final = 1024 * 1024
 #: An index entry is a few hundred bytes; a longer object under the index prefix is not one.
 MAX_INDEX_ENTRY_BYTES: Final = 4096
 
-_SEGMENT_NAME: Final = re.compile(r"^([0-9]{8})\.jsonl$")
+_SEGMENT_NAME: Final = re.compile(r"([0-9]{8})\.jsonl")
 _KEY_SAFE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,255}$")
 _RECORDS: Final[TypeAdapter[ScheduleRecord]] = TypeAdapter(ScheduleRecord)
 _ENGINE_ID: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -93,11 +93,11 @@ def is_key_safe_id(value: str) -> bool:
     """An id that may be a segment of an S3 key: 1-256 of ``[A-Za-z0-9._:-]``, starting with a letter or digit
     (an engine request id from elsewhere, e.g. a client calling vLLM directly, may hold anything; such a request
     is simply not indexed: no envelope could name it)."""
-    return bool(_KEY_SAFE.match(value)) and not value.endswith("\n")
+    return _KEY_SAFE.fullmatch(value) is not None
 
 
 def is_engine_id(value: str) -> bool:
-    return bool(_ENGINE_ID.match(value)) and not value.endswith("\n")
+    return _ENGINE_ID.fullmatch(value) is not None
 
 
 def external_request_id_for(endpoint: str, request_id: str) -> str:
@@ -117,7 +117,7 @@ def segment_file_name(seq: int) -> str:
 
 def parse_segment_file_name(name: str) -> int | None:
     """The seq a closed segment's file name holds; None for anything else (``.part`` files included)."""
-    match = _SEGMENT_NAME.match(name)
+    match = _SEGMENT_NAME.fullmatch(name)
     return int(match.group(1)) if match else None
 
 

@@ -73,9 +73,11 @@ class FakeEngine:
     def step(self) -> None:
         scheduled, finished = [], []
         for rid, state in self.running.items():
-            computed, prompt, left = state
+            computed, prompt, _ = state
             n = prompt if computed == 0 else 1
-            scheduled.append(ScheduledRequest(engine_request_id=rid, num_computed_tokens=computed, num_scheduled_tokens=n))
+            scheduled.append(
+                ScheduledRequest(engine_request_id=rid, num_computed_tokens=computed, num_scheduled_tokens=n)
+            )
             state[0] += n
             state[2] -= 1
             if state[2] <= 0:
