@@ -95,7 +95,7 @@ def test_index_entry_round_trips_and_matches_only_its_arrival() -> None:
     assert not entry.matches_arrival(arrival.model_copy(update={"step": 4}))
     with pytest.raises(ContractError):
         decode_index_entry(b"{" + b" " * 5000 + b"}")
-    with pytest.raises(ContractError, match="external_request_id"):
+    with pytest.raises(ContractError, match="request_id: String should match pattern"):
         decode_index_entry(entry.encode().replace(b"chatcmpl-rl-aa", b"../../x", 1))
     assert schedule_index_key("chatcmpl-rl-aa", "chatcmpl-rl-aa-0a1b2c3d") == (
         "index/schedule/chatcmpl-rl-aa/chatcmpl-rl-aa-0a1b2c3d.json"
