@@ -89,12 +89,9 @@ def simulate(requests: int, concurrency: int, rng: random.Random, max_batched: i
             if req.generated >= req.output:
                 running.remove(req)
                 finished.append(req.rid)
-        lines.append(
-            canonical_bytes(
-                ScheduleStep(engine_id=engine, step=step, at=T0 + timedelta(milliseconds=20 * step),
-                             scheduled=tuple(scheduled), finished=tuple(finished))  # fmt: skip
-            )
-        )
+        at = T0 + timedelta(milliseconds=20 * step)
+        record = ScheduleStep(engine_id=engine, step=step, at=at, scheduled=tuple(scheduled), finished=tuple(finished))
+        lines.append(canonical_bytes(record))
         step += 1
     return lines
 
