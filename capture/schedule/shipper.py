@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from capture.errors import CaptureError, RecordsRefused, SinkError
+from capture.errors import CaptureError, RecordsRefused
 from capture.schedule.destinations import PutRefusedError, SegmentConflictError, SegmentProducer, SegmentStore
 from capture.schedule.shipper_settings import ShipperSettings
 from schemas.errors import ContractError
@@ -195,14 +195,15 @@ class Shipper:
         self.shipped_bytes += len(data)
 
     def _read(self, segment: Segment) -> bytes:
+        """The segment's bytes. A file this process cannot read (a link, a directory, no permission, an I/O error)
+        is `Refused`: retried, it would hold back every segment behind it; quarantined, it stays on this disk."""
         try:
             return _read_bounded(segment.path)
         except FileNotFoundError:
             raise
         except OSError as exc:
-            if not segment.path.is_file() or segment.path.is_symlink():
-                raise Refused("NotAFile", f"cannot read it as a file: {exc.strerror or exc}") from exc
-            raise SinkError(f"cannot read {segment.path}: {exc}") from exc
+            what = "NotAFile" if not segment.path.is_file() or segment.path.is_symlink() else "Unreadable"
+            raise Refused(what, f"cannot read it as a file: {exc.strerror or exc}") from exc
 
     async def _publish(self, segment: Segment, data: bytes) -> None:
         try:

@@ -140,15 +140,16 @@ async def test_hostile_segments_are_quarantined_and_the_rest_shipped(s3: Any, bu
     target.write_bytes(written["eng-b", 0])
     (shipper.directory / "eng-b" / "00000005.jsonl").symlink_to(target)
     (shipper.directory / "eng-b" / "README").write_text("not a segment")
+    (shipper.directory / "eng-b" / "00000007.jsonl").mkdir()  # a directory under a segment's name
     write_segment(shipper.directory, "eng-b", 6, written["eng-b", 0])  # fine again after the bad ones
-    assert await shipper.ship_pending() == 9
-    assert shipper.quarantined == 5
+    assert await shipper.ship_pending() == 10
+    assert shipper.quarantined == 6
     assert {(e, s) for e, s, _ in producer.sent} == {*written, ("eng-b", 6)}
-    assert sorted(s for _, s, _ in producer.dead) == [1, 2, 3, 4, 5]
+    assert sorted(s for _, s, _ in producer.dead) == [1, 2, 3, 4, 5, 7]
     for seq in bad:
         assert _stored(s3, bucket, schedule_segment_key("eng-b", seq)) is None
     quarantined = sorted(p.name for p in shipper.settings.quarantine.joinpath("eng-b").iterdir())
-    assert len([n for n in quarantined if n.endswith(".reason.json")]) == 5
+    assert len([n for n in quarantined if n.endswith(".reason.json")]) == 6
     reasons = [json.loads(p.read_text()) for p in shipper.settings.quarantine.joinpath("eng-b").glob("*.reason.json")]
     assert {r["code"] for r in reasons} == {"InvalidSegment", "TooLarge", "NotAFile"}
     assert target.read_bytes() == written["eng-b", 0]  # the link's target was never read or moved
