@@ -189,6 +189,7 @@ def schedules_command(
     s3_access_key: Annotated[str | None, typer.Option(help="S3 access key")] = None,
     quarantine_dir: Annotated[Path | None, typer.Option(help="where refused segments go")] = None,
     poll_s: Annotated[float | None, typer.Option(help="seconds between looks at an idle directory")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0: none)")] = None,
     once: Annotated[bool, typer.Option(help="ship what is closed now, then exit")] = False,
 ) -> None:
     """Ship the engine's schedule log: closed segments to S3 and Kafka, at least once (runs beside vLLM)."""
@@ -198,6 +199,7 @@ def schedules_command(
     given: dict[str, Any] = {
         "schedule_dir": schedule_dir, "kafka_bootstrap": kafka_bootstrap, "s3_endpoint": s3_endpoint,
         "s3_bucket": s3_bucket, "s3_access_key": s3_access_key, "quarantine_dir": quarantine_dir, "poll_s": poll_s,
+        "metrics_port": metrics_port,
     }  # fmt: skip
     try:
         settings = ShipperSettings(**{k: v for k, v in given.items() if v is not None})

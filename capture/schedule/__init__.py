@@ -6,6 +6,7 @@
   schedules`).
 - `shipper_settings`: its one settings object (env prefix ``REPROLANE_SHIPPER_``).
 - `destinations`: the S3 and Kafka ends of a segment, their errors translated.
+- `shipper_metrics`: its Prometheus metrics (``metrics_port``).
 
 The recorder itself (`recorder`, loaded by vLLM as its scheduler class) is another module of this package; it runs
 inside vLLM's engine process and shares nothing with the shipper but the on-disk contract

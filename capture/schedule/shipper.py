@@ -41,6 +41,7 @@ from typing import Final
 
 from capture.errors import CaptureError, RecordsRefused
 from capture.schedule.destinations import PutRefusedError, SegmentConflictError, SegmentProducer, SegmentStore
+from capture.schedule.shipper_metrics import ShipperMetrics
 from capture.schedule.shipper_settings import ShipperSettings
 from schemas.errors import ContractError
 from schemas.schedule import RequestArrival, ScheduleRecord
@@ -124,6 +125,7 @@ class Shipper:
         *,
         store: SegmentStore | None = None,
         producer: SegmentProducer | None = None,
+        metrics: ShipperMetrics | None = None,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 5.0,
     ) -> None:
@@ -131,6 +133,7 @@ class Shipper:
         self.directory = settings.schedule_dir
         self.store = store if store is not None else SegmentStore.from_settings(settings)
         self.producer = producer if producer is not None else SegmentProducer(settings)
+        self.metrics = metrics if metrics is not None else ShipperMetrics()
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.shipped = 0  # segments shipped since start
@@ -162,7 +165,16 @@ class Shipper:
                     self._report_once(Path(entry.path), "not a segment: ignored")
                 else:  # a segment's name on a symlink or a directory: never followed, never shipped
                     found.append(Segment(engine.name, seq, Path(entry.path)))
+        self._note_pending(found)
         return sorted(found)
+
+    def _note_pending(self, found: list[Segment]) -> None:
+        self.metrics.pending_segments.set(len(found))
+        oldest = 0.0
+        for segment in found:
+            with contextlib.suppress(OSError):
+                oldest = max(oldest, time.time() - segment.path.stat(follow_symlinks=False).st_mtime)
+        self.metrics.oldest_pending_seconds.set(oldest)
 
     def _check_part(self, entry: os.DirEntry[str]) -> None:
         with contextlib.suppress(OSError):
@@ -193,6 +205,8 @@ class Shipper:
         await asyncio.to_thread(self._delete, segment)
         self.shipped += 1
         self.shipped_bytes += len(data)
+        self.metrics.segments_shipped_total.inc()
+        self.metrics.bytes_shipped_total.inc(len(data))
 
     def _read(self, segment: Segment) -> bytes:
         """The segment's bytes. A file this process cannot read (a link, a directory, no permission, an I/O error)
@@ -217,7 +231,8 @@ class Shipper:
             raise Refused(type(exc).__name__, str(exc)[:1000], data) from exc
         entries = index_entries(records, segment.seq, sha256)
         try:
-            await asyncio.to_thread(self.store.put_index, entries)
+            conflicts = await asyncio.to_thread(self.store.put_index, entries)
+            self.metrics.index_conflicts_total.inc(conflicts)
         except PutRefusedError as exc:  # stored, but not findable by request: say so, do not hold the log back
             log.error("shipper: %s/%08d: an index entry was refused for good: %s", segment.engine_id, segment.seq, exc)
         try:
@@ -236,6 +251,7 @@ class Shipper:
         await asyncio.to_thread(self._move_to_quarantine, segment, refused)
         await self.producer.dead_letter(segment.engine_id, segment.seq, refused.data, refused.code, refused.reason)
         self.quarantined += 1
+        self.metrics.segments_quarantined_total.labels(code=refused.code).inc()
         log.error("shipper: quarantined %s (%s): %s", segment.path, refused.code, refused.reason)
 
     def _move_to_quarantine(self, segment: Segment, refused: Refused) -> None:
@@ -280,6 +296,8 @@ class Shipper:
     async def run(self) -> None:
         """Ship until `stop`; failures are retried with capped backoff (nothing is skipped)."""
         log.info("shipper: shipping %s to s3://%s and Kafka", self.directory, self.store.bucket)
+        if self.settings.metrics_port:
+            self.metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
         backoff = self.backoff_initial_s
         while not self._stopping.is_set():
             try:
@@ -287,6 +305,7 @@ class Shipper:
                 backoff = self.backoff_initial_s
                 delay = 0.0 if handled else self.settings.poll_s
             except CaptureError as exc:
+                self.metrics.errors_total.inc()
                 log.warning("shipper: %s; retrying in %.1fs (nothing is dropped)", exc, backoff)
                 delay, backoff = backoff, min(backoff * 2, self.backoff_max_s)
             if delay:

@@ -32,6 +32,8 @@ class ShipperSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
     poll_s: float = Field(default=0.5, gt=0.0, le=60.0, description="how often the directory is looked at when idle")
     retention_days: int = Field(default=1, ge=0, description="Object Lock retention of segments; 0 = none")
     object_lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = "COMPLIANCE"
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port (0: not served)")
+    metrics_host: str = "127.0.0.1"
     stale_part_s: float = Field(
         default=300.0,
         gt=0.0,

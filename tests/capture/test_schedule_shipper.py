@@ -110,6 +110,10 @@ async def test_ships_every_segment_once_with_its_index_and_deletes_it(s3: Any, b
     assert entry.segment_sha256 == hashlib.sha256(written[entry.engine_id, entry.segment]).hexdigest()
     assert keys[0] == schedule_index_key(entry.external_request_id, entry.engine_request_id)
     assert shipper.shipped == 3
+    registry = shipper.metrics.registry
+    assert registry.get_sample_value("reprolane_shipper_segments_shipped_total") == 3
+    assert registry.get_sample_value("reprolane_shipper_bytes_shipped_total") == sum(map(len, written.values()))
+    assert registry.get_sample_value("reprolane_shipper_pending_segments") == 3  # at the scan, before shipping
 
 
 async def test_a_redelivery_collapses_onto_the_stored_segment(s3: Any, bucket: str, tmp_path: Path) -> None:
@@ -152,6 +156,8 @@ async def test_hostile_segments_are_quarantined_and_the_rest_shipped(s3: Any, bu
     assert len([n for n in quarantined if n.endswith(".reason.json")]) == 6
     reasons = [json.loads(p.read_text()) for p in shipper.settings.quarantine.joinpath("eng-b").glob("*.reason.json")]
     assert {r["code"] for r in reasons} == {"InvalidSegment", "TooLarge", "NotAFile"}
+    quarantined_metric = shipper.metrics.registry.get_sample_value
+    assert quarantined_metric("reprolane_shipper_segments_quarantined_total", {"code": "InvalidSegment"}) == 3
     assert target.read_bytes() == written["eng-b", 0]  # the link's target was never read or moved
     assert (shipper.directory / "eng-b" / "README").exists()
 

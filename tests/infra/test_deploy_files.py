@@ -29,6 +29,7 @@ import typer.main
 import yaml
 
 from capture.metrics import CaptureMetrics
+from capture.schedule.shipper_metrics import ShipperMetrics
 from infra import paths
 from replayer.metrics import ReplayerMetrics
 from schemas import RuntimeFingerprint
@@ -149,7 +150,7 @@ def _metric_labels() -> dict[str, frozenset[str]]:
         "gauge": ("",),
         "histogram": ("_bucket", "_sum", "_count", "_created"),
     }
-    for owner in (CaptureMetrics(), ReplayerMetrics()):
+    for owner in (CaptureMetrics(), ReplayerMetrics(), ShipperMetrics()):
         for metric in vars(owner).values():
             kind = getattr(metric, "_type", None)
             if kind not in suffixes:
