@@ -192,9 +192,12 @@ class Demo:
         )
 
         if (info.run_dir / SCHEDULE_FILE).is_file():  # the stack's vLLM records its schedule: ship it
-            shipper = start_schedule_shipper(info, log=info.run_dir / "logs" / "demo-shipper.log")
+            (shipper_port,) = allocate_ports(1)
+            shipper_log = info.run_dir / "logs" / "demo-shipper.log"
+            shipper = start_schedule_shipper(info, metrics_port=shipper_port, log=shipper_log)
             out.services.append(shipper)
-            echo(f"      schedule shipper: pid {shipper.ref.pid} ({info.run_dir / 'schedules'} to S3 and Kafka)")
+            seconds = shipper.wait_ready(60.0)
+            echo(f"      schedule shipper up (pid {shipper.ref.pid}, {seconds:.1f} s): vLLM's schedule log, to S3")
 
         self.step(3, "starting the replayer (in-process vLLM lane, one sequence at a time) ...")
         replayer = start_replayer(

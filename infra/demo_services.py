@@ -114,11 +114,12 @@ def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: f
     return _spawn("capture sidecar", args, env, log, ready, info.run_dir, headers)
 
 
-def start_schedule_shipper(info: StackInfo, *, log: Path) -> Service:
-    """``reprolane capture schedules``: the stack's vLLM's schedule log to S3 and Kafka (it has no port: it is
-    up while its process lives)."""
+def start_schedule_shipper(info: StackInfo, *, metrics_port: int, log: Path) -> Service:
+    """``reprolane capture schedules``: the stack's vLLM's schedule log to S3 and Kafka (up once its metrics
+    answer)."""
     env = {**clean_environment(info.run_dir), **stack_defaults(info)}
-    return _spawn("schedule shipper", ["capture", "schedules"], env, log, "", info.run_dir)
+    args = ["capture", "schedules", "--metrics-port", str(metrics_port)]
+    return _spawn("schedule shipper", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
 
 
 def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path) -> Service:

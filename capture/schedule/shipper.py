@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -141,6 +142,25 @@ class Shipper:
         self.quarantined = 0
         self._reported: set[Path] = set()
         self._stopping = asyncio.Event()
+        self._lock_fd: int | None = None
+
+    def hold(self) -> None:
+        """Become the one shipper of this directory (an exclusive ``flock`` on ``<quarantine>/LOCK``, held until
+        `close`): two would ship each segment twice and race on the quarantine. `CaptureError` when another holds
+        it."""
+        if self._lock_fd is not None:
+            return
+        try:
+            self.settings.quarantine.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.settings.quarantine / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CaptureError(f"shipper: cannot open its lock in {self.settings.quarantine}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise CaptureError(f"shipper: {self.directory} is shipped by another process already ({exc})") from exc
+        self._lock_fd = fd
 
     # -- the directory -----------------------------------------------------------------------------------------
 
@@ -152,6 +172,8 @@ class Shipper:
         except FileNotFoundError:
             return []
         for engine in engines:
+            if engine.name.startswith("."):
+                continue  # hidden: nobody's engine (an editor's or a sync tool's file)
             if not engine.is_dir(follow_symlinks=False) or not is_engine_id(engine.name):
                 self._report_once(Path(engine.path), "not an engine directory: ignored")
                 continue
@@ -286,7 +308,9 @@ class Shipper:
 
     async def ship_pending(self) -> int:
         """Ship every closed segment on disk now; the number handled (shipped or quarantined). `SinkError` when
-        S3 or Kafka fails (what was shipped stays shipped)."""
+        S3 or Kafka fails (what was shipped stays shipped); `CaptureError` when another shipper holds the
+        directory (`hold`)."""
+        self.hold()
         handled = 0
         for segment in self.closed_segments():
             await self.ship(segment)
@@ -295,6 +319,7 @@ class Shipper:
 
     async def run(self) -> None:
         """Ship until `stop`; failures are retried with capped backoff (nothing is skipped)."""
+        self.hold()  # before anything else: a second shipper of the same directory stops here
         log.info("shipper: shipping %s to s3://%s and Kafka", self.directory, self.store.bucket)
         if self.settings.metrics_port:
             self.metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
@@ -317,3 +342,6 @@ class Shipper:
 
     async def close(self) -> None:
         await self.producer.close()
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # releases the flock

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from capture.errors import RecordsRefused, SinkError
+from capture.errors import CaptureError, RecordsRefused, SinkError
 from capture.schedule.destinations import SegmentStore
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
@@ -214,3 +214,17 @@ async def test_failures_leave_the_segment_in_place(s3: Any, bucket: str, tmp_pat
     assert await shipper.ship_pending() == 1
     assert shipper.quarantined == 1
     assert _stored(s3, bucket, schedule_segment_key("eng-c", 0)) is not None
+
+
+async def test_one_shipper_per_directory(s3: Any, bucket: str, tmp_path: Path) -> None:
+    first, _ = _shipper(s3, bucket, tmp_path)
+    second, _ = _shipper(s3, bucket, tmp_path)
+    _two_engines(first.directory)
+    (first.directory / ".sync-tool").mkdir()  # hidden entries are nobody's engine, and never shipped
+    first.hold()
+    with pytest.raises(CaptureError, match="another process"):
+        await second.ship_pending()
+    assert await first.ship_pending() == 3
+    await first.close()
+    assert await second.ship_pending() == 0  # the lock passed on; nothing left to ship
+    await second.close()
