@@ -263,8 +263,14 @@ def forward_headers(headers: dict[bytes, bytes], request_id: bytes) -> list[tupl
     return out
 
 
-def response_headers(resp: UpstreamResponse, rid: bytes) -> list[tuple[bytes, bytes]]:
+def response_headers(
+    resp: UpstreamResponse, rid: bytes, client_request_id: bytes | None = None
+) -> list[tuple[bytes, bytes]]:
+    """Upstream's response headers for the client. An ``X-Request-Id`` upstream echoes (vLLM with
+    ``--enable-request-id-headers``) is the sidecar's id (`forward_headers`): the client gets its own back."""
     out = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _RESPONSE_DROP]
+    if client_request_id is not None:
+        out = [(k, client_request_id if k == _CLIENT_REQUEST_ID else v) for k, v in out]
     out.append((REQUEST_ID_HEADER, rid))
     return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.capture.fake_upstream import Seen
+from tests.capture.fake_upstream import FakeUpstream, Seen
 from tests.capture.support import CHAT, MODEL, finished, only, sidecar
 
 
@@ -77,3 +77,21 @@ async def test_concurrent_requests_with_swapped_client_ids_each_forward_their_ow
         assert env.schedule is not None
         assert env.schedule.external_request_id == f"chatcmpl-{rid}"
     assert {e.client_request_id for e in by_id.values()} == {"a", "b"}
+
+
+async def test_an_upstream_that_echoes_x_request_id_gives_the_client_its_own_back() -> None:
+    """vLLM with --enable-request-id-headers echoes the X-Request-Id it got (the sidecar's): the client sees its
+    own value, as if it had talked to upstream directly."""
+    upstream = FakeUpstream(request_id_headers=True)
+    async with sidecar(upstream=upstream) as (client, _, spool, _m):
+        body = {**CHAT, "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": "mine"}) as r:
+            await r.aread()
+            mine = r.headers.get("x-request-id")
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            await r.aread()
+            none_sent = r.headers.get("x-request-id")
+    assert mine == "mine"
+    forwarded = _forwarded_ids(upstream.seen, "/v1/chat/completions")
+    assert forwarded == list(dict.fromkeys(e.request_id for e in spool.envelopes))  # upstream got the sidecar's
+    assert none_sent == r.headers["x-reprolane-request-id"]  # no id of the client's to restore: the sidecar's
