@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -54,6 +55,11 @@ def recording_vllm(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -
         patch.undo()
 
 
+def _fields(env: dict[str, str], prefix: str) -> dict[str, Any]:
+    """A service's settings fields from the stack's defaults (what `reprolane` would read from the environment)."""
+    return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
+
+
 async def test_each_envelope_finds_its_own_engine_request(stack: StackInfo, recording_vllm: StackInfo) -> None:
     run_dir = recording_vllm.run_dir
     defaults = stack_defaults(recording_vllm)
@@ -80,33 +86,14 @@ async def test_each_envelope_finds_its_own_engine_request(stack: StackInfo, reco
     envelopes = {e.request_id: e for e in spool.envelopes}
     assert len(envelopes) == 3
 
-    shipper = Shipper(
-        ShipperSettings(
-            schedule_dir=schedule_dir,
-            kafka_bootstrap=stack.kafka_bootstrap,
-            s3_endpoint=stack.s3_endpoint,
-            s3_access_key=stack.s3_access_key,
-            s3_secret_key=stack.s3_secret_key,
-            s3_region=stack.s3_region,
-            s3_bucket=stack.audit_bucket,
-            retention_days=0,
-        )
-    )
+    shipper = Shipper(ShipperSettings(**_fields(defaults, "REPROLANE_SHIPPER_"), retention_days=0))
     try:
         assert await shipper.ship_pending() > 0
     finally:
         await shipper.close()
     assert shipper.quarantined == 0
 
-    store = ScheduleStore.from_settings(
-        ReplayerSettings(
-            s3_endpoint=stack.s3_endpoint,
-            s3_access_key=stack.s3_access_key,
-            s3_secret_key=stack.s3_secret_key,
-            s3_region=stack.s3_region,
-            s3_bucket=stack.audit_bucket,
-        )
-    )
+    store = ScheduleStore.from_settings(ReplayerSettings(**_fields(defaults, "REPROLANE_REPLAYER_")))
     engines = set()
     for rid, env in envelopes.items():
         window = store.records_for(env)
