@@ -1,7 +1,8 @@
 """The schedule shipper against the real Tansu + SeaweedFS, as a user runs it (``reprolane capture schedules`` in
 a subprocess), killed with SIGKILL mid-run and restarted (issue 22): every closed segment ends up in S3 exactly
 once per key with the bytes the recorder wrote, its index entries beside it, on Kafka at least once, and the
-directory empties; a hostile segment among them is quarantined and holds nothing back."""
+directory empties; a hostile segment among them is quarantined and holds nothing back. Read back through the
+index on the same S3, each request finds its own arrival, and an entry overwritten to name another's is refused."""
 
 from __future__ import annotations
 
@@ -20,7 +21,18 @@ import pytest
 
 from infra.buckets import s3_client
 from infra.state import StackInfo
-from schemas.layout import HEADER_ENGINE_ID, HEADER_SEGMENT_SEQ, TOPIC_SCHEDULES, schedule_engine_prefix
+from replayer.errors import StoreError
+from replayer.schedule_store import ScheduleStore
+from schemas import Envelope
+from schemas.layout import (
+    HEADER_ENGINE_ID,
+    HEADER_SEGMENT_SEQ,
+    TOPIC_SCHEDULES,
+    schedule_engine_prefix,
+    schedule_index_prefix,
+)
+from schemas.schedule_delivery import ScheduleRef, external_request_id_for
+from tests import factories
 from tests.capture.test_publisher_quarantine_stack import consume
 from tests.schedule_segments import FakeEngine, encode, write_segment
 
@@ -153,3 +165,26 @@ async def test_sigkilled_shipper_loses_nothing_and_a_hostile_segment_stalls_noth
     quarantined = list((tmp_path / "schedules.quarantine" / hostile[0]).glob("*.reason.json"))
     assert len(quarantined) == 1
     assert "InvalidSegment" in quarantined[0].read_text()
+
+    # read back through the index, on the real S3: each envelope its own arrival; a forged entry refused
+    store = ScheduleStore(s3, stack.audit_bucket)
+    a, b = (f"rl-{engines[0].engine_id}-7-{x}" for x in "ab")
+    window = store.records_for(_envelope(a))
+    assert [x.external_request_id for x in window.arrivals] == [f"chatcmpl-{a}"]
+    assert window.complete
+    (b_key,) = _index_keys(s3, stack, f"chatcmpl-{b}")
+    b_entry = s3.get_object(Bucket=stack.audit_bucket, Key=b_key)["Body"].read()
+    (a_key,) = _index_keys(s3, stack, f"chatcmpl-{a}")
+    s3.put_object(Bucket=stack.audit_bucket, Key=a_key, Body=b_entry)  # a's entry now names b's arrival
+    with pytest.raises(StoreError, match="not filed under its own ids"):
+        store.records_for(_envelope(a))
+
+
+def _envelope(request_id: str) -> Envelope:
+    ref = ScheduleRef(external_request_id=external_request_id_for("chat.completions", request_id), recorder="t")
+    return factories.envelope(request_id=request_id, schedule=ref)
+
+
+def _index_keys(s3: Any, stack: StackInfo, external_id: str) -> list[str]:
+    page = s3.list_objects_v2(Bucket=stack.audit_bucket, Prefix=schedule_index_prefix(external_id))
+    return [o["Key"] for o in page.get("Contents", [])]
