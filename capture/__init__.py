@@ -24,5 +24,7 @@
 - `metrics`: Prometheus metrics on the sidecar's own ``/metrics``.
 - `ledger/`: what the sidecar writes and the audit jobs read (the Merkle log appender, sealing and data keys);
   the sidecar's modules import it, and of the jobs' package `audit/` nothing.
+- `schedule/`: the engine's schedule log (issue 22): the recorder vLLM loads, and the shipper beside vLLM that
+  delivers its closed segments to S3 and Kafka like envelopes (`reprolane capture schedules`).
 - `audit/`: the audit-evidence jobs (verify, checkpoints, retention, the lake); they never import the sidecar.
 """

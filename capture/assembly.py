@@ -46,6 +46,7 @@ from schemas import (
 )
 from schemas import envelope as envelope_schema
 from schemas.envelope_codec import canonical_with_logprobs
+from schemas.schedule_delivery import ScheduleRef
 
 ErrorType: TypeAlias = envelope_schema.ErrorType
 Failure = tuple[ErrorType, int | None, str]
@@ -97,6 +98,7 @@ class EnvelopeInputs:
     captured_at: datetime
     sidecar_id: str
     more_prompts: tuple[PromptRecord, ...] | None = None
+    schedule: ScheduleRef | None = None
 
 
 def prompt_record(token_ids: list[int] | None, source: Literal["upstream", "tokenize"]) -> PromptRecord | None:
@@ -176,6 +178,7 @@ def build_envelope_checked(inputs: EnvelopeInputs) -> Envelope:
         sampling=inputs.sampling,
         more_prompts=inputs.more_prompts,
         runtime=inputs.runtime,
+        schedule=inputs.schedule,
         context=ExecutionContext(
             in_flight_at_start=ctx.in_flight_at_start,
             in_flight_at_end=ctx.in_flight_at_end,
@@ -229,6 +232,7 @@ def _envelope_doc(inputs: EnvelopeInputs, choices: list[dict[str, Any]]) -> dict
         "sampling": inputs.sampling,
         "more_prompts": inputs.more_prompts,
         "runtime": inputs.runtime,
+        "schedule": inputs.schedule,
         "context": {
             "in_flight_at_start": ctx.in_flight_at_start,
             "in_flight_at_end": ctx.in_flight_at_end,

@@ -7,9 +7,11 @@ then to the default. `build_settings` and `serve` are the programmatic entry poi
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
+import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -142,6 +144,9 @@ def serve_command(
     flag_tenant: Annotated[list[str] | None, typer.Option(help="flag this tenant's requests (repeatable)")] = None,
     sample_rate: Annotated[float | None, typer.Option(help="fraction of requests flagged for replay")] = None,
     sidecar_id: Annotated[str | None, typer.Option(help="name recorded in every envelope")] = None,
+    schedule_recorder: Annotated[
+        str | None, typer.Option(help="upstream records its schedule (name of the recorder): envelopes point at it")
+    ] = None,
     auth_mode: Annotated[
         str | None, typer.Option(help="keys (default) | anonymous-allowed | trusted-proxy | off (local dev only)")
     ] = None,
@@ -163,7 +168,8 @@ def serve_command(
                 "--upstream-override-generation-config", upstream_override_generation_config
             ),
             refuse_uncaptured=refuse_uncaptured, flag_tenants=tuple(flag_tenant) if flag_tenant else None,
-            sample_rate=sample_rate, sidecar_id=sidecar_id, auth_mode=auth_mode, api_keys_path=api_keys_path,
+            sample_rate=sample_rate, sidecar_id=sidecar_id, schedule_recorder=schedule_recorder, auth_mode=auth_mode,
+            api_keys_path=api_keys_path,
             trusted_proxies=tuple(trusted_proxy) if trusted_proxy else None,
         )  # fmt: skip
     except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2
@@ -171,6 +177,53 @@ def serve_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
     serve(settings)  # a CaptureError (unreadable manifest, spool held by another process) is exit 1 (infra.cli)
+
+
+@capture_app.command("schedules")
+def schedules_command(
+    schedule_dir: Annotated[
+        Path | None, typer.Option(help="the recorder's directory (default: $REPROLANE_SCHEDULE_DIR)")
+    ] = None,
+    kafka_bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers")] = None,
+    s3_endpoint: Annotated[str | None, typer.Option(help="S3 endpoint URL")] = None,
+    s3_bucket: Annotated[str | None, typer.Option(help="audit bucket (Object Lock)")] = None,
+    s3_access_key: Annotated[str | None, typer.Option(help="S3 access key")] = None,
+    quarantine_dir: Annotated[Path | None, typer.Option(help="where refused segments go")] = None,
+    poll_s: Annotated[float | None, typer.Option(help="seconds between looks at an idle directory")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0: none)")] = None,
+    once: Annotated[bool, typer.Option(help="ship what is closed now, then exit")] = False,
+) -> None:
+    """Ship the engine's schedule log: closed segments to S3 and Kafka, at least once (runs beside vLLM)."""
+    from capture.schedule.shipper import Shipper
+    from capture.schedule.shipper_settings import ShipperSettings
+
+    given: dict[str, Any] = {
+        "schedule_dir": schedule_dir, "kafka_bootstrap": kafka_bootstrap, "s3_endpoint": s3_endpoint,
+        "s3_bucket": s3_bucket, "s3_access_key": s3_access_key, "quarantine_dir": quarantine_dir, "poll_s": poll_s,
+        "metrics_port": metrics_port,
+    }  # fmt: skip
+    try:
+        settings = ShipperSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise typer.BadParameter(str(ContractError.from_validation("shipper settings", exc))) from exc
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_ship(Shipper(settings), once=once))
+
+
+async def _ship(shipper: Any, *, once: bool) -> None:
+    """Run `shipper` until SIGTERM or SIGINT (or, `once`, until the closed segments are shipped)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, shipper.stop)
+    try:
+        if once:
+            handled = await shipper.ship_pending()
+            typer.echo(f"shipped {shipper.shipped} segments ({shipper.shipped_bytes} bytes), quarantined "
+                       f"{shipper.quarantined} of {handled}")  # fmt: skip
+        else:
+            await shipper.run()
+    finally:
+        await shipper.close()
 
 
 @capture_app.command("add-key")

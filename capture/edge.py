@@ -38,6 +38,7 @@ HOP_BY_HOP = frozenset(
     {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length"}
     | {b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"trailer", b"accept-encoding"}
 )
+_CLIENT_REQUEST_ID: Final = b"x-request-id"
 _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
 _JSON_SEP = (",", ":")
 _BODY_UNREAD: Final = frozenset({408, 413})
@@ -243,15 +244,33 @@ def refuse_unsendable(headers: Iterable[tuple[bytes, bytes]]) -> None:
             raise BadRequest(400, f"header {loggable(name.decode('latin-1'))} holds a control character")
 
 
-def forward_headers(headers: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:
-    """Client headers for a captured request upstream: secrets forwarded (never recorded), ours removed."""
-    out = [(k, v) for k, v in headers.items() if k not in HOP_BY_HOP and not k.startswith(b"x-reprolane-")]
+def forward_headers(headers: dict[bytes, bytes], request_id: bytes) -> list[tuple[bytes, bytes]]:
+    """Client headers for a captured request upstream: secrets forwarded (never recorded), ours removed, and
+    ``X-Request-Id`` set to the sidecar's own `request_id` in place of the client's.
+
+    vLLM names the engine request after ``X-Request-Id`` (``chatcmpl-<id>``), which is how an envelope finds its
+    schedule (`schemas.schedule_delivery`). The client's value is recorded as ``client_request_id`` and stays
+    here: forwarded, it would name the engine request after a value the client chose, that two clients (or two
+    retries) may share, and the join would pick the wrong request.
+    """
+    out = [
+        (k, v)
+        for k, v in headers.items()
+        if k not in HOP_BY_HOP and not k.startswith(b"x-reprolane-") and k != _CLIENT_REQUEST_ID
+    ]
     out.append((b"accept-encoding", b"identity"))
+    out.append((_CLIENT_REQUEST_ID, request_id))
     return out
 
 
-def response_headers(resp: UpstreamResponse, rid: bytes) -> list[tuple[bytes, bytes]]:
+def response_headers(
+    resp: UpstreamResponse, rid: bytes, client_request_id: bytes | None = None
+) -> list[tuple[bytes, bytes]]:
+    """Upstream's response headers for the client. An ``X-Request-Id`` upstream echoes (vLLM with
+    ``--enable-request-id-headers``) is the sidecar's id (`forward_headers`): the client gets its own back."""
     out = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _RESPONSE_DROP]
+    if client_request_id is not None:
+        out = [(k, client_request_id if k == _CLIENT_REQUEST_ID else v) for k, v in out]
     out.append((REQUEST_ID_HEADER, rid))
     return out
 

@@ -33,6 +33,7 @@ from capture.protocol.output import OutputCollector
 from capture.runtime import RuntimeProbe
 from capture.upstream import Upstream
 from schemas import ArtifactHashes, PromptRecord, RuntimeFingerprint
+from schemas.schedule_delivery import ScheduleRef, external_request_id_for
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class EnvelopeWriter:
     runtime: RuntimeProbe
     upstream: Upstream
     sidecar_id: str
+    #: Upstream records its engine schedule under this recorder name (`CaptureSettings.schedule_recorder`): each
+    #: envelope of a request that went upstream then carries a `ScheduleRef` (the join: `schemas.schedule_delivery`).
+    schedule_recorder: str | None = None
     background: set[asyncio.Task[None]] = field(default_factory=set, init=False)  # `later`'s tasks in flight
 
     async def finish(
@@ -116,7 +120,17 @@ class EnvelopeWriter:
                 error=error,
                 captured_at=datetime.now(UTC),
                 sidecar_id=self.sidecar_id,
+                schedule=self._schedule_ref(ctx),
             )
+        )
+
+    def _schedule_ref(self, ctx: RequestContext) -> ScheduleRef | None:
+        """Where the schedule of a request that went upstream is: its engine request is named after the request
+        id the sidecar forwarded (`capture.edge.forward_headers`)."""
+        if self.schedule_recorder is None:
+            return None
+        return ScheduleRef(
+            external_request_id=external_request_id_for(ctx.endpoint, ctx.request_id), recorder=self.schedule_recorder
         )
 
     async def record_started(self, ctx: RequestContext, prepared: Prepared, in_flight: int) -> None:

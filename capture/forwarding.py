@@ -119,8 +119,9 @@ class Forwarder:
 
     def call(self, ctx: RequestContext, upstream_body: bytes, headers: dict[bytes, bytes]) -> TimedCall:
         """The upstream request of a captured one: ``async with forwarder.call(...) as resp``; it sets
-        ``ctx.upstream_ms`` when it ends."""
-        call = self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forward_headers(headers))
+        ``ctx.upstream_ms`` when it ends. Upstream gets the sidecar's request id as ``X-Request-Id``."""
+        forwarded = forward_headers(headers, ctx.request_id.encode("ascii"))
+        call = self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forwarded)
         return TimedCall(call, ctx)
 
     def finish(

@@ -103,6 +103,7 @@ class CaptureProxy:
             runtime=runtime,
             upstream=upstream,
             sidecar_id=settings.sidecar_id,
+            schedule_recorder=settings.schedule_recorder,
         )
         forwarder = self.forwarder = Forwarder(
             upstream=upstream,

@@ -20,7 +20,8 @@ reaches the sinks (a 1000-digit step once made an S3 key over 1,024 bytes, which
 
 An invalid header is the client's error: `BadRequest` 400 in OpenAI's error format (403 for what the caller may
 not set), its ``param`` naming the header (the attempt is still recorded, without the bad value). None of these
-headers is forwarded upstream (`capture.edge.forward_headers`).
+headers is forwarded upstream (`capture.edge.forward_headers`): upstream gets the sidecar's request id as
+``X-Request-Id`` instead (the join to the engine's schedule, `schemas.schedule_delivery`).
 """
 
 from __future__ import annotations

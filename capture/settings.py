@@ -50,6 +50,13 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         description="upstream vLLM's --override-generation-config (JSON), the same object: sampling defaults that "
         "win over the model's",
     )
+    schedule_recorder: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9._:\-]+$",
+        description="upstream records its engine schedule (vLLM with reprolane's recording scheduler): every "
+        "envelope that went upstream says where its schedule is, under this recorder name (e.g. vllm-scheduler)",
+    )
     version_headers: tuple[str, ...] = Field(
         default=("openai-version", "openai-model", "x-model-version", "x-api-version", "anthropic-version"),
         description="response headers recorded as the vendor version of upstreams without an engine version",

@@ -40,7 +40,8 @@ async def forward_stream(fw: Forwarder, ex: Exchange) -> int:
             if resp.status != 200:
                 return await _relay_refusal(fw, ex, resp, call)
             collector.note_versions(resp.header, fw.version_headers)
-            await send({"type": "http.response.start", "status": 200, "headers": response_headers(resp, rid)})
+            relayed = response_headers(resp, rid, headers.get(b"x-request-id"))
+            await send({"type": "http.response.start", "status": 200, "headers": relayed})
             started = True
             buffer = b""
             async for chunk in resp.chunks():

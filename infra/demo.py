@@ -29,11 +29,19 @@ from typing import Any
 
 from infra import paths
 from infra.demo_kafka import Mark, collect, mark, start_group_at
-from infra.demo_services import Service, run_cli, start_capture, start_replayer, write_demo_keys
+from infra.demo_services import (
+    Service,
+    run_cli,
+    start_capture,
+    start_replayer,
+    start_schedule_shipper,
+    write_demo_keys,
+)
 from infra.demo_summary import DemoFacts, auditor_pick, render_summary, worst
 from infra.demo_workload import Sent, count_requests, drive, load_workload, tenants
 from infra.errors import DemoError, InfraError
 from infra.ports import allocate_ports
+from infra.servers import SCHEDULE_FILE
 from infra.stack import LocalStack
 from infra.state import StackInfo
 from replayer.errors import ReplayerError
@@ -182,6 +190,14 @@ class Demo:
             f" API keys for {', '.join(keys)} in {demo_dir / 'api-keys.json'};"
             f" flags: header X-Reprolane-Flag, tenant {','.join(o.flag_tenants) or '-'}, sample {o.sample_rate:.0%}"
         )
+
+        if (info.run_dir / SCHEDULE_FILE).is_file():  # the stack's vLLM records its schedule: ship it
+            (shipper_port,) = allocate_ports(1)
+            shipper_log = info.run_dir / "logs" / "demo-shipper.log"
+            shipper = start_schedule_shipper(info, metrics_port=shipper_port, log=shipper_log)
+            out.services.append(shipper)
+            seconds = shipper.wait_ready(60.0)
+            echo(f"      schedule shipper up (pid {shipper.ref.pid}, {seconds:.1f} s): vLLM's schedule log, to S3")
 
         self.step(3, "starting the replayer (in-process vLLM lane, one sequence at a time) ...")
         replayer = start_replayer(

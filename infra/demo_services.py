@@ -27,7 +27,7 @@ from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 
 Echo = Callable[[str], None]
-_SERVICE_PREFIXES = ("REPROLANE_CAPTURE_", "REPROLANE_REPLAYER_")
+_SERVICE_PREFIXES = ("REPROLANE_CAPTURE_", "REPROLANE_REPLAYER_", "REPROLANE_SHIPPER_")
 
 
 def reprolane_argv() -> list[str]:
@@ -115,6 +115,14 @@ def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: f
         args += ["--flag-tenant", tenant]
     ready, headers = f"http://127.0.0.1:{port}/v1/models", {"Authorization": f"Bearer {ready_key}"}
     return _spawn("capture sidecar", args, env, log, ready, info.run_dir, headers)
+
+
+def start_schedule_shipper(info: StackInfo, *, metrics_port: int, log: Path) -> Service:
+    """``reprolane capture schedules``: the stack's vLLM's schedule log to S3 and Kafka (up once its metrics
+    answer)."""
+    env = {**clean_environment(info.run_dir), **stack_defaults(info)}
+    args = ["capture", "schedules", "--metrics-port", str(metrics_port)]
+    return _spawn("schedule shipper", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
 
 
 def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path) -> Service:

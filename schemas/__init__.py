@@ -21,6 +21,8 @@ live beside the clients they configure, in `infra.clients.connection`.
 - `layout`: Kafka topic names, header names and every S3 object key, prefix and partition path.
 - `manifest`: the model manifest and the runtime file a deployment declares, each with its one decoder.
 - `sealed`: per-tenant encryption of stored envelopes (AES-256-GCM) and wrapped data keys (crypto-shredding).
+- `schedule_delivery`: how the engine's schedule log travels and is joined to envelopes (segments read bounded and
+  checked, the envelope's `ScheduleRef`, the index entry, the external id vLLM derives from ``X-Request-Id``).
 - `claim_check`: the reference Kafka carries instead of an envelope too large for a record (S3 key, size, sha256).
 - `errors`: the one exception a consumer of the contract needs to catch.
 """

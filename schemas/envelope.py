@@ -23,6 +23,7 @@ from schemas.canonical import canonical_bytes, sha256_hex
 from schemas.fingerprint import RuntimeFingerprint
 from schemas.levels import ReproLevel
 from schemas.sampling import SamplingContract
+from schemas.schedule_delivery import ScheduleRef
 
 ENVELOPE_SCHEMA_VERSION: Final = "reprolane.envelope/1"
 
@@ -172,6 +173,11 @@ class Envelope(Record):
     )
     runtime: RuntimeFingerprint
     context: ExecutionContext
+    schedule: ScheduleRef | None = Field(
+        default=None,
+        description="where the engine's schedule of this request is (set when upstream records schedules:"
+        " schemas.schedule_delivery)",
+    )
     outcome: Outcome
 
     def canonical(self) -> bytes:

@@ -8,6 +8,8 @@ spells ``"index/..."``. Kafka (at-least-once: duplicates are expected and collap
     reprolane.divergences.v1      key = request_id, value = DivergenceEvent JSON
     reprolane.replay-requests.v1  key = request_id, value = ReplayRequest JSON (on-demand replays)
     reprolane.dead-letter.v1      key = original key, value = original bytes, reason in headers
+    reprolane.schedules.v1        key = engine id, value = one closed schedule segment (`schemas.schedule_delivery`),
+                                  headers engine id, segment seq and sha256 (duplicates collapse by engine + seq)
 
 An envelope over `CLAIM_CHECK_BYTES` travels on the envelope topic as a `schemas.claim_check.ClaimCheck` (header
 `HEADER_CLAIM_CHECK`) naming its envelope object; the capture side's dead letters (records a sink refused for
@@ -26,6 +28,10 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     audit/expiry/<YYYYmmddTHHMMSSffffffZ>-<uuid8>.json                       expiry_report_key
     audit/access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json        access_log_key: operator actions
     audit/console-access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json  console_access_key: console actions
+    schedules/engine=<engine_id>/<seq:08d>.jsonl                              schedule_segment_key: one closed
+                                                                              segment of an engine's schedule log
+    index/schedule/<external_request_id>/<engine_request_id>.json            schedule_index_key: a request's
+                                                                              arrival (`ScheduleIndexEntry`)
 
 An index object's body is `index_body`: ``{"captured_at", "envelope_id", "key", "tenant"}`` (sorted, compact).
 The day of an envelope key, a Merkle log and a replay result is always the envelope's *capture* day
@@ -54,7 +60,8 @@ TOPIC_ENVELOPES: Final = "reprolane.envelopes.v1"
 TOPIC_DIVERGENCES: Final = "reprolane.divergences.v1"
 TOPIC_REPLAY_REQUESTS: Final = "reprolane.replay-requests.v1"
 TOPIC_DEAD_LETTER: Final = "reprolane.dead-letter.v1"
-ALL_TOPICS: Final = (TOPIC_ENVELOPES, TOPIC_DIVERGENCES, TOPIC_REPLAY_REQUESTS, TOPIC_DEAD_LETTER)
+TOPIC_SCHEDULES: Final = "reprolane.schedules.v1"
+ALL_TOPICS: Final = (TOPIC_ENVELOPES, TOPIC_DIVERGENCES, TOPIC_REPLAY_REQUESTS, TOPIC_DEAD_LETTER, TOPIC_SCHEDULES)
 
 #: Largest record a producer may send and a consumer must accept (topics are created with this
 #: ``max.message.bytes``): an 8k-token output with top-20 logprobs is about 3 MiB of JSON.
@@ -84,6 +91,10 @@ def content_type(encoding: str) -> str:
     return _CONTENT_TYPES[encoding]
 
 
+HEADER_ENGINE_ID: Final = "reprolane-engine-id"
+HEADER_SEGMENT_SEQ: Final = "reprolane-segment-seq"
+HEADER_SEGMENT_SHA256: Final = "reprolane-segment-sha256"
+
 ENVELOPES_PREFIX: Final = "envelopes/"
 INDEX_PREFIX: Final = "index/"
 REPLAYS_PREFIX: Final = "replays/"
@@ -93,6 +104,8 @@ EXPIRY_PREFIX: Final = "audit/expiry/"
 ACCESS_LOG_PREFIX: Final = "audit/access/"
 CONSOLE_ACCESS_PREFIX: Final = "audit/console-access/"
 DATA_KEYS_PREFIX: Final = "keys/"
+SCHEDULES_PREFIX: Final = "schedules/"
+SCHEDULE_INDEX_PREFIX: Final = f"{INDEX_PREFIX}schedule/"
 #: The lake's default key prefix in the lake bucket (``REPROLANE_ARCHIVER_LAKE_PREFIX`` changes it).
 LAKE_PREFIX: Final = "lake"
 
@@ -303,6 +316,29 @@ def console_access_key(at: datetime, record_id: str) -> str:
     its random id."""
     at = at.astimezone(UTC)
     return f"{console_access_day_prefix(capture_day(at))}{at.strftime('%Y%m%dT%H%M%S%fZ')}-{record_id}.json"
+
+
+# ------------------------------------------------------------------------------------------- schedules
+
+
+def schedule_engine_prefix(engine_id: str) -> str:
+    """Every shipped segment of one engine instance's schedule log, in seq order."""
+    return f"{SCHEDULES_PREFIX}engine={engine_id}/"
+
+
+def schedule_segment_key(engine_id: str, seq: int) -> str:
+    """One closed segment, written once (``IfNoneMatch``): the same seq is always the same bytes."""
+    return f"{schedule_engine_prefix(engine_id)}{seq:08d}.jsonl"
+
+
+def schedule_index_prefix(external_request_id: str) -> str:
+    """Every arrival indexed under one external request id (a request with ``n > 1`` has one per child)."""
+    return f"{SCHEDULE_INDEX_PREFIX}{external_request_id}/"
+
+
+def schedule_index_key(external_request_id: str, engine_request_id: str) -> str:
+    """One arrival's index entry (`schemas.schedule_delivery.ScheduleIndexEntry`), written once."""
+    return f"{schedule_index_prefix(external_request_id)}{engine_request_id}.json"
 
 
 # ---------------------------------------------------------------------------------------------- data keys

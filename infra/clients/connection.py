@@ -50,6 +50,7 @@ EXAMPLE_SECRETS: Final = frozenset(
         "LOCAL-ONLY-change-me-kafka-replayer",
         "LOCAL-ONLY-change-me-kafka-archiver",
         "LOCAL-ONLY-change-me-kafka-monitor",
+        "LOCAL-ONLY-change-me-kafka-shipper",
         "TE9DQUwtT05MWS1jaGFuZ2UtbWUta2VrLTAwMDAwMCE=",  # base64 of "LOCAL-ONLY-change-me-kek-000000!"
         "TE9DQUwtT05MWS1jaGFuZ2UtbWUtcmVwbGF5LWtleSE=",  # base64 of "LOCAL-ONLY-change-me-replay-key!"
     }

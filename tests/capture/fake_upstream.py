@@ -62,6 +62,8 @@ class FakeUpstream:
     detokenize_status: int = 200
     detokenize_in_flight: int = 0
     detokenize_peak: int = 0
+    #: Echo the request's X-Request-Id on streamed answers, as vLLM does with --enable-request-id-headers.
+    request_id_headers: bool = False
 
     def app(self) -> Starlette:
         routes = [
@@ -137,8 +139,11 @@ class FakeUpstream:
                 raise
         with_ids = bool(body.get("return_token_ids")) and "noids" not in prompt
         if body.get("stream"):
+            echoed = self.seen[-1].headers.get("x-request-id") if self.request_id_headers else None
             return StreamingResponse(
-                self._stream(body, with_ids, chat, drip="drip" in prompt), media_type="text/event-stream"
+                self._stream(body, with_ids, chat, drip="drip" in prompt),
+                media_type="text/event-stream",
+                headers={"x-request-id": echoed} if echoed else None,
             )
         choice: dict[str, Any] = {"index": 0}
         if chat:

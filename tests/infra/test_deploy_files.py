@@ -30,6 +30,7 @@ import yaml
 
 from capture.audit.checkpointer import CheckpointerMetrics
 from capture.metrics import CaptureMetrics
+from capture.schedule.shipper_metrics import ShipperMetrics
 from infra import paths
 from replayer.metrics import ReplayerMetrics
 from schemas import RuntimeFingerprint
@@ -47,6 +48,7 @@ SETTINGS_BY_PREFIX = {
     "REPROLANE_CAPTURE_": "capture.settings:CaptureSettings",
     "REPROLANE_REPLAYER_": "replayer.settings:ReplayerSettings",
     "REPROLANE_ARCHIVER_": "capture.audit.lake_settings:LakeSettings",
+    "REPROLANE_SHIPPER_": "capture.schedule.shipper_settings:ShipperSettings",
 }
 # Variables read directly (not through a settings object).
 PLAIN_ENV = frozenset({paths.CACHE_DIR_ENV, paths.RUN_DIR_ENV})
@@ -149,7 +151,7 @@ def _metric_labels() -> dict[str, frozenset[str]]:
         "gauge": ("",),
         "histogram": ("_bucket", "_sum", "_count", "_created"),
     }
-    for owner in (CaptureMetrics(), ReplayerMetrics(), CheckpointerMetrics()):
+    for owner in (CaptureMetrics(), ReplayerMetrics(), CheckpointerMetrics(), ShipperMetrics()):
         for metric in vars(owner).values():
             kind = getattr(metric, "_type", None)
             if kind not in suffixes:
@@ -465,9 +467,9 @@ def _script_users() -> dict[str, str]:
 
 def test_every_kafka_client_authenticates_as_its_own_user() -> None:
     clients = _kafka_clients()
-    assert set(clients) == {"capture-gpu", "capture-cpu", "replayer-gpu", "replayer-cpu", "archiver"}
+    assert set(clients) == {"capture-gpu", "capture-cpu", "replayer-gpu", "replayer-cpu", "archiver", "shipper"}
     users = _script_users()
-    assert set(users) == {"capture", "replayer", "archiver", "monitor"}
+    assert set(users) == {"capture", "shipper", "replayer", "archiver", "monitor"}
     for name, kafka in clients.items():
         assert kafka["SECURITY_PROTOCOL"] in {"SASL_PLAINTEXT", "SASL_SSL"}, f"{name}: {kafka['SECURITY_PROTOCOL']}"
         assert kafka["SASL_MECHANISM"] == "SCRAM-SHA-512", name
@@ -592,7 +594,7 @@ def test_topic_script_creates_the_layout_topics(tmp_path: Path) -> None:
 def test_topic_script_logs_in_as_admin_and_grants_each_user_its_topics(tmp_path: Path) -> None:
     calls, secrets = tmp_path / "calls", tmp_path / "secrets"
     secrets.mkdir()
-    for user in ("admin", "capture", "replayer", "archiver", "monitor"):
+    for user in ("admin", "capture", "shipper", "replayer", "archiver", "monitor"):
         (secrets / f"kafka_{user}_password").write_text(f"pw-{user}\n", encoding="utf-8")
     for tool in ("kafka-topics.sh", "kafka-configs.sh", "kafka-acls.sh"):
         stub = tmp_path / tool
@@ -636,6 +638,7 @@ def test_topic_script_logs_in_as_admin_and_grants_each_user_its_topics(tmp_path:
         return out
 
     assert granted("capture") == {"Write:topic:reprolane.envelopes.v1", "Write:topic:reprolane.dead-letter.v1"}
+    assert granted("shipper") == {"Write:topic:reprolane.schedules.v1", "Write:topic:reprolane.dead-letter.v1"}
     assert "Write:topic:reprolane.replay-requests.v1" not in set().union(*(granted(u) for u in _script_users()))
     assert "Read:group:reprolane-replayer" in granted("replayer")
     assert "Describe:topic:*" in granted("monitor")  # a literal "*", not a glob of the working directory
