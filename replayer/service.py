@@ -135,7 +135,7 @@ class ReplayerService:
             "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
         }
         self.broker.subscriber(settings.envelope_topic, group_id=settings.group_id, **common)(self._on_envelope)
-        self.broker.subscriber(settings.replay_request_topic, group_id=f"{settings.group_id}.requests", **common)(
+        self.broker.subscriber(settings.replay_request_topic, group_id=settings.replay_request_group_id, **common)(
             self._on_replay_request
         )
 

@@ -64,3 +64,11 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
         default=None, description="JSON key id -> {secret, roles}, 0600; None with 'signed': every request refused"
     )
     replay_request_window_s: float = Field(default=300.0, gt=0.0, description="how old a signed request may be")
+    replay_request_key_id: str | None = Field(
+        default=None, description="the key `replay request` signs with; None: the keys file's only replay key"
+    )
+
+    @property
+    def replay_request_group_id(self) -> str:
+        """The consumer group of the service's replay-request subscriber: its members are the live services."""
+        return f"{self.group_id}.requests"

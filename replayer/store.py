@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -34,6 +36,7 @@ from infra.clients.s3 import S3Policy, error_code, is_already_written, is_missin
 from replayer.errors import EnvelopeNotFoundError, NotReplayableError, StoreError
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result
+from schemas.canonical import sha256_hex
 from schemas.claim_check import decode_claim_check, verify_claimed
 from schemas.envelope import is_valid_request_id
 from schemas.errors import SealError
@@ -49,6 +52,7 @@ from schemas.layout import (
 )
 from schemas.replay import replay_result_id
 from schemas.sealed import (
+    SealedEnvelope,
     decode_sealed,
     decode_sealed_result,
     decode_wrapped_key,
@@ -73,6 +77,38 @@ class _TenantKey(NamedTuple):
     tenant: str
     key_id: str
     data_key: bytes
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """One envelope object as S3 holds it: its key, the bytes written (plain canonical JSON, or a sealed record),
+    their content address (the envelope id, checked), and the envelope they hold: None when it is sealed and
+    cannot be opened here, `unopened` saying why."""
+
+    key: str
+    data: bytes
+    envelope_id: str
+    envelope: Envelope | None
+    sealed: SealedEnvelope | None = None
+    unopened: str | None = None
+
+    @property
+    def _routing(self) -> Envelope | SealedEnvelope:
+        routing = self.envelope if self.envelope is not None else self.sealed
+        assert routing is not None, "a stored record holds an envelope or a sealed one"
+        return routing
+
+    @property
+    def tenant(self) -> str:
+        return self._routing.tenant
+
+    @property
+    def request_id(self) -> str:
+        return self._routing.request_id
+
+    @property
+    def captured_at(self) -> datetime:
+        return self._routing.captured_at
 
 
 def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
@@ -143,10 +179,8 @@ class EnvelopeStore:
 
         return sorted(self._s3("list", f"s3://{self.bucket}/{prefix}", keys, none_if=lambda _: False) or [])
 
-    def _envelope_from_index(
-        self, index_key: str, what: str, *, request_id: str | None = None, workflow: tuple[str, int] | None = None
-    ) -> Envelope:
-        """The envelope an index entry points at, checked against the entry (`_check_index`)."""
+    def _indexed(self, index_key: str, what: str) -> tuple[str, str, str, bytes]:
+        """(envelope key, tenant, envelope id, stored bytes) of the object an index entry points at, unchecked."""
         body = self._get(index_key)
         if body is None:
             raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
@@ -160,9 +194,43 @@ class EnvelopeStore:
         data = self._get(key)
         if data is None:
             raise EnvelopeNotFoundError(f"{what} is indexed at {key}, but that object is missing (shredded?)")
+        return key, tenant, envelope_id, data
+
+    def _envelope_from_index(
+        self, index_key: str, what: str, *, request_id: str | None = None, workflow: tuple[str, int] | None = None
+    ) -> Envelope:
+        """The envelope an index entry points at, checked against the entry (`_check_index`)."""
+        key, tenant, envelope_id, data = self._indexed(index_key, what)
         envelope = self.decode(data, f"s3://{self.bucket}/{key}")
         self._check_index(index_key, envelope, tenant, envelope_id, request_id, workflow)
         return envelope
+
+    def _record_from_index(self, index_key: str, what: str, *, request_id: str | None = None) -> StoredRecord:
+        """The object an index entry points at as it is stored (`StoredRecord`), its bytes checked against their
+        content address, and the envelope in it checked against the entry; a sealed one whose key is gone (or
+        that no KEK opens here) is returned unopened, with the reason."""
+        key, tenant, envelope_id, data = self._indexed(index_key, what)
+        where = f"s3://{self.bucket}/{key}"
+        if not is_sealed(data):
+            if sha256_hex(data) != envelope_id:
+                raise StoreError(f"stored envelope {where}: its bytes hash to {sha256_hex(data)}, not to the "
+                                 f"envelope id {envelope_id} it is filed under (altered?)")  # fmt: skip
+            envelope = self.decode(data, where)
+            self._check_index(index_key, envelope, tenant, envelope_id, request_id, None)
+            return StoredRecord(key, data, envelope_id, envelope)
+        try:
+            sealed = decode_sealed(data)
+        except ContractError as exc:
+            raise StoreError(f"stored sealed envelope {where} does not decode: {exc}") from exc
+        if (sealed.tenant, sealed.envelope_id) != (tenant, envelope_id) or request_id not in (None, sealed.request_id):
+            raise StoreError(f"index object s3://{self.bucket}/{index_key} does not match the sealed envelope it "
+                             f"points to (tenant {sealed.tenant!r}, request {sealed.request_id!r})")  # fmt: skip
+        try:
+            envelope = self.decode(data, where)  # opening checks the plaintext against the envelope id
+        except NotReplayableError as exc:
+            return StoredRecord(key, data, envelope_id, None, sealed, str(exc))
+        self._check_index(index_key, envelope, tenant, envelope_id, request_id, None)
+        return StoredRecord(key, data, envelope_id, envelope, sealed)
 
     def _check_index(
         self,
@@ -258,6 +326,30 @@ class EnvelopeStore:
         return self._envelope_from_index(
             request_index_key(request_id), f"request id {request_id!r}", request_id=request_id
         )
+
+    def read_record(self, request_id: str) -> StoredRecord:
+        """The envelope recorded for `request_id` exactly as stored (see `_record_from_index`)."""
+        if not is_valid_request_id(request_id):
+            raise EnvelopeNotFoundError(f"{request_id!r} is not a valid request id")
+        return self._record_from_index(
+            request_index_key(request_id), f"request id {request_id!r}", request_id=request_id
+        )
+
+    def read_client_records(self, tenant: str, client_request_id: str) -> list[StoredRecord]:
+        """What `find_by_client_request_id` finds, as stored (sealed ones unopened without their key), oldest
+        first; an opened envelope of another tenant or client id is a `StoreError`."""
+        if not is_valid_request_id(tenant) or not is_valid_request_id(client_request_id):
+            raise EnvelopeNotFoundError(f"{tenant!r} / {client_request_id!r} is not a valid tenant / client id")
+        what = f"client request id {client_request_id!r} of tenant {tenant!r}"
+        keys = self._list(client_request_index_prefix(tenant, client_request_id))
+        if not keys:
+            raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
+        records = [self._record_from_index(key, f"{what} ({key})") for key in keys]
+        for rec, key in zip(records, keys, strict=True):
+            env = rec.envelope
+            if rec.tenant != tenant or (env is not None and env.client_request_id != client_request_id):
+                raise StoreError(f"index object s3://{self.bucket}/{key} points at a record that is not {what}")
+        return sorted(records, key=lambda r: r.captured_at)
 
     def list_workflow(self, workflow_id: str, tenant: str | None = None) -> list[Envelope]:
         """Every recorded step of a workflow, ordered by step; `EnvelopeNotFoundError` when there is none.
