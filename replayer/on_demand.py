@@ -4,12 +4,15 @@ A lane takes tens of seconds to load (a vLLM engine, a model), a short replay a 
 (`replayer.service`) keeps its lane loaded and consumes on-demand `schemas.ReplayRequest` messages; this is the
 client side of that topic, used by ``reprolane replay request``:
 
-1. **Is one running?** (`service_members`) The members of the service's replay-request consumer group
-   (``ReplayerSettings.replay_request_group_id``), as the broker's group coordinator reports them. Chosen over a
-   heartbeat object in S3: membership is what Kafka itself maintains (a crashed service leaves the group when
-   its session times out, a stopped one at once), it needs no writes and no clock agreement, and it is exactly
-   the question asked, "will someone consume this request?". A service joins the group only after its lane is
-   loaded (`replayer.service.serve`), so a member is a loaded lane.
+1. **Is one running?** (`live_service`) The service publishes a `schemas.replay.ReplayerHeartbeat` (its group,
+   lane and lane fingerprint) every few seconds, and a last one marked ``stopping`` when it stops; the client
+   reads the newest records of the heartbeat topic and takes the service of its group (``settings.group_id``)
+   for running when its newest heartbeat is not ``stopping`` and younger than a few intervals (a crash shows as
+   silence). The service beats only once its lane is loaded, and the heartbeat names the lane, so a client that
+   wants another lane does not ask. Kafka's own answer, the members of the service's replay-request consumer
+   group, was the first choice (no extra topic), but Tansu, the local stack's broker, keeps a departed member in
+   the group's description indefinitely, so a stopped service looked alive; and an S3 heartbeat object would be
+   a write every few seconds into a bucket whose objects are locked for years.
 2. **Ask** (`ask_service`): sign the request (`schemas.replay_auth`, a key of the replay-request keys file,
    ``replay_request_key_id`` or its only key with the ``replay`` role; without a keys file the request goes
    unsigned, which only a service running with ``replay_requests=open`` acts on), with a fresh ``reply_to``.
@@ -33,6 +36,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
@@ -41,6 +45,7 @@ from replayer.request_keys import load_replay_request_keys
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, DivergenceEvent, ReplayRequest, decode_divergence, decode_replay_request
 from schemas.layout import HEADER_DLQ_REASON
+from schemas.replay import ReplayerHeartbeat, decode_heartbeat
 from schemas.replay_auth import REPLAY_ROLE, sign_replay_request
 
 if TYPE_CHECKING:
@@ -49,6 +54,10 @@ if TYPE_CHECKING:
 
 #: How long the liveness check may take before the service is taken for absent.
 LIVENESS_TIMEOUT_S = 5.0
+#: A service whose newest heartbeat is older than this many of its intervals is taken for absent (a crash).
+STALE_INTERVALS = 3.0
+#: How many of the newest records of each heartbeat partition are read (every service of every group beats there).
+HEARTBEATS_READ = 256
 #: How long ``replay request`` waits for the service's answer by default (it may be replaying another request).
 DEFAULT_SERVICE_TIMEOUT_S = 30.0
 #: ``--via``: the running service only, a lane loaded here only, or the service when one is running.
@@ -64,25 +73,56 @@ async def _with_timeout(what: str, call: Any, timeout_s: float) -> Any:
         raise ServiceReplayError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
-async def service_members(settings: ReplayerSettings) -> int:
-    """How many replayer services consume the replay-request topic now (0: none); `ServiceReplayError` when
-    Kafka cannot say."""
-    from aiokafka.admin import AIOKafkaAdminClient
+async def live_service(settings: ReplayerSettings) -> ReplayerHeartbeat | None:
+    """The newest heartbeat of the service of ``settings.group_id`` when it says the service is running now (not
+    stopping, younger than `STALE_INTERVALS` of its interval), else None; `ServiceReplayError` when Kafka
+    cannot say."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    group = settings.replay_request_group_id
-    admin = AIOKafkaAdminClient(**aiokafka_kwargs(settings), request_timeout_ms=int(LIVENESS_TIMEOUT_S * 1000))
+    what = "the replayer service's liveness check"
+    consumer = AIOKafkaConsumer(**aiokafka_kwargs(settings), group_id=None, enable_auto_commit=False)
+    newest: ReplayerHeartbeat | None = None
     try:
-        await _with_timeout("the replayer service's liveness check", admin.start(), LIVENESS_TIMEOUT_S)
-        responses = await _with_timeout(
-            "the replayer service's liveness check", admin.describe_consumer_groups([group]), LIVENESS_TIMEOUT_S
-        )
+        await _with_timeout(what, consumer.start(), LIVENESS_TIMEOUT_S)
+        topic = settings.heartbeat_topic
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not partitions:
+            return None
+        consumer.assign(partitions)
+        starts = await _with_timeout(what, consumer.beginning_offsets(partitions), LIVENESS_TIMEOUT_S)
+        ends = await _with_timeout(what, consumer.end_offsets(partitions), LIVENESS_TIMEOUT_S)
+        pending = {tp for tp in partitions if ends[tp] > starts[tp]}
+        for tp in pending:
+            consumer.seek(tp, max(starts[tp], ends[tp] - HEARTBEATS_READ))
+        deadline = time.monotonic() + LIVENESS_TIMEOUT_S
+        while pending and time.monotonic() < deadline:
+            batch = await _with_timeout(what, consumer.getmany(*pending, timeout_ms=200), LIVENESS_TIMEOUT_S)
+            for records in batch.values():
+                for record in records:
+                    beat = _heartbeat(record.value, settings.group_id)
+                    if beat is not None and (newest is None or beat.at >= newest.at):
+                        newest = beat
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
     finally:
-        await admin.close()
-    for response in responses:
-        for error_code, group_id, state, _ptype, _protocol, members, *_rest in response.groups:
-            if group_id == group and error_code == 0 and state not in ("Dead", "Empty"):
-                return len(members)
-    return 0
+        await consumer.stop()
+    if newest is None or newest.stopping:
+        return None
+    age = (datetime.now(UTC) - newest.at).total_seconds()
+    return newest if age <= STALE_INTERVALS * newest.interval_s else None
+
+
+def _heartbeat(value: object, group_id: str) -> ReplayerHeartbeat | None:
+    """The heartbeat of `group_id`'s service in a record of the topic (anyone may write there: what does not
+    decode, or is another group's, is not one)."""
+    if not isinstance(value, bytes):
+        return None
+    try:
+        beat = decode_heartbeat(value)
+    except ContractError:
+        return None
+    return beat if beat.group_id == group_id else None
 
 
 def sign(request: ReplayRequest, settings: ReplayerSettings) -> ReplayRequest:
@@ -173,11 +213,13 @@ def _answer(record: Any, reply_to: str, *, is_dead_letter: bool) -> DivergenceEv
     raise ServiceReplayError(f"the replayer service refused the request: {text[:500]}")
 
 
-async def _members_then_ask(settings: ReplayerSettings, request_id: str, timeout_s: float) -> DivergenceEvent:
-    if await service_members(settings) == 0:
-        raise ServiceReplayError(f"no replayer service is running (consumer group "
-                                 f"{settings.replay_request_group_id} of {settings.replay_request_topic} has no "
-                                 "members)")  # fmt: skip
+async def _live_then_ask(settings: ReplayerSettings, request_id: str, timeout_s: float) -> DivergenceEvent:
+    beat = await live_service(settings)
+    if beat is None:
+        raise ServiceReplayError(f"no replayer service is running (no recent heartbeat of group {settings.group_id} "
+                                 f"on {settings.heartbeat_topic})")  # fmt: skip
+    if beat.lane != settings.lane:
+        raise ServiceReplayError(f"the running replayer service serves lane {beat.lane}, not {settings.lane}")
     return await ask_service(settings, request_id, lane=settings.lane, timeout_s=timeout_s)
 
 
@@ -194,7 +236,7 @@ def replay_via_service(
     With ``via`` ``service`` a failure is a `ServiceReplayError`."""
     started = time.perf_counter()
     try:
-        event = asyncio.run(_members_then_ask(settings, envelope.request_id, timeout_s))
+        event = asyncio.run(_live_then_ask(settings, envelope.request_id, timeout_s))
         result = store.get_result(envelope, event.lane_fingerprint_sha256)
         if result is None:
             raise ServiceReplayError(f"the replayer service answered, but result {event.result_id()} is not in S3")

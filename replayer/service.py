@@ -23,6 +23,10 @@ the event. An unknown request id, or a lane this process does not serve, goes to
 ``settings.replay_request_keys_path`` that has the ``replay`` role, within ``settings.replay_request_window_s``
 (`schemas.replay_auth`); anything else is dead-lettered as ``unauthorised`` and nothing is replayed. No keys file
 means every request is refused; ``"open"`` (local development only) acts on any request.
+
+Heartbeats: from start to stop the service publishes a `schemas.replay.ReplayerHeartbeat` (its group, lane and
+lane fingerprint) on ``settings.heartbeat_topic`` every ``settings.heartbeat_interval_s``, and one marked
+``stopping`` when it stops, so ``reprolane replay request`` knows whether to ask it (`replayer.on_demand`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -60,6 +65,7 @@ from schemas.layout import (
     HEADER_SCHEMA,
     MAX_MESSAGE_BYTES,
 )
+from schemas.replay import ReplayerHeartbeat
 from schemas.replay_auth import ReplayRequestKey, verify_replay_request
 from schemas.sealed import is_sealed, redact_divergence_event
 
@@ -127,6 +133,7 @@ class ReplayerService:
             load_replay_request_keys(keys_path) if signed and keys_path is not None else None
         )
         self.broker = broker if broker is not None else self._make_broker()
+        self._heartbeats: asyncio.Task[None] | None = None
         common: dict[str, Any] = {
             "ack_policy": AckPolicy.MANUAL,
             "auto_offset_reset": settings.auto_offset_reset,
@@ -156,9 +163,39 @@ class ReplayerService:
             log.warning("replayer: no replay_request_keys_path: every replay request on %s will be refused",
                         self.settings.replay_request_topic)  # fmt: skip
         await self.broker.start()
+        self._heartbeats = asyncio.create_task(self._beat())
 
     async def stop(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeats
+            self._heartbeats = None
+            await self._heartbeat(stopping=True)
         await self.broker.stop()
+
+    async def _heartbeat(self, *, stopping: bool = False) -> None:
+        """Say on the heartbeat topic that this service serves on-demand requests (`replayer.on_demand` reads it);
+        a failure is logged: the next beat may pass, and clients fall back to a lane of their own meanwhile."""
+        beat = ReplayerHeartbeat(
+            group_id=self.settings.group_id,
+            lane=self.lane.name,
+            lane_fingerprint_sha256=self.lane_fingerprint_sha256,
+            at=datetime.now(UTC),
+            interval_s=self.settings.heartbeat_interval_s,
+            stopping=stopping,
+        )
+        try:
+            await self.broker.publish(
+                beat.model_dump_json().encode("utf-8"), self.settings.heartbeat_topic, key=beat.group_id.encode()
+            )
+        except (KafkaError, OSError) as exc:
+            log.warning("replayer: heartbeat to %s failed: %s", self.settings.heartbeat_topic, exc)
+
+    async def _beat(self) -> None:
+        while True:
+            await self._heartbeat()
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
 
     async def __aenter__(self) -> ReplayerService:
         await self.start()

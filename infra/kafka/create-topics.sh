@@ -14,7 +14,7 @@
 #   user       password secret               may
 #   capture    kafka_capture_password        write envelopes, dead-letter
 #   replayer   kafka_replayer_password       read envelopes, replay-requests (group reprolane-replayer*);
-#                                            write divergences, dead-letter
+#                                            write divergences, dead-letter, replayer-heartbeats
 #   archiver   kafka_archiver_password       read envelopes, divergences (group reprolane-archiver*)
 #   monitor    kafka_monitor_password        describe every topic and group (kafka-exporter)
 #
@@ -51,6 +51,7 @@ TOPICS=(
     "reprolane.divergences.v1|${ENVELOPE_PARTITIONS}|2592000000|1048576"
     "reprolane.replay-requests.v1|${ENVELOPE_PARTITIONS}|604800000|1048576"
     "reprolane.dead-letter.v1|3|2592000000|${MAX_BYTES}"
+    "reprolane.replayer-heartbeats.v1|1|3600000|65536"
 )
 
 for spec in "${TOPICS[@]}"; do
@@ -79,7 +80,7 @@ fi
 # user | password secret | ACL specs (operation:resource-type:name[:prefixed]), space separated
 USERS=(
     "capture|kafka_capture_password|Write:topic:reprolane.envelopes.v1 Write:topic:reprolane.dead-letter.v1"
-    "replayer|kafka_replayer_password|Read:topic:reprolane.envelopes.v1 Read:topic:reprolane.replay-requests.v1 Read:group:reprolane-replayer:prefixed Write:topic:reprolane.divergences.v1 Write:topic:reprolane.dead-letter.v1"
+    "replayer|kafka_replayer_password|Read:topic:reprolane.envelopes.v1 Read:topic:reprolane.replay-requests.v1 Read:group:reprolane-replayer:prefixed Write:topic:reprolane.divergences.v1 Write:topic:reprolane.dead-letter.v1 Write:topic:reprolane.replayer-heartbeats.v1"
     "archiver|kafka_archiver_password|Read:topic:reprolane.envelopes.v1 Read:topic:reprolane.divergences.v1 Read:group:reprolane-archiver:prefixed"
     "monitor|kafka_monitor_password|Describe:topic:* Describe:group:* DescribeConfigs:topic:*"
 )

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -294,6 +294,40 @@ def envelope_from_completion(
             timings=Timings(received_at=received_at, upstream_ms=1.0),
         ),
     )
+
+
+def record_from_stack(
+    stack: Any, request_id: str, messages: list[dict[str, str]], *, max_tokens: int, top_k: int = 5,
+    target_level: ReproLevel = "bitwise",
+) -> Envelope:  # fmt: skip
+    """One lone greedy ``/v1/completions`` request to the stack's vLLM server (`infra.state.StackInfo`), the
+    chat prompt tokenised by the server, as an envelope (`envelope_from_completion`)."""
+    import httpx
+
+    assert stack.vllm_url is not None
+    with httpx.Client(base_url=stack.vllm_url, timeout=120) as client:
+        ids = client.post(
+            "/tokenize", json={"model": stack.model_name, "messages": messages, "add_generation_prompt": True}
+        ).json()["tokens"]
+        body = {
+            "model": stack.model_name,
+            "prompt": ids,
+            "temperature": 0.0,
+            "max_tokens": max_tokens,
+            "logprobs": top_k,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        received = datetime.now(UTC)
+        resp = client.post("/v1/completions", json=body)
+        resp.raise_for_status()
+        data: dict[str, Any] = resp.json()
+        version = client.get("/version").json()["version"]
+    assert len(data["choices"][0]["token_ids"]) == max_tokens, "the prompt must not stop early: pick another one"
+    return envelope_from_completion(
+        request_id=request_id, prompt_ids=ids, body=body, answer=data, received_at=received,
+        engine_version=version, target_level=target_level, in_flight=0, top_k=top_k,
+    )  # fmt: skip
 
 
 REPLAY_KEY_ID = "test-replay"
