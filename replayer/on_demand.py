@@ -58,6 +58,8 @@ LIVENESS_TIMEOUT_S = 5.0
 STALE_INTERVALS = 3.0
 #: How many of the newest records of each heartbeat partition are read (every service of every group beats there).
 HEARTBEATS_READ = 256
+#: How long the broker may hold an empty fetch of the client's consumers (the answer is waited for).
+FETCH_WAIT_MS = 50
 #: How long ``replay request`` waits for the service's answer by default (it may be replaying another request).
 DEFAULT_SERVICE_TIMEOUT_S = 30.0
 #: ``--via``: the running service only, a lane loaded here only, or the service when one is running.
@@ -80,7 +82,9 @@ async def live_service(settings: ReplayerSettings) -> ReplayerHeartbeat | None:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     what = "the replayer service's liveness check"
-    consumer = AIOKafkaConsumer(**aiokafka_kwargs(settings), group_id=None, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        **aiokafka_kwargs(settings), group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS
+    )
     newest: ReplayerHeartbeat | None = None
     try:
         await _with_timeout(what, consumer.start(), LIVENESS_TIMEOUT_S)
@@ -156,11 +160,13 @@ async def ask_service(
     answers = (settings.divergence_topic, settings.dead_letter_topic)
     deadline = time.monotonic() + timeout_s
     consumer = AIOKafkaConsumer(
-        **aiokafka_kwargs(settings), group_id=None, enable_auto_commit=False, fetch_max_wait_ms=50
+        **aiokafka_kwargs(settings), group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS
     )
     producer = AIOKafkaProducer(**aiokafka_kwargs(settings), enable_idempotence=False, linger_ms=0)
     try:
-        await _with_timeout("asking the replayer service", consumer.start(), timeout_s)
+        await _with_timeout(
+            "asking the replayer service", asyncio.gather(consumer.start(), producer.start()), timeout_s
+        )
         partitions = [
             TopicPartition(topic, p) for topic in answers for p in sorted(consumer.partitions_for_topic(topic) or ())
         ]
@@ -170,7 +176,6 @@ async def ask_service(
         ends = await _with_timeout("asking the replayer service", consumer.end_offsets(partitions), timeout_s)
         for tp, offset in ends.items():
             consumer.seek(tp, offset)
-        await _with_timeout("asking the replayer service", producer.start(), timeout_s)
         await _with_timeout(
             "sending the replay request",
             producer.send_and_wait(

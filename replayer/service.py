@@ -72,6 +72,7 @@ from schemas.sealed import is_sealed, redact_divergence_event
 log = logging.getLogger("reprolane.replayer")
 
 _REASON_LIMIT = 1000
+REQUEST_FETCH_WAIT_MS = 50
 _TRANSIENT = (StoreError, LaneUnavailableError, KafkaError, OSError)
 
 
@@ -142,9 +143,13 @@ class ReplayerService:
             "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
         }
         self.broker.subscriber(settings.envelope_topic, group_id=settings.group_id, **common)(self._on_envelope)
-        self.broker.subscriber(settings.replay_request_topic, group_id=settings.replay_request_group_id, **common)(
-            self._on_replay_request
-        )
+        # A requester waits for the answer: fetch often (the broker holds an empty fetch up to fetch_max_wait_ms).
+        self.broker.subscriber(
+            settings.replay_request_topic,
+            group_id=settings.replay_request_group_id,
+            fetch_max_wait_ms=REQUEST_FETCH_WAIT_MS,
+            **common,
+        )(self._on_replay_request)
 
     def _make_broker(self) -> KafkaBroker:
         return KafkaBroker(

@@ -346,9 +346,10 @@ class EnvelopeStore:
             raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
         records = [self._record_from_index(key, f"{what} ({key})") for key in keys]
         for rec, key in zip(records, keys, strict=True):
-            env = rec.envelope
-            if rec.tenant != tenant or (env is not None and env.client_request_id != client_request_id):
-                raise StoreError(f"index object s3://{self.bucket}/{key} points at a record that is not {what}")
+            client_id = rec.envelope.client_request_id if rec.envelope is not None else client_request_id
+            if rec.tenant != tenant or client_id != client_request_id:
+                raise StoreError(f"index object s3://{self.bucket}/{key} points at an envelope of tenant "
+                                 f"{rec.tenant!r}, client id {client_id!r}: not {what}")  # fmt: skip
         return sorted(records, key=lambda r: r.captured_at)
 
     def list_workflow(self, workflow_id: str, tenant: str | None = None) -> list[Envelope]:
@@ -378,19 +379,14 @@ class EnvelopeStore:
     def find_by_client_request_id(self, tenant: str, client_request_id: str) -> list[Envelope]:
         """The envelopes `tenant`'s client sent as ``X-Request-Id: client_request_id`` (a retry is one more),
         oldest first; only those whose stored tenant and client id are these (an index entry pointing
-        elsewhere is refused as a `StoreError`); `EnvelopeNotFoundError` when there is none."""
-        if not is_valid_request_id(tenant) or not is_valid_request_id(client_request_id):
-            raise EnvelopeNotFoundError(f"{tenant!r} / {client_request_id!r} is not a valid tenant / client id")
-        what = f"client request id {client_request_id!r} of tenant {tenant!r}"
-        keys = self._list(client_request_index_prefix(tenant, client_request_id))
-        if not keys:
-            raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
-        envelopes = [self._envelope_from_index(key, f"{what} ({key})") for key in keys]
-        for env, key in zip(envelopes, keys, strict=True):
-            if env.tenant != tenant or env.client_request_id != client_request_id:
-                raise StoreError(f"index object s3://{self.bucket}/{key} points at an envelope of tenant "
-                                 f"{env.tenant!r}, client id {env.client_request_id!r}: not {what}")  # fmt: skip
-        return sorted(envelopes, key=lambda e: e.captured_at)
+        elsewhere is refused as a `StoreError`); `EnvelopeNotFoundError` when there is none, `NotReplayableError`
+        when one is sealed and cannot be opened here."""
+        envelopes = []
+        for record in self.read_client_records(tenant, client_request_id):
+            if record.envelope is None:
+                raise NotReplayableError(record.unopened or f"request {record.request_id} is sealed")
+            envelopes.append(record.envelope)
+        return envelopes
 
     def list_tenant(self, tenant: str, *, limit: int | None = None) -> list[Envelope]:
         """Envelopes recorded for `tenant` (``envelopes/tenant=<tenant>/``, key order = day, then envelope id),

@@ -40,8 +40,9 @@ from schemas import (
     TopCandidate,
     WorkflowRef,
 )
-from schemas.layout import envelope_key, index_body, request_index_key, workflow_index_key
+from schemas.layout import data_key_key, envelope_key, index_body, request_index_key, workflow_index_key
 from schemas.replay_auth import sign_replay_request
+from schemas.sealed import new_data_key, seal_envelope, wrap_key
 from tests import factories
 
 if TYPE_CHECKING:
@@ -328,6 +329,25 @@ def record_from_stack(
         request_id=request_id, prompt_ids=ids, body=body, answer=data, received_at=received,
         engine_version=version, target_level=target_level, in_flight=0, top_k=top_k,
     )  # fmt: skip
+
+
+def seed_sealed(s3: S3Target, env: Envelope, kek: bytes) -> bytes:
+    """`env` sealed under a fresh data key of its tenant (wrapped by `kek`), the wrapped key and the request-id
+    index, as the capture side writes them; returns the sealed bytes."""
+    client = s3.client()
+    key_id = uuid.uuid4().hex[:12]
+    data_key = new_data_key()
+    wrapped = wrap_key(data_key, kek, tenant=env.tenant, key_id=key_id, created_at=datetime.now(UTC))
+    client.put_object(Bucket=s3.bucket, Key=data_key_key(env.tenant, key_id), Body=wrapped.model_dump_json().encode())
+    sealed = seal_envelope(
+        env.canonical(), request_id=env.request_id, tenant=env.tenant, captured_at=env.captured_at,
+        workflow=env.workflow, key_id=key_id, data_key=data_key,
+    ).canonical()  # fmt: skip
+    key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+    client.put_object(Bucket=s3.bucket, Key=key, Body=sealed)
+    body = index_body(env.envelope_id(), key, env.tenant, env.captured_at)
+    client.put_object(Bucket=s3.bucket, Key=request_index_key(env.request_id), Body=body)
+    return sealed
 
 
 REPLAY_KEY_ID = "test-replay"

@@ -18,10 +18,8 @@ from typer.testing import CliRunner
 from infra.cli import build_app
 from replayer.cli import build_show_command
 from replayer.store import EnvelopeStore
-from schemas import Envelope
-from schemas.layout import client_request_index_key, data_key_key, envelope_key, index_body, request_index_key
-from schemas.sealed import new_data_key, seal_envelope, wrap_key
-from tests.replayer.support import S3Target, make_envelope, moto_s3, seed_envelope
+from schemas.layout import client_request_index_key, envelope_key, index_body
+from tests.replayer.support import S3Target, make_envelope, moto_s3, seed_envelope, seed_sealed
 
 KEK = os.urandom(32)
 
@@ -44,24 +42,6 @@ def plain_store(s3: S3Target) -> EnvelopeStore:
 
 def keyed_store(s3: S3Target) -> EnvelopeStore:
     return EnvelopeStore(s3.client(), s3.bucket, keys_bucket=s3.bucket, kek=KEK)
-
-
-def seed_sealed(s3: S3Target, env: Envelope) -> bytes:
-    """`env` sealed under a fresh data key of its tenant, the wrapped key and the index, as the capture side writes."""
-    client = s3.client()
-    key_id = uuid.uuid4().hex[:12]
-    data_key = new_data_key()
-    wrapped = wrap_key(data_key, KEK, tenant=env.tenant, key_id=key_id, created_at=datetime.now(UTC))
-    client.put_object(Bucket=s3.bucket, Key=data_key_key(env.tenant, key_id), Body=wrapped.model_dump_json().encode())
-    sealed = seal_envelope(
-        env.canonical(), request_id=env.request_id, tenant=env.tenant, captured_at=env.captured_at,
-        workflow=env.workflow, key_id=key_id, data_key=data_key,
-    ).canonical()  # fmt: skip
-    key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
-    client.put_object(Bucket=s3.bucket, Key=key, Body=sealed)
-    body = index_body(env.envelope_id(), key, env.tenant, env.captured_at)
-    client.put_object(Bucket=s3.bucket, Key=request_index_key(env.request_id), Body=body)
-    return sealed
 
 
 def test_show_prints_who_when_contract_fingerprints_prompt_and_output(s3: S3Target) -> None:
@@ -116,7 +96,7 @@ def test_stored_bytes_that_are_not_their_content_address_are_refused(s3: S3Targe
 
 def test_a_sealed_envelope_opens_with_the_kek_and_says_it_is_sealed_without(s3: S3Target) -> None:
     env = make_envelope(4, tenant=f"enc-{uuid.uuid4().hex[:6]}")
-    sealed = seed_sealed(s3, env)
+    sealed = seed_sealed(s3, env, KEK)
     code, out, _ = show(keyed_store(s3), env.request_id)
     assert code == 0
     assert "sealed, opened with its tenant's data key; the plaintext's sha256 is the envelope id" in out
@@ -138,7 +118,7 @@ def test_a_sealed_envelope_opens_with_the_kek_and_says_it_is_sealed_without(s3: 
 
 def test_a_shredded_tenant_is_shown_sealed_with_the_reason(s3: S3Target) -> None:
     env = make_envelope(5, tenant=f"enc-{uuid.uuid4().hex[:6]}")
-    seed_sealed(s3, env)
+    seed_sealed(s3, env, KEK)
     client = s3.client()
     for obj in client.list_objects_v2(Bucket=s3.bucket, Prefix=f"keys/tenant={env.tenant}/").get("Contents", []):
         client.delete_object(Bucket=s3.bucket, Key=obj["Key"])
