@@ -1,9 +1,16 @@
-"""The replayer's command line: two typer sub-apps that `infra.cli` registers as ``replay`` and ``replayer``.
+"""The replayer's command line: the typer sub-apps `infra.cli` registers as ``replay`` and ``replayer``, and
+the ``show`` command.
 
-    reprolane replay request REQUEST_ID [--lane vllm|remote|transformers] [--json] [--s3-endpoint URL ...]
+    reprolane replay request REQUEST_ID [--lane vllm|remote|transformers] [--via auto|service|local] [--json]
+                             [--timeout S] [--group-id G] [--kafka-bootstrap HOST:PORT] [--s3-endpoint URL ...]
     reprolane replay request --client-request-id ID --tenant T [same options]   (the newest envelope it names)
     reprolane replay workflow WORKFLOW_ID [--tenant T] [same options]  (steps of several tenants need --tenant)
     reprolane replayer serve [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
+    reprolane show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as stored)
+
+``replay request`` asks a running replayer service when one is running (`replayer.on_demand`: ``--via auto``),
+else loads the lane here and says so on stderr. With ``--json`` a command prints exactly one JSON document on
+stdout and everything else, a lane's engine logs included, on stderr (`replayer.machine_output`).
 
 Settings come from ``REPROLANE_REPLAYER_*`` and are overridden by the options given (`replayer.cli_options`).
 Exit codes of ``replay``: 0 when the target level held (every replayed step, for a workflow), 1 when it did not,
@@ -28,6 +35,7 @@ from replayer.errors import NotReplayableError
 from replayer.lanes.base import Lane
 from replayer.machine_output import machine_output
 from replayer.on_demand import DEFAULT_SERVICE_TIMEOUT_S, VIAS, replay_via_service
+from replayer.prompt_text import decode_prompts
 from replayer.report import WorkflowStep, first_diverging, render_request, render_workflow
 from replayer.selection import not_replayable_reason
 from replayer.settings import ReplayerSettings
@@ -146,13 +154,13 @@ def build_replay_app(
 def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_settings) -> Callable[..., None]:
     """``reprolane show``: the envelope exactly as recorded (`replayer.show`)."""
 
-    @settings_options(*S3_OPTIONS)
+    @settings_options(*S3_OPTIONS, "model_dir")
     def show(
         settings: ReplayerSettings,
         request_id: RequestIdArg = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the stored envelope JSON itself")] = False,
         client_request_id: ClientIdOpt = None,
-        tenant: TenantOpt = None,
+        tenant: Annotated[str | None, typer.Option("--tenant", help="the tenant of --client-request-id")] = None,
     ) -> None:
         """Show the envelope recorded for a request, checked against its content address (exit 2: not found)."""
         if (request_id is None) == (client_request_id is None) or (client_request_id is None) != (tenant is None):
@@ -164,7 +172,8 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
             assert request_id is not None
             record = store.read_record(request_id)
         if not as_json:
-            typer.echo(render_record(record, store.bucket), nl=False)
+            decoded = None if record.envelope is None else decode_prompts(record.envelope, settings.model_dir)
+            typer.echo(render_record(record, store.bucket, decoded), nl=False)
             return
         if record.envelope is None:
             typer.echo(f"reprolane: request {record.request_id} is sealed and cannot be opened here "

@@ -4,7 +4,8 @@ An auditor's first question is "what exactly was recorded?", before any replay. 
 a `replayer.store.StoredRecord`: the bytes S3 holds, already checked against their content address (the
 envelope id is the sha256 of the canonical bytes; a sealed record's plaintext is checked when it is opened).
 It shows who (tenant, client request id, sidecar), when, the workflow step, the flag and target level, the
-sampling contract, the artifact and runtime fingerprints, the prompt (text and token ids), the output (text,
+sampling contract, the artifact and runtime fingerprints, the prompt (token ids, and text: recorded, or decoded
+from the ids with the recorded tokenizer, `replayer.prompt_text`), the output (text,
 token ids, finish reason, usage) or the error, the batch pressure it ran under. Nothing is summarised away:
 ``--json`` prints the stored bytes themselves; this text shows every field that has a value.
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from replayer.prompt_text import DecodedPrompt
 from replayer.store import StoredRecord
 from schemas import CapturedError, CapturedOutput, Choice, Envelope, PromptRecord
 
@@ -45,10 +47,16 @@ def _ids(ids: Sequence[int]) -> str:
     return "[" + ", ".join(map(str, ids)) + "]"
 
 
-def _prompt_lines(title: str, prompt: PromptRecord) -> list[str]:
+def _prompt_lines(title: str, prompt: PromptRecord, decoded: str | None, reason: str | None) -> list[str]:
+    if prompt.text is not None:
+        text = _text(prompt.text)
+    elif decoded is not None:
+        text = f"{_text(decoded)}\n             (not recorded: decoded from the token ids with the recorded tokenizer)"
+    else:
+        text = f"(not recorded; not decoded: {reason})"
     return [
         f"{title} ({len(prompt.token_ids)} tokens, token ids from {prompt.source})",
-        f"  text       {_text(prompt.text)}",
+        f"  text       {text}",
         f"  token ids  {_ids(prompt.token_ids)}",
     ]
 
@@ -84,7 +92,7 @@ def _outcome_lines(env: Envelope) -> list[str]:
     return lines
 
 
-def _envelope_lines(env: Envelope) -> list[str]:
+def _envelope_lines(env: Envelope, decoded: DecodedPrompt) -> list[str]:
     ctx = env.context
     who = f"tenant {env.tenant}" + (f", client request id {env.client_request_id}" if env.client_request_id else "")
     who += f", through sidecar {ctx.sidecar_id}" if ctx.sidecar_id else ""
@@ -105,17 +113,19 @@ def _envelope_lines(env: Envelope) -> list[str]:
         lines.append("Sampling contract: none (the request was rejected before it had one)")
     lines += ["Artifact fingerprint", *(_fields(env.artifacts) or ["  (none recorded)"])]
     lines += [f"Runtime fingerprint (sha256 {env.runtime.sha256()})", *_fields(env.runtime)]
+    texts: tuple[str | None, ...] = decoded.texts or (None,) * (1 + len(env.more_prompts or ()))
     if env.prompt is not None:
-        lines += _prompt_lines("Prompt", env.prompt)
+        lines += _prompt_lines("Prompt", env.prompt, texts[0], decoded.reason)
     else:
         lines.append("Prompt: none (the request never reached a tokenizer)")
-    for n, more in enumerate(env.more_prompts or (), start=2):
-        lines += _prompt_lines(f"Prompt {n}", more)
+    for n, (more, text) in enumerate(zip(env.more_prompts or (), texts[1:], strict=True), start=2):
+        lines += _prompt_lines(f"Prompt {n}", more, text, decoded.reason)
     return lines + _outcome_lines(env)
 
 
-def render_record(record: StoredRecord, bucket: str) -> str:
-    """The report of one stored envelope (see module docstring)."""
+def render_record(record: StoredRecord, bucket: str, decoded: DecodedPrompt | None = None) -> str:
+    """The report of one stored envelope (see module docstring); `decoded`: its prompts' text, decoded from the
+    token ids with the recorded tokenizer (`replayer.prompt_text`), shown where the envelope holds none."""
     where = f"s3://{bucket}/{record.key}"
     head = f"Request {record.request_id} (envelope {record.envelope_id})"
     if record.envelope is None:
@@ -135,6 +145,6 @@ def render_record(record: StoredRecord, bucket: str) -> str:
     lines = [
         head,
         f"  stored     {where} ({len(record.data)} bytes; {how} sha256 is the envelope id)",
-        *_envelope_lines(record.envelope),
+        *_envelope_lines(record.envelope, decoded or DecodedPrompt(reason="no tokenizer was asked")),
     ]
     return "\n".join(lines) + "\n"
