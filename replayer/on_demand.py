@@ -22,7 +22,9 @@ client side of that topic, used by ``reprolane replay request``:
    so a refused request fails at once with the service's reason instead of waiting out the timeout. Both
    topics are read from their end as it was *before* the request was sent, so the answer cannot be missed.
    The event (redacted for an encrypted tenant) then names the stored result, which the caller reads from S3
-   (`replayer.store.EnvelopeStore.get_result`, opening a sealed one): Kafka says when, S3 holds what. Polling
+   (`replayer.store.EnvelopeStore.get_result`, opening a sealed one): Kafka says when, S3 holds what. The
+   event must be about this envelope and name the lane fingerprint of the heartbeat, so a forged answer on the
+   divergence topic can at most point at this envelope's write-once result on the service's own lane. Polling
    S3 alone was the alternative, but the result's key depends on the service's lane fingerprint, which the
    client does not know, and a poll cannot tell a refusal from a slow replay.
 
@@ -88,7 +90,7 @@ async def live_service(settings: ReplayerSettings) -> ReplayerHeartbeat | None:
     newest: ReplayerHeartbeat | None = None
     try:
         await _with_timeout(what, consumer.start(), LIVENESS_TIMEOUT_S)
-        topic = settings.heartbeat_topic
+        topic = settings.service_heartbeat_topic
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         if not partitions:
             return None
@@ -222,10 +224,14 @@ async def _live_then_ask(settings: ReplayerSettings, request_id: str, timeout_s:
     beat = await live_service(settings)
     if beat is None:
         raise ServiceReplayError(f"no replayer service is running (no recent heartbeat of group {settings.group_id} "
-                                 f"on {settings.heartbeat_topic})")  # fmt: skip
+                                 f"on {settings.service_heartbeat_topic})")  # fmt: skip
     if beat.lane != settings.lane:
         raise ServiceReplayError(f"the running replayer service serves lane {beat.lane}, not {settings.lane}")
-    return await ask_service(settings, request_id, lane=settings.lane, timeout_s=timeout_s)
+    event = await ask_service(settings, request_id, lane=settings.lane, timeout_s=timeout_s)
+    if event.lane_fingerprint_sha256 != beat.lane_fingerprint_sha256:  # the result read next is that lane's
+        raise ServiceReplayError(f"the answer names lane fingerprint {event.lane_fingerprint_sha256[:12]}…, not "
+                                 f"the running service's {beat.lane_fingerprint_sha256[:12]}…")  # fmt: skip
+    return event
 
 
 def replay_via_service(
@@ -242,6 +248,8 @@ def replay_via_service(
     started = time.perf_counter()
     try:
         event = asyncio.run(_live_then_ask(settings, envelope.request_id, timeout_s))
+        if event.envelope_id != envelope.envelope_id():
+            raise ServiceReplayError(f"the answer is about envelope {event.envelope_id[:12]}…, not this request's")
         result = store.get_result(envelope, event.lane_fingerprint_sha256)
         if result is None:
             raise ServiceReplayError(f"the replayer service answered, but result {event.result_id()} is not in S3")

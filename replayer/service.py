@@ -24,9 +24,10 @@ the event. An unknown request id, or a lane this process does not serve, goes to
 (`schemas.replay_auth`); anything else is dead-lettered as ``unauthorised`` and nothing is replayed. No keys file
 means every request is refused; ``"open"`` (local development only) acts on any request.
 
-Heartbeats: from start to stop the service publishes a `schemas.replay.ReplayerHeartbeat` (its group, lane and
-lane fingerprint) on ``settings.heartbeat_topic`` every ``settings.heartbeat_interval_s``, and one marked
-``stopping`` when it stops, so ``reprolane replay request`` knows whether to ask it (`replayer.on_demand`).
+Service heartbeats (not Kafka's consumer heartbeats): from start to stop the service publishes a
+`schemas.replay.ReplayerHeartbeat` (its group, lane and lane fingerprint) on ``settings.service_heartbeat_topic``
+every ``settings.service_heartbeat_interval_s``, and one marked ``stopping`` when it stops, so ``reprolane replay
+request`` knows whether to ask it (`replayer.on_demand`).
 """
 
 from __future__ import annotations
@@ -187,20 +188,22 @@ class ReplayerService:
             lane=self.lane.name,
             lane_fingerprint_sha256=self.lane_fingerprint_sha256,
             at=datetime.now(UTC),
-            interval_s=self.settings.heartbeat_interval_s,
+            interval_s=self.settings.service_heartbeat_interval_s,
             stopping=stopping,
         )
         try:
             await self.broker.publish(
-                beat.model_dump_json().encode("utf-8"), self.settings.heartbeat_topic, key=beat.group_id.encode()
+                beat.model_dump_json().encode("utf-8"),
+                self.settings.service_heartbeat_topic,
+                key=beat.group_id.encode(),
             )
         except (KafkaError, OSError) as exc:
-            log.warning("replayer: heartbeat to %s failed: %s", self.settings.heartbeat_topic, exc)
+            log.warning("replayer: heartbeat to %s failed: %s", self.settings.service_heartbeat_topic, exc)
 
     async def _beat(self) -> None:
         while True:
             await self._heartbeat()
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            await asyncio.sleep(self.settings.service_heartbeat_interval_s)
 
     async def __aenter__(self) -> ReplayerService:
         await self.start()

@@ -59,8 +59,8 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
     divergence_topic: str = TOPIC_DIVERGENCES
     dead_letter_topic: str = TOPIC_DEAD_LETTER
     replay_request_topic: str = TOPIC_REPLAY_REQUESTS
-    heartbeat_topic: str = TOPIC_REPLAYER_HEARTBEATS
-    heartbeat_interval_s: float = Field(
+    service_heartbeat_topic: str = TOPIC_REPLAYER_HEARTBEATS
+    service_heartbeat_interval_s: float = Field(
         default=5.0, gt=0.0, le=3600.0, description="how often the service says it serves on-demand requests"
     )
     metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")

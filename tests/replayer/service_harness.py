@@ -62,7 +62,7 @@ class Topics:
             "divergence_topic": f"div-{self.suffix}",
             "dead_letter_topic": f"dlq-{self.suffix}",
             "replay_request_topic": f"rrq-{self.suffix}",
-            "heartbeat_topic": f"hb-{self.suffix}",
+            "service_heartbeat_topic": f"hb-{self.suffix}",
         }
 
     @property
