@@ -25,8 +25,8 @@ client side of that topic, used by ``reprolane replay request``:
    (`replayer.store.EnvelopeStore.get_result`, opening a sealed one): Kafka says when, S3 holds what. The
    event must be about this envelope and name the lane fingerprint of the heartbeat, so a forged answer on the
    divergence topic can at most point at this envelope's write-once result on the service's own lane. Polling
-   S3 alone was the alternative, but the result's key depends on the service's lane fingerprint, which the
-   client does not know, and a poll cannot tell a refusal from a slow replay.
+   S3 alone was the alternative (the heartbeat's lane fingerprint gives the result's key), but a poll cannot
+   tell a refusal from a slow replay, and costs a request to S3 each time.
 
 Every failure is a `ServiceReplayError` with the reason; the command decides whether to fall back to a lane of
 its own (``--via auto``) or to stop (``--via service``).
