@@ -35,11 +35,12 @@ its own (``--via auto``) or to stop (``--via service``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
 from replayer.errors import ServiceReplayError
@@ -53,6 +54,8 @@ from schemas.replay_auth import REPLAY_ROLE, sign_replay_request
 if TYPE_CHECKING:
     from replayer.store import EnvelopeStore
     from schemas import Envelope, ReplayResult
+
+_T = TypeVar("_T")
 
 #: How long the liveness check may take before the service is taken for absent.
 LIVENESS_TIMEOUT_S = 5.0
@@ -234,6 +237,17 @@ async def _live_then_ask(settings: ReplayerSettings, request_id: str, timeout_s:
     return event
 
 
+def _run(make: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """``asyncio.run(make())``, in a thread of its own when this thread already runs a loop (a command invoked
+    from async code, as tests do): the coroutine is made where it runs."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
 def replay_via_service(
     envelope: Envelope,
     store: EnvelopeStore,
@@ -247,7 +261,7 @@ def replay_via_service(
     With ``via`` ``service`` a failure is a `ServiceReplayError`."""
     started = time.perf_counter()
     try:
-        event = asyncio.run(_live_then_ask(settings, envelope.request_id, timeout_s))
+        event = _run(lambda: _live_then_ask(settings, envelope.request_id, timeout_s))
         if event.envelope_id != envelope.envelope_id():
             raise ServiceReplayError(f"the answer is about envelope {event.envelope_id[:12]}…, not this request's")
         result = store.get_result(envelope, event.lane_fingerprint_sha256)
