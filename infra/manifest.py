@@ -35,6 +35,7 @@ from pathlib import Path
 from infra.errors import ModelCacheError
 from schemas.errors import ContractError
 from schemas.manifest import (
+    MANIFEST_NAME,
     MANIFEST_VERSION,
     ModelManifest,
     ModelSource,
@@ -43,8 +44,6 @@ from schemas.manifest import (
     is_weight_file,
 )
 from schemas.sampling import GENERATION_CONFIG_FIELDS
-
-MANIFEST_NAME = "reprolane-manifest.json"
 
 _CHUNK = 1 << 20
 

@@ -21,9 +21,9 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from infra import paths
-from infra.manifest import MANIFEST_NAME
 from infra.servers import SCHEDULE_FILE, VLLM_RUNTIME_FILE
 from infra.state import StackInfo, s3_secret_file
+from schemas.manifest import MANIFEST_NAME
 
 AUDIT_SIGNING_KEY_FILE = "audit-signing.pem"
 

@@ -1,9 +1,16 @@
-"""The replayer's command line: two typer sub-apps that `infra.cli` registers as ``replay`` and ``replayer``.
+"""The replayer's command line: the typer sub-apps `infra.cli` registers as ``replay`` and ``replayer``, and
+the ``show`` command.
 
-    reprolane replay request REQUEST_ID [--lane vllm|remote|transformers] [--json] [--s3-endpoint URL ...]
+    reprolane replay request REQUEST_ID [--lane vllm|remote|transformers] [--via auto|service|local] [--json]
+                             [--timeout S] [--group-id G] [--kafka-bootstrap HOST:PORT] [--s3-endpoint URL ...]
     reprolane replay request --client-request-id ID --tenant T [same options]   (the newest envelope it names)
     reprolane replay workflow WORKFLOW_ID [--tenant T] [same options]  (steps of several tenants need --tenant)
     reprolane replayer serve [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
+    reprolane show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as stored)
+
+``replay request`` asks a running replayer service when one is running (`replayer.on_demand`: ``--via auto``),
+else loads the lane here and says so on stderr. With ``--json`` a command prints exactly one JSON document on
+stdout and everything else, a lane's engine logs included, on stderr (`replayer.machine_output`).
 
 Settings come from ``REPROLANE_REPLAYER_*`` and are overridden by the options given (`replayer.cli_options`).
 Exit codes of ``replay``: 0 when the target level held (every replayed step, for a workflow), 1 when it did not,
@@ -26,9 +33,13 @@ import typer
 from replayer.cli_options import S3_OPTIONS, LaneFactory, StoreFactory, make_lane, settings_options
 from replayer.errors import NotReplayableError
 from replayer.lanes.base import Lane
+from replayer.machine_output import machine_output
+from replayer.on_demand import DEFAULT_SERVICE_TIMEOUT_S, VIAS, replay_via_service
+from replayer.prompt_text import decode_prompts
 from replayer.report import WorkflowStep, first_diverging, render_request, render_workflow
 from replayer.selection import not_replayable_reason
 from replayer.settings import ReplayerSettings
+from replayer.show import render_record
 from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayResult
 
@@ -44,6 +55,13 @@ TenantOpt = Annotated[
 ]
 WorkflowIdArg = Annotated[str, typer.Argument(help="the agent workflow id the sidecar recorded")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the replay result(s) as JSON")]
+ViaOpt = Annotated[
+    str,
+    typer.Option("--via", help="service: the running replayer; local: a lane loaded here; auto: service if one runs"),
+]
+ServiceTimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=0.1, help="seconds to wait for the replayer service's answer")
+]
 
 
 def _replay(envelope: Envelope, lane: Lane, settings: ReplayerSettings) -> ReplayResult:
@@ -61,15 +79,22 @@ def build_replay_app(
     )
 
     @app.command("request")
-    @settings_options(*REPLAY_OPTIONS)
+    @settings_options(*REPLAY_OPTIONS, "kafka_bootstrap", "group_id")
     def request(
         settings: ReplayerSettings,
         request_id: RequestIdArg = None,
         as_json: JsonOpt = False,
         client_request_id: ClientIdOpt = None,
         tenant: TenantOpt = None,
+        via: ViaOpt = "auto",
+        timeout_s: ServiceTimeoutOpt = DEFAULT_SERVICE_TIMEOUT_S,
     ) -> None:
-        """Replay one recorded request and print what diverged (exit 0: target held, 1: not, 2: no verdict)."""
+        """Replay one recorded request and print what diverged (exit 0: target held, 1: not, 2: no verdict).
+
+        With a replayer service running (its lane loaded) the service replays it, in seconds; without one
+        (``--via auto``, the default) a lane is loaded here, which takes a while, and stderr says so."""
+        if via not in VIAS:
+            raise typer.BadParameter(f"--via must be one of {', '.join(VIAS)}, not {via!r}")
         if (request_id is None) == (client_request_id is None) or (client_request_id is None) != (tenant is None):
             raise typer.BadParameter("give REQUEST_ID, or --client-request-id with --tenant")
         store = store_factory(settings)
@@ -81,14 +106,21 @@ def build_replay_app(
             envelope = store.get_by_request_id(request_id)
         if not envelope.replayable:
             raise NotReplayableError(f"request {request_id} is not replayable: {not_replayable_reason(envelope)}")
-        lane = lane_factory(settings)
-        try:
-            result = _replay(envelope, lane, settings)
-        finally:
-            lane.close()
-        typer.echo(result.model_dump_json(indent=2) if as_json else render_request(envelope, result), nl=not as_json)
-        if as_json:
-            typer.echo("")
+        with machine_output(as_json) as document:
+            result = (
+                None
+                if via == "local"
+                else replay_via_service(
+                    envelope, store, settings, via, timeout_s, lambda line: typer.echo(line, err=True)
+                )
+            )
+            if result is None:
+                lane = lane_factory(settings)
+                try:
+                    result = _replay(envelope, lane, settings)
+                finally:
+                    lane.close()
+            document(result.model_dump_json(indent=2) if as_json else render_request(envelope, result).rstrip("\n"))
         raise typer.Exit(0 if result.event.target_met else 1)
 
     @app.command("workflow")
@@ -99,23 +131,58 @@ def build_replay_app(
         """Replay every recorded step of a workflow in order; report the first step that diverges."""
         envelopes = store_factory(settings).list_workflow(workflow_id, tenant)
         steps: list[WorkflowStep] = []
-        lane = lane_factory(settings)
-        try:
-            for envelope in envelopes:
-                if not envelope.replayable:
-                    steps.append(WorkflowStep(envelope, None, not_replayable_reason(envelope)))
-                    continue
-                steps.append(WorkflowStep(envelope, _replay(envelope, lane, settings)))
-        finally:
-            lane.close()
-        first = first_diverging(steps)
-        if as_json:
-            typer.echo(json.dumps(_workflow_json(workflow_id, steps, first), indent=2, ensure_ascii=False))
-        else:
-            typer.echo(render_workflow(workflow_id, steps), nl=False)
+        with machine_output(as_json) as document:
+            lane = lane_factory(settings)
+            try:
+                for envelope in envelopes:
+                    if not envelope.replayable:
+                        steps.append(WorkflowStep(envelope, None, not_replayable_reason(envelope)))
+                        continue
+                    steps.append(WorkflowStep(envelope, _replay(envelope, lane, settings)))
+            finally:
+                lane.close()
+            first = first_diverging(steps)
+            if as_json:
+                document(json.dumps(_workflow_json(workflow_id, steps, first), indent=2, ensure_ascii=False))
+            else:
+                document(render_workflow(workflow_id, steps).rstrip("\n"))
         raise typer.Exit(1 if first is not None else 0)
 
     return app
+
+
+def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_settings) -> Callable[..., None]:
+    """``reprolane show``: the envelope exactly as recorded (`replayer.show`)."""
+
+    @settings_options(*S3_OPTIONS, "model_dir")
+    def show(
+        settings: ReplayerSettings,
+        request_id: RequestIdArg = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print the stored envelope JSON itself")] = False,
+        client_request_id: ClientIdOpt = None,
+        tenant: Annotated[str | None, typer.Option("--tenant", help="the tenant of --client-request-id")] = None,
+    ) -> None:
+        """Show the envelope recorded for a request, checked against its content address (exit 2: not found)."""
+        if (request_id is None) == (client_request_id is None) or (client_request_id is None) != (tenant is None):
+            raise typer.BadParameter("give REQUEST_ID, or --client-request-id with --tenant")
+        store = store_factory(settings)
+        if client_request_id is not None and tenant is not None:
+            record = store.read_client_records(tenant, client_request_id)[-1]
+        else:
+            assert request_id is not None
+            record = store.read_record(request_id)
+        if not as_json:
+            decoded = None if record.envelope is None else decode_prompts(record.envelope, settings.model_dir)
+            typer.echo(render_record(record, store.bucket, decoded), nl=False)
+            return
+        if record.envelope is None:
+            typer.echo(f"reprolane: request {record.request_id} is sealed and cannot be opened here "
+                       f"({record.unopened}): printing the sealed record as stored", err=True)  # fmt: skip
+        data = record.data if record.envelope is None or record.sealed is None else record.envelope.canonical()
+        with machine_output(True) as document:
+            document(data.decode("utf-8"))
+
+    return show
 
 
 def _workflow_json(workflow_id: str, steps: list[WorkflowStep], first: WorkflowStep | None) -> dict[str, Any]:
@@ -163,3 +230,4 @@ def build_replayer_app(*, serve_fn: Callable[[ReplayerSettings], None] | None = 
 
 replay_app = build_replay_app()
 replayer_app = build_replayer_app()
+show_command = build_show_command()

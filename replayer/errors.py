@@ -8,7 +8,9 @@
           │    └── ScheduleNotFoundError  the envelope names no engine schedule, or none is indexed (yet)
           ├── EnvelopeNotFoundError   no envelope is indexed under that request id / workflow id
           ├── StoreError              S3 or Kafka refused or could not be reached (translated at the boundary)
-          └── GateInputError          a release gate cannot reach a verdict: bad golden set, selector, fingerprint
+          ├── GateInputError          a release gate cannot reach a verdict: bad golden set, selector, fingerprint
+          └── ServiceReplayError      an on-demand replay through the running service failed: none is running,
+                                      it refused the request (the dead-letter reason), or no answer in time
 
 A divergence is a result (`schemas.DivergenceEvent`), never an exception.
 """
@@ -41,4 +43,8 @@ class StoreError(ReplayerError):
 
 
 class GateInputError(ReplayerError):
+    pass
+
+
+class ServiceReplayError(ReplayerError):
     pass

@@ -23,16 +23,23 @@ the event. An unknown request id, or a lane this process does not serve, goes to
 ``settings.replay_request_keys_path`` that has the ``replay`` role, within ``settings.replay_request_window_s``
 (`schemas.replay_auth`); anything else is dead-lettered as ``unauthorised`` and nothing is replayed. No keys file
 means every request is refused; ``"open"`` (local development only) acts on any request.
+
+Service heartbeats (not Kafka's consumer heartbeats): from start to stop the service publishes a
+`schemas.replay.ReplayerHeartbeat` (its group, lane and lane fingerprint) on ``settings.service_heartbeat_topic``
+every ``settings.service_heartbeat_interval_s``, and one marked ``stopping`` when it stops, so ``reprolane replay
+request`` knows whether to ask it (`replayer.on_demand`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -60,12 +67,14 @@ from schemas.layout import (
     HEADER_SCHEMA,
     MAX_MESSAGE_BYTES,
 )
+from schemas.replay import ReplayerHeartbeat
 from schemas.replay_auth import ReplayRequestKey, verify_replay_request
 from schemas.sealed import is_sealed, redact_divergence_event
 
 log = logging.getLogger("reprolane.replayer")
 
 _REASON_LIMIT = 1000
+REQUEST_FETCH_WAIT_MS = 50
 _TRANSIENT = (StoreError, LaneUnavailableError, KafkaError, OSError)
 
 
@@ -133,6 +142,7 @@ class ReplayerService:
             load_replay_request_keys(keys_path) if signed and keys_path is not None else None
         )
         self.broker = broker if broker is not None else self._make_broker()
+        self._heartbeats: asyncio.Task[None] | None = None
         common: dict[str, Any] = {
             "ack_policy": AckPolicy.MANUAL,
             "auto_offset_reset": settings.auto_offset_reset,
@@ -141,9 +151,13 @@ class ReplayerService:
             "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
         }
         self.broker.subscriber(settings.envelope_topic, group_id=settings.group_id, **common)(self._on_envelope)
-        self.broker.subscriber(settings.replay_request_topic, group_id=f"{settings.group_id}.requests", **common)(
-            self._on_replay_request
-        )
+        # A requester waits for the answer: fetch often (the broker holds an empty fetch up to fetch_max_wait_ms).
+        self.broker.subscriber(
+            settings.replay_request_topic,
+            group_id=settings.replay_request_group_id,
+            fetch_max_wait_ms=REQUEST_FETCH_WAIT_MS,
+            **common,
+        )(self._on_replay_request)
 
     def _make_broker(self) -> KafkaBroker:
         return KafkaBroker(
@@ -162,9 +176,41 @@ class ReplayerService:
             log.warning("replayer: no replay_request_keys_path: every replay request on %s will be refused",
                         self.settings.replay_request_topic)  # fmt: skip
         await self.broker.start()
+        self._heartbeats = asyncio.create_task(self._beat())
 
     async def stop(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeats
+            self._heartbeats = None
+            await self._heartbeat(stopping=True)
         await self.broker.stop()
+
+    async def _heartbeat(self, *, stopping: bool = False) -> None:
+        """Say on the heartbeat topic that this service serves on-demand requests (`replayer.on_demand` reads it);
+        a failure is logged: the next beat may pass, and clients fall back to a lane of their own meanwhile."""
+        beat = ReplayerHeartbeat(
+            group_id=self.settings.group_id,
+            lane=self.lane.name,
+            lane_fingerprint_sha256=self.lane_fingerprint_sha256,
+            at=datetime.now(UTC),
+            interval_s=self.settings.service_heartbeat_interval_s,
+            stopping=stopping,
+        )
+        try:
+            await self.broker.publish(
+                beat.model_dump_json().encode("utf-8"),
+                self.settings.service_heartbeat_topic,
+                key=beat.group_id.encode(),
+            )
+        except (KafkaError, OSError) as exc:
+            log.warning("replayer: heartbeat to %s failed: %s", self.settings.service_heartbeat_topic, exc)
+
+    async def _beat(self) -> None:
+        while True:
+            await self._heartbeat()
+            await asyncio.sleep(self.settings.service_heartbeat_interval_s)
 
     async def __aenter__(self) -> ReplayerService:
         await self.start()

@@ -9,7 +9,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.clients.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
-from schemas.layout import TOPIC_DEAD_LETTER, TOPIC_DIVERGENCES, TOPIC_ENVELOPES, TOPIC_REPLAY_REQUESTS
+from schemas.layout import (
+    TOPIC_DEAD_LETTER,
+    TOPIC_DIVERGENCES,
+    TOPIC_ENVELOPES,
+    TOPIC_REPLAY_REQUESTS,
+    TOPIC_REPLAYER_HEARTBEATS,
+)
 
 
 class Thresholds(BaseSettings):
@@ -53,6 +59,10 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
     divergence_topic: str = TOPIC_DIVERGENCES
     dead_letter_topic: str = TOPIC_DEAD_LETTER
     replay_request_topic: str = TOPIC_REPLAY_REQUESTS
+    service_heartbeat_topic: str = TOPIC_REPLAYER_HEARTBEATS
+    service_heartbeat_interval_s: float = Field(
+        default=5.0, gt=0.0, le=3600.0, description="how often the service says it serves on-demand requests"
+    )
     metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")
     metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")
 
@@ -64,3 +74,11 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
         default=None, description="JSON key id -> {secret, roles}, 0600; None with 'signed': every request refused"
     )
     replay_request_window_s: float = Field(default=300.0, gt=0.0, description="how old a signed request may be")
+    replay_request_key_id: str | None = Field(
+        default=None, description="the key `replay request` signs with; None: the keys file's only replay key"
+    )
+
+    @property
+    def replay_request_group_id(self) -> str:
+        """The consumer group of the service's replay-request subscriber."""
+        return f"{self.group_id}.requests"

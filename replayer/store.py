@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -32,11 +34,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from infra.clients.s3 import S3Policy, error_code, is_already_written, is_missing, make_s3_client
 from replayer.errors import EnvelopeNotFoundError, NotReplayableError, StoreError
 from replayer.settings import ReplayerSettings
-from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result
+from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result, envelope_bytes
+from schemas.canonical import sha256_hex
 from schemas.claim_check import decode_claim_check, verify_claimed
 from schemas.envelope import is_valid_request_id
 from schemas.errors import SealError
-from schemas.index_entry import RecordFacts, filed_step, index_mismatch, parse_index_entry
+from schemas.index_entry import IndexEntry, RecordFacts, filed_step, index_mismatch, parse_index_entry, record_facts
 from schemas.layout import (
     client_request_index_prefix,
     data_key_key,
@@ -49,6 +52,7 @@ from schemas.layout import (
 )
 from schemas.replay import replay_result_id
 from schemas.sealed import (
+    SealedEnvelope,
     decode_sealed,
     decode_sealed_result,
     decode_wrapped_key,
@@ -73,6 +77,38 @@ class _TenantKey(NamedTuple):
     tenant: str
     key_id: str
     data_key: bytes
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """One envelope object as S3 holds it: its key, the bytes written (plain canonical JSON, or a sealed record),
+    their content address (the envelope id, checked), and the envelope they hold: None when it is sealed and
+    cannot be opened here, `unopened` saying why."""
+
+    key: str
+    data: bytes
+    envelope_id: str
+    envelope: Envelope | None
+    sealed: SealedEnvelope | None = None
+    unopened: str | None = None
+
+    @property
+    def _routing(self) -> Envelope | SealedEnvelope:
+        routing = self.envelope if self.envelope is not None else self.sealed
+        assert routing is not None, "a stored record holds an envelope or a sealed one"
+        return routing
+
+    @property
+    def tenant(self) -> str:
+        return self._routing.tenant
+
+    @property
+    def request_id(self) -> str:
+        return self._routing.request_id
+
+    @property
+    def captured_at(self) -> datetime:
+        return self._routing.captured_at
 
 
 def result_key(envelope: Envelope, lane_fingerprint_sha256: str) -> str:
@@ -137,28 +173,75 @@ class EnvelopeStore:
 
         return sorted(self._s3("list", f"s3://{self.bucket}/{prefix}", keys, none_if=lambda _: False) or [])
 
-    def _envelope_from_index(
-        self, index_key: str, what: str, *, request_id: str | None = None, workflow: tuple[str, int] | None = None
-    ) -> Envelope:
-        """The envelope an index entry points at, trusted only when it agrees with the entry: the same tenant and
-        envelope id, the request id (and workflow step) the entry is filed under (`schemas.index_entry`). Anything
-        else is a `StoreError`: an entry written by someone other than the capture side, or one moved elsewhere."""
+    def _indexed(self, index_key: str, what: str) -> tuple[IndexEntry, bytes]:
+        """The index entry filed at `index_key` and the stored bytes of the object it points at, both unchecked."""
         body = self._get(index_key)
         if body is None:
             raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
-        where = f"s3://{self.bucket}/{index_key}"
         try:
-            entry = parse_index_entry(body, where)
+            entry = parse_index_entry(body, f"s3://{self.bucket}/{index_key}")
         except ContractError as exc:
             raise StoreError(str(exc)) from exc
         data = self._get(entry.key)
         if data is None:
             raise EnvelopeNotFoundError(f"{what} is indexed at {entry.key}, but that object is missing (shredded?)")
+        return entry, data
+
+    def _envelope_from_index(
+        self, index_key: str, what: str, *, request_id: str | None = None, workflow: tuple[str, int] | None = None
+    ) -> Envelope:
+        """The envelope an index entry points at, checked against the entry (`_check_index`)."""
+        entry, data = self._indexed(index_key, what)
         envelope = self.decode(data, f"s3://{self.bucket}/{entry.key}")
-        found = index_mismatch(entry, RecordFacts.of_envelope(envelope), request_id=request_id, workflow=workflow)
-        if found:
-            raise StoreError(f"index object {where} does not match the envelope it points to: " + "; ".join(found))
+        self._check_index(index_key, entry, RecordFacts.of_envelope(envelope), request_id, workflow)
         return envelope
+
+    def _record_from_index(self, index_key: str, what: str, *, request_id: str | None = None) -> StoredRecord:
+        """The object an index entry points at as it is stored (`StoredRecord`), its bytes checked against their
+        content address, and the envelope in it checked against the entry; a sealed one whose key is gone (or
+        that no KEK opens here) is returned unopened, with the reason."""
+        entry, data = self._indexed(index_key, what)
+        key, envelope_id, where = entry.key, entry.envelope_id, f"s3://{self.bucket}/{entry.key}"
+        if not is_sealed(data):
+            try:
+                address = sha256_hex(envelope_bytes(data))  # a compact envelope: of the canonical bytes it holds
+            except ContractError as exc:
+                raise StoreError(f"stored envelope {where} does not decode: {exc}") from exc
+            if address != envelope_id:
+                raise StoreError(f"stored envelope {where}: its bytes hash to {address}, not to the "
+                                 f"envelope id {envelope_id} it is filed under (altered?)")  # fmt: skip
+            envelope = self.decode(data, where)
+            self._check_index(index_key, entry, RecordFacts.of_envelope(envelope), request_id, None)
+            return StoredRecord(key, data, envelope_id, envelope)
+        try:
+            sealed = decode_sealed(data)
+        except ContractError as exc:
+            raise StoreError(f"stored sealed envelope {where} does not decode: {exc}") from exc
+        self._check_index(index_key, entry, record_facts(data), request_id, None)  # its clear metadata
+        try:
+            envelope = self.decode(data, where)  # opening checks the plaintext against the envelope id
+        except NotReplayableError as exc:
+            return StoredRecord(key, data, envelope_id, None, sealed, str(exc))
+        self._check_index(index_key, entry, RecordFacts.of_envelope(envelope), request_id, None)
+        return StoredRecord(key, data, envelope_id, envelope, sealed)
+
+    def _check_index(
+        self,
+        index_key: str,
+        entry: IndexEntry,
+        facts: RecordFacts,
+        request_id: str | None,
+        workflow: tuple[str, int] | None,
+    ) -> None:
+        """An index entry is trusted only when the record it points at agrees with it (`schemas.index_entry`:
+        the same tenant and envelope id, the request id and workflow step it is filed under). Anything else is a
+        `StoreError`: an entry written by someone other than the capture side, or one moved to another record."""
+        found = index_mismatch(entry, facts, request_id=request_id, workflow=workflow)
+        if found:
+            raise StoreError(
+                f"index object s3://{self.bucket}/{index_key} does not match the envelope it points to: "
+                + "; ".join(found)
+            )
 
     def resolve_claim_check(self, reference: bytes) -> bytes:
         """The envelope bytes a claim check (`schemas.claim_check`, an envelope too large for Kafka) names, read
@@ -226,6 +309,31 @@ class EnvelopeStore:
             request_index_key(request_id), f"request id {request_id!r}", request_id=request_id
         )
 
+    def read_record(self, request_id: str) -> StoredRecord:
+        """The envelope recorded for `request_id` exactly as stored (see `_record_from_index`)."""
+        if not is_valid_request_id(request_id):
+            raise EnvelopeNotFoundError(f"{request_id!r} is not a valid request id")
+        return self._record_from_index(
+            request_index_key(request_id), f"request id {request_id!r}", request_id=request_id
+        )
+
+    def read_client_records(self, tenant: str, client_request_id: str) -> list[StoredRecord]:
+        """What `find_by_client_request_id` finds, as stored (sealed ones unopened without their key), oldest
+        first; an opened envelope of another tenant or client id is a `StoreError`."""
+        if not is_valid_request_id(tenant) or not is_valid_request_id(client_request_id):
+            raise EnvelopeNotFoundError(f"{tenant!r} / {client_request_id!r} is not a valid tenant / client id")
+        what = f"client request id {client_request_id!r} of tenant {tenant!r}"
+        keys = self._list(client_request_index_prefix(tenant, client_request_id))
+        if not keys:
+            raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
+        records = [self._record_from_index(key, f"{what} ({key})") for key in keys]
+        for rec, key in zip(records, keys, strict=True):
+            client_id = rec.envelope.client_request_id if rec.envelope is not None else client_request_id
+            if rec.tenant != tenant or client_id != client_request_id:
+                raise StoreError(f"index object s3://{self.bucket}/{key} points at an envelope of tenant "
+                                 f"{rec.tenant!r}, client id {client_id!r}: not {what}")  # fmt: skip
+        return sorted(records, key=lambda r: r.captured_at)
+
     def list_workflow(self, workflow_id: str, tenant: str | None = None) -> list[Envelope]:
         """Every recorded step of a workflow, ordered by step; `EnvelopeNotFoundError` when there is none.
 
@@ -253,19 +361,14 @@ class EnvelopeStore:
     def find_by_client_request_id(self, tenant: str, client_request_id: str) -> list[Envelope]:
         """The envelopes `tenant`'s client sent as ``X-Request-Id: client_request_id`` (a retry is one more),
         oldest first; only those whose stored tenant and client id are these (an index entry pointing
-        elsewhere is refused as a `StoreError`); `EnvelopeNotFoundError` when there is none."""
-        if not is_valid_request_id(tenant) or not is_valid_request_id(client_request_id):
-            raise EnvelopeNotFoundError(f"{tenant!r} / {client_request_id!r} is not a valid tenant / client id")
-        what = f"client request id {client_request_id!r} of tenant {tenant!r}"
-        keys = self._list(client_request_index_prefix(tenant, client_request_id))
-        if not keys:
-            raise EnvelopeNotFoundError(f"no envelope is indexed under {what}")
-        envelopes = [self._envelope_from_index(key, f"{what} ({key})") for key in keys]
-        for env, key in zip(envelopes, keys, strict=True):
-            if env.tenant != tenant or env.client_request_id != client_request_id:
-                raise StoreError(f"index object s3://{self.bucket}/{key} points at an envelope of tenant "
-                                 f"{env.tenant!r}, client id {env.client_request_id!r}: not {what}")  # fmt: skip
-        return sorted(envelopes, key=lambda e: e.captured_at)
+        elsewhere is refused as a `StoreError`); `EnvelopeNotFoundError` when there is none, `NotReplayableError`
+        when one is sealed and cannot be opened here."""
+        envelopes = []
+        for record in self.read_client_records(tenant, client_request_id):
+            if record.envelope is None:
+                raise NotReplayableError(record.unopened or f"request {record.request_id} is sealed")
+            envelopes.append(record.envelope)
+        return envelopes
 
     def list_tenant(self, tenant: str, *, limit: int | None = None) -> list[Envelope]:
         """Envelopes recorded for `tenant` (``envelopes/tenant=<tenant>/``, key order = day, then envelope id),

@@ -6,13 +6,14 @@ from typing import Any
 
 from schemas.envelope import Envelope
 from schemas.environment import EnvironmentFingerprint
-from schemas.replay import DivergenceEvent, ReplayRequest, ReplayResult
+from schemas.replay import DivergenceEvent, ReplayerHeartbeat, ReplayRequest, ReplayResult
 
 EXPORTED: dict[str, type[Any]] = {
     "envelope.v1.schema.json": Envelope,
     "divergence-event.v1.schema.json": DivergenceEvent,
     "replay-result.v1.schema.json": ReplayResult,
     "replay-request.v1.schema.json": ReplayRequest,
+    "replayer-heartbeat.v1.schema.json": ReplayerHeartbeat,
     "environment-fingerprint.v1.schema.json": EnvironmentFingerprint,
 }
 

@@ -10,6 +10,7 @@ spells ``"index/..."``. Kafka (at-least-once: duplicates are expected and collap
     reprolane.dead-letter.v1      key = original key, value = original bytes, reason in headers
     reprolane.schedules.v1        key = engine id, value = one closed schedule segment (`schemas.schedule_delivery`),
                                   headers engine id, segment seq and sha256 (duplicates collapse by engine + seq)
+    reprolane.replayer-heartbeats.v1  key = consumer group, value = ReplayerHeartbeat JSON (who serves requests)
 
 An envelope over `CLAIM_CHECK_BYTES` travels on the envelope topic as a `schemas.claim_check.ClaimCheck` (header
 `HEADER_CLAIM_CHECK`) naming its envelope object; the capture side's dead letters (records a sink refused for
@@ -61,7 +62,15 @@ TOPIC_DIVERGENCES: Final = "reprolane.divergences.v1"
 TOPIC_REPLAY_REQUESTS: Final = "reprolane.replay-requests.v1"
 TOPIC_DEAD_LETTER: Final = "reprolane.dead-letter.v1"
 TOPIC_SCHEDULES: Final = "reprolane.schedules.v1"
-ALL_TOPICS: Final = (TOPIC_ENVELOPES, TOPIC_DIVERGENCES, TOPIC_REPLAY_REQUESTS, TOPIC_DEAD_LETTER, TOPIC_SCHEDULES)
+TOPIC_REPLAYER_HEARTBEATS: Final = "reprolane.replayer-heartbeats.v1"
+ALL_TOPICS: Final = (
+    TOPIC_ENVELOPES,
+    TOPIC_DIVERGENCES,
+    TOPIC_REPLAY_REQUESTS,
+    TOPIC_DEAD_LETTER,
+    TOPIC_SCHEDULES,
+    TOPIC_REPLAYER_HEARTBEATS,
+)
 
 #: Largest record a producer may send and a consumer must accept (topics are created with this
 #: ``max.message.bytes``): an 8k-token output with top-20 logprobs is about 3 MiB of JSON.

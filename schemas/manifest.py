@@ -40,6 +40,8 @@ from schemas.fingerprint import RuntimeFingerprint
 #: 1: first; 2: config.json without the GGUF `quantization_config` (vLLM refused version 1 directories);
 #: 3: ``generation_defaults`` recorded.
 MANIFEST_VERSION: Final = 3
+#: The manifest's file name inside the model directory it describes.
+MANIFEST_NAME: Final = "reprolane-manifest.json"
 GENERATION_DEFAULTS_SINCE: Final = 3
 
 #: Files that change what the model computes (besides the weight files themselves): in ``model_sha256``.

@@ -47,6 +47,21 @@ class ReplayRequest(Record):
     signature: str | None = Field(default=None, description="hex HMAC-SHA256 over the rest of the request")
 
 
+class ReplayerHeartbeat(Record):
+    """A running replayer service says it consumes on-demand requests (the heartbeat topic, keyed by its group).
+
+    Sent when it starts, every ``interval_s`` while it runs, and once with ``stopping`` when it stops cleanly; a
+    client takes the service for absent when the newest heartbeat of its group is older than a few intervals."""
+
+    schema_version: Literal["reprolane.replay/1"] = REPLAY_SCHEMA_VERSION
+    group_id: str = Field(min_length=1, max_length=255, description="the service's envelope consumer group")
+    lane: str = Field(min_length=1, max_length=64)
+    lane_fingerprint_sha256: Sha256
+    at: datetime
+    interval_s: float = Field(gt=0.0, le=3600.0)
+    stopping: bool = False
+
+
 class ReplayedOutput(Record):
     token_ids: tuple[int, ...]
     text: str
@@ -119,6 +134,10 @@ def replay_result_id(envelope_id: str, lane_fingerprint_sha256: str) -> str:
 
 def decode_replay_request(data: bytes | str) -> ReplayRequest:
     return decode_record(ReplayRequest, "replay request", data)
+
+
+def decode_heartbeat(data: bytes | str) -> ReplayerHeartbeat:
+    return decode_record(ReplayerHeartbeat, "replayer heartbeat", data)
 
 
 def decode_divergence(data: bytes | str) -> DivergenceEvent:

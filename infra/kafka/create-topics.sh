@@ -15,7 +15,7 @@
 #   capture    kafka_capture_password        write envelopes, dead-letter
 #   shipper    kafka_shipper_password        write schedules, dead-letter
 #   replayer   kafka_replayer_password       read envelopes, replay-requests (group reprolane-replayer*);
-#                                            write divergences, dead-letter
+#                                            write divergences, dead-letter, replayer-heartbeats
 #   archiver   kafka_archiver_password       read envelopes, divergences (group reprolane-archiver*)
 #   monitor    kafka_monitor_password        describe every topic and group (kafka-exporter)
 #
@@ -53,6 +53,7 @@ TOPICS=(
     "reprolane.replay-requests.v1|${ENVELOPE_PARTITIONS}|604800000|1048576"
     "reprolane.dead-letter.v1|3|2592000000|${MAX_BYTES}"
     "reprolane.schedules.v1|${ENVELOPE_PARTITIONS}|${ENVELOPE_RETENTION_MS}|${MAX_BYTES}"
+    "reprolane.replayer-heartbeats.v1|1|3600000|65536"
 )
 
 for spec in "${TOPICS[@]}"; do
@@ -82,7 +83,7 @@ fi
 USERS=(
     "capture|kafka_capture_password|Write:topic:reprolane.envelopes.v1 Write:topic:reprolane.dead-letter.v1"
     "shipper|kafka_shipper_password|Write:topic:reprolane.schedules.v1 Write:topic:reprolane.dead-letter.v1"
-    "replayer|kafka_replayer_password|Read:topic:reprolane.envelopes.v1 Read:topic:reprolane.replay-requests.v1 Read:group:reprolane-replayer:prefixed Write:topic:reprolane.divergences.v1 Write:topic:reprolane.dead-letter.v1"
+    "replayer|kafka_replayer_password|Read:topic:reprolane.envelopes.v1 Read:topic:reprolane.replay-requests.v1 Read:group:reprolane-replayer:prefixed Write:topic:reprolane.divergences.v1 Write:topic:reprolane.dead-letter.v1 Write:topic:reprolane.replayer-heartbeats.v1"
     "archiver|kafka_archiver_password|Read:topic:reprolane.envelopes.v1 Read:topic:reprolane.divergences.v1 Read:group:reprolane-archiver:prefixed"
     "monitor|kafka_monitor_password|Describe:topic:* Describe:group:* DescribeConfigs:topic:*"
 )

@@ -2,7 +2,7 @@
 
     reprolane matrix [--envelopes FILE.jsonl | --request-ids A,B | --from-s3 TENANT/DATE | --workload]
                      [--cells batch,order,dtype,...] [--max-tokens 32] [--baseline recorded|single]
-                     [--json OUT] [--html OUT] [--include-slow] [--semantic]
+                     [--json OUT|-] [--html OUT] [--include-slow] [--semantic]
     reprolane explain REQUEST_ID [--envelopes FILE.jsonl] [--window-s 5] [--variations alone,batch,...] [--json]
 
 ``matrix`` exit codes: 0 every runnable cell ran, 1 some cell failed, 2 bad arguments or no input.
@@ -20,6 +20,7 @@ import typer
 
 from replayer.cli_options import S3_OPTIONS, settings_options
 from replayer.errors import EnvelopeNotFoundError, NotReplayableError
+from replayer.machine_output import machine_output
 from replayer.matrix.dimensions import parse_dimensions, plan_cells
 from replayer.matrix.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
 from replayer.matrix.inputs import (
@@ -48,6 +49,8 @@ WorkloadFileOpt = Annotated[Path | None, typer.Option("--workload-file", help="J
 
 #: The settings options of ``matrix`` and ``explain``.
 MATRIX_OPTIONS = ("model_dir", *S3_OPTIONS)
+#: ``--json -``: the JSON report is the one document on stdout (`replayer.machine_output`).
+STDOUT = Path("-")
 
 
 def _model_dir(settings: ReplayerSettings) -> Path:
@@ -98,7 +101,9 @@ def matrix_command(
         int | None, typer.Option("--limit", min=1, help="at most N requests (workload: spread over the file)")
     ] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="recorded | single")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the JSON report here")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the JSON report here (-: on stdout, the table on stderr)")
+    ] = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="write the HTML report here")] = None,
     include_slow: Annotated[bool, typer.Option("--include-slow", help="also run torch.compile cells")] = False,
     semantic: Annotated[bool, typer.Option("--semantic", help="semantic similarity of final texts")] = False,
@@ -114,59 +119,64 @@ def matrix_command(
         dims = parse_dimensions(cells)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    mdir = _model_dir(settings)
-    rejected: list[tuple[str, str]] = []
-    if envelopes is not None:
-        items, rejected = items_from_envelopes(read_envelopes_jsonl(envelopes))
-        source = str(envelopes)
-    elif request_ids or from_s3:
-        store = EnvelopeStore.from_settings(settings)
-        if request_ids:
-            envs = [store.get_by_request_id(r.strip()) for r in request_ids.split(",") if r.strip()]
-            source = f"request ids {request_ids}"
+    with machine_output(json_out == STDOUT) as document:
+        mdir = _model_dir(settings)
+        rejected: list[tuple[str, str]] = []
+        if envelopes is not None:
+            items, rejected = items_from_envelopes(read_envelopes_jsonl(envelopes))
+            source = str(envelopes)
+        elif request_ids or from_s3:
+            store = EnvelopeStore.from_settings(settings)
+            if request_ids:
+                envs = [store.get_by_request_id(r.strip()) for r in request_ids.split(",") if r.strip()]
+                source = f"request ids {request_ids}"
+            else:
+                try:
+                    prefix = s3_prefix(from_s3 or "")
+                except ValueError as exc:
+                    raise typer.BadParameter(str(exc)) from exc
+                envs, undecodable = store.scan_envelopes(prefix)
+                source = f"s3://{store.bucket}/{prefix}"
+            items, rejected = items_from_envelopes(envs)
+            if from_s3:
+                rejected += [(key, f"does not decode as an envelope: {why}") for key, why in undecodable]
         else:
-            try:
-                prefix = s3_prefix(from_s3 or "")
-            except ValueError as exc:
-                raise typer.BadParameter(str(exc)) from exc
-            envs, undecodable = store.scan_envelopes(prefix)
-            source = f"s3://{store.bucket}/{prefix}"
-        items, rejected = items_from_envelopes(envs)
-        if from_s3:
-            rejected += [(key, f"does not decode as an envelope: {why}") for key, why in undecodable]
-    else:
-        wl = spread(_prompts(workload_file), limit)
-        items, source = _workload(mdir, wl, max_tokens), f"the workload ({len(wl.prompts)} prompts)"
-    items = items[:limit] if limit else items
-    if not items:
-        raise typer.BadParameter("no replayable request in the input")
-    has_recorded = all(i.recorded is not None for i in items)
-    mode: BaselineMode = "recorded" if has_recorded else "single"
-    if baseline == "single":
-        mode = "single"
-    elif baseline == "recorded" and not has_recorded:
-        raise typer.BadParameter("--baseline recorded needs recorded envelopes (the workload has no recorded outputs)")
-    from replayer.lanes.batch_engine import probe_platform
-    from replayer.matrix.pipeline import run_matrix
+            wl = spread(_prompts(workload_file), limit)
+            items, source = _workload(mdir, wl, max_tokens), f"the workload ({len(wl.prompts)} prompts)"
+        items = items[:limit] if limit else items
+        if not items:
+            raise typer.BadParameter("no replayable request in the input")
+        has_recorded = all(i.recorded is not None for i in items)
+        mode: BaselineMode = "recorded" if has_recorded else "single"
+        if baseline == "single":
+            mode = "single"
+        elif baseline == "recorded" and not has_recorded:
+            raise typer.BadParameter(
+                "--baseline recorded needs recorded envelopes (the workload has no recorded outputs)"
+            )
+        from replayer.lanes.batch_engine import probe_platform
+        from replayer.matrix.pipeline import run_matrix
 
-    similarity = None
-    if semantic:
-        from replayer.semantic import similarity as text_similarity
+        similarity = None
+        if semantic:
+            from replayer.semantic import similarity as text_similarity
 
-        similarity = text_similarity
-    platform = probe_platform()
-    report = run_matrix(
-        items, plan_cells(platform, dims, include_slow=include_slow), model_dir=mdir, platform=platform,
-        baseline=mode, source=source, rejected=rejected, thresholds=settings.thresholds, similarity=similarity,
-        progress=True,
-    )  # fmt: skip
-    typer.echo(render_table(report))
-    if json_out is not None:
-        json_out.write_text(render_json(report), encoding="utf-8")
-        typer.echo(f"JSON: {json_out}")
-    if html_out is not None:
-        html_out.write_text(render_html(report), encoding="utf-8")
-        typer.echo(f"HTML: {html_out}")
+            similarity = text_similarity
+        platform = probe_platform()
+        report = run_matrix(
+            items, plan_cells(platform, dims, include_slow=include_slow), model_dir=mdir, platform=platform,
+            baseline=mode, source=source, rejected=rejected, thresholds=settings.thresholds, similarity=similarity,
+            progress=True,
+        )  # fmt: skip
+        typer.echo(render_table(report))
+        if json_out == STDOUT:
+            document(render_json(report))
+        elif json_out is not None:
+            json_out.write_text(render_json(report), encoding="utf-8")
+            typer.echo(f"JSON: {json_out}")
+        if html_out is not None:
+            html_out.write_text(render_html(report), encoding="utf-8")
+            typer.echo(f"HTML: {html_out}")
     raise typer.Exit(1 if any(c.status == "failed" for c in report.cells) else 0)
 
 
@@ -224,12 +234,13 @@ def explain_command(
         chosen = Workload(tuple(prompts.prompts[i] for i in picks), tuple(f"{k:03d}" for k in range(n)), prompts.system)
         return _workload(mdir, chosen, max_tokens, prefix="padding")
 
-    try:
-        result = explain(
-            target, candidates, model_dir=mdir, platform=probe_platform(), padding_factory=padding,
-            window_s=window_s, thresholds=settings.thresholds, only=only, progress=not as_json, notes=extra_notes,
-        )  # fmt: skip
-    except ValueError as exc:  # the target or a companion cannot be replayed (explain says why)
-        raise NotReplayableError(str(exc)) from exc
-    typer.echo(result.model_dump_json(indent=2) if as_json else render_explanation(result))
+    with machine_output(as_json) as document:
+        try:
+            result = explain(
+                target, candidates, model_dir=mdir, platform=probe_platform(), padding_factory=padding,
+                window_s=window_s, thresholds=settings.thresholds, only=only, progress=not as_json, notes=extra_notes,
+            )  # fmt: skip
+        except ValueError as exc:  # the target or a companion cannot be replayed (explain says why)
+            raise NotReplayableError(str(exc)) from exc
+        document(result.model_dump_json(indent=2) if as_json else render_explanation(result))
     raise typer.Exit(result.exit_code)

@@ -11,8 +11,8 @@ import pytest
 
 from infra import model as model_mod
 from infra.errors import ModelCacheError
-from infra.manifest import MANIFEST_NAME, digest_files, load_manifest, verify_model, write_manifest
-from schemas.manifest import ModelSource
+from infra.manifest import digest_files, load_manifest, verify_model, write_manifest
+from schemas.manifest import MANIFEST_NAME, ModelSource
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 SOURCE = ModelSource(wheel="w", version="0", wheel_sha256="a" * 64, gguf_file="m.gguf", gguf_sha256="b" * 64)

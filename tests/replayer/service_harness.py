@@ -1,6 +1,6 @@
 """Harness of the replayer service's stack tests: uuid topics on the stack's Kafka, and worker processes.
 
-`Topics` is a fresh set of the service's four topics (uuid suffix, a consumer group of its own) with ways to
+`Topics` is a fresh set of the service's five topics (uuid suffix, a consumer group of its own) with ways to
 produce to them, read them back and wait for the group to settle. `Worker` is ``tests.replayer.service_worker``
 in a process of its own, started with a `Topics`' settings, so that a test can SIGKILL it where it chooses (it
 hangs on one request id after storing that result, and says so in its marker file) and read afterwards what
@@ -62,6 +62,7 @@ class Topics:
             "divergence_topic": f"div-{self.suffix}",
             "dead_letter_topic": f"dlq-{self.suffix}",
             "replay_request_topic": f"rrq-{self.suffix}",
+            "service_heartbeat_topic": f"hb-{self.suffix}",
         }
 
     @property

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -42,8 +42,9 @@ from schemas import (
     TopCandidate,
     WorkflowRef,
 )
-from schemas.layout import envelope_key, index_body, request_index_key, workflow_index_key
+from schemas.layout import data_key_key, envelope_key, index_body, request_index_key, workflow_index_key
 from schemas.replay_auth import sign_replay_request
+from schemas.sealed import new_data_key, seal_envelope, wrap_key
 from tests import factories
 
 if TYPE_CHECKING:
@@ -310,6 +311,59 @@ def envelope_from_completion(
             timings=Timings(received_at=received_at, upstream_ms=1.0),
         ),
     )
+
+
+def record_from_stack(
+    stack: Any, request_id: str, messages: list[dict[str, str]], *, max_tokens: int, top_k: int = 5,
+    target_level: ReproLevel = "bitwise",
+) -> Envelope:  # fmt: skip
+    """One lone greedy ``/v1/completions`` request to the stack's vLLM server (`infra.state.StackInfo`), the
+    chat prompt tokenised by the server, as an envelope (`envelope_from_completion`)."""
+    import httpx
+
+    assert stack.vllm_url is not None
+    with httpx.Client(base_url=stack.vllm_url, timeout=120) as client:
+        ids = client.post(
+            "/tokenize", json={"model": stack.model_name, "messages": messages, "add_generation_prompt": True}
+        ).json()["tokens"]
+        body = {
+            "model": stack.model_name,
+            "prompt": ids,
+            "temperature": 0.0,
+            "max_tokens": max_tokens,
+            "logprobs": top_k,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        received = datetime.now(UTC)
+        resp = client.post("/v1/completions", json=body)
+        resp.raise_for_status()
+        data: dict[str, Any] = resp.json()
+        version = client.get("/version").json()["version"]
+    assert len(data["choices"][0]["token_ids"]) == max_tokens, "the prompt must not stop early: pick another one"
+    return envelope_from_completion(
+        request_id=request_id, prompt_ids=ids, body=body, answer=data, received_at=received,
+        engine_version=version, target_level=target_level, in_flight=0, top_k=top_k,
+    )  # fmt: skip
+
+
+def seed_sealed(s3: S3Target, env: Envelope, kek: bytes) -> bytes:
+    """`env` sealed under a fresh data key of its tenant (wrapped by `kek`), the wrapped key and the request-id
+    index, as the capture side writes them; returns the sealed bytes."""
+    client = s3.client()
+    key_id = uuid.uuid4().hex[:12]
+    data_key = new_data_key()
+    wrapped = wrap_key(data_key, kek, tenant=env.tenant, key_id=key_id, created_at=datetime.now(UTC))
+    client.put_object(Bucket=s3.bucket, Key=data_key_key(env.tenant, key_id), Body=wrapped.model_dump_json().encode())
+    sealed = seal_envelope(
+        env.canonical(), request_id=env.request_id, tenant=env.tenant, captured_at=env.captured_at,
+        workflow=env.workflow, key_id=key_id, data_key=data_key,
+    ).canonical()  # fmt: skip
+    key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+    client.put_object(Bucket=s3.bucket, Key=key, Body=sealed)
+    body = index_body(env.envelope_id(), key, env.tenant, env.captured_at)
+    client.put_object(Bucket=s3.bucket, Key=request_index_key(env.request_id), Body=body)
+    return sealed
 
 
 REPLAY_KEY_ID = "test-replay"

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
-from typing import Any
 
-import httpx
 import pytest
 
 from infra.state import StackInfo
@@ -29,7 +26,7 @@ from schemas import (
     Envelope,
     SamplingContract,
 )
-from tests.replayer.support import envelope_from_completion
+from tests.replayer.support import record_from_stack
 
 pytestmark = pytest.mark.stack
 
@@ -41,37 +38,7 @@ TOP_K = 5
 @pytest.fixture(scope="module")
 def recorded(stack: StackInfo) -> Envelope:
     """One lone greedy request to the stack's vLLM server, as an envelope."""
-    assert stack.vllm_url is not None
-    with httpx.Client(base_url=stack.vllm_url, timeout=120) as client:
-        ids = client.post(
-            "/tokenize", json={"model": stack.model_name, "messages": MESSAGES, "add_generation_prompt": True}
-        ).json()["tokens"]
-        body = {
-            "model": stack.model_name,
-            "prompt": ids,
-            "temperature": 0.0,
-            "max_tokens": MAX_TOKENS,
-            "logprobs": TOP_K,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
-        }
-        received = datetime.now(UTC)
-        resp = client.post("/v1/completions", json=body)
-        resp.raise_for_status()
-        data: dict[str, Any] = resp.json()
-        version = client.get("/version").json()["version"]
-    assert len(data["choices"][0]["token_ids"]) == MAX_TOKENS, "the prompt must not stop early: pick another one"
-    return envelope_from_completion(
-        request_id="lanes-stack-001",
-        prompt_ids=ids,
-        body=body,
-        answer=data,
-        received_at=received,
-        engine_version=version,
-        target_level="bitwise",
-        in_flight=0,
-        top_k=TOP_K,
-    )
+    return record_from_stack(stack, "lanes-stack-001", MESSAGES, max_tokens=MAX_TOKENS, top_k=TOP_K)
 
 
 def _lane(settings: ReplayerSettings) -> Iterator[Lane]:

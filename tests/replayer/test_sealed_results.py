@@ -12,7 +12,6 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 from faststream.kafka import TestKafkaBroker
@@ -20,8 +19,7 @@ from faststream.kafka import TestKafkaBroker
 from replayer.errors import NotReplayableError
 from replayer.store import EnvelopeStore, result_key
 from schemas import Envelope
-from schemas.layout import data_key_key, envelope_key, request_index_key
-from schemas.sealed import new_data_key, seal_envelope, wrap_key
+from tests.replayer import support
 from tests.replayer.support import S3Target, moto_s3
 from tests.replayer.test_service import Harness, build, greedy
 
@@ -35,26 +33,7 @@ def s3() -> Iterator[S3Target]:
 
 
 def seed_sealed(s3: S3Target, env: Envelope) -> bytes:
-    """Write `env` sealed under a fresh data key of its tenant, with the wrapped key and the index, as capture does."""
-    client = s3.client()
-    key_id = uuid.uuid4().hex[:12]
-    data_key = new_data_key()
-    wrapped = wrap_key(data_key, KEK, tenant=env.tenant, key_id=key_id, created_at=datetime.now(UTC))
-    client.put_object(Bucket=s3.bucket, Key=data_key_key(env.tenant, key_id), Body=wrapped.model_dump_json().encode())
-    sealed = seal_envelope(
-        env.canonical(),
-        request_id=env.request_id,
-        tenant=env.tenant,
-        captured_at=env.captured_at,
-        workflow=env.workflow,
-        key_id=key_id,
-        data_key=data_key,
-    ).canonical()
-    key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
-    client.put_object(Bucket=s3.bucket, Key=key, Body=sealed)
-    index = f'{{"envelope_id": "{env.envelope_id()}", "key": "{key}", "request_id": "{env.request_id}"}}'
-    client.put_object(Bucket=s3.bucket, Key=request_index_key(env.request_id), Body=index.encode())
-    return sealed
+    return support.seed_sealed(s3, env, KEK)
 
 
 def encrypted_harness(s3: S3Target) -> Harness:

@@ -1,0 +1,158 @@
+"""``reprolane replay request`` against a running ``reprolane replayer serve``, both real processes on the stack.
+
+The service runs on the remote lane (the stack's vLLM server: a real lane that starts in a second) with its own
+uuid topics and consumer group and a replay-request keys file. The CLI, run as a user runs it, finds the service
+by its replay-request group's members and asks it (signed with the same key file); then, with a key the service
+does not know, it is refused with the service's reason; with the service stopped it loads a lane of its own and
+says so on stderr, and ``--via service`` fails with one line instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.demo_services import reprolane_argv
+from infra.state import StackInfo
+from replayer.on_demand import live_service
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
+from schemas import Envelope
+from tests.replayer.service_harness import Topics, worker_environment
+from tests.replayer.support import (
+    S3Target,
+    record_from_stack,
+    seed_envelope,
+    write_replay_request_keys,
+)
+
+pytestmark = pytest.mark.stack
+
+MESSAGES = [{"role": "user", "content": "Name three primary colors and explain why."}]
+
+
+@dataclass
+class Served:
+    """A ``reprolane replayer serve`` process, the settings it and the CLI share, and the recorded envelope."""
+
+    process: subprocess.Popen[bytes]
+    settings: ReplayerSettings
+    env: dict[str, str]
+    envelope: Envelope
+    log: Path
+
+
+def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*reprolane_argv(), *args], env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+    )
+
+
+def tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]
+
+
+def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``reprolane replayer serve`` as an operator starts it (settings from the environment), its output in `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [*reprolane_argv(), "replayer", "serve", "--metrics-port", "0"],
+            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+
+
+async def wait_for_heartbeat(settings: ReplayerSettings, served: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while await live_service(settings) is None:
+        assert served.poll() is None, f"the replayer exited: {tail(log)}"
+        assert time.monotonic() < deadline, "the replayer service never joined its replay-request group"
+        await asyncio.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+async def served(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    tmp = tmp_path_factory.mktemp("cli-service")
+    s3 = S3Target.from_stack(stack)
+    topics = await Topics.create(stack.kafka_bootstrap, s3)
+    settings = topics.settings(
+        lane="remote",
+        remote_url=stack.vllm_url,
+        served_model_name=stack.model_name,
+        replay_request_keys_path=write_replay_request_keys(tmp / "keys.json"),
+    )
+    envelope = record_from_stack(stack, f"cli-service-{topics.suffix}", MESSAGES, max_tokens=8)
+    seed_envelope(s3.client(), s3.bucket, envelope)
+    env = {**worker_environment(settings), "REPROLANE_RUN_DIR": str(stack.run_dir)}
+    log = tmp / "replayer.log"
+    process = start_service(env, log)
+    try:
+        await wait_for_heartbeat(settings, process, log)
+        yield Served(process, settings, env, envelope, log)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+async def test_a_request_the_service_refuses_fails_at_once_with_its_reason(served: Served, tmp_path: Path) -> None:
+    stranger = write_replay_request_keys(
+        tmp_path / "other.json", {"stranger": {"secret": "ab" * 16, "roles": ["replay"]}}
+    )
+    env = {**served.env, "REPROLANE_REPLAYER_REPLAY_REQUEST_KEYS_PATH": str(stranger)}
+    started = time.monotonic()
+    refused = await asyncio.to_thread(run_cli, env, "replay", "request", served.envelope.request_id, "--via", "service")
+    assert time.monotonic() - started < 60  # the dead letter answers: the 30 s timeout is not waited out
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("reprolane: error: the replayer service refused the request: unauthorised: unknown key id")
+
+
+async def test_replay_request_asks_the_running_service_and_loads_a_lane_without_one(served: Served) -> None:
+    rid = served.envelope.request_id
+    store = EnvelopeStore.from_settings(served.settings)
+
+    fast = await asyncio.to_thread(run_cli, served.env, "replay", "request", rid, "--json")
+    assert fast.returncode in (0, 1), fast.stderr
+    assert "replayed by the running replayer service on lane remote" in fast.stderr
+    answered = json.loads(fast.stdout)
+    (key,) = store.list_results(served.envelope)  # the service stored it; the CLI printed that stored result
+    stored = store.get_result(served.envelope, answered["event"]["lane_fingerprint_sha256"])
+    assert stored is not None
+    assert key.endswith(f"/{stored.event.result_id()}.json")
+    assert answered == stored.model_dump(mode="json")
+    assert fast.returncode == (0 if stored.event.target_met else 1)
+
+    again = await asyncio.to_thread(run_cli, served.env, "replay", "request", rid, "--via", "service")
+    assert again.returncode == fast.returncode, again.stderr
+    assert again.stdout.startswith(f"Replay of request {rid} (envelope {served.envelope.envelope_id()[:16]}…) on lane")
+    assert "replayed by the running replayer service" in again.stderr
+
+    served.process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(served.process.wait, 60) == 0, tail(served.log)
+    assert await live_service(served.settings) is None  # its last heartbeat said it was stopping
+
+    local = await asyncio.to_thread(run_cli, served.env, "replay", "request", rid, "--json")
+    assert local.returncode in (0, 1), local.stderr
+    assert "no replayer service is running" in local.stderr
+    assert "replaying on a remote lane loaded here instead" in local.stderr
+    replayed: dict[str, Any] = json.loads(local.stdout)
+    assert (replayed["event"]["request_id"], replayed["event"]["lane"]) == (rid, "remote")
+    assert len(store.list_results(served.envelope)) == 1  # a local replay is printed, not stored
+
+    only_service = await asyncio.to_thread(run_cli, served.env, "replay", "request", rid, "--via", "service")
+    assert only_service.returncode == 2
+    assert only_service.stdout == ""
+    assert only_service.stderr.startswith(
+        "reprolane: error: no replayer service is running (no recent heartbeat of group "
+    )
