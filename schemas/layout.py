@@ -23,8 +23,8 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
     audit/expiry/<YYYYmmddTHHMMSSffffffZ>-<uuid8>.json                       expiry_report_key
-    audit/access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json        access_log_key: operator actions
-    audit/console-access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json  console_access_key: console actions
+    audit/access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json        access_log_key: every operator action
+                                                                             (CLI and console, one AccessRecord each)
 
 An index object's body is `index_body`: ``{"captured_at", "envelope_id", "key", "tenant"}`` (sorted, compact).
 The day of an envelope key, a Merkle log and a replay result is always the envelope's *capture* day
@@ -71,7 +71,6 @@ LOG_PREFIX: Final = "audit/log/"
 CHECKPOINTS_PREFIX: Final = "audit/checkpoints/"
 EXPIRY_PREFIX: Final = "audit/expiry/"
 ACCESS_LOG_PREFIX: Final = "audit/access/"
-CONSOLE_ACCESS_PREFIX: Final = "audit/console-access/"
 DATA_KEYS_PREFIX: Final = "keys/"
 #: The lake's default key prefix in the lake bucket (``REPROLANE_ARCHIVER_LAKE_PREFIX`` changes it).
 LAKE_PREFIX: Final = "lake"
@@ -271,18 +270,6 @@ def access_log_key(at: datetime, record_id: str) -> str:
     and its random id."""
     at = at.astimezone(UTC)
     return f"{access_log_day_prefix(capture_day(at))}{at.strftime('%Y%m%dT%H%M%S%fZ')}-{record_id}.json"
-
-
-def console_access_day_prefix(day: str) -> str:
-    """Every console access record (`schemas.console_access.ConsoleAccessRecord`) of one UTC day."""
-    return date_prefix(CONSOLE_ACCESS_PREFIX, day)
-
-
-def console_access_key(at: datetime, record_id: str) -> str:
-    """Where one console access record goes: its day, its time to the microsecond (a day lists in time order) and
-    its random id."""
-    at = at.astimezone(UTC)
-    return f"{console_access_day_prefix(capture_day(at))}{at.strftime('%Y%m%dT%H%M%S%fZ')}-{record_id}.json"
 
 
 # ---------------------------------------------------------------------------------------------- data keys

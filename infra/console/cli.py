@@ -2,6 +2,8 @@
 
 The console's own settings are `infra.console.settings.ConsoleSettings` (``REPROLANE_CONSOLE_*``); what it reads
 is configured with each source's own settings (audit, archiver, replayer), which a running local stack fills in.
+"Download evidence" signs each bundle's manifest with the audit signing key (``REPROLANE_AUDIT_SIGNING_KEY``, as
+``reprolane evidence export`` does); without one the console still serves every page and says where to export.
 """
 
 from __future__ import annotations
@@ -10,16 +12,16 @@ from typing import Annotated
 
 import typer
 
+from capture.audit.access_log import AccessLog
 from capture.audit.errors import SigningKeyError
 from capture.audit.lake import Lake
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.settings import AuditSettings
-from capture.audit.signing_keys import verifying_key
+from capture.audit.signing_keys import signing_key, verifying_key
 from capture.audit.store import AuditStore
 from infra import paths
-from infra.console.access import AccessLog
 from infra.console.app import Console, build_console_app
-from infra.console.records import Records
+from infra.console.records import EvidenceSigner, Records
 from infra.console.replay_now import ReplayPublisher
 from infra.console.sessions import SessionStore
 from infra.console.settings import ConsoleSettings
@@ -41,12 +43,16 @@ def build_console(
         public_key: bytes | None = verifying_key(audit)
     except SigningKeyError:
         public_key = None  # the request page says inclusion cannot be checked, and why
+    signer = None
+    if audit.signing_key:  # a bad key stops the console here (SigningKeyError), not at the first download
+        signer = EvidenceSigner(signing_key(audit), audit.log_origin)
     records = Records(
         EnvelopeStore.from_settings(replayer),
         store,
         Lake.from_settings(lake) if lake is not None else None,
         public_key=public_key,
         gate_reports_dir=settings.gate_reports_dir,
+        signer=signer,
     )
     publisher = None
     if settings.replay_keys_path is not None and settings.replay_key_id is not None:
