@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
@@ -47,6 +47,7 @@ from infra.console.request_view import recorded_choice, replay_view
 from infra.console.sessions import LOGIN_CSRF_COOKIE, SESSION_COOKIE, Session, SessionStore, new_token, same_token
 from infra.console.tokens import TokenDecoder, decoder_for
 from infra.errors import InfraError
+from schemas import Envelope
 from schemas.access_log import ACTION_ROLES, OperatorAction
 
 HEADERS = {
@@ -64,11 +65,13 @@ SEARCH_ERRORS: tuple[type[Exception], ...] = (*READ_ERRORS, ValueError)
 
 
 class Refused(Exception):
-    """An action the gate refused (already logged); the status and the message the page shows."""
+    """An action the gate refused (already logged); the status and the message the page shows (with the
+    session's navigation when there is one)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, session: Session | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.session = session
 
 
 @dataclass
@@ -158,7 +161,8 @@ def build_console_app(console: Console) -> Starlette:
     def refused_page(request: Request, exc: Refused) -> Response:
         if exc.status == 401 and request.method == "GET":
             return RedirectResponse("/login", status_code=303)
-        return page(request, "message.html", None, exc.status, title="Refused", message=str(exc))
+        title = "Not found" if exc.status == 404 else "Refused"
+        return page(request, "message.html", exc.session, exc.status, title=title, message=str(exc))
 
     Handler = Callable[[Request], Awaitable[Response]]
 
@@ -241,11 +245,20 @@ def build_console_app(console: Console) -> Starlette:
         assert rid is not None
         return rid
 
-    async def not_visible(request: Request, session: Session, action: OperatorAction, target: str) -> Response:
+    async def not_visible(request: Request, session: Session, action: OperatorAction, target: str) -> NoReturn:
+        """Another tenant's record is answered as no record at all: logged, then 404."""
         await run_in_threadpool(console.log, request, action, target, session.operator, session.operator.tenant,
                                 "no such record in the operator's scope")  # fmt: skip
-        return page(request, "message.html", session, 404, title="Not found",
-                    message=f"no record {target} that you may see")  # fmt: skip
+        raise Refused(404, f"no record {target} that you may see", session)
+
+    async def visible_envelope(request: Request, session: Session, action: OperatorAction, rid: str) -> Envelope:
+        """The envelope of `rid` when the session may see it, the action logged as allowed (`not_visible` else)."""
+        try:
+            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
+        except NotVisible:
+            await not_visible(request, session, action, rid)
+        await run_in_threadpool(console.log, request, action, rid, session.operator, envelope.tenant)
+        return envelope
 
     async def request_page(request: Request, notice: str | None = None) -> Response:
         rid = _request_id(request)
@@ -253,7 +266,7 @@ def build_console_app(console: Console) -> Starlette:
         try:
             record = await run_in_threadpool(console.records.request, rid, session.operator.tenant)
         except NotVisible:
-            return await not_visible(request, session, "view.request", rid)
+            await not_visible(request, session, "view.request", rid)
         await run_in_threadpool(console.log, request, "view.request", rid, session.operator, record.envelope.tenant)
         env = record.envelope
         decoder = decoder_for(console.decoder, env.artifacts.tokenizer_sha256)
@@ -282,11 +295,7 @@ def build_console_app(console: Console) -> Starlette:
         await console.check_csrf(request, session, values, action, rid)
         if values.get("action") not in ("add", "remove"):
             raise forms.FormError("action: add or remove")
-        try:
-            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
-        except NotVisible:
-            return await not_visible(request, session, action, rid)
-        await run_in_threadpool(console.log, request, action, rid, session.operator, envelope.tenant)
+        envelope = await visible_envelope(request, session, action, rid)
         await run_in_threadpool(console.records.set_hold, envelope, on)
         return await request_page(request, notice="legal hold placed" if on else "legal hold lifted")
 
@@ -297,11 +306,7 @@ def build_console_app(console: Console) -> Starlette:
         await console.check_csrf(request, session, values, "replay.request", rid)
         if console.replay is None:
             raise Refused(409, "no replay-request key is configured (REPROLANE_CONSOLE_REPLAY_KEY_ID)")
-        try:
-            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
-        except NotVisible:
-            return await not_visible(request, session, "replay.request", rid)
-        await run_in_threadpool(console.log, request, "replay.request", rid, session.operator, envelope.tenant)
+        await visible_envelope(request, session, "replay.request", rid)
         try:
             sent = await console.replay.request(rid)
         except InfraError as exc:
@@ -312,11 +317,7 @@ def build_console_app(console: Console) -> Starlette:
     async def evidence(request: Request) -> Response:
         rid = _request_id(request)
         session = await run_in_threadpool(console.gate, request, "evidence.download", rid)
-        try:
-            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
-        except NotVisible:
-            return await not_visible(request, session, "evidence.download", rid)
-        await run_in_threadpool(console.log, request, "evidence.download", rid, session.operator, envelope.tenant)
+        envelope = await visible_envelope(request, session, "evidence.download", rid)
         try:
             bundle = await run_in_threadpool(console.records.evidence, envelope)
         except AuditStoreError:
@@ -335,7 +336,7 @@ def build_console_app(console: Console) -> Starlette:
         try:
             steps = await run_in_threadpool(console.records.workflow, wid, tenant, session.operator.tenant)
         except NotVisible:
-            return await not_visible(request, session, "view.workflow", wid)
+            await not_visible(request, session, "view.workflow", wid)
         except READ_ERRORS as exc:
             return page(request, "message.html", session, 409, title="Workflow", message=str(exc))
         await run_in_threadpool(console.log, request, "view.workflow", wid, session.operator, steps[0].envelope.tenant)
