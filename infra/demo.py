@@ -157,7 +157,7 @@ def console_lines(run_dir: Path, logins: ConsoleLogins, url: str | None, *, stac
             f"The auditors' console serves this run at {url} (Ctrl-C stops it and the demo).",
             f"  log in with the operator key in {keys}",
         ]
-    command = f"{_run_dir_prefix(run_dir)}REPROLANE_CONSOLE_OPERATOR_KEYS_PATH={logins.keys_path} reprolane console"
+    command = f"{_run_dir_prefix(run_dir)}REPROLANE_OPERATOR_KEYS_PATH={logins.keys_path} reprolane console"
     lines = [
         "The auditors' console for this run:",
         f"  $ {command}",

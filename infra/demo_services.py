@@ -30,7 +30,7 @@ from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 
 Echo = Callable[[str], None]
-_SERVICE_PREFIXES = ("REPROLANE_CAPTURE_", "REPROLANE_REPLAYER_", "REPROLANE_CONSOLE_")
+_SERVICE_PREFIXES = ("REPROLANE_CAPTURE_", "REPROLANE_REPLAYER_", "REPROLANE_CONSOLE_", "REPROLANE_OPERATOR_")
 #: The operator keys a demo run mints for its console: one per role an auditor logs in with.
 CONSOLE_ROLES = ("viewer", "hold-admin")
 
@@ -140,7 +140,7 @@ def start_console(info: StackInfo, logins: ConsoleLogins, *, port: int, log: Pat
     env = {
         **clean_environment(info.run_dir),
         **stack_defaults(info),
-        "REPROLANE_CONSOLE_OPERATOR_KEYS_PATH": str(logins.keys_path),
+        "REPROLANE_OPERATOR_KEYS_PATH": str(logins.keys_path),
     }
     args = ["console", "--host", "127.0.0.1", "--port", str(port)]
     return _spawn("console", args, env, log, f"http://127.0.0.1:{port}/healthz", info.run_dir)

@@ -91,7 +91,7 @@ class Console:
         """The key store as it is now (read per login and per request, so a revoked key ends its sessions)."""
         if self.keys_path is None:
             return None
-        return OperatorKeys.load(self.keys_path, field="REPROLANE_CONSOLE_OPERATOR_KEYS_PATH")
+        return OperatorKeys.load(self.keys_path, field="REPROLANE_OPERATOR_KEYS_PATH")
 
     def log(self, request: Request, action: OperatorAction, target: str, operator: Operator | None,
             tenant: str | None = None, refused: str | None = None) -> None:  # fmt: skip
@@ -198,7 +198,7 @@ def build_console_app(console: Console) -> Starlette:
         operator = keys.prove(values.get("token", "").strip()) if keys is not None else None
         why = None
         if keys is None:
-            why = "no operator key store is configured (REPROLANE_CONSOLE_OPERATOR_KEYS_PATH)"
+            why = "no operator key store is configured (REPROLANE_OPERATOR_KEYS_PATH)"
         elif operator is None:
             why = "the key is not in the key store (unknown, revoked or mistyped)"
         elif not operator.may(SESSION_ROLE):

@@ -16,6 +16,7 @@ from capture.audit.access_log import AccessLog
 from capture.audit.errors import SigningKeyError
 from capture.audit.lake import Lake
 from capture.audit.lake_settings import LakeSettings
+from capture.audit.operators import OperatorSettings
 from capture.audit.settings import AuditSettings
 from capture.audit.signing_keys import signing_key, verifying_key
 from capture.audit.store import AuditStore
@@ -36,6 +37,7 @@ def build_console(
     audit: AuditSettings,
     lake: LakeSettings | None,
     replayer: ReplayerSettings,
+    operators: OperatorSettings,
 ) -> Console:
     """The console's parts from the settings of each source (no network call is made here)."""
     store = AuditStore.from_settings(audit)
@@ -59,9 +61,9 @@ def build_console(
         publisher = ReplayPublisher.from_files(replayer, settings.replay_keys_path, settings.replay_key_id)
     return Console(
         records,
-        AccessLog(store, retention_days=settings.access_log_retention_days),
+        AccessLog(store, retention_days=operators.access_log_retention_days),
         SessionStore(idle_s=settings.session_idle_s, max_s=settings.session_max_s),
-        settings.operator_keys_path,
+        operators.keys_path,
         secure_cookie=settings.secure_cookie,
         replay=publisher,
         search_limit=settings.search_limit,
@@ -79,8 +81,9 @@ def console_command(
     apply_to_process()
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = ConsoleSettings(**overrides)  # type: ignore[arg-type]
-    console = build_console(settings, AuditSettings(), LakeSettings(), ReplayerSettings())
-    if settings.operator_keys_path is None:
-        typer.echo("reprolane console: no REPROLANE_CONSOLE_OPERATOR_KEYS_PATH: nobody can log in", err=True)
+    operators = OperatorSettings()
+    console = build_console(settings, AuditSettings(), LakeSettings(), ReplayerSettings(), operators)
+    if operators.keys_path is None:
+        typer.echo("reprolane console: no REPROLANE_OPERATOR_KEYS_PATH: nobody can log in", err=True)
     typer.echo(f"reprolane console: http://{settings.host}:{settings.port}/", err=True)
     uvicorn.run(build_console_app(console), host=settings.host, port=settings.port, log_level="warning")

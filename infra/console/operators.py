@@ -1,7 +1,7 @@
 """Who a console user is: an operator key proved against the operator key store, as the CLI proves it.
 
 The console signs nobody up: a user logs in with an operator key (``rlo_<id>_<secret>``) minted by
-``reprolane operator add-key`` into the operator key store (``REPROLANE_CONSOLE_OPERATOR_KEYS_PATH``), and the
+``reprolane operator add-key`` into the operator key store (``REPROLANE_OPERATOR_KEYS_PATH``), and the
 session acts with that key's roles and tenant scope. Everything about keys has one home each: the file format,
 its permission checks and the constant-time proof are `capture.ledger.key_file`'s; the operator, its roles
 (`Operator.may`, which asks `schemas.access_log.role_grants`) and its tenant scope (`Operator.sees`) are
@@ -37,7 +37,7 @@ class OperatorKeys:
         self._entries = dict(entries)
 
     @classmethod
-    def load(cls, path: Path, *, field: str = "REPROLANE_CONSOLE_OPERATOR_KEYS_PATH") -> OperatorKeys:
+    def load(cls, path: Path, *, field: str = "REPROLANE_OPERATOR_KEYS_PATH") -> OperatorKeys:
         return cls(load_key_file(path, OPERATOR_KEYS, field=field))
 
     def prove(self, key: str) -> Operator | None:

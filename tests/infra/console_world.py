@@ -244,7 +244,7 @@ def build_world(stack: StackInfo, tmp: Path) -> World:
         **clean_environment(stack.run_dir),
         **stack_defaults(stack),
         "REPROLANE_CONSOLE_PORT": str(port),
-        "REPROLANE_CONSOLE_OPERATOR_KEYS_PATH": str(tmp / "operator-keys.json"),
+        "REPROLANE_OPERATOR_KEYS_PATH": str(tmp / "operator-keys.json"),
         "REPROLANE_CONSOLE_REPLAY_KEYS_PATH": str(tmp / "replay-keys.json"),
         "REPROLANE_CONSOLE_REPLAY_KEY_ID": REPLAY_KEY_ID,
         "REPROLANE_CONSOLE_GATE_REPORTS_DIR": str(tmp / "gates"),

@@ -51,7 +51,7 @@ def test_a_key_proves_itself_and_nothing_else_does(tmp_path: Path) -> None:
     assert keys.still(Operator("auditor", "acme", frozenset({"viewer"})))
     assert not keys.still(Operator("auditor", "acme", frozenset({"viewer", "hold-admin"})))
     path.chmod(0o644)
-    with pytest.raises(KeyFileError, match="REPROLANE_CONSOLE_OPERATOR_KEYS_PATH"):
+    with pytest.raises(KeyFileError, match="REPROLANE_OPERATOR_KEYS_PATH"):
         OperatorKeys.load(path)
 
 
