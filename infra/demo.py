@@ -7,7 +7,10 @@
    consumer group whose offsets are committed at the envelope topic's end first, so it replays exactly this run;
 4. the bundled workload (`infra.demo_workload`) through the sidecar with the ``openai`` client and those keys;
 5. wait until every flagged envelope has its divergence event (read back from Kafka);
-6. the summary (`infra.demo_summary`) and one replay by request id, run as the auditor would type it.
+6. the summary (`infra.demo_summary`) and one replay by request id, run as the auditor would type it;
+7. the auditors' console for the run: a viewer and a hold-admin operator key minted into ``<run dir>/demo``
+   (0600, `infra.demo_services.write_console_logins`), and how to start and open the console with them; with
+   ``console=True`` (``reprolane demo --console``) the demo starts it itself and serves it until Ctrl-C.
 
 Everything the demo started is stopped at the end, on an error, and on Ctrl-C or SIGTERM (the services run in
 sessions of their own, so the terminal's Ctrl-C reaches only the demo, which stops them by process group). The
@@ -30,17 +33,20 @@ from typing import Any
 from infra import paths
 from infra.demo_kafka import Mark, collect, mark, start_group_at
 from infra.demo_services import (
+    ConsoleLogins,
     Service,
     run_cli,
     start_capture,
+    start_console,
     start_replayer,
     start_schedule_shipper,
+    write_console_logins,
     write_demo_keys,
 )
 from infra.demo_summary import DemoFacts, auditor_pick, render_summary, worst
 from infra.demo_workload import Sent, count_requests, drive, load_workload, tenants
 from infra.errors import DemoError, InfraError
-from infra.ports import allocate_ports
+from infra.ports import allocate_ports, is_port_free
 from infra.servers import SCHEDULE_FILE
 from infra.stack import LocalStack
 from infra.state import StackInfo
@@ -64,6 +70,7 @@ class DemoOptions:
     sample_rate: float = 0.34
     flag_tenants: tuple[str, ...] = ("health",)
     auditor_replay: bool = True
+    console: bool = False  # start the console at the end and serve it until Ctrl-C
 
 
 @dataclass
@@ -77,6 +84,8 @@ class DemoOutcome:
     summary: str = ""
     auditor_request_id: str | None = None
     auditor_exit: int | None = None
+    console_logins: ConsoleLogins | None = None
+    console_url: str | None = None
     services: list[Service] = field(default_factory=list)
     stack_started: bool = False
     seconds: float = 0.0
@@ -128,10 +137,38 @@ def _store(info: StackInfo) -> EnvelopeStore:
     return EnvelopeStore.from_settings(settings)
 
 
+def _run_dir_prefix(run_dir: Path) -> str:
+    return "" if run_dir == paths.run_dir(None) else f"{paths.RUN_DIR_ENV}={run_dir} "
+
+
 def auditor_command(run_dir: Path, request_id: str) -> str:
     """The command line an auditor types: no flags when the stack is the default one."""
-    prefix = "" if run_dir == paths.run_dir(None) else f"{paths.RUN_DIR_ENV}={run_dir} "
-    return f"{prefix}reprolane replay request {request_id}"
+    return f"{_run_dir_prefix(run_dir)}reprolane replay request {request_id}"
+
+
+#: Where ``reprolane console`` listens by default (`infra.console.settings.ConsoleSettings.port`).
+CONSOLE_PORT = 8700
+
+
+def console_lines(run_dir: Path, logins: ConsoleLogins, url: str | None, *, stack_stops: bool) -> list[str]:
+    """How to open the run's console: the URL it serves (`url`, when the demo started it) or the command that
+    starts it, and the key files to log in with."""
+    keys = " or ".join(f"{path} ({role})" for role, path in logins.key_files.items())
+    if url is not None:
+        return [
+            f"The auditors' console serves this run at {url} (Ctrl-C stops it and the demo).",
+            f"  log in with the operator key in {keys}",
+        ]
+    command = f"{_run_dir_prefix(run_dir)}REPROLANE_OPERATOR_KEYS_PATH={logins.keys_path} reprolane console"
+    lines = [
+        "The auditors' console for this run:",
+        f"  $ {command}",
+        f"  then open http://127.0.0.1:{CONSOLE_PORT}/ and log in with the operator key in {keys}",
+        "  (or `reprolane demo --console`: the demo starts it and serves it until Ctrl-C)",
+    ]
+    if stack_stops:
+        lines.append("  the demo stops the stack it started: `reprolane stack up` first (or --keep)")
+    return lines
 
 
 class Demo:
@@ -241,6 +278,7 @@ class Demo:
         echo(out.summary.rstrip("\n"))
         if o.auditor_replay:
             self._auditor_replay(info)
+        self._console(info)
 
     def _read_envelopes(self, info: StackInfo, store: EnvelopeStore, marks: dict[str, Mark]) -> None:
         out = self.outcome
@@ -308,6 +346,36 @@ class Demo:
         self.outcome.auditor_exit = code
         meaning = {0: "target level held", 1: "target level NOT held", 2: "no verdict"}.get(code, "?")
         self.echo(f"  (exit code {code}: {meaning})")
+
+    def _console(self, info: StackInfo) -> None:
+        """Mint the run's console logins; start and serve the console when asked (see module docstring)."""
+        out = self.outcome
+        out.console_logins = logins = write_console_logins(info.run_dir / "demo")
+        self.echo("")
+        if not self.options.console:
+            stack_stops = out.stack_started and not self.options.keep
+            for line in console_lines(info.run_dir, logins, None, stack_stops=stack_stops):
+                self.echo(line)
+            return
+        port = CONSOLE_PORT if is_port_free(CONSOLE_PORT) else allocate_ports(1)[0]
+        console = start_console(info, logins, port=port, log=info.run_dir / "logs" / "demo-console.log")
+        out.services.append(console)
+        console.wait_ready(60.0)
+        out.console_url = f"http://127.0.0.1:{port}/"
+        for line in console_lines(info.run_dir, logins, out.console_url, stack_stops=False):
+            self.echo(line)
+        self.serve_console(console)
+
+    def serve_console(self, console: Service) -> None:
+        """Serve until Ctrl-C (or SIGTERM), then return so that the demo stops what it started; a console that
+        exits on its own is an error."""
+        try:
+            while console.alive():
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            self.echo("console stopped")
+            return
+        raise DemoError(f"console exited; last lines of {console.log}:\n{console.tail()}")
 
     def _stop_services(self) -> None:
         for service in reversed(self.outcome.services):

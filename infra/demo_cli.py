@@ -20,11 +20,17 @@ def demo_command(
     sample_rate: Annotated[
         float, typer.Option("--sample-rate", min=0.0, max=1.0, help="fraction of requests the sidecar samples")
     ] = 0.34,
+    console: Annotated[
+        bool, typer.Option("--console", help="start the auditors' console for the run and serve it until Ctrl-C")
+    ] = False,
 ) -> None:
-    """Start the stack, the capture sidecar and the replayer; drive a workload; print what diverged."""
+    """Start the stack, the capture sidecar and the replayer; drive a workload; print what diverged and how to
+    open the auditors' console for the run."""
     from infra.demo import DemoOptions, run_demo  # imported here: `reprolane --help` stays fast
 
-    options = DemoOptions(run_dir=run_dir, quick=quick, keep=keep, timeout_s=timeout, sample_rate=sample_rate)
+    options = DemoOptions(
+        run_dir=run_dir, quick=quick, keep=keep, timeout_s=timeout, sample_rate=sample_rate, console=console
+    )
     try:
         run_demo(options, lambda line: typer.echo(line))
     except KeyboardInterrupt:  # run_demo stopped what it started before this reaches here

@@ -1,4 +1,5 @@
-"""The processes the demo starts: the capture sidecar, the replayer service, and the auditor's CLI call.
+"""The processes the demo starts: the capture sidecar, the replayer service, the auditor's CLI call, and (when
+asked) the auditors' console, with the operator keys the demo mints for it.
 
 Each runs the real ``reprolane`` command line in a session of its own (`infra.process.spawn`): Ctrl-C in the
 terminal reaches only the demo, which then stops them by process group (SIGTERM, wait, SIGKILL) in its
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import httpx
 
+from capture.audit.operators import OPERATOR_KEYS
 from capture.auth import new_key
+from capture.ledger.key_file import new_key as new_operator_key
 from capture.ledger.key_file import write_key_file
 from infra import paths, process
 from infra.errors import DemoError
@@ -27,7 +30,15 @@ from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 
 Echo = Callable[[str], None]
-_SERVICE_PREFIXES = ("REPROLANE_CAPTURE_", "REPROLANE_REPLAYER_", "REPROLANE_SHIPPER_")
+_SERVICE_PREFIXES = (
+    "REPROLANE_CAPTURE_",
+    "REPROLANE_REPLAYER_",
+    "REPROLANE_SHIPPER_",
+    "REPROLANE_CONSOLE_",
+    "REPROLANE_OPERATOR_",
+)
+#: The operator keys a demo run mints for its console: one per role an auditor logs in with.
+CONSOLE_ROLES = ("viewer", "hold-admin")
 
 
 def reprolane_argv() -> list[str]:
@@ -97,6 +108,48 @@ def write_demo_keys(path: Path, tenants: Sequence[str]) -> dict[str, str]:
         entries.append(entry)
     write_key_file(path, entries)
     return keys
+
+
+@dataclass(frozen=True)
+class ConsoleLogins:
+    """The operator key store of a demo run's console and, per role, the file (0600) holding its key."""
+
+    keys_path: Path
+    key_files: dict[str, Path]
+
+
+def write_console_logins(directory: Path) -> ConsoleLogins:
+    """Mint one operator key per `CONSOLE_ROLES` (every tenant: the demo's auditor sees the whole run) into
+    ``operator-keys.json`` and write each key to ``console-<role>.key``, all 0600 and fresh every run (the
+    format and the proof are `reprolane operator add-key`'s, `capture.ledger.key_file`)."""
+    entries, files = [], {}
+    for role in CONSOLE_ROLES:
+        key, entry = new_operator_key(OPERATOR_KEYS, f"demo-{role}", None, (role,))
+        entries.append(entry)
+        files[role] = directory / f"console-{role}.key"
+        _write_private(files[role], key + "\n")
+    write_key_file(directory / "operator-keys.json", entries)
+    return ConsoleLogins(directory / "operator-keys.json", files)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """`path` created (or replaced) readable by its owner only, holding `text`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a file of an earlier run, whatever its mode: replaced, never reopened
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
+def start_console(info: StackInfo, logins: ConsoleLogins, *, port: int, log: Path) -> Service:
+    """``reprolane console`` on the stack's buckets, accepting the run's operator keys (`write_console_logins`)."""
+    env = {
+        **clean_environment(info.run_dir),
+        **stack_defaults(info),
+        "REPROLANE_OPERATOR_KEYS_PATH": str(logins.keys_path),
+    }
+    args = ["console", "--host", "127.0.0.1", "--port", str(port)]
+    return _spawn("console", args, env, log, f"http://127.0.0.1:{port}/healthz", info.run_dir)
 
 
 def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: float, flag_tenants: Sequence[str],

@@ -27,8 +27,8 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
     audit/expiry/<YYYYmmddTHHMMSSffffffZ>-<uuid8>.json                       expiry_report_key
-    audit/access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json        access_log_key: operator actions
-    audit/console-access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json  console_access_key: console actions
+    audit/access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json        access_log_key: every operator action
+                                                                             (CLI and console, one AccessRecord each)
     schedules/engine=<engine_id>/<seq:08d>.jsonl                              schedule_segment_key: one closed
                                                                               segment of an engine's schedule log
     index/schedule/<external_request_id>/<engine_request_id>.json            schedule_index_key: a request's
@@ -111,7 +111,6 @@ LOG_PREFIX: Final = "audit/log/"
 CHECKPOINTS_PREFIX: Final = "audit/checkpoints/"
 EXPIRY_PREFIX: Final = "audit/expiry/"
 ACCESS_LOG_PREFIX: Final = "audit/access/"
-CONSOLE_ACCESS_PREFIX: Final = "audit/console-access/"
 DATA_KEYS_PREFIX: Final = "keys/"
 SCHEDULES_PREFIX: Final = "schedules/"
 SCHEDULE_INDEX_PREFIX: Final = f"{INDEX_PREFIX}schedule/"
@@ -313,18 +312,6 @@ def access_log_key(at: datetime, record_id: str) -> str:
     and its random id."""
     at = at.astimezone(UTC)
     return f"{access_log_day_prefix(capture_day(at))}{at.strftime('%Y%m%dT%H%M%S%fZ')}-{record_id}.json"
-
-
-def console_access_day_prefix(day: str) -> str:
-    """Every console access record (`schemas.console_access.ConsoleAccessRecord`) of one UTC day."""
-    return date_prefix(CONSOLE_ACCESS_PREFIX, day)
-
-
-def console_access_key(at: datetime, record_id: str) -> str:
-    """Where one console access record goes: its day, its time to the microsecond (a day lists in time order) and
-    its random id."""
-    at = at.astimezone(UTC)
-    return f"{console_access_day_prefix(capture_day(at))}{at.strftime('%Y%m%dT%H%M%S%fZ')}-{record_id}.json"
 
 
 # ------------------------------------------------------------------------------------------- schedules

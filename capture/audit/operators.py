@@ -1,12 +1,13 @@
-"""Operator authorisation: which operator key may change which records, and the access log of every decision.
+"""Operator authorisation: which operator key may do what to which records, and the access log of every decision.
 
-The state-changing commands (``hold add|remove``, ``expire``, ``keys shred``, ``lake rebuild-index``; issue 19's
-console with them) act only for an operator key with the role the action needs (`schemas.access_log`:
-viewer, hold-admin, retention-admin, key-admin), and only on the records of the key's tenant when the key is
-scoped to one. Every decision, allowed or refused, is written once to the audit bucket as an
-`schemas.access_log.AccessRecord` (actor key id, role, action, target, tenant, time, result) *before* the
-action is taken: an action whose record cannot be written is not taken (the store's error propagates); a
-refusal whose record cannot be written is still a refusal, and says so.
+The state-changing commands (``hold add|remove``, ``expire``, ``keys shred``, ``lake rebuild-index``) and every
+console action (`infra.console`) act only for an operator key whose roles grant the role the action needs
+(`schemas.access_log`: viewer, hold-admin, retention-admin, key-admin; `Operator.may` asks
+`schemas.access_log.role_grants`, the one rule, so a hold-admin may view in the console and the CLI alike), and
+only on the records of the key's tenant when the key is scoped to one. Every decision, allowed or refused, is
+written once to the audit bucket as an `schemas.access_log.AccessRecord` by `capture.audit.access_log.AccessLog`
+*before* the action is taken: an action whose record cannot be written is not taken (the store's error
+propagates); a refusal whose record cannot be written is still a refusal, and says so.
 
 Keys: the operator key store (``REPROLANE_OPERATOR_KEYS_PATH``) is a file of hashed keys in the sidecar's
 API-key format (`capture.ledger.key_file`; ``tenant`` null = every tenant), written by ``reprolane operator
@@ -21,27 +22,25 @@ each role's operators an identity that can do that role's calls only (docs/SECUR
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, NoReturn
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from capture.audit.access_log import AccessLog
 from capture.audit.errors import AccessDenied
 from capture.ledger.errors import KeyFileError
 from capture.ledger.key_file import KeyEntry, KeyKind, find_key, load_key_file, read_private
 from capture.ledger.store import LedgerStore
-from schemas.access_log import ACTION_ROLES, OPERATOR_ROLES, AccessRecord, OperatorAction
-from schemas.layout import access_log_key
+from schemas.access_log import ACTION_ROLES, OPERATOR_ROLES, OperatorAction, role_grants
 
 OPERATOR_KEY_PREFIX: Final = "rlo_"
 #: Operator keys in `capture.ledger.key_file`'s format: a tenant is optional (none: the key acts for every tenant).
 OPERATOR_KEYS: Final = KeyKind(prefix=OPERATOR_KEY_PREFIX, roles=OPERATOR_ROLES, tenant_required=False)
-_MAX_TARGET: Final = 512
 
 
 class OperatorSettings(BaseSettings):
@@ -69,6 +68,14 @@ class Operator:
     def of(cls, entry: KeyEntry) -> Operator:
         return cls(entry.key_id, entry.tenant, entry.roles)
 
+    def may(self, role: str | None) -> bool:
+        """Whether this key's roles grant `role` (`schemas.access_log.role_grants`: a hold-admin may view)."""
+        return role_grants(self.roles, role)
+
+    def sees(self, tenant: str) -> bool:
+        """Whether `tenant`'s records are in this key's scope."""
+        return self.tenant is None or self.tenant == tenant
+
 
 class OperatorGate:
     """One command's (or one console request's) authorisation against the key store, logged to `store`."""
@@ -84,7 +91,7 @@ class OperatorGate:
         self.store = store
         self.settings = settings
         self._key_file = key_file or settings.key_file
-        self._clock = clock
+        self._log = AccessLog(store, retention_days=settings.access_log_retention_days, clock=clock)
         self._operator: Operator | None = None
 
     def identify(self, action: OperatorAction, target: str, tenant: str | None = None) -> Operator:
@@ -97,7 +104,7 @@ class OperatorGate:
             self._operator = Operator.of(entry)
         op = self._operator
         role = ACTION_ROLES[action]
-        if role not in op.roles:
+        if not op.may(role):
             self._refuse(action, target, tenant, f"operator key {op.key_id!r} lacks the {role!r} role", op)
         return op
 
@@ -119,7 +126,7 @@ class OperatorGate:
             asked = "every tenant" if tenant is None else f"tenant {tenant!r}"
             self._refuse(action, target, tenant, f"operator key {op.key_id!r} is scoped to tenant "
                                                  f"{op.tenant!r}, not {asked}", op)  # fmt: skip
-        self._log(action, target, tenant, "allowed", None, op)
+        self._log.record(action, target, operator=op, tenant=tenant)
         return op
 
     # -- the key -----------------------------------------------------------------------------------------------
@@ -158,36 +165,7 @@ class OperatorGate:
         self, action: OperatorAction, target: str, tenant: str | None, why: str, op: Operator | None = None
     ) -> NoReturn:
         try:
-            self._log(action, target, tenant, "refused", why, op)
+            self._log.record(action, target, operator=op, tenant=tenant, refused=why)
         except self.store.error as exc:  # refused all the same; say that the log missed it
             raise AccessDenied(f"{action} refused: {why} (and its access record was not written: {exc})") from exc
         raise AccessDenied(f"{action} refused: {why}")
-
-    def _log(
-        self,
-        action: OperatorAction,
-        target: str,
-        tenant: str | None,
-        result: str,
-        reason: str | None,
-        op: Operator | None,
-    ) -> None:
-        at = self._clock()
-        record = AccessRecord.model_validate(
-            {
-                "record_id": uuid.uuid4().hex,
-                "at": at,
-                "actor_key_id": op.key_id if op is not None else None,
-                "role": ACTION_ROLES[action],
-                "action": action,
-                "target": target[:_MAX_TARGET],
-                "tenant": tenant[:128] if tenant is not None else None,
-                "result": result,
-                "reason": reason[:1024] if reason is not None else None,
-            }
-        )
-        days = self.settings.access_log_retention_days
-        until = at + timedelta(days=days) if days > 0 else None
-        key = access_log_key(at, record.record_id)
-        if not self.store.put_new(key, record.model_dump_json().encode("utf-8"), until):
-            raise self.store.error(f"access record {key} already exists: not acting")

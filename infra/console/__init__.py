@@ -2,14 +2,17 @@
 
 It reads what the capture side and the replayer wrote (envelopes and their indexes, replay results, the audit
 lake, the Merkle log and its checkpoints, legal holds) and lets an operator key with the right role act on it
-(legal holds, on-demand replays), logging every action to the audit bucket. It lives in ``infra`` because it
-reads both `capture.audit` and `replayer`, which never import each other; nothing in ``capture`` or
-``replayer`` imports it (import-linter contract "the console is a leaf of infra", docs/ARCHITECTURE.md).
+(legal holds, on-demand replays, evidence bundles), logging every action to the audit bucket's one access log.
+It lives in ``infra`` because it reads both `capture.audit` and `replayer`, which never import each other;
+nothing in ``capture`` or ``replayer`` imports it (import-linter contract "the console is a leaf of infra",
+docs/ARCHITECTURE.md).
 
-- `operators`: who a user is (an operator key proved against the key store) and the roles it has;
+- `operators`: who a user is: an operator key proved against the operator key store (`capture.ledger.key_file`,
+  `capture.audit.operators`: the CLI's keys, roles and rule);
 - `sessions`: server-side sessions and their CSRF tokens;
-- `access`: the access log (one write-once record per action or refusal);
-- `records`: every read, each from its one home (`replayer.store`, `capture.audit.query`, `capture.audit.verify`);
+- the access log is the CLI's (`capture.audit.access_log`: one write-once record per action or refusal);
+- `records`: every read, each from its one home (`replayer.store`, `capture.audit.query`, `capture.audit.verify`,
+  `capture.audit.evidence`);
 - `forms`: what the browser sends, parsed at the edge; `request_view`: a replay as an auditor reads it;
 - `charts`: plotly figures, drawn by the plotly.js that the ``plotly`` package ships;
 - `replay_now`: a signed on-demand replay request; `app`: routes and the gate; `cli`: ``reprolane console``.

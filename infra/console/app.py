@@ -8,6 +8,7 @@ can forbid inline scripts; plotly.js and the console's own script come from the 
     GET  /requests/{id}                            one request, its replays, its Merkle inclusion, its hold
     POST /requests/{id}/hold                       place or lift its legal hold (hold-admin)
     POST /requests/{id}/replay                     a signed on-demand replay request (`replay_now`)
+    GET  /requests/{id}/evidence                   its evidence bundle (`capture.audit.evidence`), a zip
     GET  /workflows/{id}                           a workflow's steps, the first divergent one marked
     GET  /overview                                 the charts (`charts`)
 
@@ -23,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
@@ -35,18 +36,19 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from capture.audit.errors import AuditStoreError
-from capture.ledger.errors import LedgerError
+from capture.audit.access_log import AccessLog
+from capture.audit.errors import AuditError, AuditStoreError
+from capture.ledger.errors import KeyFileError, LedgerError
 from infra.console import charts, forms
-from infra.console.access import AccessLog
-from infra.console.operators import CONSOLE_ROLES, Operator, OperatorKeyError, OperatorKeys
+from infra.console.operators import SESSION_ROLE, Operator, OperatorKeys
 from infra.console.records import READ_ERRORS, NotVisible, Records
 from infra.console.replay_now import ReplayPublisher
 from infra.console.request_view import recorded_choice, replay_view
 from infra.console.sessions import LOGIN_CSRF_COOKIE, SESSION_COOKIE, Session, SessionStore, new_token, same_token
 from infra.console.tokens import TokenDecoder, decoder_for
 from infra.errors import InfraError
-from schemas.console_access import CONSOLE_ACTION_ROLES, ConsoleAction
+from schemas import Envelope
+from schemas.access_log import ACTION_ROLES, OperatorAction
 
 HEADERS = {
     "content-security-policy": (
@@ -60,15 +62,16 @@ HEADERS = {
 }
 MAX_FORM_BYTES = 16 * 1024
 SEARCH_ERRORS: tuple[type[Exception], ...] = (*READ_ERRORS, ValueError)
-EVIDENCE_NOTE = "evidence bundles need `reprolane evidence export`, which this build does not have yet"
 
 
 class Refused(Exception):
-    """An action the gate refused (already logged); the status and the message the page shows."""
+    """An action the gate refused (already logged); the status and the message the page shows (with the
+    session's navigation when there is one)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, session: Session | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.session = session
 
 
 @dataclass
@@ -88,14 +91,14 @@ class Console:
         """The key store as it is now (read per login and per request, so a revoked key ends its sessions)."""
         if self.keys_path is None:
             return None
-        return OperatorKeys.load(self.keys_path, field="REPROLANE_CONSOLE_OPERATOR_KEYS_PATH")
+        return OperatorKeys.load(self.keys_path, field="REPROLANE_OPERATOR_KEYS_PATH")
 
-    def log(self, request: Request, action: ConsoleAction, target: str, operator: Operator | None,
+    def log(self, request: Request, action: OperatorAction, target: str, operator: Operator | None,
             tenant: str | None = None, refused: str | None = None) -> None:  # fmt: skip
         peer = request.client.host if request.client is not None else None
         self.access.record(action, target, operator=operator, tenant=tenant, refused=refused, peer=peer)
 
-    def gate(self, request: Request, action: ConsoleAction, target: str, tenant: str | None = None) -> Session:
+    def gate(self, request: Request, action: OperatorAction, target: str, tenant: str | None = None) -> Session:
         """The request's live session, if its key is still in the store and has the action's role (see module
         docstring); a refusal is logged and raised as `Refused`."""
         session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
@@ -108,14 +111,14 @@ class Console:
         if session is None:
             self.log(request, action, target, None, tenant, "no session (not logged in or expired)")
             raise Refused(401, "log in first")
-        role = CONSOLE_ACTION_ROLES[action]
+        role = ACTION_ROLES[action]
         if not session.operator.may(role):
             why = f"operator key {session.operator.key_id!r} lacks the {role!r} role"
             self.log(request, action, target, session.operator, tenant, why)
             raise Refused(403, f"refused: {why}")
         return session
 
-    async def check_csrf(self, request: Request, session: Session, values: dict[str, str], action: ConsoleAction,
+    async def check_csrf(self, request: Request, session: Session, values: dict[str, str], action: OperatorAction,
                          target: str) -> None:  # fmt: skip
         """A state-changing form must carry the session's CSRF token (else logged and `Refused`)."""
         if not same_token(values.get("csrf"), session.csrf):
@@ -158,7 +161,8 @@ def build_console_app(console: Console) -> Starlette:
     def refused_page(request: Request, exc: Refused) -> Response:
         if exc.status == 401 and request.method == "GET":
             return RedirectResponse("/login", status_code=303)
-        return page(request, "message.html", None, exc.status, title="Refused", message=str(exc))
+        title = "Not found" if exc.status == 404 else "Refused"
+        return page(request, "message.html", exc.session, exc.status, title=title, message=str(exc))
 
     Handler = Callable[[Request], Awaitable[Response]]
 
@@ -168,12 +172,12 @@ def build_console_app(console: Console) -> Starlette:
                 return await fn(request)
             except Refused as exc:
                 return refused_page(request, exc)
+            except KeyFileError as exc:  # the operator key store cannot be trusted or read
+                return page(request, "message.html", None, 503, title="Key store unavailable", message=str(exc))
             except (AuditStoreError, LedgerError) as exc:  # the access log (or the bucket) cannot be written
                 return page(request, "message.html", None, 503, title="Unavailable", message=f"not done: {exc}")
             except forms.FormError as exc:
                 return page(request, "message.html", None, 400, title="Bad input", message=str(exc))
-            except OperatorKeyError as exc:
-                return page(request, "message.html", None, 503, title="Key store unavailable", message=str(exc))
 
         return run
 
@@ -194,11 +198,11 @@ def build_console_app(console: Console) -> Starlette:
         operator = keys.prove(values.get("token", "").strip()) if keys is not None else None
         why = None
         if keys is None:
-            why = "no operator key store is configured (REPROLANE_CONSOLE_OPERATOR_KEYS_PATH)"
+            why = "no operator key store is configured (REPROLANE_OPERATOR_KEYS_PATH)"
         elif operator is None:
             why = "the key is not in the key store (unknown, revoked or mistyped)"
-        elif not operator.roles & CONSOLE_ROLES:
-            why = f"operator key {operator.key_id!r} has neither the viewer nor the hold-admin role"
+        elif not operator.may(SESSION_ROLE):
+            why = f"operator key {operator.key_id!r} has no role that grants {SESSION_ROLE!r} (viewer, hold-admin)"
         await run_in_threadpool(console.log, request, "login", "console", operator, None, why)
         if why is not None:
             return page(request, "login.html", None, 401, login_csrf=expected, error=why)
@@ -241,11 +245,20 @@ def build_console_app(console: Console) -> Starlette:
         assert rid is not None
         return rid
 
-    async def not_visible(request: Request, session: Session, action: ConsoleAction, target: str) -> Response:
+    async def not_visible(request: Request, session: Session, action: OperatorAction, target: str) -> NoReturn:
+        """Another tenant's record is answered as no record at all: logged, then 404."""
         await run_in_threadpool(console.log, request, action, target, session.operator, session.operator.tenant,
                                 "no such record in the operator's scope")  # fmt: skip
-        return page(request, "message.html", session, 404, title="Not found",
-                    message=f"no record {target} that you may see")  # fmt: skip
+        raise Refused(404, f"no record {target} that you may see", session)
+
+    async def visible_envelope(request: Request, session: Session, action: OperatorAction, rid: str) -> Envelope:
+        """The envelope of `rid` when the session may see it, the action logged as allowed (`not_visible` else)."""
+        try:
+            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
+        except NotVisible:
+            await not_visible(request, session, action, rid)
+        await run_in_threadpool(console.log, request, action, rid, session.operator, envelope.tenant)
+        return envelope
 
     async def request_page(request: Request, notice: str | None = None) -> Response:
         rid = _request_id(request)
@@ -253,7 +266,7 @@ def build_console_app(console: Console) -> Starlette:
         try:
             record = await run_in_threadpool(console.records.request, rid, session.operator.tenant)
         except NotVisible:
-            return await not_visible(request, session, "view.request", rid)
+            await not_visible(request, session, "view.request", rid)
         await run_in_threadpool(console.log, request, "view.request", rid, session.operator, record.envelope.tenant)
         env = record.envelope
         decoder = decoder_for(console.decoder, env.artifacts.tokenizer_sha256)
@@ -267,7 +280,7 @@ def build_console_app(console: Console) -> Starlette:
             decoded=decoder is not None and (env.prompt is None or env.prompt.text is None),
             choice=recorded_choice(record.envelope), replays=list(zip(views, plots, strict=True)),
             may_hold=session.operator.may("hold-admin"), replay_enabled=console.replay is not None,
-            evidence_note=EVIDENCE_NOTE, notice=notice,
+            evidence=console.records.signer, notice=notice,
         )  # fmt: skip
 
     async def show_request(request: Request) -> Response:
@@ -277,16 +290,12 @@ def build_console_app(console: Console) -> Starlette:
         rid = _request_id(request)
         values = await read_form(request)
         on = values.get("action") == "add"
-        action: ConsoleAction = "hold.add" if on else "hold.remove"
+        action: OperatorAction = "hold.add" if on else "hold.remove"
         session = await run_in_threadpool(console.gate, request, action, rid)
         await console.check_csrf(request, session, values, action, rid)
         if values.get("action") not in ("add", "remove"):
             raise forms.FormError("action: add or remove")
-        try:
-            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
-        except NotVisible:
-            return await not_visible(request, session, action, rid)
-        await run_in_threadpool(console.log, request, action, rid, session.operator, envelope.tenant)
+        envelope = await visible_envelope(request, session, action, rid)
         await run_in_threadpool(console.records.set_hold, envelope, on)
         return await request_page(request, notice="legal hold placed" if on else "legal hold lifted")
 
@@ -297,17 +306,27 @@ def build_console_app(console: Console) -> Starlette:
         await console.check_csrf(request, session, values, "replay.request", rid)
         if console.replay is None:
             raise Refused(409, "no replay-request key is configured (REPROLANE_CONSOLE_REPLAY_KEY_ID)")
-        try:
-            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
-        except NotVisible:
-            return await not_visible(request, session, "replay.request", rid)
-        await run_in_threadpool(console.log, request, "replay.request", rid, session.operator, envelope.tenant)
+        await visible_envelope(request, session, "replay.request", rid)
         try:
             sent = await console.replay.request(rid)
         except InfraError as exc:
             return await request_page(request, notice=str(exc))
         return await request_page(request, notice=f"replay requested (reply_to {sent.reply_to}); the result shows "
                                                   "here once the replayer has replayed it")  # fmt: skip
+
+    async def evidence(request: Request) -> Response:
+        rid = _request_id(request)
+        session = await run_in_threadpool(console.gate, request, "evidence.download", rid)
+        envelope = await visible_envelope(request, session, "evidence.download", rid)
+        try:
+            bundle = await run_in_threadpool(console.records.evidence, envelope)
+        except AuditStoreError:
+            raise
+        except AuditError as exc:  # no signing key, no checkpoint covering it yet, a record that does not verify
+            return page(request, "message.html", session, 409, title="No evidence bundle", message=str(exc))
+        name = "evidence-" + "".join(c if c.isalnum() or c in "-." else "_" for c in rid) + ".zip"
+        return Response(bundle, media_type="application/zip",
+                        headers={"content-disposition": f'attachment; filename="{name}"'})  # fmt: skip
 
     async def workflow(request: Request) -> Response:
         wid = forms.an_id(str(request.path_params["workflow_id"]), "workflow id")
@@ -317,7 +336,7 @@ def build_console_app(console: Console) -> Starlette:
         try:
             steps = await run_in_threadpool(console.records.workflow, wid, tenant, session.operator.tenant)
         except NotVisible:
-            return await not_visible(request, session, "view.workflow", wid)
+            await not_visible(request, session, "view.workflow", wid)
         except READ_ERRORS as exc:
             return page(request, "message.html", session, 409, title="Workflow", message=str(exc))
         await run_in_threadpool(console.log, request, "view.workflow", wid, session.operator, steps[0].envelope.tenant)
@@ -363,6 +382,7 @@ def build_console_app(console: Console) -> Starlette:
         Route("/requests/{request_id}", handled(show_request), methods=["GET"]),
         Route("/requests/{request_id}/hold", handled(hold), methods=["POST"]),
         Route("/requests/{request_id}/replay", handled(replay), methods=["POST"]),
+        Route("/requests/{request_id}/evidence", handled(evidence), methods=["GET"]),
         Route("/workflows/{workflow_id}", handled(workflow), methods=["GET"]),
         Route("/overview", handled(overview)),
         Route("/static/plotly.min.js", plotly_js),

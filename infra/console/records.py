@@ -7,7 +7,9 @@
   `capture.audit.query.connect` (DuckDB over the Parquet lake, locked down), with the caller's values bound as
   parameters, never spliced into the SQL;
 - inclusion in the Merkle log against the latest signed checkpoint: `capture.audit.verify.verify_request`;
-- legal holds: `capture.audit.store.AuditStore` on the envelope object's current version.
+- legal holds: `capture.audit.store.AuditStore` on the envelope object's current version;
+- evidence bundles: `capture.audit.evidence.export_bundle`, the same export as ``reprolane evidence export``,
+  signed with the audit signing key when the console is given one (`EvidenceSigner`).
 
 Every method takes the operator's tenant scope: a key scoped to a tenant reads that tenant's records only, and a
 record of another tenant is answered as absent (`NotVisible`), so a scoped key cannot probe others' ids.
@@ -22,9 +24,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from capture.audit.errors import AuditError
+from capture.audit.errors import AuditError, SigningKeyError
+from capture.audit.evidence import export_bundle
 from capture.audit.lake import Lake
 from capture.audit.query import connect
+from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
 from capture.audit.verify import verify_request
 from replayer.errors import EnvelopeNotFoundError, ReplayerError
@@ -33,6 +37,7 @@ from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayResult
 from schemas.errors import ContractError
 from schemas.layout import envelope_key
+from schemas.note import key_fingerprint
 
 #: Verdicts that count as "the tokens held" in the divergence rate (the lake's own example query says the same).
 HELD_VERDICTS = ("bitwise", "token")
@@ -41,6 +46,19 @@ _GATE_REPORTS_SHOWN = 50
 
 class NotVisible(Exception):
     """No such record, or not one of the operator's tenant (the two are answered alike)."""
+
+
+@dataclass(frozen=True)
+class EvidenceSigner:
+    """The audit signing key an evidence bundle's manifest is signed with, and its C2SP key name."""
+
+    private_raw: bytes = field(repr=False)
+    key_name: str
+
+    @property
+    def fingerprint(self) -> str:
+        """What a verifier pins (``--key-fingerprint``), as ``reprolane evidence key`` prints it."""
+        return key_fingerprint(public_of(self.private_raw))
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,7 @@ class Records:
     _: KW_ONLY
     public_key: bytes | None
     gate_reports_dir: Path | None = None
+    signer: EvidenceSigner | None = None
 
     # -- search ------------------------------------------------------------------------------------------------
 
@@ -273,6 +292,17 @@ class Records:
             raise NotVisible(envelope.request_id)
         self.audit.set_legal_hold(hold.key, hold.version_id, on)
         return self.hold(envelope)
+
+    def evidence(self, envelope: Envelope) -> bytes:
+        """The evidence bundle (a zip) of `envelope`, which the caller has already checked is in the operator's
+        scope; `capture.audit.evidence.EvidenceError` when it cannot be evidence yet (no C2SP checkpoint covers
+        it, or it does not verify), `SigningKeyError` when the console holds no signing key."""
+        if self.signer is None:
+            raise SigningKeyError(
+                "no audit signing key is configured (REPROLANE_AUDIT_SIGNING_KEY): run `reprolane evidence export` "
+                "where the key is kept"
+            )
+        return export_bundle(self.audit, envelope.request_id, self.signer.private_raw, self.signer.key_name).bundle
 
     def _steps(self, workflow_id: str, tenant: str | None) -> list[_StepRow]:
         try:

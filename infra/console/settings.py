@@ -4,8 +4,10 @@ The console reads what other services wrote, with their own settings: the audit 
 checkpoints, the access log) through `capture.audit.settings.AuditSettings` (``REPROLANE_AUDIT_*``), the lake
 through `capture.audit.lake_settings.LakeSettings` (``REPROLANE_ARCHIVER_*``), envelopes, replay results and the
 on-demand topic through `replayer.settings.ReplayerSettings` (``REPROLANE_REPLAYER_*``). A running local stack
-fills all three in (`infra.stack_env`). These fields are the console's own: where it listens, whose keys it
-accepts, how its sessions behave, and the key it signs on-demand replay requests with.
+fills all three in (`infra.stack_env`). Whose keys it accepts and how long access records are retained are the
+CLI's operator settings (`capture.audit.operators.OperatorSettings`: ``REPROLANE_OPERATOR_KEYS_PATH``,
+``REPROLANE_OPERATOR_ACCESS_LOG_RETENTION_DAYS``), one store and one log for both doors. These fields are the
+console's own: where it listens, how its sessions behave, and the key it signs on-demand replay requests with.
 """
 
 from __future__ import annotations
@@ -21,17 +23,11 @@ class ConsoleSettings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="address to bind; loopback unless a proxy fronts it")
     port: int = Field(default=8700, ge=0, le=65535)
-    operator_keys_path: Path | None = Field(
-        default=None, description="the operator key store (hashed keys, 0600); without it nobody can log in"
-    )
     secure_cookie: bool = Field(
         default=False, description="mark the session cookie Secure (set it whenever TLS fronts the console)"
     )
     session_idle_s: float = Field(default=1800.0, gt=0.0, description="a session ends after this long unused")
     session_max_s: float = Field(default=8 * 3600.0, gt=0.0, description="... and this long after login")
-    access_log_retention_days: int = Field(
-        default=0, ge=0, description="Object Lock retention of each access record; 0 = the bucket's default"
-    )
     replay_keys_path: Path | None = Field(
         default=None, description="replay-request keys file (the replayer's format); 'replay now' signs with one"
     )

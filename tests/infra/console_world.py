@@ -31,9 +31,10 @@ from typing import Any
 from capture.audit.archiver import Archiver
 from capture.audit.checkpoint import write_checkpoint
 from capture.audit.lake_settings import LakeSettings
+from capture.audit.operators import OPERATOR_KEYS
 from capture.audit.store import AuditStore
+from capture.ledger.key_file import new_key, write_key_file
 from infra.buckets import ensure_buckets, s3_client
-from infra.console.operators import new_operator_key, write_operator_keys
 from infra.demo_services import clean_environment, reprolane_argv, start_capture, write_demo_keys
 from infra.demo_workload import Workload, drive, load_workload, tenants
 from infra.stack_env import stack_defaults
@@ -211,10 +212,10 @@ def _archive(stack: StackInfo, envelopes: list[Envelope], results: dict[str, Rep
 
 
 def _operator_keys(path: Path, other_tenant: str) -> dict[str, str]:
-    viewer, viewer_entry = new_operator_key("auditor", None, ["viewer"])
-    admin, admin_entry = new_operator_key("holds", None, ["viewer", "hold-admin"])
-    scoped, scoped_entry = new_operator_key("scoped", other_tenant, ["viewer", "hold-admin"])
-    write_operator_keys(path, [viewer_entry, admin_entry, scoped_entry])
+    viewer, viewer_entry = new_key(OPERATOR_KEYS, "auditor", None, ["viewer"])
+    admin, admin_entry = new_key(OPERATOR_KEYS, "holds", None, ["hold-admin"])  # may view too (`role_grants`)
+    scoped, scoped_entry = new_key(OPERATOR_KEYS, "scoped", other_tenant, ["viewer", "hold-admin"])
+    write_key_file(path, [viewer_entry, admin_entry, scoped_entry])
     return {"viewer": viewer, "admin": admin, "scoped": scoped}
 
 
@@ -235,23 +236,26 @@ def build_world(stack: StackInfo, tmp: Path) -> World:
     keys = _operator_keys(tmp / "operator-keys.json", other)
     replay_topic = f"replay-requests-{uuid.uuid4().hex[:8]}"
     write_replay_request_keys(tmp / "replay-keys.json")
+    signing_key_file = tmp / "audit-signing.key"
+    signing_key_file.write_text(base64.b64encode(SIGNING_KEY).decode() + "\n", encoding="utf-8")
+    signing_key_file.chmod(0o600)
     port = free_port()
     env = {
         **clean_environment(stack.run_dir),
         **stack_defaults(stack),
         "REPROLANE_CONSOLE_PORT": str(port),
-        "REPROLANE_CONSOLE_OPERATOR_KEYS_PATH": str(tmp / "operator-keys.json"),
+        "REPROLANE_OPERATOR_KEYS_PATH": str(tmp / "operator-keys.json"),
         "REPROLANE_CONSOLE_REPLAY_KEYS_PATH": str(tmp / "replay-keys.json"),
         "REPROLANE_CONSOLE_REPLAY_KEY_ID": REPLAY_KEY_ID,
         "REPROLANE_CONSOLE_GATE_REPORTS_DIR": str(tmp / "gates"),
         "REPROLANE_AUDIT_S3_BUCKET": BUCKET,
         "REPROLANE_AUDIT_PUBLIC_KEY": base64.b64encode(public_of(SIGNING_KEY)).decode(),
+        "REPROLANE_AUDIT_SIGNING_KEY": str(signing_key_file),  # "download evidence" signs the bundle's manifest
         "REPROLANE_REPLAYER_S3_BUCKET": BUCKET,
         "REPROLANE_REPLAYER_REPLAY_REQUEST_TOPIC": replay_topic,
         "REPROLANE_ARCHIVER_S3_BUCKET": BUCKET,
         "REPROLANE_ARCHIVER_LAKE_PREFIX": prefix,
     }
-    env.pop("REPROLANE_AUDIT_SIGNING_KEY", None)
     log = tmp / "console.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([*reprolane_argv(), "console"], env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -15,26 +15,33 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from capture.ledger.errors import LedgerStoreError
+from capture.audit.access_log import AccessLog
+from capture.audit.operators import OPERATOR_KEYS
+from capture.ledger.errors import KeyFileError, LedgerStoreError
+from capture.ledger.key_file import new_key, write_key_file
 from infra.console import charts, forms
-from infra.console.access import AccessLog
 from infra.console.app import Console, build_console_app
-from infra.console.operators import Operator, OperatorKeyError, OperatorKeys, new_operator_key, write_operator_keys
+from infra.console.operators import Operator, OperatorKeys
 from infra.console.records import Hold, Inclusion, NotVisible, RequestRecord
 from infra.console.request_view import replay_view
 from infra.console.sessions import SessionStore
 from replayer.compare import compare
 from replayer.settings import Thresholds
 from schemas import DivergenceEvent, ReplayedOutput, ReplayResult
-from schemas.console_access import decode_console_access
+from schemas.access_log import decode_access_record
 from tests import factories
 from tests.replayer.support import LANE_FINGERPRINT, flip
 
 
+def new_operator_key(key_id: str, tenant: str | None, roles: list[str]) -> tuple[str, dict[str, Any]]:
+    return new_key(OPERATOR_KEYS, key_id, tenant, roles)
+
+
 def test_a_key_proves_itself_and_nothing_else_does(tmp_path: Path) -> None:
+    """The console proves keys with the operator store of `reprolane operator add-key` (`capture.ledger.key_file`)."""
     key, entry = new_operator_key("auditor", "acme", ["viewer"])
     path = tmp_path / "keys.json"
-    write_operator_keys(path, [entry])
+    write_key_file(path, [entry])
     keys = OperatorKeys.load(path)
     assert keys.prove(key) == Operator("auditor", "acme", frozenset({"viewer"}))
     assert keys.prove(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
@@ -44,7 +51,7 @@ def test_a_key_proves_itself_and_nothing_else_does(tmp_path: Path) -> None:
     assert keys.still(Operator("auditor", "acme", frozenset({"viewer"})))
     assert not keys.still(Operator("auditor", "acme", frozenset({"viewer", "hold-admin"})))
     path.chmod(0o644)
-    with pytest.raises(OperatorKeyError, match="readable by others"):
+    with pytest.raises(KeyFileError, match="REPROLANE_OPERATOR_KEYS_PATH"):
         OperatorKeys.load(path)
 
 
@@ -159,7 +166,7 @@ class MemoryLedger:
         return True
 
     def records(self) -> list[Any]:
-        return [decode_console_access(b) for b in self.objects.values()]
+        return [decode_access_record(b) for b in self.objects.values()]
 
 
 @dataclass
@@ -169,6 +176,7 @@ class MemoryRecords:
     env: Any
     result: ReplayResult
     held: bool = False
+    signer: Any = None
 
     def _mine(self, request_id: str, scope: str | None) -> Any:
         if request_id != self.env.request_id or (scope is not None and scope != self.env.tenant):
@@ -185,6 +193,9 @@ class MemoryRecords:
     def set_hold(self, envelope: Any, on: bool) -> None:
         self.held = on
 
+    def evidence(self, envelope: Any) -> bytes:
+        return b"PK\x05\x06" + envelope.request_id.encode()
+
 
 @pytest.fixture
 def gate(tmp_path: Path) -> Any:
@@ -194,7 +205,7 @@ def gate(tmp_path: Path) -> Any:
                                 ("other", "other-tenant", ["hold-admin"]), ("keys", None, ["key-admin"])):  # fmt: skip
         keys[name], entry = new_operator_key(name, tenant, roles)
         entries.append(entry)
-    write_operator_keys(tmp_path / "keys.json", entries)
+    write_key_file(tmp_path / "keys.json", entries)
     ledger = MemoryLedger()
     records = MemoryRecords(env, result)
     console = Console(records, AccessLog(ledger), SessionStore(idle_s=60, max_s=600), tmp_path / "keys.json")  # type: ignore[arg-type]
@@ -221,6 +232,7 @@ def test_the_gate(gate: Any) -> None:
     with TestClient(app, base_url="http://127.0.0.1") as anon:
         assert anon.get(f"/requests/{rid}", follow_redirects=False).headers["location"] == "/login"
         assert anon.post(f"/requests/{rid}/hold", data={"action": "add"}).status_code == 401
+        assert anon.get(f"/requests/{rid}/evidence", follow_redirects=False).headers["location"] == "/login"
         assert log_in(anon, "rlo_viewer_nope").status_code == 401
         assert anon.post("/login", data={"token": keys["viewer"]}).status_code == 403  # no login CSRF token
         assert log_in(anon, keys["keys"]).status_code == 401  # neither viewer nor hold-admin
@@ -237,6 +249,11 @@ def test_the_gate(gate: Any) -> None:
         refused = viewer.post(f"/requests/{rid}/hold", data={"action": "add", "csrf": csrf_of(page.text)})
         assert refused.status_code == 403
         assert not records.held
+        bundle = viewer.get(f"/requests/{rid}/evidence")
+        assert bundle.status_code == 200
+        assert bundle.headers["content-type"] == "application/zip"
+        assert bundle.headers["content-disposition"] == f'attachment; filename="evidence-{rid}.zip"'
+        assert bundle.content == b"PK\x05\x06" + rid.encode()
     with TestClient(app, base_url="http://127.0.0.1") as admin:
         log_in(admin, keys["admin"])
         page = admin.get(f"/requests/{rid}")
@@ -259,11 +276,12 @@ def test_the_gate(gate: Any) -> None:
     with TestClient(app, base_url="http://127.0.0.1") as other:
         log_in(other, keys["other"])
         assert other.get(f"/requests/{rid}").status_code == 404
+        assert other.get(f"/requests/{rid}/evidence").status_code == 404  # another tenant's: no bundle
         assert other.get("/requests/rl-does-not-exist").status_code == 404
     with TestClient(app, base_url="http://127.0.0.1") as survivor:
         log_in(survivor, keys["viewer"])
         assert survivor.get(f"/requests/{rid}").status_code == 200
-        write_operator_keys(console.keys_path, [])  # every key revoked: a live session ends on its next request
+        write_key_file(console.keys_path, [])  # every key revoked: a live session ends on its next request
         assert survivor.get(f"/requests/{rid}", follow_redirects=False).headers["location"] == "/login"
         assert log_in(survivor, keys["viewer"]).status_code == 401
 
@@ -275,6 +293,10 @@ def test_the_gate(gate: Any) -> None:
     assert ("hold.add", "viewer", "refused") in decisions
     assert ("hold.add", "admin", "allowed") in decisions
     assert ("view.request", "other", "refused") in decisions
+    assert ("evidence.download", "viewer", "allowed") in decisions
+    assert ("evidence.download", "other", "refused") in decisions
+    assert ("view.request", "admin", "allowed") in decisions  # a hold-admin may view (`role_grants`)
+    assert all(r.peer == "testclient" for r in log)  # the console keeps the client's address
     assert any(r.reason == "missing or wrong CSRF token" and r.actor_key_id == "admin" for r in log)
     assert not any(r.action == "hold.remove" and r.result == "allowed" for r in log)
     assert any(r.reason == "the session's key was revoked" for r in log)

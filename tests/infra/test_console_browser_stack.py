@@ -3,8 +3,10 @@
 The world (`tests.infra.console_world`): the demo's small workload captured through the real sidecar and vLLM,
 one request forked on replay, a signed checkpoint, the lake, and the console in a child process. The browser
 logs in, searches the diverged request, sees the fork marked and both top-k tables, places and lifts a legal
-hold as hold-admin and is refused as a viewer; an unauthenticated browser, a key of another tenant and a POST
-without the CSRF token are refused, and every decision is in the access log in the bucket.
+hold as hold-admin and is refused as a viewer, downloads the request's evidence bundle and verifies it with the
+real ``reprolane evidence verify`` against the pinned key fingerprint; an unauthenticated browser, a key of
+another tenant and a POST without the CSRF token are refused, and every decision is in the one access log
+(`schemas.access_log.AccessRecord` under ``audit/access/``, the CLI's log too) in the bucket.
 
 Set ``REPROLANE_CONSOLE_SCREENSHOTS=docs/console`` to write each page's screenshot there (the README shows them).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -23,11 +26,13 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.console_access import ConsoleAccessRecord, decode_console_access
-from schemas.layout import console_access_day_prefix
+from infra.demo_services import reprolane_argv
+from schemas.access_log import AccessRecord, decode_access_record
+from schemas.layout import access_log_day_prefix
+from schemas.note import key_fingerprint
 from schemas.replay import decode_replay_request
 from schemas.replay_auth import ReplayRequestKey, verify_replay_request
-from tests.infra.console_world import FORK_AT, World, build_world, stop
+from tests.infra.console_world import FORK_AT, SIGNING_KEY, World, build_world, public_of, stop
 from tests.replayer.support import REPLAY_KEY_ID, REPLAY_SECRET
 
 pytestmark = pytest.mark.stack
@@ -89,14 +94,14 @@ def spelled(world: World, token_id: int) -> str:
     return str(text)
 
 
-def access_records(world: World) -> list[ConsoleAccessRecord]:
+def access_records(world: World) -> list[AccessRecord]:
     audit = world.audit()
     day = datetime.now(UTC).strftime("%Y-%m-%d")
     out = []
-    for key, _ in audit.list_keys(console_access_day_prefix(day)):
+    for key, _ in audit.list_keys(access_log_day_prefix(day)):
         body = audit.get(key)
         assert body is not None
-        out.append(decode_console_access(body))
+        out.append(decode_access_record(body))
     return out
 
 
@@ -160,7 +165,6 @@ def test_login_search_and_the_fork_with_both_top_k_tables(browser: Any, world: W
     assert result.event.cause_hint in page.inner_text("#cause-1")
     page.wait_for_selector("#chart-replay-1 .main-svg")  # plotly drew the per-token logprob difference
     assert page.inner_text("#inclusion").startswith("included")
-    assert page.get_attribute("#download-evidence", "aria-disabled") == "true"
     shot(page, "request", world.tmp)
 
     wf = world.workflow[0].workflow
@@ -213,6 +217,39 @@ def test_holds_as_hold_admin_and_refused_as_viewer(browser: Any, world: World) -
     assert any(r.actor_key_id == "auditor" and r.result == "refused" and r.action == "hold.add" for r in mine)
     assert any(r.actor_key_id == "holds" and r.result == "allowed" and r.action == "hold.add" for r in mine)
     assert any(r.actor_key_id == "holds" and r.result == "allowed" and r.action == "hold.remove" for r in mine)
+
+
+def test_download_evidence_and_verify_it_offline_with_the_cli(browser: Any, world: World) -> None:
+    rid = world.diverged.request_id
+    pinned = key_fingerprint(public_of(SIGNING_KEY))  # the published fingerprint, not one taken from the bundle
+    page = login(browser, world, "viewer")
+    page.goto(f"{world.url}/requests/{rid}")
+    assert pinned in page.inner_text("#evidence-hint")
+    with page.expect_download() as info:
+        page.click("#download-evidence")
+    download = info.value
+    assert download.suggested_filename == f"evidence-{rid}.zip"
+    bundle = world.tmp / download.suggested_filename
+    download.save_as(str(bundle))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_")}  # no settings, no stack
+    verify = subprocess.run([*reprolane_argv(), "evidence", "verify", str(bundle), "--key-fingerprint", pinned],
+                            env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert verify.stdout.startswith("verified")
+    assert rid in verify.stdout
+
+    scoped = login(browser, world, "scoped")  # another tenant's key: no bundle, the same 404 as no record
+    cookies = {c["name"]: c["value"] for c in scoped.context.cookies()}
+    assert httpx.get(f"{world.url}/requests/{rid}/evidence", cookies=cookies).status_code == 404
+    anon = httpx.get(f"{world.url}/requests/{rid}/evidence", follow_redirects=False)
+    assert anon.headers["location"] == "/login"
+
+    records = [r for r in access_records(world) if r.action == "evidence.download" and r.target == rid]
+    assert any(r.actor_key_id == "auditor" and r.result == "allowed" and r.tenant == world.diverged.tenant
+               and r.peer == "127.0.0.1" for r in records)  # fmt: skip
+    assert any(r.actor_key_id == "scoped" and r.result == "refused" for r in records)
+    assert any(r.actor_key_id is None and r.result == "refused" for r in records)
 
 
 def test_unauthenticated_and_cross_tenant_access_is_refused(browser: Any, world: World) -> None:

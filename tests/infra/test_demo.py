@@ -1,5 +1,6 @@
 """``reprolane demo --quick`` against the real stack: captured == sent, every flagged envelope replayed, the
-summary and the auditor's command printed, and every process the demo started gone afterwards (Ctrl-C included).
+summary and the auditor's command printed, the console started for the run (``--console``) and logged in to with
+the key it printed, and every process the demo started gone afterwards (Ctrl-C included).
 
 The stack is the session's (``REPROLANE_TEST_RUN_DIR`` to attach to a running one): the demo reuses it and
 must leave it running. About 1-3 minutes on 2 cores: two in-process vLLM lanes are loaded (service, auditor).
@@ -14,11 +15,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from infra import process
-from infra.demo import DemoOptions, run_demo
-from infra.demo_services import reprolane_argv
+from infra.demo import Demo, DemoOptions
+from infra.demo_services import Service, reprolane_argv
 from infra.stack import LocalStack
 from infra.state import StackInfo
 
@@ -31,9 +33,32 @@ def _gone(pid: int) -> bool:
     return not process.is_alive(process.ProcessRef(pid, None)) and not process.group_alive(pid)
 
 
+class ConsoleCheckedDemo(Demo):
+    """The demo with ``--console``, where an auditor logs in with the printed key instead of waiting for Ctrl-C."""
+
+    logged_in: dict[str, int]
+
+    def serve_console(self, console: Service) -> None:
+        out = self.outcome
+        assert out.console_url is not None
+        assert out.console_logins is not None
+        self.logged_in = {}
+        for role, path in out.console_logins.key_files.items():
+            with httpx.Client(base_url=out.console_url, timeout=30.0) as client:
+                form = client.get("/login")
+                csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+                assert csrf is not None
+                token = path.read_text().strip()
+                client.post("/login", data={"csrf": csrf.group(1), "token": token}, follow_redirects=False)
+                rid = out.auditor_request_id
+                self.logged_in[role] = client.get(f"/requests/{rid}" if rid else "/search").status_code
+
+
 def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_up(stack: StackInfo) -> None:
     lines: list[str] = []
-    outcome = run_demo(DemoOptions(run_dir=stack.run_dir, quick=True, timeout_s=300.0), lines.append)
+    demo = ConsoleCheckedDemo(DemoOptions(run_dir=stack.run_dir, quick=True, timeout_s=300.0, console=True),
+                              lines.append)  # fmt: skip
+    outcome = demo.run()
     text = "\n".join(lines)
 
     sent_ids = {s.request_id for s in outcome.sent}
@@ -66,8 +91,17 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert f"Replay of request {outcome.auditor_request_id}" in text  # the CLI's real output
     assert outcome.auditor_exit == (0 if outcome.events[outcome.auditor_request_id].target_met else 1)
 
+    # the console for the run: its URL and the key files printed, both keys log in and read the auditor's request
+    assert outcome.console_url is not None
+    assert outcome.console_logins is not None
+    assert f"serves this run at {outcome.console_url}" in text
+    for path in outcome.console_logins.key_files.values():
+        assert str(path) in text
+        assert path.stat().st_mode & 0o077 == 0
+    assert demo.logged_in == {"viewer": 200, "hold-admin": 200}
+
     assert not outcome.stack_started
-    assert len(outcome.services) == 2
+    assert len(outcome.services) == 3  # sidecar, replayer, console
     for service in outcome.services:
         assert _gone(service.ref.pid), service.name
     assert all(s.health == "ready" for s in LocalStack(stack.run_dir).status())  # the reused stack stays up

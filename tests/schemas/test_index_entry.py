@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from schemas import ContractError, WorkflowRef
-from schemas.access_log import ACTION_ROLES, OPERATOR_ROLES, AccessRecord, decode_access_record
+from schemas.access_log import ACTION_ROLES, OPERATOR_ROLES, AccessRecord, decode_access_record, role_grants
 from schemas.index_entry import IndexEntry, RecordFacts, index_mismatch, parse_index_entry, record_facts
 from schemas.layout import access_log_key, index_body
 from schemas.sealed import new_data_key, seal_envelope
@@ -54,6 +54,15 @@ def test_access_records_and_their_keys() -> None:
     assert (
         access_log_key(at, record.record_id) == f"audit/access/date=2026-03-04/20260304T050607890123Z-{'a' * 32}.json"
     )
-    assert set(ACTION_ROLES.values()) == OPERATOR_ROLES
+    assert set(ACTION_ROLES.values()) - {None} == OPERATOR_ROLES
+    assert {a for a, r in ACTION_ROLES.items() if r is None} == {"login", "logout"}
+    # the one role rule: a role grants itself, hold-admin also grants viewer, nothing else is implied
+    assert role_grants({"hold-admin"}, "viewer")
+    assert role_grants({"viewer"}, None)
+    assert not role_grants({"viewer"}, "hold-admin")
+    assert not role_grants({"retention-admin", "key-admin"}, "viewer")
+    assert not role_grants(set(), "viewer")
+    console = record.model_copy(update={"action": "login", "role": None, "peer": "127.0.0.1"})
+    assert decode_access_record(console.model_dump_json()) == console
     with pytest.raises(ContractError, match="result"):
         decode_access_record(record.model_dump_json().replace('"refused"', '"maybe"'))

@@ -65,6 +65,21 @@ def test_the_right_role_in_scope_is_allowed_and_logged_before_acting(store: Audi
     assert all(r.at.tzinfo is not None for r in got)
 
 
+def test_one_role_rule_a_hold_admin_may_view_a_viewer_may_not_hold(store: AuditStore, keys: dict[str, Path]) -> None:
+    """The CLI's gate asks `schemas.access_log.role_grants`, as the console's sessions do: a hold-admin may read
+    (the console's view actions), a viewer may not place a hold, neither may expire."""
+    assert gate(store, keys, "admin").authorise("view.request", "req-1", None).key_id == "admin"
+    assert gate(store, keys, "acme").authorise("evidence.download", "req-2", "acme").may("viewer")
+    with pytest.raises(AccessDenied, match="lacks the 'retention-admin' role"):
+        gate(store, keys, "admin").authorise("expire", "2026-01-01", None)
+    got = records(store)
+    assert [(r.action, r.role, r.result, r.peer) for r in got] == [
+        ("view.request", "viewer", "allowed", None),
+        ("evidence.download", "viewer", "allowed", None),
+        ("expire", "retention-admin", "refused", None),
+    ]
+
+
 @pytest.mark.parametrize(
     ("who", "action", "tenant", "why"),
     [
