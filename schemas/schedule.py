@@ -27,6 +27,7 @@ from typing import Annotated, Final, Literal
 from pydantic import Field
 
 from schemas.base import Record, UtcDatetime
+from schemas.fingerprint import RuntimeFingerprint
 
 SCHEDULE_SCHEMA_VERSION: Final = "reprolane.schedule/1"
 
@@ -54,6 +55,11 @@ class EngineStart(Record):
     scheduling_policy: str
     seed: int | None = None
     long_prefill_token_threshold: int | None = None
+    async_scheduling: bool | None = None
+    enforce_eager: bool | None = None
+    runtime: RuntimeFingerprint | None = Field(
+        default=None, description="the engine's numerics-relevant environment, as the replay lanes fingerprint theirs"
+    )
 
 
 class RequestArrival(Record):
