@@ -121,13 +121,19 @@ class ScheduleLog:
                     shape.finished_at = number
         return cls(engine=engine, arrivals=arrivals, steps=steps, requests=requests)
 
-    def by_external_id(self, external_id: str) -> RequestArrival | None:
-        """The arrival whose external id is ``external_id`` or ``<prefix>-<external_id>`` with a prefix of no
-        dash (the OpenAI server's ``chatcmpl-`` / ``cmpl-``): exactly, never by a mere suffix, so ``abc`` does
-        not join ``chatcmpl-rl-abc``."""
+    def by_external_id(self, external_id: str, prompt_index: int = 0) -> RequestArrival | None:
+        """The arrival of the request the client named ``external_id`` (its ``X-Request-Id``).
+
+        vLLM's OpenAI server names a chat request ``chatcmpl-<id>`` and the ``i``-th prompt of a completion
+        ``cmpl-<id>-<i>``; both are matched exactly (prefix of no dash, then the id), never by a mere suffix,
+        so ``abc`` does not join ``chatcmpl-rl-abc``. An engine fed directly may use the id itself.
+        """
         for arrival in self.arrivals.values():
             ext = arrival.external_request_id
-            if ext == external_id or ext.partition("-")[2] == external_id:
+            prefix, _, rest = ext.partition("-")
+            if ext == external_id or (prefix == "chatcmpl" and rest == external_id):
+                return arrival
+            if prefix == "cmpl" and rest == f"{external_id}-{prompt_index}":
                 return arrival
         return None
 

@@ -277,7 +277,7 @@ class _RecordingMixin:
         return self._recorder
 
 
-class RecordingScheduler(_RecordingMixin, Scheduler):  # type: ignore[misc]
+class RecordingScheduler(_RecordingMixin, Scheduler):
     """vLLM's scheduler, recording its schedule to ``$REPROLANE_SCHEDULE_DIR`` (nothing when it is unset)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -285,7 +285,7 @@ class RecordingScheduler(_RecordingMixin, Scheduler):  # type: ignore[misc]
         self._recorder = _make_recorder(self)
 
 
-class RecordingAsyncScheduler(_RecordingMixin, AsyncScheduler):  # type: ignore[misc]
+class RecordingAsyncScheduler(_RecordingMixin, AsyncScheduler):
     """vLLM's async scheduler, recording like `RecordingScheduler`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

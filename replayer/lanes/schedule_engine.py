@@ -36,19 +36,20 @@ def prepare_environment() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def start_recording_engine(model_dir: Path, log_dir: Path, **engine_kwargs: Any) -> tuple[Any, Any]:
-    """``(LLMEngine, its recorder)``; ``engine_kwargs`` are ``vllm.EngineArgs`` fields (eager unless told)."""
+def start_recording_engine(model_dir: Path, log_dir: Path | None, **engine_kwargs: Any) -> tuple[Any, Any]:
+    """``(LLMEngine, its recorder)``; ``engine_kwargs`` are ``vllm.EngineArgs`` fields (eager unless told).
+    Without ``log_dir`` the engine runs vLLM's own scheduler and the recorder is None (the benchmark's baseline)."""
     prepare_environment()
     previous = os.environ.get(ENV_DIR)
-    os.environ[ENV_DIR] = str(log_dir)
+    if log_dir is not None:
+        os.environ[ENV_DIR] = str(log_dir)
+        engine_kwargs["scheduler_cls"] = RECORDER_CLS
     try:
         with quiet_imports():
             from vllm import EngineArgs, LLMEngine
 
             engine_kwargs.setdefault("enforce_eager", True)
-            engine = LLMEngine.from_engine_args(
-                EngineArgs(model=str(model_dir), scheduler_cls=RECORDER_CLS, **engine_kwargs)
-            )
+            engine: Any = LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), **engine_kwargs))
     except ImportError as exc:
         raise LaneUnavailableError(f"the schedule lane needs the lanes extra (vllm): {exc}") from exc
     except Exception as exc:  # vLLM raises many types; all mean "this engine cannot start here"
@@ -59,7 +60,7 @@ def start_recording_engine(model_dir: Path, log_dir: Path, **engine_kwargs: Any)
         else:
             os.environ[ENV_DIR] = previous
     recorder = getattr(engine.engine_core.engine_core.scheduler, "schedule_recorder", None)
-    if recorder is None:
+    if recorder is None and log_dir is not None:
         shutdown_engine(engine)
         raise LaneUnavailableError("the engine's scheduler does not record (is capture.schedule importable?)")
     return engine, recorder
@@ -108,22 +109,27 @@ def to_output(out: Any, request: GenRequest) -> ReplayedOutput:
 class StepDriver:
     """An in-process engine with the recorder on: requests arrive before given (relative) step numbers."""
 
-    def __init__(self, model_dir: Path, log_dir: Path, **engine_kwargs: Any) -> None:
+    def __init__(self, model_dir: Path, log_dir: Path | None, **engine_kwargs: Any) -> None:
         self.engine, self.recorder = start_recording_engine(model_dir, log_dir, **engine_kwargs)
         self._n = 0
+        self._steps = 0  # engine steps that scheduled something (the recorder's count, kept without one too)
+
+    @property
+    def step_count(self) -> int:
+        return int(self.recorder.step) if self.recorder is not None else self._steps
 
     def run(self, arrivals: Sequence[tuple[int, GenRequest]]) -> list[tuple[str, ReplayedOutput]]:
         """Each request added before the ``step``-th step of this run (arrivals in order); ``(engine request id,
         output)`` per request, in the order given."""
         from vllm.inputs import TokensPrompt
 
-        first = int(self.recorder.step)
+        first = self.step_count
         order = sorted(range(len(arrivals)), key=lambda i: arrivals[i][0])
         ids: dict[int, str] = {}
         external: dict[str, str] = {}
         done: dict[str, Any] = {}
         while len(done) < len(arrivals):
-            rel = int(self.recorder.step) - first
+            rel = self.step_count - first
             for i in [i for i in order if i not in ids and arrivals[i][0] <= rel]:
                 req = arrivals[i][1]
                 name = f"prod-{self._n}"
@@ -137,14 +143,19 @@ class StepDriver:
                     break
                 first -= min(a for i, (a, _) in enumerate(arrivals) if i not in ids) - rel
                 continue
-            for out in self.engine.step():
+            outs = self.engine.step()
+            self._steps += 1
+            for out in outs:
                 if out.finished:
                     done[external.get(out.request_id, out.request_id)] = out.outputs[0]
         return [(ids[i], to_output(done[ids[i]], arrivals[i][1])) for i in range(len(arrivals))]
 
     def log(self) -> ScheduleLog:
+        if self.recorder is None:
+            raise LaneUnavailableError("this engine runs without the recorder")
         return read_log(self.recorder)
 
     def close(self) -> None:
         shutdown_engine(self.engine)
-        self.recorder.writer.close()
+        if self.recorder is not None:
+            self.recorder.writer.close()

@@ -254,14 +254,13 @@ class ScheduleLane:
                     first_step -= pending[0].arrival.step - plan.start_step - rel
                     continue
                 for out in self._engine.step():
-                    rid = by_name.get(out.request_id)
-                    if rid is None:
+                    prod_id = by_name.get(out.request_id)
+                    if prod_id is None:
                         continue
-                    tokens[rid] = list(out.prompt_token_ids or []) + list(out.outputs[0].token_ids)
+                    tokens[prod_id] = list(out.prompt_token_ids or []) + list(out.outputs[0].token_ids)
                     if out.finished:
-                        outputs[rid] = out.outputs[0]
-                        if rid == target_id:
-                            target_done = True
+                        outputs[prod_id] = out.outputs[0]
+                        target_done = target_done or prod_id == target_id
             self._drain()
             replayed = steps_from(read_log(self._recorder), log_first)
         steps_compared, mismatch = compare_steps(log, plan.start_step, plan.end_step, replayed, to_production)

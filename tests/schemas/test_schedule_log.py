@@ -129,7 +129,8 @@ def test_a_dropped_step_is_found_even_when_steps_are_renumbered() -> None:
         r.model_copy(update={"step": r.step - 1}) if isinstance(r, ScheduleStep) and r.step > 1 else r for r in records
     ]
     problems = ScheduleLog.from_records(renumbered).problems()
-    assert problems and all("missing from the log" not in p for p in problems)
+    assert problems
+    assert all("missing from the log" not in p for p in problems)
 
 
 def test_mixed_engines_are_refused() -> None:
@@ -143,3 +144,7 @@ def test_join_by_external_id_takes_the_servers_prefix() -> None:
     log = ScheduleLog.from_records([engine(), a])
     assert log.by_external_id("rl-abc") == a
     assert log.by_external_id("abc") is None
+    b = arrival("cmpl-rl-xyz-1-0-1234abcd", 0, 3).model_copy(update={"external_request_id": "cmpl-rl-xyz-1-0"})
+    log = ScheduleLog.from_records([engine(), a, b])
+    assert log.by_external_id("rl-xyz-1") == b
+    assert log.by_external_id("rl-xyz") is None
