@@ -66,6 +66,15 @@ NUMERIC_FIELDS: Final = (
     "batch_invariant",
     "num_threads",
 )
+#: Model-config keys that mark a mixture-of-experts model: its expert routing depends on every token of the batch,
+#: companions' content included, so fillers cannot stand in for companions (window replay still can).
+MOE_CONFIG_KEYS: Final = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_experts_per_tok",
+)
 #: Filler token ids are drawn from [FILLER_LOW, vocab): low ids are the special tokens of most vocabularies.
 FILLER_LOW: Final = 1000
 
@@ -108,6 +117,20 @@ def numeric_differences(recorded: RuntimeFingerprint | None, replay: RuntimeFing
         if a is not None and b is not None and a != b:
             out.append(f"{name}: {a!r} != {b!r}")
     return out
+
+
+def moe_markers(hf_config: Any) -> list[str]:
+    """The mixture-of-experts keys a model config sets (non-zero), e.g. ``["num_local_experts=8"]``."""
+    found = []
+    configs = [hf_config, getattr(hf_config, "text_config", None)]
+    for cfg in configs:
+        if cfg is None:
+            continue
+        for key in MOE_CONFIG_KEYS:
+            value = getattr(cfg, key, None)
+            if value:
+                found.append(f"{key}={value}")
+    return found
 
 
 def _shape(step: ScheduleStep, ids: Mapping[str, str] | None = None) -> tuple[tuple[str, int, int], ...]:
@@ -166,6 +189,7 @@ class ScheduleLane:
             import vllm
         self._scheduler: Any = self._engine.engine_core.engine_core.scheduler
         self._vocab = int(self._engine.model_config.get_vocab_size())
+        self.moe = moe_markers(self._engine.model_config.hf_config)
         self._lock = threading.Lock()
         self._closed = False
         self._fingerprint = torch_lane_fingerprint(
@@ -187,7 +211,13 @@ class ScheduleLane:
     # -- the replays --------------------------------------------------------------------------------------------
 
     def replay_target(self, log: ScheduleLog, target: str, request: GenRequest) -> ScheduleReplay:
-        """Replay ``target`` (engine request id in ``log``) with fillers for every other request of its window."""
+        """Replay ``target`` (engine request id in ``log``) with fillers for every other request of its window.
+        Refused for a mixture-of-experts model (`moe_markers`): its numbers depend on companions' content."""
+        if self.moe:
+            raise NotReplayableError(
+                "mixture-of-experts model (" + ", ".join(self.moe) + "): expert routing depends on the companions' "
+                "content, so filler companions cannot reproduce the batch; use window replay with real content"
+            )
         plan = plan_replay(log, target, max_model_len=self.engine_start.max_model_len)
         return self._run(log, plan, {target: request})
 
