@@ -44,7 +44,10 @@ def main() -> None:
     greedy = SamplingContract(temperature=0.0, seed_scope="none")
     reqs = [
         GenRequest(p, greedy, max_tokens=args.max_tokens, top_k_logprobs=3)
-        for p in render_chat(args.model_dir, list(DEFAULT_PROMPTS[: args.prompts]))
+        for p in render_chat(
+            args.model_dir,
+            [f"{DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]} (variant {i})" for i in range(args.prompts)],
+        )
     ]
     log_dir = Path(tempfile.mkdtemp(prefix="bench-schedule-"))
     plain = StepDriver(args.model_dir, None, **SETTINGS)

@@ -6,9 +6,12 @@ Loaded by vLLM through its scheduler-class option::
     python -m vllm.entrypoints.openai.api_server ... --scheduler-cls capture.schedule.recorder.RecordingScheduler
 
 It changes no scheduling decision: each hook calls vLLM's method first and then only *reads* what it returned.
-Per step that scheduled (or finished, or preempted) anything it queues a `schemas.schedule.ScheduleStep`: the
-scheduler's order of requests, each one's tokens computed before the step (prefix-cache hits included) and
-scheduled in it, which requests finished or were preempted since the previous step. A request's
+Per step that scheduled (or finished, or preempted) anything it queues a `schemas.schedule.ScheduleStep` once
+the step's output is in: the scheduler's order of requests, each one's tokens computed before the step
+(prefix-cache hits included) and scheduled in it, which requests were preempted to make room for it, and which
+finished in it (its output stopped them, or they were aborted since the previous step). vLLM itself reports a
+finished request only at the *next* schedule, which never comes when the engine then idles; recording at the
+output keeps the last step of every burst complete. A request's
 `schemas.schedule.RequestArrival` is written just before the first step that schedules it (or that reports it
 finished unscheduled), because only then is its prefix-cache hit known: ``cached_from`` names, per hit block, the
 engine request that computed that block. That comes from a block-id -> request map kept from the scheduler's own
@@ -26,6 +29,7 @@ vLLM's process imports it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -50,6 +54,16 @@ ENV_SEGMENT_SECONDS: Final = "REPROLANE_SCHEDULE_SEGMENT_SECONDS"
 #: vLLM's engine request id is the external id plus ``-`` and 8 random hex characters.
 _SUFFIX_RE: Final = re.compile(r"-[0-9a-f]{8}$")
 UNKNOWN_PROVIDER: Final = "?"
+#: `schemas.schedule.EngineRequestId`'s bound.
+MAX_ID: Final = 256
+
+
+def bounded_id(rid: str) -> str:
+    """A request id as the log holds it: ids are client-chosen (``X-Request-Id``) and the contract bounds them, so
+    an over-long one is cut and made unique again with a digest (the same id always maps to the same text)."""
+    if len(rid) <= MAX_ID:
+        return rid
+    return rid[: MAX_ID - 17] + "#" + hashlib.sha256(rid.encode("utf-8", "replace")).hexdigest()[:16]
 
 
 def external_request_id(engine_request_id: str) -> str:
@@ -140,6 +154,8 @@ class ScheduleRecorder:
         self.errors = 0
         self._pending: dict[str, dict[str, Any]] = {}
         self._owner: dict[int, str] = {}
+        self._open: dict[int, dict[str, Any]] = {}  # id(SchedulerOutput) -> its step, until its output is in
+        self._reported: set[str] = set()  # finished ids recorded at their step, not yet echoed by vLLM
         self.writer.submit(encode_record(engine_start(scheduler, self.engine_id)))
 
     def on_add(self, request: Any) -> None:
@@ -148,8 +164,8 @@ class ScheduleRecorder:
             "kind": "arrival",
             "engine_id": self.engine_id,
             "step": self.step,
-            "engine_request_id": rid,
-            "external_request_id": external_request_id(rid),
+            "engine_request_id": bounded_id(rid),
+            "external_request_id": bounded_id(external_request_id(rid)),
             "num_prompt_tokens": int(request.num_prompt_tokens),
             "max_tokens": int(request.max_tokens),
         }
@@ -170,8 +186,9 @@ class ScheduleRecorder:
         self.writer.submit(arrival)
 
     def _own(self, rid: str, blocks: list[int]) -> None:
+        name = bounded_id(rid)
         for block in blocks:
-            self._owner[block] = rid
+            self._owner[block] = name
 
     def on_schedule(self, out: Any) -> None:
         bs = self.block_size
@@ -190,26 +207,40 @@ class ScheduleRecorder:
             blocks = list(new_blocks[0]) if new_blocks else []
             skip = int(num) // bs if rid in resumed and self.prefix_caching else 0
             self._own(rid, blocks[skip:])
-        finished = sorted(out.finished_req_ids)
-        preempted = sorted(out.preempted_req_ids or ())
-        for rid in finished:
+        for rid in out.finished_req_ids:
             self._arrived(rid, [])
-        if not out.num_scheduled_tokens and not finished and not preempted:
+        # finished since the previous step's output: aborts in between (those its output stopped were recorded
+        # with that step already, see on_update)
+        earlier = {r for r in out.finished_req_ids if r not in self._reported}
+        self._reported.difference_update(out.finished_req_ids)
+        self._open[id(out)] = {
+            "kind": "step",
+            "engine_id": self.engine_id,
+            "step": -1,
+            "at": _iso(time.time()),
+            "scheduled": [
+                {"engine_request_id": bounded_id(rid), "num_computed_tokens": computed[rid], "num_scheduled_tokens": n}
+                for rid, n in out.num_scheduled_tokens.items()
+            ],
+            "finished": earlier,
+            "preempted": sorted(bounded_id(r) for r in out.preempted_req_ids or ()),
+        }
+
+    def on_update(self, out: Any, finished_now: set[str]) -> None:
+        """After the step's output: requests it stopped (or aborted meanwhile) are finished *in* this step, so the
+        last step of a burst says so even when the engine then idles (no next schedule to report it)."""
+        record = self._open.pop(id(out), None)
+        if record is None:
             return
-        self.writer.submit(
-            {
-                "kind": "step",
-                "engine_id": self.engine_id,
-                "step": self.step,
-                "at": _iso(time.time()),
-                "scheduled": [
-                    {"engine_request_id": rid, "num_computed_tokens": computed[rid], "num_scheduled_tokens": n}
-                    for rid, n in out.num_scheduled_tokens.items()
-                ],
-                "finished": finished,
-                "preempted": preempted,
-            }
-        )
+        for rid in finished_now:
+            self._arrived(rid, [])
+        self._reported.update(finished_now)
+        finished = record["finished"] | finished_now
+        if not record["scheduled"] and not finished and not record["preempted"]:
+            return
+        record["finished"] = sorted(bounded_id(r) for r in finished)
+        record["step"] = self.step
+        self.writer.submit(record)
         self.step += 1
 
     def close(self) -> None:
@@ -265,6 +296,12 @@ class _RecordingMixin:
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         self._record("on_schedule", out)
         return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        if self._recorder is not None:
+            self._record("on_update", scheduler_output, set(self.finished_req_ids))  # type: ignore[attr-defined]
+        return result
 
     def shutdown(self) -> None:
         try:

@@ -101,6 +101,7 @@ class ScheduleReplay:
     mismatch: StepMismatch | None
     notes: list[str] = field(default_factory=list)
     fillers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # production id -> the filler's prompt
+    replay_ids: dict[str, str] = field(default_factory=dict)  # production id -> the replay engine's request id
 
     @property
     def schedule_reproduced(self) -> bool:
@@ -304,6 +305,7 @@ class ScheduleLane:
             mismatch=mismatch,
             notes=notes,
             fillers=fillers,
+            replay_ids=to_replay,
         )
 
     def _filler_prompt(

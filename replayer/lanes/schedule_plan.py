@@ -49,25 +49,24 @@ class ReplayPlan:
 
 def busy_period_start(log: ScheduleLog, step: int) -> int:
     """The first step of the busy period containing ``step``: the latest step ``s <= step`` before which every
-    request that arrived earlier had finished (its id in a ``finished`` list of a step ``<= s``)."""
+    request that arrived earlier had finished (its id in a ``finished`` list of a step ``< s``)."""
     numbers = sorted(n for n in log.steps if n <= step)
     if not numbers:
         return step
     arrived_before: dict[int, set[str]] = {}
     for a in log.arrivals.values():
         arrived_before.setdefault(a.step, set()).add(a.engine_request_id)
-    finished: set[str] = set()
+    finished: set[str] = set()  # finished in a step before n
     live: set[str] = set()
     start = numbers[0]
-    first = numbers[0]
-    for n in range(first, numbers[-1] + 1):
-        step_rec = log.steps.get(n)
-        if step_rec is not None:
-            finished.update(step_rec.finished)
+    for n in range(numbers[0], numbers[-1] + 1):
         live -= finished
         if not live:
             start = n
         live |= arrived_before.get(n, set()) - finished
+        step_rec = log.steps.get(n)
+        if step_rec is not None:
+            finished.update(step_rec.finished)
     return start
 
 

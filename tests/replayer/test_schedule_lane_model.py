@@ -30,6 +30,13 @@ MAX_TOKENS = 16
 TOP_K = 3
 GREEDY = SamplingContract(temperature=0.0, seed_scope="none")
 SEEDED = SamplingContract(temperature=0.8, top_p=0.95, seed=1234, seed_scope="per_request")
+#: 32 distinct chat prompts (the bundled 8, each asked four ways)
+PROMPTS = tuple(
+    f"{DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]} Answer {style}."
+    for i, style in enumerate(
+        s for s in ("in one sentence", "as a short list", "in plain words", "for a child") for _ in DEFAULT_PROMPTS
+    )
+)
 LONG_SYSTEM = " ".join(f"Rule {i}: answer precisely, cite the policy section, and never guess." for i in range(40))
 
 
@@ -93,7 +100,7 @@ def replay_all(lane: ScheduleLane, log: ScheduleLog, runs: list[tuple[str, objec
 
 
 def test_the_recorders_log_is_complete_and_canonical(prod: StepDriver) -> None:
-    prod.run([(0, gen(p)) for p in render_chat(model_dir(), DEFAULT_PROMPTS[:2])])
+    prod.run([(0, gen(p)) for p in render_chat(model_dir(), PROMPTS[:2])])
     log = prod.log()
     assert log.problems() == []
     assert log.engine is not None
@@ -106,20 +113,20 @@ def test_the_recorders_log_is_complete_and_canonical(prod: StepDriver) -> None:
 
 def test_twelve_batched_prompts_replay_bitwise_and_alone_they_do_not(prod: StepDriver, lane: ScheduleLane) -> None:
     """(a) 12 prompts generated together; each replayed as the target with 11 fillers: all bitwise."""
-    reqs = [gen(p) for p in render_chat(model_dir(), DEFAULT_PROMPTS[:12])]
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[:12])]
     runs = prod.run([(0, r) for r in reqs])
     log = prod.log()
     assert replay_all(lane, log, runs, reqs) == 12
-    alone = [prod.run([(0, r)])[0][1] for r in reqs[:4]]
-    assert sum(a == out for a, (_, out) in zip(alone, runs, strict=False)) < 4  # one at a time is not bitwise
+    alone = [prod.run([(0, r)])[0][1] for r in reqs[:6]]
+    assert sum(a == out for a, (_, out) in zip(alone, runs, strict=False)) < 6  # one at a time is not bitwise
 
 
 def test_staggered_long_prompts_with_chunked_prefill_replay_bitwise(prod: StepDriver, lane: ScheduleLane) -> None:
     """(b) two ~556-token prompts among short ones, arriving at different steps, 256 tokens per step: prefills
     are chunked and mixed with decodes; every request replays bitwise, a seeded sampled one included."""
-    long_text = " ".join(DEFAULT_PROMPTS[:8]) * 3
-    longs = render_chat(model_dir(), [long_text[:2400], long_text[200:2600]])
-    shorts = render_chat(model_dir(), DEFAULT_PROMPTS[12:16])
+    long_text = " ".join(DEFAULT_PROMPTS) * 8
+    longs = render_chat(model_dir(), [long_text[:2450], long_text[300:2750]])
+    shorts = render_chat(model_dir(), PROMPTS[12:16])
     assert all(500 < len(p) < 700 for p in longs), [len(p) for p in longs]
     reqs = [gen(shorts[0]), gen(longs[0]), gen(shorts[1], SEEDED), gen(longs[1]), gen(shorts[2]), gen(shorts[3])]
     runs = prod.run(list(zip([0, 1, 2, 3, 5, 8], reqs, strict=True)))
@@ -137,7 +144,7 @@ def test_prefix_cache_hits_replay_bitwise_where_the_log_covers_them(prod: StepDr
     """(c) a long shared system prompt: later requests read its blocks from the cache of the first; the fillers
     that provided the target's prefix carry it, and all replay bitwise. A log that starts after the provider
     ran says so and does not claim the schedule reproduced."""
-    prompts = render_chat(model_dir(), DEFAULT_PROMPTS[16:20], system=LONG_SYSTEM)
+    prompts = render_chat(model_dir(), PROMPTS[16:20], system=LONG_SYSTEM)
     reqs = [gen(p) for p in prompts]
     runs = prod.run([(0, reqs[0]), (1, reqs[1]), (4, reqs[2]), (20, reqs[3])])
     log = prod.log()
@@ -161,7 +168,7 @@ def test_prefix_cache_hits_replay_bitwise_where_the_log_covers_them(prod: StepDr
 
 def test_an_altered_log_names_the_first_mismatching_step(prod: StepDriver, lane: ScheduleLane) -> None:
     """(d) one step's shape changed in the log: the lane reports that step and does not claim reproduction."""
-    reqs = [gen(p) for p in render_chat(model_dir(), DEFAULT_PROMPTS[20:24])]
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[20:24])]
     runs = prod.run([(0, reqs[0]), (0, reqs[1]), (2, reqs[2]), (3, reqs[3])])
     log = prod.log()
     target = runs[0][0]
@@ -192,7 +199,7 @@ def test_an_altered_log_names_the_first_mismatching_step(prod: StepDriver, lane:
 
 def test_a_dropped_step_is_detected(prod: StepDriver, lane: ScheduleLane) -> None:
     """(e) a log missing one step (a recorder that dropped it) is named as incomplete, and the replay says so."""
-    reqs = [gen(p) for p in render_chat(model_dir(), DEFAULT_PROMPTS[24:26])]
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[24:26])]
     runs = prod.run([(0, reqs[0]), (1, reqs[1])])
     log = prod.log()
     target = runs[0][0]
@@ -205,7 +212,7 @@ def test_a_dropped_step_is_detected(prod: StepDriver, lane: ScheduleLane) -> Non
 
 
 def test_window_replay_reproduces_every_request_with_real_content(prod: StepDriver, lane: ScheduleLane) -> None:
-    reqs = [gen(p) for p in render_chat(model_dir(), DEFAULT_PROMPTS[26:30])]
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[26:30])]
     runs = prod.run([(0, reqs[0]), (1, reqs[1]), (1, reqs[2]), (3, reqs[3])])
     log = prod.log()
     by_id = {rid: r for (rid, _), r in zip(runs, reqs, strict=True)}

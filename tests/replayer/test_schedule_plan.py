@@ -20,14 +20,13 @@ def burst_log() -> ScheduleLog:
             arrival("a", 0, 20),
             step(0, [("a", 0, 20)]),
             step(1, [("a", 20, 1)]),
-            step(2, [("a", 21, 1)]),
+            step(2, [("a", 21, 1)], finished=("a",)),
             arrival("b", 3, 5),
-            step(3, [("b", 0, 5)], finished=("a",)),
+            step(3, [("b", 0, 5)]),
             arrival("c", 4, 40, cached=(("a", 1),)),
             step(4, [("b", 5, 1), ("c", 16, 24)]),
-            step(5, [("b", 6, 1), ("c", 40, 1)]),
-            step(6, [("c", 41, 1)], finished=("b",)),
-            step(7, [], finished=("c",)),
+            step(5, [("b", 6, 1), ("c", 40, 1)], finished=("b",)),
+            step(6, [("c", 41, 1)], finished=("c",)),
         ]
     )
 

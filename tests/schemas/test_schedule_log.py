@@ -52,7 +52,9 @@ def arrival(rid: str, step: int, prompt: int, cached: tuple[tuple[str, int], ...
     )
 
 
-def step(n: int, sched: list[tuple[str, int, int]], finished: tuple[str, ...] = ()) -> ScheduleStep:
+def step(
+    n: int, sched: list[tuple[str, int, int]], finished: tuple[str, ...] = (), preempted: tuple[str, ...] = ()
+) -> ScheduleStep:
     return ScheduleStep(
         engine_id=E,
         step=n,
@@ -61,6 +63,7 @@ def step(n: int, sched: list[tuple[str, int, int]], finished: tuple[str, ...] = 
             ScheduledRequest(engine_request_id=r, num_computed_tokens=c, num_scheduled_tokens=s) for r, c, s in sched
         ),
         finished=finished,
+        preempted=preempted,
     )
 
 
@@ -72,8 +75,7 @@ def two_request_log() -> list[EngineStart | RequestArrival | ScheduleStep]:
         step(0, [("a", 0, 10)]),
         arrival("b", 1, 4),
         step(1, [("a", 10, 1), ("b", 0, 4)]),
-        step(2, [("a", 11, 1), ("b", 4, 1)]),
-        step(3, [], finished=("a", "b")),
+        step(2, [("a", 11, 1), ("b", 4, 1)], finished=("a", "b")),
     ]
 
 
@@ -113,7 +115,7 @@ def test_consistent_log_has_no_problems_and_output_lengths() -> None:
     assert log.output_length("a") == 3
     assert log.output_length("b") == 2
     assert log.requests["b"].steps == [1, 2]
-    assert log.requests["a"].finished_at == 3
+    assert log.requests["a"].finished_at == 2
 
 
 def test_a_dropped_step_is_named() -> None:
