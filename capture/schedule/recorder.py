@@ -77,6 +77,8 @@ def _iso(ts: float) -> str:
 
 
 def _cpu_name() -> str | None:
+    """The CPU's "model name", read as `replayer.lanes.base.cpu_model_name` reads it (the lane's fingerprint must
+    spell it alike); a copy because this package runs inside vLLM and imports only `schemas`."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:

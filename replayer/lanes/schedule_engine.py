@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import GenRequest, quiet_imports
-from replayer.lanes.vllm_lane import steps_from_vllm
+from replayer.lanes.vllm_lane import output_from_vllm
 from replayer.lanes.vllm_params import sampling_kwargs
 from schemas import ReplayedOutput
 from schemas.schedule import ScheduleStep
@@ -97,13 +97,7 @@ def sampling_params(request: GenRequest) -> Any:
 
 
 def to_output(out: Any, request: GenRequest) -> ReplayedOutput:
-    ids = tuple(int(t) for t in out.token_ids)
-    return ReplayedOutput(
-        token_ids=ids,
-        text=out.text,
-        logprobs=steps_from_vllm(ids, out.logprobs, request.top_k_logprobs),
-        finish_reason=out.finish_reason,
-    )
+    return output_from_vllm(out, request.top_k_logprobs)
 
 
 class StepDriver:

@@ -30,6 +30,7 @@ from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
 from schemas.schedule_log import ScheduleLog, parse_segment
+from tests.replayer.test_schedule_lane_model import model_dir
 
 pytestmark = pytest.mark.model
 
@@ -43,13 +44,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def model_dir() -> Path:
-    path = Path.home() / ".cache/reprolane/models/smollm2-135m-instruct"
-    if not (path / "config.json").is_file():
-        pytest.skip("no converted model (reprolane model fetch)")
-    return path
 
 
 @pytest.fixture(scope="module")
