@@ -195,20 +195,28 @@ class ScheduleRecorder:
     def on_schedule(self, out: Any) -> None:
         bs = self.block_size
         computed: dict[str, int] = {}
-        for new in out.scheduled_new_reqs:
-            rid = new.req_id
-            computed[rid] = int(new.num_computed_tokens)
-            blocks = list(new.block_ids[0]) if new.block_ids else []
-            hit = computed[rid] // bs if self.prefix_caching else 0
-            self._arrived(rid, blocks[:hit])
-            self._own(rid, blocks[hit:])
+        new_reqs = {new.req_id: new for new in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
-        resumed = cached.resumed_req_ids
-        for rid, num, new_blocks in zip(cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, strict=True):
-            computed[rid] = int(num)
-            blocks = list(new_blocks[0]) if new_blocks else []
-            skip = int(num) // bs if rid in resumed and self.prefix_caching else 0
-            self._own(rid, blocks[skip:])
+        running = {
+            rid: (int(num), blocks)
+            for rid, num, blocks in zip(cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, strict=True)
+        }
+        # in the scheduler's order: a request can hit blocks that one scheduled before it in the same step was
+        # given (vLLM caches a block when it is allocated), so owners are assigned in that order
+        for rid in out.num_scheduled_tokens:
+            new = new_reqs.get(rid)
+            if new is not None:
+                computed[rid] = int(new.num_computed_tokens)
+                blocks = list(new.block_ids[0]) if new.block_ids else []
+                hit = computed[rid] // bs if self.prefix_caching else 0
+                self._arrived(rid, blocks[:hit])
+                self._own(rid, blocks[hit:])
+            elif rid in running:
+                num, new_blocks = running[rid]
+                computed[rid] = num
+                blocks = list(new_blocks[0]) if new_blocks else []
+                skip = num // bs if rid in cached.resumed_req_ids and self.prefix_caching else 0
+                self._own(rid, blocks[skip:])
         for rid in out.finished_req_ids:
             self._arrived(rid, [])
         # finished since the previous step's output: aborts in between (those its output stopped were recorded
