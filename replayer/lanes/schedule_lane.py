@@ -40,7 +40,7 @@ from replayer.lanes.schedule_engine import (
     steps_from,
     to_output,
 )
-from replayer.lanes.schedule_plan import FillerPlan, ReplayPlan, plan_replay
+from replayer.lanes.schedule_plan import FillerPlan, ReplayPlan, check_target, plan_replay
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint
 from schemas.schedule import EngineStart, ScheduleStep
@@ -219,6 +219,10 @@ class ScheduleLane:
                 "mixture-of-experts model (" + ", ".join(self.moe) + "): expert routing depends on the companions' "
                 "content, so filler companions cannot reproduce the batch; use window replay with real content"
             )
+        try:
+            check_target(log, target, len(request.prompt_token_ids))
+        except (KeyError, ValueError) as exc:
+            raise NotReplayableError(str(exc)) from exc
         plan = plan_replay(log, target, max_model_len=self.engine_start.max_model_len)
         return self._run(log, plan, {target: request})
 

@@ -136,6 +136,18 @@ def plan_replay(log: ScheduleLog, target: str, *, max_model_len: int | None = No
     return ReplayPlan(target=target, start_step=start, end_step=end, requests=plans, notes=notes)
 
 
+def check_target(log: ScheduleLog, target: str, num_prompt_tokens: int) -> None:
+    """Refuse a join that picked the wrong request: the target's prompt must have the recorded length."""
+    arrival = log.arrivals.get(target)
+    if arrival is None:
+        raise KeyError(f"request {target} is not in the schedule log")
+    if arrival.num_prompt_tokens != num_prompt_tokens:
+        raise ValueError(
+            f"request {target} arrived with {arrival.num_prompt_tokens} prompt tokens, the envelope has "
+            f"{num_prompt_tokens}: the schedule is not this request's"
+        )
+
+
 def _target_forced(log: ScheduleLog, target: str, hits: dict[str, list[str]], notes: list[str]) -> dict[str, int]:
     """Tokens of each filler's prompt that must be the target's: the blocks the target read from a filler's
     cache were computed by that filler (or read by it from another's cache: followed to whoever computed them)."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from replayer.lanes.schedule_lane import compare_steps, moe_markers, numeric_differences
-from replayer.lanes.schedule_plan import busy_period_start, plan_replay
+from replayer.lanes.schedule_plan import busy_period_start, check_target, plan_replay
 from schemas import RuntimeFingerprint
 from schemas.schedule_log import ScheduleLog
 from tests.schemas.test_schedule_log import arrival, engine, step
@@ -102,3 +104,12 @@ def test_mixture_of_experts_is_detected_from_the_model_config() -> None:
     ]
     assert moe_markers(SimpleNamespace(text_config=SimpleNamespace(n_routed_experts=64))) == ["n_routed_experts=64"]
     assert moe_markers(SimpleNamespace(hidden_size=576)) == []
+
+
+def test_a_join_to_the_wrong_request_is_refused() -> None:
+    log = burst_log()
+    check_target(log, "c", 40)
+    with pytest.raises(ValueError, match="not this request's"):
+        check_target(log, "c", 39)
+    with pytest.raises(KeyError):
+        check_target(log, "zz", 40)
