@@ -16,10 +16,12 @@ on), one with vLLM's scheduler and one with ``RecordingScheduler``, run the same
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
@@ -29,8 +31,25 @@ from replayer.lanes.vllm_lane import VllmLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
+from schemas.canonical import canonical_text_of_plain
 
 SETTINGS = {"dtype": "bfloat16", "max_num_seqs": 256, "max_model_len": 2048, "enable_prefix_caching": True, "seed": 0}
+
+
+def _time_hooks(recorder: Any) -> list[float]:
+    """Wrap the recorder's two per-step hooks to sum their thread CPU time: ``[seconds, calls]``."""
+    total = [0.0, 0]
+    for name in ("on_schedule", "on_update"):
+        original = getattr(recorder, name)
+
+        def timed(*args: Any, _original: Any = original) -> None:
+            t0 = time.thread_time()
+            _original(*args)
+            total[0] += time.thread_time() - t0
+            total[1] += 1
+
+        setattr(recorder, name, timed)
+    return total
 
 
 def main() -> None:
@@ -55,13 +74,18 @@ def main() -> None:
     for d in (plain, recording):
         d.run([(0, reqs[0])])  # warm-up
         d.engine.reset_prefix_cache()
+    hook_s = _time_hooks(recording.recorder)
+    with_wall = [0.0, 0]  # seconds, steps of the timed runs with the recorder
     rates: dict[str, list[float]] = {"without": [], "with": []}
     runs = []
     for _ in range(args.repeats):
         for name, d in (("without", plain), ("with", recording)):
-            t0 = time.perf_counter()
+            t0, steps0 = time.perf_counter(), d.step_count
             out = d.run([(0, r) for r in reqs])
             elapsed = time.perf_counter() - t0
+            if name == "with":
+                with_wall[0] += elapsed
+                with_wall[1] += d.step_count - steps0
             d.engine.reset_prefix_cache()
             rates[name].append(sum(len(o.token_ids) for _, o in out) / elapsed)
             if name == "with":
@@ -74,6 +98,23 @@ def main() -> None:
         f"(runs {', '.join(f'{r:.3f}' for r in ratios)})"
     )
     log = recording.log()
+    steps_run = len(log.steps)
+    lines = [
+        line
+        for p in sorted(Path(recording.recorder.writer.directory).glob("*.jsonl"))
+        for line in p.read_bytes().splitlines()
+    ]
+    docs = [json.loads(line) for line in lines]
+    t0 = time.thread_time()
+    for doc in docs:
+        canonical_text_of_plain(doc)
+    encode_s = time.thread_time() - t0
+    per_step_us = (hook_s[0] + encode_s) / max(steps_run, 1) * 1e6
+    print(
+        f"recorder CPU: hooks {hook_s[0] / max(hook_s[1], 1) * 1e6:.0f} us per call ({hook_s[1]} calls), encoding "
+        f"{encode_s / max(len(docs), 1) * 1e6:.0f} us per record; {per_step_us:.0f} us per step against a "
+        f"{with_wall[0] / max(with_wall[1], 1) * 1e3:.0f} ms step (wall, the timed runs with the recorder)"
+    )
     engine_dir = Path(recording.recorder.writer.directory)
     total = sum(p.stat().st_size for p in engine_dir.glob("*.jsonl"))
     print(

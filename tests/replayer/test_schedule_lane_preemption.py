@@ -2,8 +2,8 @@
 later); the recorded number of KV blocks is given to the replay engine, so the same step preempts the same
 request, and every request still replays bitwise.
 
-Its own production and lane engines (12 KV blocks of 128 tokens: three ~500-token prompts fill them, the first
-decode that crosses a block boundary preempts the latest arrival).
+Its own production and lane engines (12 KV blocks of 128 tokens: three ~475-token prompts take 4 blocks each; 64
+tokens each, EOS ignored, so the first decode that crosses a block boundary preempts the latest arrival).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.replayer.test_schedule_lane_model import model_dir
 
 pytestmark = pytest.mark.model
 
-GREEDY = SamplingContract(temperature=0.0, seed_scope="none")
+GREEDY = SamplingContract(temperature=0.0, seed_scope="none", ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_preempted_requests_replay_bitwise(prod: StepDriver) -> None:
     text = " ".join(DEFAULT_PROMPTS) * 8
     prompts = render_chat(model_dir(), [text[i * 150 : i * 150 + 2000] for i in range(3)])
     assert all(440 < len(p) < 500 for p in prompts), [len(p) for p in prompts]
-    reqs = [GenRequest(p, GREEDY, max_tokens=40, top_k_logprobs=2) for p in prompts]
+    reqs = [GenRequest(p, GREEDY, max_tokens=64, top_k_logprobs=2) for p in prompts]
     runs = prod.run([(0, reqs[0]), (0, reqs[1]), (1, reqs[2])])
     log = prod.log()
     assert log.problems() == []
