@@ -2,8 +2,9 @@
 later); the recorded number of KV blocks is given to the replay engine, so the same step preempts the same
 request, and every request still replays bitwise.
 
-Its own production and lane engines (12 KV blocks of 128 tokens: three ~475-token prompts take 4 blocks each; 64
-tokens each, EOS ignored, so the first decode that crosses a block boundary preempts the latest arrival).
+Its own production and lane engines (13 KV blocks of 128 tokens, one of them vLLM's null block: three ~475-token
+prompts take 4 blocks each; 64 tokens each, EOS ignored, so the first decode that crosses a block boundary
+preempts the latest arrival).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StepDriver]:
         max_num_seqs=256,
         max_num_batched_tokens=2048,
         max_model_len=1024,
-        num_gpu_blocks_override=12,
+        num_gpu_blocks_override=13,
         enable_prefix_caching=True,
         seed=0,
     )
@@ -53,7 +54,7 @@ def test_preempted_requests_replay_bitwise(prod: StepDriver) -> None:
     assert log.problems() == []
     assert any(s.preempted for s in log.steps.values()), "nothing was preempted"
     assert log.engine is not None
-    assert log.engine.num_kv_blocks == 12
+    assert log.engine.num_kv_blocks == 13
     lane = ScheduleLane(ReplayerSettings(model_dir=model_dir()), log.engine)
     try:
         for (rid, out), req in zip(runs, reqs, strict=True):
