@@ -164,13 +164,21 @@ class ScheduleLog:
             if missing:
                 found.append(f"steps missing from the log: {_ranges(missing)}")
         progress: dict[str, int] = {}
+        preempted: dict[str, int] = {}  # preempted request -> what it had computed (it may resume from its cache)
         for number in sorted(self.steps):
             step = self.steps[number]
             for rid in step.preempted:
-                progress[rid] = 0
+                preempted[rid] = progress.get(rid, 0)
             for s in step.scheduled:
                 rid = s.engine_request_id
-                if rid in progress and s.num_computed_tokens not in (progress[rid], 0):
+                if rid in preempted:
+                    before = preempted.pop(rid)
+                    if s.num_computed_tokens > before:
+                        found.append(
+                            f"step {number}: request {rid} resumed with {s.num_computed_tokens} tokens computed, "
+                            f"more than the {before} it had when preempted"
+                        )
+                elif rid in progress and s.num_computed_tokens != progress[rid]:
                     found.append(
                         f"step {number}: request {rid} had {s.num_computed_tokens} tokens computed, its previous "
                         f"step left {progress[rid]} (a step is missing or altered)"

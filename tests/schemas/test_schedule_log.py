@@ -150,3 +150,18 @@ def test_join_by_external_id_takes_the_servers_prefix() -> None:
     log = ScheduleLog.from_records([engine(), a, b])
     assert log.by_external_id("rl-xyz-1") == b
     assert log.by_external_id("rl-xyz") is None
+
+
+def test_a_preempted_request_may_resume_from_its_cache() -> None:
+    records = [
+        engine(),
+        arrival("a", 0, 40),
+        step(0, [("a", 0, 40)]),
+        step(1, [("a", 40, 1)]),
+        step(2, [], preempted=("a",)),
+        step(3, [("a", 32, 9)]),
+        step(4, [("a", 41, 1)], finished=("a",)),
+    ]
+    assert ScheduleLog.from_records(records).problems() == []
+    records[5] = step(3, [("a", 48, 1)])
+    assert any("resumed with 48" in p for p in ScheduleLog.from_records(records).problems())
