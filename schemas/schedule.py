@@ -11,7 +11,8 @@ Records (one JSON object per line in a segment, each a `ScheduleRecord`):
 - `EngineStart`, once per engine instance (first line of its first segment): the settings that shape the schedule.
 - `ScheduleStep`, once per engine step that scheduled anything: for each scheduled request, in the scheduler's
   order, its engine request id, the tokens it had computed before the step and the tokens scheduled in it; which
-  requests finished or were preempted since the previous step.
+  requests were preempted to make room for it; which finished in it (its output stopped them, or they were
+  aborted since the previous step).
 - `RequestArrival`, once per request the engine accepted: its ids, prompt length, and (when prefix caching is on)
   which earlier requests' blocks its cache hit read (`cached_from`), never the blocks' content or hashes.
 
@@ -27,6 +28,7 @@ from typing import Annotated, Final, Literal
 from pydantic import Field
 
 from schemas.base import Record, UtcDatetime
+from schemas.fingerprint import RuntimeFingerprint
 
 SCHEDULE_SCHEMA_VERSION: Final = "reprolane.schedule/1"
 
@@ -54,6 +56,11 @@ class EngineStart(Record):
     scheduling_policy: str
     seed: int | None = None
     long_prefill_token_threshold: int | None = None
+    async_scheduling: bool | None = None
+    enforce_eager: bool | None = None
+    runtime: RuntimeFingerprint | None = Field(
+        default=None, description="the engine's numerics-relevant environment, as the replay lanes fingerprint theirs"
+    )
 
 
 class RequestArrival(Record):

@@ -83,6 +83,17 @@ def steps_from_vllm(
     return tuple(steps)
 
 
+def output_from_vllm(out: Any, k: int) -> ReplayedOutput:
+    """One of vLLM's ``CompletionOutput`` as a `ReplayedOutput` (top-``k`` logprobs per step)."""
+    token_ids = tuple(int(t) for t in out.token_ids)
+    return ReplayedOutput(
+        token_ids=token_ids,
+        text=out.text,
+        logprobs=steps_from_vllm(token_ids, out.logprobs, k),
+        finish_reason=out.finish_reason,
+    )
+
+
 def _batch_invariant_active() -> bool:
     from vllm import envs
 
@@ -169,14 +180,7 @@ class VllmLane:
             outputs = self._llm.generate(
                 [TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))], params, use_tqdm=False
             )
-        out = outputs[0].outputs[0]
-        token_ids = tuple(int(t) for t in out.token_ids)
-        return ReplayedOutput(
-            token_ids=token_ids,
-            text=out.text,
-            logprobs=steps_from_vllm(token_ids, out.logprobs, request.top_k_logprobs),
-            finish_reason=out.finish_reason,
-        )
+        return output_from_vllm(outputs[0].outputs[0], request.top_k_logprobs)
 
     def close(self) -> None:
         with self._lock:

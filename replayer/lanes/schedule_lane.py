@@ -1,0 +1,354 @@
+"""The schedule lane: replay a request inside the batches it ran in, rebuilt from the recorded schedule.
+
+On the engines reprolane supports, a request's numbers depend on the shapes of the batches it ran in, not on its
+companions' content (`schemas.schedule`). This lane starts an in-process vLLM engine with the production engine's
+recorded settings (`schemas.schedule.EngineStart`: batch limits, block size, KV blocks, chunked prefill, prefix
+caching, policy, seed, dtype) and drives its step loop itself (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one
+``LLMEngine.step`` per scheduler step): before each replayed step it adds the requests that arrived before the
+recorded one, the target with its real prompt and sampling contract, every other request as a filler of the
+same shape (`replayer.lanes.schedule_plan`). The engine runs vLLM's scheduler with the same recorder production
+runs (``capture.schedule.recorder.RecordingScheduler``, named to vLLM as a string: the replayer does not import
+the capture package), so each replayed step's shapes are read back from the replay's own log and compared with
+the recorded ones (`compare_steps`); the first step that differs is reported and the schedule is then not
+reproduced, whatever the tokens say.
+
+One engine serves many replays: between replays it is drained (every request finished or aborted, so the
+persistent batch is empty, as production's was at the start of a busy period) and its prefix cache is reset.
+A replay refuses (`NotReplayableError`, naming the fields) when this process's runtime fingerprint differs from
+the production engine's in a field that changes numerics (`NUMERIC_FIELDS`).
+
+`replay_window` replays every request of a window with its real content together (all `GenRequest` known).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from replayer.errors import LaneUnavailableError, NotReplayableError
+from replayer.lanes.base import GenRequest, quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.schedule_engine import (
+    read_log,
+    sampling_params,
+    shutdown_engine,
+    start_recording_engine,
+    steps_from,
+    to_output,
+)
+from replayer.lanes.schedule_plan import FillerPlan, ReplayPlan, check_target, plan_replay
+from replayer.settings import ReplayerSettings
+from schemas import ReplayedOutput, RuntimeFingerprint
+from schemas.schedule import EngineStart, ScheduleStep
+from schemas.schedule_log import ScheduleLog
+
+#: Fingerprint fields that change a request's numbers: a replay refuses when one differs from production's.
+NUMERIC_FIELDS: Final = (
+    "engine",
+    "engine_version",
+    "torch_version",
+    "cuda_version",
+    "cublas_version",
+    "device",
+    "device_name",
+    "compute_capability",
+    "dtype",
+    "quantization",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "attention_backend",
+    "cuda_graphs",
+    "batch_invariant",
+    "num_threads",
+)
+#: Model-config keys that mark a mixture-of-experts model: its expert routing depends on every token of the batch,
+#: companions' content included, so fillers cannot stand in for companions (window replay still can).
+MOE_CONFIG_KEYS: Final = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_experts_per_tok",
+)
+#: Filler token ids are drawn from [FILLER_LOW, vocab): low ids are the special tokens of most vocabularies.
+FILLER_LOW: Final = 1000
+
+
+@dataclass(frozen=True)
+class StepMismatch:
+    """The first replayed step whose shapes differ from the recorded step (ids as production's)."""
+
+    step: int
+    recorded: tuple[tuple[str, int, int], ...]
+    replayed: tuple[tuple[str, int, int], ...]
+    reason: str
+
+
+@dataclass
+class ScheduleReplay:
+    """What a schedule replay gives: the target's output and whether the recorded schedule was reproduced."""
+
+    output: ReplayedOutput | None
+    outputs: dict[str, ReplayedOutput]
+    start_step: int
+    end_step: int
+    steps_compared: int
+    mismatch: StepMismatch | None
+    notes: list[str] = field(default_factory=list)
+    fillers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # production id -> the filler's prompt
+    replay_ids: dict[str, str] = field(default_factory=dict)  # production id -> the replay engine's request id
+
+    @property
+    def schedule_reproduced(self) -> bool:
+        return self.mismatch is None and not self.notes
+
+
+def numeric_differences(recorded: RuntimeFingerprint | None, replay: RuntimeFingerprint) -> list[str]:
+    """The numerics-relevant fields whose known values differ (``"device_name: 'A' != 'B'"``)."""
+    if recorded is None:
+        return ["runtime: the schedule log does not record the production engine's fingerprint"]
+    out = []
+    for name in NUMERIC_FIELDS:
+        a, b = getattr(recorded, name), getattr(replay, name)
+        if a is not None and b is not None and a != b:
+            out.append(f"{name}: {a!r} != {b!r}")
+    return out
+
+
+def moe_markers(hf_config: Any) -> list[str]:
+    """The mixture-of-experts keys a model config sets (non-zero), e.g. ``["num_local_experts=8"]``."""
+    found = []
+    configs = [hf_config, getattr(hf_config, "text_config", None)]
+    for cfg in configs:
+        if cfg is None:
+            continue
+        for key in MOE_CONFIG_KEYS:
+            value = getattr(cfg, key, None)
+            if value:
+                found.append(f"{key}={value}")
+    return found
+
+
+def _shape(step: ScheduleStep, ids: Mapping[str, str] | None = None) -> tuple[tuple[str, int, int], ...]:
+    name = (lambda r: ids.get(r, r)) if ids is not None else (lambda r: r)
+    return tuple((name(s.engine_request_id), s.num_computed_tokens, s.num_scheduled_tokens) for s in step.scheduled)
+
+
+def compare_steps(
+    recorded: ScheduleLog, start: int, end: int, replayed: list[ScheduleStep], to_production: Mapping[str, str]
+) -> tuple[int, StepMismatch | None]:
+    """Compare recorded steps ``start..end`` with the replay's steps (in order; ids mapped to production's)."""
+    compared = 0
+    for offset, number in enumerate(range(start, end + 1)):
+        rec = recorded.steps.get(number)
+        if rec is None:
+            return compared, StepMismatch(number, (), (), "the recorded log has no such step")
+        if offset >= len(replayed):
+            return compared, StepMismatch(number, _shape(rec), (), "the replay ended before this step")
+        rep = replayed[offset]
+        a, b = _shape(rec), _shape(rep, to_production)
+        if a != b:
+            return compared, StepMismatch(number, a, b, "scheduled requests or token counts differ")
+        if set(rec.preempted) != {to_production.get(r, r) for r in rep.preempted}:
+            return compared, StepMismatch(number, a, b, "preempted requests differ")
+        compared += 1
+    return compared, None
+
+
+class ScheduleLane:
+    """An in-process vLLM built with one production engine's settings; replays targets and windows."""
+
+    name = "schedule"
+
+    def __init__(self, settings: ReplayerSettings, engine: EngineStart, *, refuse_on_mismatch: bool = True) -> None:
+        model_dir = resolve_model_dir(settings)
+        self._log_dir = Path(tempfile.mkdtemp(prefix="reprolane-schedule-lane-"))
+        self.engine_start = engine
+        self._engine, self._recorder = start_recording_engine(
+            model_dir,
+            self._log_dir,
+            dtype=engine.dtype,
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_model_len=engine.max_model_len,
+            block_size=engine.block_size,
+            num_gpu_blocks_override=engine.num_kv_blocks,
+            enable_chunked_prefill=engine.enable_chunked_prefill,
+            enable_prefix_caching=engine.enable_prefix_caching,
+            scheduling_policy=engine.scheduling_policy,
+            long_prefill_token_threshold=engine.long_prefill_token_threshold or 0,
+            seed=engine.seed if engine.seed is not None else 0,
+            enforce_eager=engine.enforce_eager if engine.enforce_eager is not None else True,
+        )
+        with quiet_imports():
+            import torch
+            import vllm
+        self._scheduler: Any = self._engine.engine_core.engine_core.scheduler
+        self._vocab = int(self._engine.model_config.get_vocab_size())
+        self.moe = moe_markers(self._engine.model_config.hf_config)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._fingerprint = torch_lane_fingerprint(
+            torch,
+            engine="vllm",
+            engine_version=vllm.__version__,
+            dtype=engine.dtype,
+            attention_backend=None,
+            batch_invariant=False,
+        ).model_copy(update={"max_num_seqs": engine.max_num_seqs, "prefix_caching": engine.enable_prefix_caching})
+        self.refusals = numeric_differences(engine.runtime, self._fingerprint)
+        if self.refusals and refuse_on_mismatch:
+            self.close()
+            raise NotReplayableError("the schedule lane's runtime differs in numerics: " + "; ".join(self.refusals))
+
+    def fingerprint(self) -> RuntimeFingerprint:
+        return self._fingerprint
+
+    # -- the replays --------------------------------------------------------------------------------------------
+
+    def replay_target(self, log: ScheduleLog, target: str, request: GenRequest) -> ScheduleReplay:
+        """Replay ``target`` (engine request id in ``log``) with fillers for every other request of its window.
+        Refused for a mixture-of-experts model (`moe_markers`): its numbers depend on companions' content."""
+        if self.moe:
+            raise NotReplayableError(
+                "mixture-of-experts model (" + ", ".join(self.moe) + "): expert routing depends on the companions' "
+                "content, so filler companions cannot reproduce the batch; use window replay with real content"
+            )
+        try:
+            check_target(log, target, len(request.prompt_token_ids))
+        except (KeyError, ValueError) as exc:
+            raise NotReplayableError(str(exc)) from exc
+        plan = plan_replay(log, target, max_model_len=self.engine_start.max_model_len)
+        return self._run(log, plan, {target: request})
+
+    def replay_window(self, log: ScheduleLog, requests: Mapping[str, GenRequest], target: str) -> ScheduleReplay:
+        """Replay every request of ``target``'s window with its real content (``requests`` by engine request id;
+        one that is missing is refused); all outputs are returned in `ScheduleReplay.outputs`."""
+        plan = plan_replay(log, target, max_model_len=self.engine_start.max_model_len)
+        missing = [p.arrival.engine_request_id for p in plan.requests if p.arrival.engine_request_id not in requests]
+        if missing:
+            raise NotReplayableError(f"window replay needs every request of the window; missing: {missing}")
+        return self._run(log, plan, dict(requests), until_all=True)
+
+    def _run(
+        self, log: ScheduleLog, plan: ReplayPlan, real: dict[str, GenRequest], *, until_all: bool = False
+    ) -> ScheduleReplay:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        problems = log.problems()
+        notes = list(plan.notes) + [f"schedule log: {p}" for p in problems]
+        with self._lock:
+            if self._closed:
+                raise LaneUnavailableError("the schedule lane is closed")
+            self._drain()
+            log_first = first_step = int(self._recorder.step)
+            to_production: dict[str, str] = {}  # the replay's engine request id -> production's
+            by_name: dict[str, str] = {}  # the replay's external id (what outputs carry) -> production's
+            to_replay: dict[str, str] = {}
+            tokens: dict[str, list[int]] = {}  # production id -> the replayed request's tokens (prompt + output)
+            fillers: dict[str, tuple[int, ...]] = {}
+            outputs: dict[str, Any] = {}
+            pending = list(plan.requests)
+            target_id = plan.target
+            target_done = False
+            while True:
+                rel = int(self._recorder.step) - first_step
+                while pending and pending[0].arrival.step - plan.start_step <= rel:
+                    item = pending.pop(0)
+                    rid = item.arrival.engine_request_id
+                    if rid in real:
+                        prompt = list(real[rid].prompt_token_ids)
+                        params = sampling_params(real[rid])
+                    else:
+                        prompt = self._filler_prompt(item, tokens, real.get(target_id), len(to_replay))
+                        fillers[rid] = tuple(prompt)
+                        params = SamplingParams(
+                            max_tokens=item.output_tokens,
+                            min_tokens=item.output_tokens,
+                            ignore_eos=True,
+                            temperature=0.0,
+                        )
+                    name = f"replay-{len(to_replay)}"
+                    new_id = self._engine.add_request(name, TokensPrompt(prompt_token_ids=prompt), params)
+                    to_production[new_id] = rid
+                    by_name[name] = rid
+                    to_replay[rid] = new_id
+                    tokens[rid] = list(prompt)
+                if target_done and not until_all:
+                    break
+                if not self._engine.has_unfinished_requests():
+                    if not pending:
+                        break
+                    # production was idle here: the next arrival is due at the step that comes next
+                    first_step -= pending[0].arrival.step - plan.start_step - rel
+                    continue
+                for out in self._engine.step():
+                    prod_id = by_name.get(out.request_id)
+                    if prod_id is None:
+                        continue
+                    tokens[prod_id] = list(out.prompt_token_ids or []) + list(out.outputs[0].token_ids)
+                    if out.finished:
+                        outputs[prod_id] = out.outputs[0]
+                        target_done = target_done or prod_id == target_id
+            self._drain()
+            replayed = steps_from(read_log(self._recorder), log_first)
+        steps_compared, mismatch = compare_steps(log, plan.start_step, plan.end_step, replayed, to_production)
+        results = {rid: to_output(o, real[rid]) for rid, o in outputs.items() if rid in real}
+        return ScheduleReplay(
+            output=results.get(target_id),
+            outputs=results,
+            start_step=plan.start_step,
+            end_step=plan.end_step,
+            steps_compared=steps_compared,
+            mismatch=mismatch,
+            notes=notes,
+            fillers=fillers,
+            replay_ids=to_replay,
+        )
+
+    def _filler_prompt(
+        self, item: FillerPlan, tokens: Mapping[str, list[int]], target: GenRequest | None, index: int
+    ) -> list[int]:
+        """Random ids, the cache-hit blocks copied from their providers' replayed tokens, the target's prefix
+        where the target later reads this filler's blocks."""
+        rng = random.Random(index)
+        n = item.arrival.num_prompt_tokens
+        prompt = [rng.randrange(FILLER_LOW, self._vocab) for _ in range(n)]
+        block = self.engine_start.block_size
+        for i, provider in enumerate(item.hit_blocks):
+            source = tokens.get(provider)
+            if source is None or len(source) < (i + 1) * block:
+                break
+            prompt[i * block : (i + 1) * block] = source[i * block : (i + 1) * block]
+        if target is not None and item.target_prefix:
+            prompt[: item.target_prefix] = list(target.prompt_token_ids[: item.target_prefix])
+        return prompt
+
+    def _drain(self) -> None:
+        """Finish (abort) whatever is left and step until the engine is empty, then forget the prefix cache."""
+        left = list(self._engine.output_processor.request_states)
+        if left:
+            self._engine.abort_request(left)
+        for _ in range(1000):
+            if not self._engine.has_unfinished_requests() and not self._scheduler.has_requests():
+                break
+            self._engine.step()
+        self._engine.reset_prefix_cache()
+
+    def close(self) -> None:
+        with self._lock if hasattr(self, "_lock") else threading.Lock():
+            if getattr(self, "_closed", False):
+                return
+            self._closed = True
+        recorder = getattr(self, "_recorder", None)
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            shutdown_engine(engine)
+        if recorder is not None:
+            recorder.writer.close()

@@ -1,0 +1,203 @@
+"""Schedule segments on disk and the log they add up to: names, parsing, and the checks a replay relies on.
+
+The recorder (`capture.schedule.recorder`) writes one directory per engine instance, ``<dir>/<engine_id>/``, and in
+it numbered segments ``<seq:08d>.jsonl``: one `schemas.schedule.ScheduleRecord` per line, in canonical JSON
+(`schemas.canonical`). A segment being written is ``<seq:08d>.jsonl.part``; it is renamed to ``.jsonl`` only after
+it was flushed and fsynced, so a reader (the schedule lane, the shipper) takes only ``.jsonl`` files and never sees
+half a line. This module is pure: callers read the bytes, this module names and parses them.
+
+`ScheduleLog` is one engine instance's records indexed for a replay: the engine's settings, the arrivals in order,
+the steps by number. It also says what a replay cannot trust (`ScheduleLog.problems`): a missing step number, or
+a request whose computed-token count does not continue from its previous step (a recorder that dropped a step, or
+a log that was altered, shows up there even when the step numbers were rewritten).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from pydantic import TypeAdapter, ValidationError
+
+from schemas.canonical import canonical_bytes
+from schemas.errors import ContractError
+from schemas.schedule import EngineStart, RequestArrival, ScheduleRecord, ScheduleStep
+
+SEGMENT_SUFFIX: Final = ".jsonl"
+PART_SUFFIX: Final = ".jsonl.part"
+#: Bytes of one record line a reader accepts (a step of 256 requests is well under this).
+MAX_LINE_BYTES: Final = 1 << 20
+_SEGMENT_RE: Final = re.compile(r"^(\d{8})\.jsonl$")
+_ADAPTER: TypeAdapter[ScheduleRecord] = TypeAdapter(ScheduleRecord)
+
+
+def segment_name(seq: int) -> str:
+    """The file name of a complete segment."""
+    return f"{seq:08d}{SEGMENT_SUFFIX}"
+
+
+def part_name(seq: int) -> str:
+    """The file name of the segment while it is being written."""
+    return f"{seq:08d}{PART_SUFFIX}"
+
+
+def segment_seq(name: str) -> int | None:
+    """The sequence number of a complete segment's file name, else None (parts and foreign files)."""
+    m = _SEGMENT_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def encode_record(record: EngineStart | RequestArrival | ScheduleStep) -> bytes:
+    """One segment line: the record's canonical JSON and a newline."""
+    return canonical_bytes(record) + b"\n"
+
+
+def parse_segment(data: bytes, *, where: str = "segment") -> tuple[EngineStart | RequestArrival | ScheduleStep, ...]:
+    """The records of one segment; a bad line raises `ContractError` naming ``where``, the line and the fields."""
+    records: list[EngineStart | RequestArrival | ScheduleStep] = []
+    for lineno, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        if len(line) > MAX_LINE_BYTES:
+            raise ContractError(f"invalid {where} line {lineno}: longer than {MAX_LINE_BYTES} bytes")
+        try:
+            records.append(_ADAPTER.validate_json(line))
+        except ValidationError as exc:
+            raise ContractError.from_validation(f"{where} line {lineno}", exc) from exc
+    return tuple(records)
+
+
+@dataclass
+class RequestShape:
+    """What the log says about one request: its arrival and every step it was scheduled in (step numbers)."""
+
+    arrival: RequestArrival
+    steps: list[int] = field(default_factory=list)
+    finished_at: int | None = None  # the step whose ``finished`` names it
+
+    @property
+    def first_step(self) -> int | None:
+        return self.steps[0] if self.steps else None
+
+
+@dataclass
+class ScheduleLog:
+    """One engine instance's schedule, indexed (build it with `ScheduleLog.from_records`)."""
+
+    engine: EngineStart | None
+    arrivals: dict[str, RequestArrival]
+    steps: dict[int, ScheduleStep]
+    requests: dict[str, RequestShape]
+
+    @classmethod
+    def from_records(cls, records: Iterable[EngineStart | RequestArrival | ScheduleStep]) -> ScheduleLog:
+        """Index the records of one engine (segments concatenated in sequence order); mixed engines are refused."""
+        engine: EngineStart | None = None
+        arrivals: dict[str, RequestArrival] = {}
+        steps: dict[int, ScheduleStep] = {}
+        engine_ids: set[str] = set()
+        for rec in records:
+            engine_ids.add(rec.engine_id)
+            if isinstance(rec, EngineStart):
+                engine = rec
+            elif isinstance(rec, RequestArrival):
+                arrivals.setdefault(rec.engine_request_id, rec)
+            else:
+                steps.setdefault(rec.step, rec)
+        if len(engine_ids) > 1:
+            raise ContractError(f"a schedule log holds one engine instance, got {sorted(engine_ids)}")
+        requests = {rid: RequestShape(arrival=a) for rid, a in arrivals.items()}
+        for number in sorted(steps):
+            step = steps[number]
+            for s in step.scheduled:
+                shape = requests.get(s.engine_request_id)
+                if shape is not None:
+                    shape.steps.append(number)
+            for rid in step.finished:
+                shape = requests.get(rid)
+                if shape is not None and shape.finished_at is None:
+                    shape.finished_at = number
+        return cls(engine=engine, arrivals=arrivals, steps=steps, requests=requests)
+
+    def by_external_id(self, external_id: str, prompt_index: int = 0) -> RequestArrival | None:
+        """The arrival of the request the client named ``external_id`` (its ``X-Request-Id``).
+
+        vLLM's OpenAI server names a chat request ``chatcmpl-<id>`` and the ``i``-th prompt of a completion
+        ``cmpl-<id>-<i>``; both are matched exactly (prefix of no dash, then the id), never by a mere suffix,
+        so ``abc`` does not join ``chatcmpl-rl-abc``. An engine fed directly may use the id itself.
+        """
+        for arrival in self.arrivals.values():
+            ext = arrival.external_request_id
+            prefix, _, rest = ext.partition("-")
+            if ext == external_id or (prefix == "chatcmpl" and rest == external_id):
+                return arrival
+            if prefix == "cmpl" and rest == f"{external_id}-{prompt_index}":
+                return arrival
+        return None
+
+    def scheduled_in(self, number: int) -> dict[str, tuple[int, int]]:
+        """Step ``number``'s requests: id -> (computed before, scheduled), in the scheduler's order."""
+        step = self.steps.get(number)
+        if step is None:
+            return {}
+        return {s.engine_request_id: (s.num_computed_tokens, s.num_scheduled_tokens) for s in step.scheduled}
+
+    def output_length(self, request_id: str) -> int | None:
+        """Tokens the request generated, from its last step (the last sampled token is never computed), or None
+        when the log does not show it finishing."""
+        shape = self.requests.get(request_id)
+        if shape is None or shape.finished_at is None or not shape.steps:
+            return None
+        computed, scheduled = self.scheduled_in(shape.steps[-1])[request_id]
+        return max(computed + scheduled - shape.arrival.num_prompt_tokens + 1, 0)
+
+    def problems(self) -> list[str]:
+        """Why the log cannot be trusted as a complete record, one line each (empty: it is consistent)."""
+        found: list[str] = []
+        if self.engine is None:
+            found.append("no engine record (the log does not start at the engine's first segment)")
+        if self.steps:
+            lo, hi = min(self.steps), max(self.steps)
+            missing = sorted(set(range(lo, hi + 1)) - set(self.steps))
+            if missing:
+                found.append(f"steps missing from the log: {_ranges(missing)}")
+        progress: dict[str, int] = {}
+        preempted: dict[str, int] = {}  # preempted request -> what it had computed (it may resume from its cache)
+        for number in sorted(self.steps):
+            step = self.steps[number]
+            for rid in step.preempted:
+                preempted[rid] = progress.get(rid, 0)
+            for s in step.scheduled:
+                rid = s.engine_request_id
+                if rid in preempted:
+                    before = preempted.pop(rid)
+                    if s.num_computed_tokens > before:
+                        found.append(
+                            f"step {number}: request {rid} resumed with {s.num_computed_tokens} tokens computed, "
+                            f"more than the {before} it had when preempted"
+                        )
+                elif rid in progress and s.num_computed_tokens != progress[rid]:
+                    found.append(
+                        f"step {number}: request {rid} had {s.num_computed_tokens} tokens computed, its previous "
+                        f"step left {progress[rid]} (a step is missing or altered)"
+                    )
+                elif rid not in progress and rid not in self.arrivals:
+                    found.append(f"step {number}: request {rid} was scheduled without an arrival record")
+                progress[rid] = s.num_computed_tokens + s.num_scheduled_tokens
+        return found
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+        if n is not None:
+            start = prev = n
+    return ", ".join(parts)

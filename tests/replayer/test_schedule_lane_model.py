@@ -1,0 +1,221 @@
+"""The schedule lane on the real model: batched "production" runs recorded by the recorder, each request replayed
+with filler companions of the recorded shapes, compared bitwise (token ids and logprobs).
+
+"Production" is an in-process engine with the recorder (`replayer.lanes.schedule_engine.StepDriver`), settings of
+the stack's vLLM except a small token budget per step (``max_num_batched_tokens=256``) so that prefills are chunked
+and mixed with decodes, and prefix caching on. One production engine and one lane engine serve the whole module
+(engine starts are the slow part). The OpenAI server test is in test_schedule_lane_server.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from replayer.lanes.base import GenRequest
+from replayer.lanes.batch_engine import render_chat
+from replayer.lanes.schedule_engine import StepDriver
+from replayer.lanes.schedule_lane import ScheduleLane, ScheduleReplay
+from replayer.matrix.inputs import DEFAULT_PROMPTS
+from replayer.settings import ReplayerSettings
+from schemas import SamplingContract
+from schemas.schedule import ScheduledRequest, ScheduleStep
+from schemas.schedule_log import ScheduleLog, encode_record, parse_segment
+
+pytestmark = pytest.mark.model
+
+MAX_TOKENS = 16
+TOP_K = 3
+GREEDY = SamplingContract(temperature=0.0, seed_scope="none")
+SEEDED = SamplingContract(temperature=0.8, top_p=0.95, seed=1234, seed_scope="per_request")
+#: 32 distinct chat prompts (the bundled 8, each asked four ways)
+PROMPTS = tuple(
+    f"{DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]} Answer {style}."
+    for i, style in enumerate(
+        s for s in ("in one sentence", "as a short list", "in plain words", "for a child") for _ in DEFAULT_PROMPTS
+    )
+)
+LONG_SYSTEM = " ".join(f"Rule {i}: answer precisely, cite the policy section, and never guess." for i in range(40))
+
+
+def model_dir() -> Path:
+    path = Path.home() / ".cache/reprolane/models/smollm2-135m-instruct"
+    if not (path / "config.json").is_file():
+        pytest.skip("no converted model (reprolane model fetch)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StepDriver]:
+    driver = StepDriver(
+        model_dir(),
+        tmp_path_factory.mktemp("prod-schedule"),
+        dtype="bfloat16",
+        max_num_seqs=256,
+        max_num_batched_tokens=256,
+        max_model_len=2048,
+        enable_prefix_caching=True,
+        seed=0,
+    )
+    yield driver
+    driver.close()
+
+
+@pytest.fixture(scope="module")
+def lane(prod: StepDriver) -> Iterator[ScheduleLane]:
+    log = prod.log()
+    assert log.engine is not None
+    lane = ScheduleLane(ReplayerSettings(model_dir=model_dir()), log.engine)
+    yield lane
+    lane.close()
+
+
+def gen(ids: tuple[int, ...], sampling: SamplingContract = GREEDY) -> GenRequest:
+    return GenRequest(ids, sampling, max_tokens=MAX_TOKENS, top_k_logprobs=TOP_K)
+
+
+def assert_no_foreign_content(result: ScheduleReplay, target: GenRequest, others: list[GenRequest]) -> None:
+    """(f) A filler holds random ids, copies of other fillers, or the target's own tokens; never another
+    request's: no 4-gram of another real prompt occurs in any filler."""
+    target_grams = {tuple(target.prompt_token_ids[i : i + 4]) for i in range(len(target.prompt_token_ids) - 3)}
+    for other in others:
+        ids = other.prompt_token_ids
+        grams = {tuple(ids[i : i + 4]) for i in range(len(ids) - 3)} - target_grams
+        for rid, filler in result.fillers.items():
+            found = [i for i in range(len(filler) - 3) if tuple(filler[i : i + 4]) in grams]
+            assert not found, f"filler for {rid} holds another request's tokens at {found[:5]}"
+
+
+def replay_all(lane: ScheduleLane, log: ScheduleLog, runs: list[tuple[str, object]], reqs: list[GenRequest]) -> int:
+    bitwise = 0
+    for (rid, out), req in zip(runs, reqs, strict=True):
+        result = lane.replay_target(log, rid, req)
+        assert result.mismatch is None, result.mismatch
+        assert result.schedule_reproduced, result.notes
+        assert_no_foreign_content(result, req, [r for r in reqs if r is not req])
+        bitwise += result.output == out
+    return bitwise
+
+
+def test_the_recorders_log_is_complete_and_canonical(prod: StepDriver) -> None:
+    prod.run([(0, gen(p)) for p in render_chat(model_dir(), PROMPTS[:2])])
+    log = prod.log()
+    assert log.problems() == []
+    assert log.engine is not None
+    assert log.engine.runtime is not None
+    for path in sorted(Path(prod.recorder.writer.directory).glob("*.jsonl")):
+        for line in path.read_bytes().splitlines(keepends=True):
+            (record,) = parse_segment(line)
+            assert encode_record(record) == line  # every line is its record's canonical JSON
+
+
+def test_twelve_batched_prompts_replay_bitwise_and_alone_they_do_not(prod: StepDriver, lane: ScheduleLane) -> None:
+    """(a) 12 prompts generated together; each replayed as the target with 11 fillers: all bitwise."""
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[:12])]
+    runs = prod.run([(0, r) for r in reqs])
+    log = prod.log()
+    assert replay_all(lane, log, runs, reqs) == 12
+    alone = [prod.run([(0, r)])[0][1] for r in reqs[:6]]
+    assert sum(a == out for a, (_, out) in zip(alone, runs, strict=False)) < 6  # one at a time is not bitwise
+
+
+def test_staggered_long_prompts_with_chunked_prefill_replay_bitwise(prod: StepDriver, lane: ScheduleLane) -> None:
+    """(b) two ~556-token prompts among short ones, arriving at different steps, 256 tokens per step: prefills
+    are chunked and mixed with decodes; every request replays bitwise, a seeded sampled one included."""
+    long_text = " ".join(DEFAULT_PROMPTS) * 8
+    longs = render_chat(model_dir(), [long_text[:2450], long_text[300:2750]])
+    shorts = render_chat(model_dir(), PROMPTS[12:16])
+    assert all(500 < len(p) < 700 for p in longs), [len(p) for p in longs]
+    reqs = [gen(shorts[0]), gen(longs[0]), gen(shorts[1], SEEDED), gen(longs[1]), gen(shorts[2]), gen(shorts[3])]
+    runs = prod.run(list(zip([0, 1, 2, 3, 5, 8], reqs, strict=True)))
+    log = prod.log()
+    chunked = [
+        s
+        for s in log.steps.values()
+        if any(r.num_computed_tokens > 0 and r.num_scheduled_tokens > 1 for r in s.scheduled)
+    ]
+    assert chunked, "no prefill was chunked"
+    assert replay_all(lane, log, runs, reqs) == len(reqs)
+
+
+def test_prefix_cache_hits_replay_bitwise_where_the_log_covers_them(prod: StepDriver, lane: ScheduleLane) -> None:
+    """(c) a long shared system prompt: later requests read its blocks from the cache of the first; the fillers
+    that provided the target's prefix carry it, and all replay bitwise. A log that starts after the provider
+    ran says so and does not claim the schedule reproduced."""
+    prompts = render_chat(model_dir(), PROMPTS[16:20], system=LONG_SYSTEM)
+    reqs = [gen(p) for p in prompts]
+    runs = prod.run([(0, reqs[0]), (1, reqs[1]), (4, reqs[2]), (20, reqs[3])])
+    log = prod.log()
+    cached = [log.arrivals[rid].cached_from for rid, _ in runs[1:]]
+    assert all(c for c in cached), cached
+    assert replay_all(lane, log, runs, reqs) == len(reqs)
+    # the same log without the provider's arrival and steps: the hit is not covered
+    provider = runs[0][0]
+    first_other = log.requests[runs[1][0]].steps[0]
+    cut = ScheduleLog.from_records(
+        [
+            log.engine,
+            *(a for a in log.arrivals.values() if a.engine_request_id != provider),
+            *(s for n, s in log.steps.items() if n >= first_other),
+        ]  # type: ignore[list-item]
+    )
+    result = lane.replay_target(cut, runs[1][0], reqs[1])
+    assert any("outside the log" in n for n in result.notes)
+    assert not result.schedule_reproduced
+
+
+def test_an_altered_log_names_the_first_mismatching_step(prod: StepDriver, lane: ScheduleLane) -> None:
+    """(d) one step's shape changed in the log: the lane reports that step and does not claim reproduction."""
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[20:24])]
+    runs = prod.run([(0, reqs[0]), (0, reqs[1]), (2, reqs[2]), (3, reqs[3])])
+    log = prod.log()
+    target = runs[0][0]
+    victim = log.requests[target].steps[4]
+    step = log.steps[victim]
+    first = step.scheduled[0]
+    altered = ScheduleStep(
+        engine_id=step.engine_id,
+        step=step.step,
+        at=step.at,
+        scheduled=(
+            ScheduledRequest(
+                engine_request_id=first.engine_request_id,
+                num_computed_tokens=first.num_computed_tokens,
+                num_scheduled_tokens=first.num_scheduled_tokens + 1,
+            ),
+            *step.scheduled[1:],
+        ),
+        finished=step.finished,
+        preempted=step.preempted,
+    )
+    log.steps[victim] = altered
+    result = lane.replay_target(log, target, reqs[0])
+    assert result.mismatch is not None
+    assert result.mismatch.step == victim
+    assert not result.schedule_reproduced
+
+
+def test_a_dropped_step_is_detected(prod: StepDriver, lane: ScheduleLane) -> None:
+    """(e) a log missing one step (a recorder that dropped it) is named as incomplete, and the replay says so."""
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[24:26])]
+    runs = prod.run([(0, reqs[0]), (1, reqs[1])])
+    log = prod.log()
+    target = runs[0][0]
+    dropped = log.requests[target].steps[3]
+    del log.steps[dropped]
+    assert any("missing" in p for p in log.problems())
+    result = lane.replay_target(log, target, reqs[0])
+    assert not result.schedule_reproduced
+    assert any("missing" in n for n in result.notes)
+
+
+def test_window_replay_reproduces_every_request_with_real_content(prod: StepDriver, lane: ScheduleLane) -> None:
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[26:30])]
+    runs = prod.run([(0, reqs[0]), (1, reqs[1]), (1, reqs[2]), (3, reqs[3])])
+    log = prod.log()
+    by_id = {rid: r for (rid, _), r in zip(runs, reqs, strict=True)}
+    result = lane.replay_window(log, by_id, runs[3][0])
+    assert result.mismatch is None
+    assert {rid: result.outputs[rid] for rid, _ in runs} == dict(runs)
