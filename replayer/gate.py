@@ -46,6 +46,7 @@ from replayer.replay import replay_envelope
 from replayer.report import fingerprint_diff_lines
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, EnvironmentFingerprint, FieldDiff, ReplayResult, ReproLevel, diff_environments
+from schemas.known_good import KnownGoodEnvironment
 
 __all__ = ["GATE_REPORT_VERSION", "EnvelopeVerdict", "GateReport", "render_gate", "run_gate"]
 
@@ -105,6 +106,11 @@ class GateReport(_Report):
     results: tuple[EnvelopeVerdict, ...] = ()
     started_at: datetime
     finished_at: datetime
+    deployment: str | None = Field(default=None, description="whose known-good history the gate used")
+    known_good_key: str | None = Field(default=None, description="a pass: where its known-good record was written")
+    rollback: KnownGoodEnvironment | None = Field(
+        default=None, description="a fail: the deployment's last known-good environment, what to roll back to"
+    )
 
 
 #: The members of a verdict that are the divergence event's own, under the same names.

@@ -23,6 +23,7 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
     audit/expiry/<YYYYmmddTHHMMSSffffffZ>-<uuid8>.json                       expiry_report_key
+    environments/deployment=<d>/known-good/<YYYYmmddTHHMMSSffffffZ>-<record_id>.json  known_good_key
 
 An index object's body is `index_body`: ``{"captured_at", "envelope_id", "key", "tenant"}`` (sorted, compact).
 The day of an envelope key, a Merkle log and a replay result is always the envelope's *capture* day
@@ -69,6 +70,7 @@ LOG_PREFIX: Final = "audit/log/"
 CHECKPOINTS_PREFIX: Final = "audit/checkpoints/"
 EXPIRY_PREFIX: Final = "audit/expiry/"
 DATA_KEYS_PREFIX: Final = "keys/"
+ENVIRONMENTS_PREFIX: Final = "environments/"
 #: The lake's default key prefix in the lake bucket (``REPROLANE_ARCHIVER_LAKE_PREFIX`` changes it).
 LAKE_PREFIX: Final = "lake"
 
@@ -233,6 +235,25 @@ def checkpoint_key_suffix(tree_size: int) -> str:
 def expiry_report_key(ran_at: datetime, suffix: str) -> str:
     """Where an expiry run's report goes: its start time (to the microsecond) and a random suffix."""
     return f"{EXPIRY_PREFIX}{ran_at.strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
+
+
+# ------------------------------------------------------------------------------------ known-good environments
+
+
+def known_good_prefix(deployment: str) -> str:
+    """Every environment a gate passed for `deployment`, oldest first (`schemas.known_good`)."""
+    return f"{ENVIRONMENTS_PREFIX}deployment={deployment}/known-good/"
+
+
+def known_good_key(deployment: str, passed_at: datetime, record_id: str) -> str:
+    """One known-good record, written once: its passing time (UTC, to the microsecond, so a listing is in
+    order) and its own sha256."""
+    stamp = passed_at.astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    return f"{known_good_prefix(deployment)}{stamp}-{record_id}.json"
+
+
+def is_known_good_key(key: str) -> bool:
+    return key.endswith(".json")
 
 
 # ---------------------------------------------------------------------------------------------- data keys
