@@ -3,7 +3,9 @@
 `Outgoing.from_entry` reads them from the envelope's canonical JSON (only those members, `_RouteFields`); a spool
 record that is not a routable envelope is a `SinkError`. The record also names its S3 objects (`object_key`,
 `index_keys`, `index_body`) and whether Kafka gets a claim check instead of its payload (`claim_checked`: over
-`schemas.layout.CLAIM_CHECK_BYTES`). A guaranteed stream's *started* record is not indexed (`started`).
+`schemas.layout.CLAIM_CHECK_BYTES`). A guaranteed stream's *started* record is not indexed (`started`); a shadow
+envelope (`schemas.envelope.ShadowMarker`, `capture.shadow`) shares its production request's id, so it takes
+only its own index entry (`schemas.layout.shadow_index_key`), never the request's write-once ones.
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from capture.errors import SinkError
 from capture.spool import SpoolEntry
 from schemas import sha256_hex
 from schemas.envelope import STARTED_ERROR_TYPE
-from schemas.layout import CLAIM_CHECK_BYTES, envelope_key, index_body, request_index_key, workflow_index_key
+from schemas.layout import (
+    CLAIM_CHECK_BYTES,
+    capture_day,
+    envelope_key,
+    index_body,
+    request_index_key,
+    shadow_index_key,
+    workflow_index_key,
+)
 
 
 class _WorkflowFields(msgspec.Struct):
@@ -28,6 +38,10 @@ class _WorkflowFields(msgspec.Struct):
 
 class _OutcomeFields(msgspec.Struct):
     error_type: str | None = None
+
+
+class _ShadowFields(msgspec.Struct):
+    production_envelope_id: str
 
 
 class _RouteFields(msgspec.Struct):
@@ -41,6 +55,7 @@ class _RouteFields(msgspec.Struct):
     workflow: _WorkflowFields | None = None
     client_request_id: str | None = None
     outcome: _OutcomeFields | None = None
+    shadow: _ShadowFields | None = None
 
 
 _ROUTE_DECODER = msgspec.json.Decoder(_RouteFields)
@@ -64,6 +79,8 @@ class Outgoing:
     #: stored and logged like any envelope, but not indexed, so the write-once index entries go to the envelope
     #: that says how the request ended (a started record no finished one followed is found by its object key).
     started: bool = False
+    #: A shadow envelope (a candidate's answer to a production request, `capture.shadow`): indexed apart.
+    shadow: bool = False
 
     @classmethod
     def from_entry(cls, entry: SpoolEntry) -> Outgoing:
@@ -81,6 +98,7 @@ class Outgoing:
                 workflow_step=doc.workflow.step if doc.workflow is not None else None,
                 client_request_id=doc.client_request_id,
                 started=doc.outcome is not None and doc.outcome.error_type == STARTED_ERROR_TYPE,
+                shadow=doc.shadow is not None,
             )
         except (ValueError, msgspec.DecodeError) as exc:
             raise SinkError(f"spool record seq {entry.seq} is not a routable envelope: {exc!r}") from exc
@@ -92,6 +110,8 @@ class Outgoing:
     def index_keys(self) -> list[str]:
         if self.started:
             return []
+        if self.shadow:
+            return [shadow_index_key(capture_day(self.captured_at), self.request_id)]
         keys = [request_index_key(self.request_id)]
         if self.workflow_id is not None and self.workflow_step is not None:
             keys.append(workflow_index_key(self.workflow_id, self.workflow_step, self.request_id))

@@ -19,6 +19,7 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     index/request-id/<request_id>.json                                       request_index_key
     index/workflow/<workflow_id>/<step:06d>-<request_id>.json                 workflow_index_key
     index/client-request-id/tenant=<t>/<client_id>/<request_id>.json          client_request_index_key
+    index/shadow/date=<YYYY-MM-DD>/<request_id>.json                           shadow_index_key (a shadow's day)
     replays/date=<YYYY-MM-DD>/<envelope_id>/<result_id>.json                 replay_key (date: the envelope's)
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
@@ -160,6 +161,16 @@ def client_request_index_prefix(tenant: str, client_request_id: str) -> str:
 def client_request_index_key(tenant: str, client_request_id: str, request_id: str) -> str:
     """One envelope's client-request-id index object, written once (``IfNoneMatch``)."""
     return f"{client_request_index_prefix(tenant, client_request_id)}{request_id}.json"
+
+
+def shadow_index_prefix(day: str) -> str:
+    """Every shadow envelope (`schemas.envelope.ShadowMarker`) captured on `day`: a shadow has the production
+    request's id, so it must never take the request's own write-once index entries."""
+    return f"{INDEX_PREFIX}shadow/date={day}/"
+
+
+def shadow_index_key(day: str, request_id: str) -> str:
+    return f"{shadow_index_prefix(day)}{request_id}.json"
 
 
 def index_body(envelope_id: str, key: str, tenant: str, captured_at: datetime) -> bytes:
