@@ -6,6 +6,8 @@
                    [--deployment NAME] [--image REF] [--engine-args "ARGS"] [--no-known-good]
     reprolane gate --statistical --golden CASES --upstream URL [--samples N] [--assertions FILE.json]
                    [--min-similarity S] [--min-assertion-rate R] [--min-pass-rate P] [--report FILE.json]
+    reprolane gate --shadow --since T [--until T] [--level LEVEL] [--min-pass-rate R] [--min-similarity S]
+                   [--max-length-change L] [--max-finish-shift F] [--report FILE.json]
     reprolane gate record-golden --out FILE (--from-s3 SELECTOR | --workload FILE [--lane L] [--tokenize-url URL]
                    | --vendor --workload FILE --upstream URL)
 
@@ -19,6 +21,9 @@ bad input, a `replayer.errors.ReplayerError` (``GateInputError`` for an unreadab
 that does not verify, ``LaneUnavailableError``, ``StoreError``) or a ``ContractError``, which the root of the
 command line (`infra.cli`) prints as one line on stderr with exit **2**. ``--report`` gets the JSON report;
 stdout gets the readable summary.
+
+``--shadow`` judges the production/candidate pairs shadow traffic recorded in a time window (`replayer.shadow_report`;
+T is an ISO time or an age: ``30m``, ``2h``, ``1d``).
 
 Known-good environments (`infra.environments`): a passing replay gate writes the candidate's environment (its
 fingerprint, ``--image``, ``--engine-args`` and the lane model folder's manifest when it is the candidate's) once
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -66,6 +71,7 @@ from replayer.golden import (
 )
 from replayer.lanes.base import Lane, resolve_model_dir
 from replayer.settings import ReplayerSettings
+from replayer.shadow_report import load_pairs, render_shadow, shadow_gate
 from replayer.store import EnvelopeStore
 from replayer.vendor_client import HttpSampler
 from replayer.vendor_gate import (
@@ -145,6 +151,21 @@ def _engine_args(value: str | None) -> tuple[str, ...]:
         return tuple(shlex.split(value)) if value else ()
     except ValueError as exc:
         raise typer.BadParameter(f"--engine-args: {exc}") from exc
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_when(value: str, option: str, now: datetime) -> datetime:
+    """``--since`` / ``--until``: an ISO time (UTC if it names no zone) or an age before `now` (``30m``, ``2h``)."""
+    text = value.strip()
+    if text[:-1].isdigit() and text[-1:] in _AGE_UNITS:
+        return now - timedelta(seconds=int(text[:-1]) * _AGE_UNITS[text[-1]])
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{option} must be an ISO time or an age like 30m, 2h, 1d: {value!r}") from None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
 
 
 def _gate_model_dir(settings: ReplayerSettings) -> Path | None:
@@ -228,10 +249,17 @@ def build_gate_app(
         no_known_good: Annotated[
             bool, Opt("--no-known-good", help="neither record a pass nor name a rollback target")
         ] = False,
+        shadow: Annotated[bool, Opt("--shadow", help="judge the shadow pairs of a time window")] = False,
+        since: Annotated[str | None, Opt("--since", help="shadow mode: window start (ISO time, or 30m, 2h)")] = None,
+        until: Annotated[str | None, Opt("--until", help="shadow mode: window end (default now)")] = None,
+        max_length_change: Annotated[float, Opt("--max-length-change", min=0.0)] = 0.25,
+        max_finish_shift: Annotated[float, Opt("--max-finish-shift", min=0.0, max=1.0)] = 0.1,
     ) -> None:
         """Gate a candidate environment (exit 0 pass, 1 fail, 2 no verdict)."""
         if ctx.invoked_subcommand is not None:
             return
+        if shadow:
+            _shadow(since, until, level, min_pass_rate, min_similarity, max_length_change, max_finish_shift, report)
         if golden is None:
             raise typer.BadParameter("--golden is required")
         settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)
@@ -271,6 +299,25 @@ def build_gate_app(
                        f"{result.known_good_key}")  # fmt: skip
         elif not result.gate_passed and not no_known_good:
             typer.echo("\n".join(rollback_lines(result.rollback, deployment)))
+        raise typer.Exit(0 if result.gate_passed else 1)
+
+    def _shadow(
+        since: str | None, until: str | None, level: str | None, min_pass_rate: float, min_similarity: float,
+        max_length_change: float, max_finish_shift: float, report: Path | None,
+    ) -> NoReturn:  # fmt: skip
+        if since is None:
+            raise typer.BadParameter("--shadow needs --since T (an ISO time, or an age like 30m)")
+        now = datetime.now(UTC)
+        start, end = parse_when(since, "--since", now), parse_when(until, "--until", now) if until else now
+        settings = build_settings()
+        pairs, unpaired = load_pairs(store_factory(settings), start, end)
+        result = shadow_gate(
+            pairs, unpaired, since=start, until=end, similarity=similarity, thresholds=settings.thresholds,
+            level=_level(level), min_pass_rate=min_pass_rate, min_similarity=min_similarity,
+            max_length_change=max_length_change, max_finish_shift=max_finish_shift,
+        )  # fmt: skip
+        _write_report(report, result.model_dump_json(indent=2))
+        typer.echo(render_shadow(result), nl=False)
         raise typer.Exit(0 if result.gate_passed else 1)
 
     def _statistical(
