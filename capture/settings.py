@@ -176,6 +176,8 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     @field_validator("shadow_upstream")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
+        if value == "":  # compose's `${VAR:-}`: not set
+            return None
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
         return value
