@@ -242,7 +242,8 @@ def _severity(v: EnvelopeVerdict) -> tuple[int, float, int]:
     return (int(v.target_met), v.token_match_rate if v.token_match_rate is not None else -1.0, v.first_divergence or 0)
 
 
-def _short(text: str | None, limit: int = 70) -> str:
+def short_text(text: str | None, limit: int = 70) -> str:
+    """A text on one line (line breaks shown as ⏎), cut at `limit` characters, quoted; "?" for None."""
     if text is None:
         return "?"
     flat = text.replace("\n", "⏎")
@@ -286,6 +287,6 @@ def render_gate(report: GateReport) -> str:
             if v.verdict == "not_replayable":
                 lines.append(f"    {v.detail}")
                 continue
-            lines.append(f"    recorded {_short(v.recorded_text)}")
-            lines.append(f"    replayed {_short(v.replayed_text)}")
+            lines.append(f"    recorded {short_text(v.recorded_text)}")
+            lines.append(f"    replayed {short_text(v.replayed_text)}")
     return "\n".join(lines) + "\n"

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from replayer.compare import compare
 from replayer.errors import EnvelopeNotFoundError, GateInputError
+from replayer.gate import short_text
 from replayer.settings import Thresholds
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput, Envelope, FieldDiff, ReplayedOutput, ReproLevel, diff_fingerprints
@@ -300,13 +301,6 @@ def shadow_gate(
     )  # fmt: skip
 
 
-def _short(text: str | None, limit: int = 70) -> str:
-    if text is None:
-        return "?"
-    flat = text.replace("\n", "⏎")
-    return repr(flat if len(flat) <= limit else flat[:limit] + "…")
-
-
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -366,6 +360,6 @@ def render_shadow(report: ShadowReport) -> str:
                 f"  {r.request_id}: {r.verdict}, level {r.level} NOT MET, {where},"
                 f" similarity {_fmt(r.semantic_similarity)}, lengths {r.production_length}/{r.candidate_length}"
             )
-            lines.append(f"    production {_short(r.production_text)}")
-            lines.append(f"    candidate  {_short(r.candidate_text)}")
+            lines.append(f"    production {short_text(r.production_text)}")
+            lines.append(f"    candidate  {short_text(r.candidate_text)}")
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
@@ -44,7 +45,8 @@ def private_vllm(
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}  # fmt: skip
-    runtime = {**VLLM_RUNTIME, "dtype": dtype, "max_num_seqs": max_num_seqs, "prefix_caching": False}
+    runtime = {**VLLM_RUNTIME, "dtype": dtype, "max_num_seqs": max_num_seqs, "prefix_caching": False,
+               "torch_version": version("torch")}  # fmt: skip
     runtime_file = run_dir / f"vllm-{dtype}-runtime.json"
     runtime_file.write_text(json.dumps(runtime))
     log = run_dir / f"vllm-{dtype}.log"
