@@ -29,7 +29,8 @@ Known-good environments (`infra.environments`): a passing replay gate writes the
 fingerprint, ``--image``, ``--engine-args`` and the lane model folder's manifest when it is the candidate's) once
 into the audit bucket under ``--deployment``'s history; a failing one names that deployment's last known-good
 environment other than the candidate, in the report (``rollback``) and on stdout, with what to deploy.
-``--no-known-good`` does neither (a dry run). A history that cannot be read or written is a `KnownGoodError`,
+``--no-known-good`` does neither (a dry run); without any S3 settings (no endpoint, no access key) neither
+happens either, and stderr says so. A history that cannot be read or written is a `KnownGoodError`,
 translated to `StoreError` here: the gate then has no verdict (exit 2), like any other S3 failure of the gate.
 
 It and `infra.gate_record` live in ``infra``, not ``replayer``, because ``--candidate local`` and
@@ -93,7 +94,15 @@ from schemas.levels import LEVEL_ORDER
 
 SamplerFactory = Callable[[str, str | None], Sampler]
 SimilarityFn = Callable[[str, str], float]
-HistoryFactory = Callable[[ReplayerSettings], KnownGoodHistory]
+HistoryFactory = Callable[[ReplayerSettings], KnownGoodHistory | None]
+
+
+def audit_history(settings: ReplayerSettings) -> KnownGoodStore | None:
+    """The known-good history of the audit bucket; None when no S3 is configured at all (no endpoint, no access
+    key: the gate then says so on stderr and records nothing)."""
+    if settings.s3_endpoint is None and settings.s3_access_key is None:
+        return None
+    return KnownGoodStore.from_settings(settings)
 
 
 def _similarity(a: str, b: str) -> float:
@@ -206,7 +215,7 @@ def build_gate_app(
     store_factory: StoreFactory = EnvelopeStore.from_settings,
     sampler_factory: SamplerFactory = _http_sampler,
     similarity: SimilarityFn = _similarity,
-    history_factory: HistoryFactory = KnownGoodStore.from_settings,
+    history_factory: HistoryFactory = audit_history,
 ) -> typer.Typer:
     """The ``gate`` sub-app; tests inject a fake lane, store, sampler, similarity and known-good history."""
     app = typer.Typer(
@@ -290,14 +299,18 @@ def build_gate_app(
         finally:
             for leftover in opened:  # opened for 'local' but no replay was needed, or the gate raised
                 leftover.close()
-        if not no_known_good:
-            result = _with_known_good(result, history_factory(settings), settings, deployment, image_ref, engine_argv)
+        history = None if no_known_good else history_factory(settings)
+        if history is not None:
+            result = _with_known_good(result, history, settings, deployment, image_ref, engine_argv)
+        elif not no_known_good:
+            typer.echo("known-good history: no audit bucket configured (REPROLANE_REPLAYER_S3_*): nothing recorded"
+                       " or looked up", err=True)  # fmt: skip
         _write_report(report, result.model_dump_json(indent=2))
         typer.echo(render_gate(result), nl=False)
         if result.known_good_key is not None:
             typer.echo(f"Recorded known-good environment {result.candidate_sha256[:16]} ({deployment}): "
                        f"{result.known_good_key}")  # fmt: skip
-        elif not result.gate_passed and not no_known_good:
+        elif not result.gate_passed and history is not None:
             typer.echo("\n".join(rollback_lines(result.rollback, deployment)))
         raise typer.Exit(0 if result.gate_passed else 1)
 

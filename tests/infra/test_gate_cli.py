@@ -303,3 +303,19 @@ def test_bad_known_good_options_exit_2(h: Harness, flag: str, value: str, messag
     assert result.exit_code == 2, result.output
     assert message in result.stderr
     assert h.history.records == {}
+
+
+def test_without_any_s3_settings_the_gate_says_it_records_nothing(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.gate_cli import audit_history
+
+    for name in ("REPROLANE_REPLAYER_S3_ENDPOINT", "REPROLANE_REPLAYER_S3_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REPROLANE_RUN_DIR", str(h.tmp / "no-stack"))
+    assert audit_history(ReplayerSettings()) is None
+    same = h.fingerprint("same.json")
+    gate = build_gate_app(lane_factory=h.factory)
+    result = CliRunner().invoke(
+        build_app({"gate": gate}), ["gate", "--baseline", "golden", "--candidate", str(same), "--golden", str(h.golden)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "no audit bucket configured" in result.stderr
