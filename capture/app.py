@@ -6,9 +6,10 @@ pass-through, lifespan) goes through a Starlette app: its router and its two alw
 in the sidecar's CPU profile of the capture paths, where they do nothing useful (BENCHMARKS.md "Capture
 sidecar").
 
-Startup opens the spool, starts the publisher and asks upstream ``/version``; shutdown waits for background
-recordings, stops the publisher, closes the spool and the upstream pool, in that order, so nothing accepted is
-lost on a clean stop.
+Startup opens the spool, starts the publisher, asks upstream ``/version`` and starts the shadow sender (when
+``shadow_upstream`` is set, `capture.shadow`); shutdown waits for background recordings, lets queued shadows
+go out (a few seconds at most), stops the publisher, closes the spool and the upstream pool, in that order, so
+nothing accepted is lost on a clean stop.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from capture.protocol import chat, completions
 from capture.proxy import CaptureProxy
 from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file, load_sampling_defaults
 from capture.settings import CaptureSettings
+from capture.shadow import build_shadow
 from capture.upstream import Upstream
 
 
@@ -106,6 +108,9 @@ def build_app(
         upstream=Upstream(settings.upstream, timeout_s=settings.upstream_timeout_s),
     )
 
+    shadow = build_shadow(settings, spool=spool, metrics=metrics)
+    proxy.writer.shadow = shadow
+
     async def metrics_endpoint(_: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -116,10 +121,14 @@ def build_app(
             await publisher.start()
         await proxy.upstream.start()
         await runtime.probe(proxy.upstream)
+        if shadow is not None:
+            await shadow.start()
         try:
             yield
         finally:
             await proxy.drain()
+            if shadow is not None:
+                await shadow.stop()
             if publisher is not None:
                 await publisher.stop()
             await spool.close()

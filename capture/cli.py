@@ -154,6 +154,10 @@ def serve_command(
     trusted_proxy: Annotated[
         list[str] | None, typer.Option(help="trusted-proxy mode: a network (CIDR) whose headers are trusted")
     ] = None,
+    shadow_upstream: Annotated[
+        str | None, typer.Option(help="candidate server: a sample of requests is sent again there (shadow)")
+    ] = None,
+    shadow_sample: Annotated[float | None, typer.Option(help="share of requests shadowed (0..1)")] = None,
 ) -> None:
     """Serve the capture sidecar in front of --upstream."""
     try:
@@ -171,6 +175,7 @@ def serve_command(
             sample_rate=sample_rate, sidecar_id=sidecar_id, schedule_recorder=schedule_recorder, auth_mode=auth_mode,
             api_keys_path=api_keys_path,
             trusted_proxies=tuple(trusted_proxy) if trusted_proxy else None,
+            shadow_upstream=shadow_upstream, shadow_sample=shadow_sample,
         )  # fmt: skip
     except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2
         raise typer.BadParameter(str(exc)) from exc

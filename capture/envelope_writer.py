@@ -10,6 +10,9 @@ an envelope (its canonical bytes: `capture.assembly.build_envelope_bytes`), appe
   background task kept in a set (so shutdown can `drain` it); a full spool counts
   ``envelopes_dropped_total`` and logs one line per lost envelope.
 
+With shadow traffic on (`capture.shadow`), each finished request's envelope is offered to `shadow` once spooled
+(a hash and a ``put_nowait``: the answer never waits on the candidate).
+
 When upstream did not return ``prompt_token_ids`` the prompt is tokenized through upstream's ``/tokenize``
 and the record says so (``source="tokenize"``).
 """
@@ -51,6 +54,12 @@ class SpoolLike(Protocol):
     def bytes(self) -> int: ...
 
 
+class ShadowOffer(Protocol):
+    """What the writer needs of `capture.shadow.ShadowTraffic`: take a recorded envelope, never block or raise."""
+
+    def offer(self, request_id: str, payload: bytes) -> None: ...
+
+
 @dataclass(kw_only=True, eq=False)
 class EnvelopeWriter:
     """Builds the envelopes of one sidecar's requests and appends them to its spool, in the order its mode asks."""
@@ -65,6 +74,7 @@ class EnvelopeWriter:
     #: Upstream records its engine schedule under this recorder name (`CaptureSettings.schedule_recorder`): each
     #: envelope of a request that went upstream then carries a `ScheduleRef` (the join: `schemas.schedule_delivery`).
     schedule_recorder: str | None = None
+    shadow: ShadowOffer | None = None  # `capture.shadow.ShadowTraffic` when shadow traffic is on
     background: set[asyncio.Task[None]] = field(default_factory=set, init=False)  # `later`'s tasks in flight
 
     async def finish(
@@ -95,6 +105,8 @@ class EnvelopeWriter:
             failure: Failure = ("proxy_error", None, f"the sidecar could not record the answer: {type(exc).__name__}")
             payload = self._attempt_payload(ctx, failure, prepared.model)
         await self.append(ctx.request_id, payload)
+        if self.shadow is not None and error is None:
+            self.shadow.offer(ctx.request_id, payload)
 
     def _payload(
         self,

@@ -117,6 +117,14 @@ class CaptureMetrics:
             "Index entries (request id, workflow step) another record had written first: the first is kept",
         )
 
+        self.shadow_total = counter(
+            "shadow_total",
+            "Shadow requests to the candidate (capture/shadow.py) by outcome: recorded, candidate_error, timeout, "
+            "skipped (nothing to compare: no token ids, an error), dropped_queue (queue full), dropped_spool "
+            "(spool above its shadow share), dropped_shutdown",
+            ["outcome"],
+        )
+
     def render(self) -> bytes:
         """The text exposition format of this registry."""
         return generate_latest(self.registry)

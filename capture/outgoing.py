@@ -6,7 +6,9 @@ swaps the payload for its compact form (`schemas.envelope_compact`) before the s
 compact envelopes (``envelope_encoding``), and ``encoding`` says which form the payload is. The record also names
 its S3 objects (`object_key`, `index_keys`, `index_body`) and whether Kafka gets a claim check instead of its
 payload (`claim_checked`: over `schemas.layout.CLAIM_CHECK_BYTES`). A guaranteed stream's *started* record is not
-indexed (`started`).
+indexed (`started`); a shadow envelope (`schemas.envelope.ShadowMarker`, `capture.shadow`) shares its production
+request's id, so it takes only its own index entry (`schemas.layout.shadow_index_key`), never the request's
+write-once ones.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from schemas.layout import (
     CLAIM_CHECK_BYTES,
     ENCODING_COMPACT,
     ENCODING_JSON,
+    capture_day,
     envelope_key,
     index_body,
     request_index_key,
+    shadow_index_key,
     workflow_index_key,
 )
 
@@ -44,6 +48,10 @@ class _OutcomeFields(msgspec.Struct):
     error_type: str | None = None
 
 
+class _ShadowFields(msgspec.Struct):
+    production_envelope_id: str
+
+
 class _RouteFields(msgspec.Struct):
     """The members of an envelope's canonical JSON the sinks route by (msgspec skips the rest unparsed, far
     cheaper than ``json.loads`` of a whole envelope, per envelope published: benchmarks/bench_envelope.py)."""
@@ -55,6 +63,7 @@ class _RouteFields(msgspec.Struct):
     workflow: _WorkflowFields | None = None
     client_request_id: str | None = None
     outcome: _OutcomeFields | None = None
+    shadow: _ShadowFields | None = None
 
 
 _ROUTE_DECODER = msgspec.json.Decoder(_RouteFields)
@@ -72,6 +81,8 @@ class Outgoing(StoredRecord):
     started: bool = False
     #: What `payload` is: `ENCODING_JSON` (canonical, or a sealed record) or `ENCODING_COMPACT`.
     encoding: str = ENCODING_JSON
+    #: A shadow envelope (a candidate's answer to a production request, `capture.shadow`): indexed apart.
+    shadow: bool = False
 
     @classmethod
     def from_entry(cls, entry: SpoolEntry) -> Outgoing:
@@ -89,6 +100,7 @@ class Outgoing(StoredRecord):
                 workflow_step=doc.workflow.step if doc.workflow is not None else None,
                 client_request_id=doc.client_request_id,
                 started=doc.outcome is not None and doc.outcome.error_type == STARTED_ERROR_TYPE,
+                shadow=doc.shadow is not None,
             )
         except (ValueError, msgspec.DecodeError) as exc:
             raise SinkError(f"spool record seq {entry.seq} is not a routable envelope: {exc!r}") from exc
@@ -100,6 +112,8 @@ class Outgoing(StoredRecord):
     def index_keys(self) -> list[str]:
         if self.started:
             return []
+        if self.shadow:
+            return [shadow_index_key(capture_day(self.captured_at), self.request_id)]
         keys = [request_index_key(self.request_id)]
         if self.workflow_id is not None and self.workflow_step is not None:
             keys.append(workflow_index_key(self.workflow_id, self.workflow_step, self.request_id))

@@ -85,6 +85,28 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     sample_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     default_tenant: str = "default"
 
+    # --- shadow traffic (capture/shadow.py): a sample of live requests sent again to a candidate server
+    shadow_upstream: str | None = Field(
+        default=None, description="base URL of the candidate server (production configuration, batching on)"
+    )
+    shadow_sample: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="share of requests shadowed (decided by a hash of the request id)"
+    )
+    shadow_model: str | None = Field(default=None, description="the candidate's served model name (default: as asked)")
+    shadow_runtime_path: Path | None = Field(
+        default=None, description="JSON of the candidate's RuntimeFingerprint fields it cannot report (dtype, ...)"
+    )
+    shadow_timeout_s: float = Field(default=120.0, gt=0, description="one shadow request, whole")
+    shadow_queue: int = Field(default=256, ge=1, le=65536, description="shadows waiting to be sent; above it: dropped")
+    shadow_concurrency: int = Field(default=8, ge=1, le=256, description="shadow requests in flight at once")
+    shadow_spool_share: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="a shadow envelope is spooled only while the spool holds less than this share of its bound: "
+        "shadows never fill the spool production needs",
+    )
+
     # --- durability
     spool_dir: Path = Path(".reprolane/spool")
     spool_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
@@ -161,6 +183,15 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for network in value:
             ipaddress.ip_network(network, strict=False)  # ValueError names the bad network
+        return value
+
+    @field_validator("shadow_upstream")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value == "":  # compose's `${VAR:-}`: not set
+            return None
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
         return value
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ is bad input (``typer.BadParameter``: exit 2, by `infra.cli`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +17,7 @@ import typer
 
 from infra import paths
 from schemas import ContractError, EnvironmentFingerprint, decode_environment
+from schemas.known_good import DEPLOYMENT_PATTERN
 
 RunDirOpt = Annotated[
     Path | None,
@@ -37,3 +39,10 @@ def read_fingerprint(path: Path, what: str) -> EnvironmentFingerprint:
         raise typer.BadParameter(f"cannot read {what} {path}: {exc.strerror}") from exc
     except ContractError as exc:
         raise typer.BadParameter(f"{what} {path}: {exc}") from exc
+
+
+def deployment_name(value: str) -> str:
+    """``--deployment`` of ``gate`` and ``fingerprint history``: a name that may stand in an object key."""
+    if not re.match(DEPLOYMENT_PATTERN, value):
+        raise typer.BadParameter(f"--deployment must match {DEPLOYMENT_PATTERN}, not {value!r}")
+    return value

@@ -1,4 +1,5 @@
-"""``reprolane fingerprint``: the environment fingerprint as JSON, and ``fingerprint diff A B``.
+"""``reprolane fingerprint``: the environment fingerprint as JSON, ``fingerprint diff A B``, and ``fingerprint
+history`` (the known-good environments release gates passed, `infra.environments`).
 
 ``diff`` exits like diff(1): 0 identical, 1 different (a verdict); a file that does not read or decode is bad
 input (``typer.BadParameter``, exit 2), and a fingerprint that cannot be taken a `FingerprintError` (exit 1, by
@@ -7,15 +8,19 @@ the root of the command line).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from infra import paths
-from infra.cli_options import read_fingerprint
+from infra.cli_options import deployment_name, read_fingerprint
+from infra.environments import KnownGoodStore, describe
 from infra.fingerprint import local_environment, upstream_environment
+from replayer.cli_options import build_settings
 from schemas import diff_environments
+from schemas.known_good import DEFAULT_DEPLOYMENT
 
 fingerprint_app = typer.Typer(
     help="Environment fingerprint: model/tokenizer/template sha256, engine, torch, CUDA, device, topology.",
@@ -67,3 +72,32 @@ def diff(
     for d in diffs:
         typer.echo(f"{d.field:<{width}}  {d.recorded!r} -> {d.replayed!r}")
     raise typer.Exit(1)
+
+
+@fingerprint_app.command()
+def history(
+    deployment: Annotated[
+        str, typer.Option("--deployment", help="whose known-good history", callback=deployment_name)
+    ] = DEFAULT_DEPLOYMENT,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="the newest N")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON document on stdout")] = False,
+) -> None:
+    """Known-good environments, newest first: every environment a release gate passed (the rollback targets).
+
+    Read from the audit bucket of the replayer's S3 settings (``REPROLANE_REPLAYER_S3_*``, or the running
+    stack); a record that does not match its key is listed as rejected, never as a target."""
+    found = KnownGoodStore.from_settings(build_settings()).history(deployment, limit=limit)
+    if as_json:
+        doc = {
+            "deployment": deployment,
+            "records": [r.model_dump(mode="json") for r in found.records],
+            "rejected": [{"key": key, "reason": why} for key, why in found.rejected],
+        }
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    if not found.records:
+        typer.echo(f"no known-good environment recorded for deployment {deployment!r}")
+    for record in found.records:
+        typer.echo(describe(record))
+    for key, why in found.rejected:
+        typer.echo(f"rejected {key}: {why}", err=True)

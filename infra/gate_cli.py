@@ -3,8 +3,11 @@
     reprolane gate --baseline A.json|golden --candidate B.json|local --golden SET
                    [--lane vllm|remote|transformers] [--remote-url URL] [--model-dir DIR] [--dtype D]
                    [--level LEVEL] [--min-pass-rate R] [--always-replay] [--limit N] [--report FILE.json]
+                   [--deployment NAME] [--image REF] [--engine-args "ARGS"] [--no-known-good]
     reprolane gate --statistical --golden CASES --upstream URL [--samples N] [--assertions FILE.json]
                    [--min-similarity S] [--min-assertion-rate R] [--min-pass-rate P] [--report FILE.json]
+    reprolane gate --shadow --since T [--until T] [--level LEVEL] [--min-pass-rate R] [--min-similarity S]
+                   [--max-length-change L] [--max-finish-shift F] [--report FILE.json]
     reprolane gate record-golden --out FILE (--from-s3 SELECTOR | --workload FILE [--lane L] [--tokenize-url URL]
                    | --vendor --workload FILE --upstream URL)
 
@@ -19,6 +22,17 @@ that does not verify, ``LaneUnavailableError``, ``StoreError``) or a ``ContractE
 command line (`infra.cli`) prints as one line on stderr with exit **2**. ``--report`` gets the JSON report;
 stdout gets the readable summary.
 
+``--shadow`` judges the production/candidate pairs shadow traffic recorded in a time window (`replayer.shadow_report`;
+T is an ISO time or an age: ``30m``, ``2h``, ``1d``).
+
+Known-good environments (`infra.environments`): a passing replay gate writes the candidate's environment (its
+fingerprint, ``--image``, ``--engine-args`` and the lane model folder's manifest when it is the candidate's) once
+into the audit bucket under ``--deployment``'s history; a failing one names that deployment's last known-good
+environment other than the candidate, in the report (``rollback``) and on stdout, with what to deploy.
+``--no-known-good`` does neither (a dry run); without any S3 settings (no endpoint, no access key) neither
+happens either, and stderr says so. A history that cannot be read or written is a `KnownGoodError`,
+translated to `StoreError` here: the gate then has no verdict (exit 2), like any other S3 failure of the gate.
+
 It and `infra.gate_record` live in ``infra``, not ``replayer``, because ``--candidate local`` and
 ``record-golden`` fingerprint the lane's model folder against the model cache's manifest (`infra.fingerprint`,
 `infra.manifest`): the dependency direction stays infra -> replayer -> schemas.
@@ -26,17 +40,28 @@ It and `infra.gate_record` live in ``infra``, not ``replayer``, because ``--cand
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 
-from infra.cli_options import read_fingerprint
+from infra.cli_options import deployment_name, read_fingerprint
+from infra.environments import (
+    KnownGoodError,
+    KnownGoodHistory,
+    KnownGoodStore,
+    build_known_good,
+    candidate_manifest,
+    last_known_good,
+    rollback_lines,
+)
 from infra.gate_record import lane_artifacts, read_workload, record_lane, record_vendor
 from replayer.cli_options import LaneFactory, StoreFactory, build_settings, make_lane
-from replayer.gate import render_gate, run_gate
+from replayer.errors import LaneUnavailableError, StoreError
+from replayer.gate import GateReport, render_gate, run_gate
 from replayer.golden import (
     GoldenSet,
     golden_environment,
@@ -45,8 +70,9 @@ from replayer.golden import (
     parse_s3_selector,
     write_golden,
 )
-from replayer.lanes.base import Lane
+from replayer.lanes.base import Lane, resolve_model_dir
 from replayer.settings import ReplayerSettings
+from replayer.shadow_report import load_pairs, render_shadow, shadow_gate
 from replayer.store import EnvelopeStore
 from replayer.vendor_client import HttpSampler
 from replayer.vendor_gate import (
@@ -59,13 +85,24 @@ from replayer.vendor_gate import (
     run_statistical_gate,
 )
 from schemas import (
+    ContractError,
     EnvironmentFingerprint,
     ReproLevel,
 )
+from schemas.known_good import DEFAULT_DEPLOYMENT, ImageRef, parse_image_ref
 from schemas.levels import LEVEL_ORDER
 
 SamplerFactory = Callable[[str, str | None], Sampler]
 SimilarityFn = Callable[[str, str], float]
+HistoryFactory = Callable[[ReplayerSettings], KnownGoodHistory | None]
+
+
+def audit_history(settings: ReplayerSettings) -> KnownGoodStore | None:
+    """The known-good history of the audit bucket; None when no S3 is configured at all (no endpoint, no access
+    key: the gate then says so on stderr and records nothing)."""
+    if settings.s3_endpoint is None and settings.s3_access_key is None:
+        return None
+    return KnownGoodStore.from_settings(settings)
 
 
 def _similarity(a: str, b: str) -> float:
@@ -111,6 +148,64 @@ def _write_report(path: Path | None, data: str) -> None:
         raise typer.BadParameter(f"cannot write report {path}: {exc.strerror}") from exc
 
 
+def _image(value: str | None) -> ImageRef | None:
+    try:
+        return None if value is None else parse_image_ref(value)
+    except ContractError as exc:
+        raise typer.BadParameter(f"--image: {exc}") from exc
+
+
+def _engine_args(value: str | None) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(value)) if value else ()
+    except ValueError as exc:
+        raise typer.BadParameter(f"--engine-args: {exc}") from exc
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_when(value: str, option: str, now: datetime) -> datetime:
+    """``--since`` / ``--until``: an ISO time (UTC if it names no zone) or an age before `now` (``30m``, ``2h``)."""
+    text = value.strip()
+    if text[:-1].isdigit() and text[-1:] in _AGE_UNITS:
+        return now - timedelta(seconds=int(text[:-1]) * _AGE_UNITS[text[-1]])
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{option} must be an ISO time or an age like 30m, 2h, 1d: {value!r}") from None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+def _gate_model_dir(settings: ReplayerSettings) -> Path | None:
+    """The lane's model folder, whose manifest a pass records when it is the candidate's; None when there is none."""
+    if settings.lane == "remote" and settings.model_dir is None:
+        return None
+    try:
+        return resolve_model_dir(settings)
+    except LaneUnavailableError:
+        return None
+
+
+def _with_known_good(
+    result: GateReport, history: KnownGoodHistory, settings: ReplayerSettings, deployment: str,
+    image: ImageRef | None, engine_args: tuple[str, ...],
+) -> GateReport:  # fmt: skip
+    """A pass records the candidate's environment; a fail names the last known-good one (module docstring)."""
+    try:
+        if result.gate_passed:
+            record = build_known_good(
+                result, deployment=deployment, image=image, engine_args=engine_args,
+                manifest=candidate_manifest(_gate_model_dir(settings), result),
+            )  # fmt: skip
+            key = history.put(record)
+            return result.model_copy(update={"deployment": deployment, "known_good_key": key})
+        target = last_known_good(history, deployment, other_than=result.candidate_sha256)
+        return result.model_copy(update={"deployment": deployment, "rollback": target})
+    except KnownGoodError as exc:
+        raise StoreError(f"known-good history: {exc}") from exc
+
+
 Opt = typer.Option
 
 
@@ -120,8 +215,9 @@ def build_gate_app(
     store_factory: StoreFactory = EnvelopeStore.from_settings,
     sampler_factory: SamplerFactory = _http_sampler,
     similarity: SimilarityFn = _similarity,
+    history_factory: HistoryFactory = audit_history,
 ) -> typer.Typer:
-    """The ``gate`` sub-app; tests inject a fake lane, store, sampler and similarity."""
+    """The ``gate`` sub-app; tests inject a fake lane, store, sampler, similarity and known-good history."""
     app = typer.Typer(
         help="Release gate: replay the golden set when the environment fingerprint changes.",
         invoke_without_command=True,
@@ -154,10 +250,25 @@ def build_gate_app(
         assertions: Annotated[Path | None, Opt("--assertions", help="JSON: request_id -> assertions")] = None,
         min_similarity: Annotated[float, Opt("--min-similarity", min=-1.0, max=1.0)] = 0.8,
         min_assertion_rate: Annotated[float, Opt("--min-assertion-rate", min=0.0, max=1.0)] = 1.0,
+        deployment: Annotated[
+            str, Opt("--deployment", help="whose known-good history (a pass is recorded)", callback=deployment_name)
+        ] = DEFAULT_DEPLOYMENT,
+        image: Annotated[str | None, Opt("--image", help="the candidate's image: repo[:tag][@sha256:...]")] = None,
+        engine_args: Annotated[str | None, Opt("--engine-args", help="the candidate engine's arguments")] = None,
+        no_known_good: Annotated[
+            bool, Opt("--no-known-good", help="neither record a pass nor name a rollback target")
+        ] = False,
+        shadow: Annotated[bool, Opt("--shadow", help="judge the shadow pairs of a time window")] = False,
+        since: Annotated[str | None, Opt("--since", help="shadow mode: window start (ISO time, or 30m, 2h)")] = None,
+        until: Annotated[str | None, Opt("--until", help="shadow mode: window end (default now)")] = None,
+        max_length_change: Annotated[float, Opt("--max-length-change", min=0.0)] = 0.25,
+        max_finish_shift: Annotated[float, Opt("--max-finish-shift", min=0.0, max=1.0)] = 0.1,
     ) -> None:
         """Gate a candidate environment (exit 0 pass, 1 fail, 2 no verdict)."""
         if ctx.invoked_subcommand is not None:
             return
+        if shadow:
+            _shadow(since, until, level, min_pass_rate, min_similarity, max_length_change, max_finish_shift, report)
         if golden is None:
             raise typer.BadParameter("--golden is required")
         settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)
@@ -167,6 +278,7 @@ def build_gate_app(
         if baseline is None or candidate is None:
             raise typer.BadParameter("--baseline and --candidate are required (or --statistical)")
         judged = _level(level)
+        image_ref, engine_argv = _image(image), _engine_args(engine_args)
         golden_set = _load_golden(golden, settings, store_factory, limit)
         base = golden_environment(golden_set) if baseline == "golden" else read_fingerprint(Path(baseline), "baseline")
         opened: list[Lane] = []  # the lane 'local' fingerprinted, handed to the replay if one is needed
@@ -187,8 +299,38 @@ def build_gate_app(
         finally:
             for leftover in opened:  # opened for 'local' but no replay was needed, or the gate raised
                 leftover.close()
+        history = None if no_known_good else history_factory(settings)
+        if history is not None:
+            result = _with_known_good(result, history, settings, deployment, image_ref, engine_argv)
+        elif not no_known_good:
+            typer.echo("known-good history: no audit bucket configured (REPROLANE_REPLAYER_S3_*): nothing recorded"
+                       " or looked up", err=True)  # fmt: skip
         _write_report(report, result.model_dump_json(indent=2))
         typer.echo(render_gate(result), nl=False)
+        if result.known_good_key is not None:
+            typer.echo(f"Recorded known-good environment {result.candidate_sha256[:16]} ({deployment}): "
+                       f"{result.known_good_key}")  # fmt: skip
+        elif not result.gate_passed and history is not None:
+            typer.echo("\n".join(rollback_lines(result.rollback, deployment)))
+        raise typer.Exit(0 if result.gate_passed else 1)
+
+    def _shadow(
+        since: str | None, until: str | None, level: str | None, min_pass_rate: float, min_similarity: float,
+        max_length_change: float, max_finish_shift: float, report: Path | None,
+    ) -> NoReturn:  # fmt: skip
+        if since is None:
+            raise typer.BadParameter("--shadow needs --since T (an ISO time, or an age like 30m)")
+        now = datetime.now(UTC)
+        start, end = parse_when(since, "--since", now), parse_when(until, "--until", now) if until else now
+        settings = build_settings()
+        pairs, unpaired = load_pairs(store_factory(settings), start, end)
+        result = shadow_gate(
+            pairs, unpaired, since=start, until=end, similarity=similarity, thresholds=settings.thresholds,
+            level=_level(level), min_pass_rate=min_pass_rate, min_similarity=min_similarity,
+            max_length_change=max_length_change, max_finish_shift=max_finish_shift,
+        )  # fmt: skip
+        _write_report(report, result.model_dump_json(indent=2))
+        typer.echo(render_shadow(result), nl=False)
         raise typer.Exit(0 if result.gate_passed else 1)
 
     def _statistical(

@@ -46,6 +46,7 @@ from replayer.replay import replay_envelope
 from replayer.report import fingerprint_diff_lines
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, EnvironmentFingerprint, FieldDiff, ReplayResult, ReproLevel, diff_environments
+from schemas.known_good import KnownGoodEnvironment
 
 __all__ = ["GATE_REPORT_VERSION", "EnvelopeVerdict", "GateReport", "render_gate", "run_gate"]
 
@@ -105,6 +106,11 @@ class GateReport(_Report):
     results: tuple[EnvelopeVerdict, ...] = ()
     started_at: datetime
     finished_at: datetime
+    deployment: str | None = Field(default=None, description="whose known-good history the gate used")
+    known_good_key: str | None = Field(default=None, description="a pass: where its known-good record was written")
+    rollback: KnownGoodEnvironment | None = Field(
+        default=None, description="a fail: the deployment's last known-good environment, what to roll back to"
+    )
 
 
 #: The members of a verdict that are the divergence event's own, under the same names.
@@ -236,7 +242,8 @@ def _severity(v: EnvelopeVerdict) -> tuple[int, float, int]:
     return (int(v.target_met), v.token_match_rate if v.token_match_rate is not None else -1.0, v.first_divergence or 0)
 
 
-def _short(text: str | None, limit: int = 70) -> str:
+def short_text(text: str | None, limit: int = 70) -> str:
+    """A text on one line (line breaks shown as ⏎), cut at `limit` characters, quoted; "?" for None."""
     if text is None:
         return "?"
     flat = text.replace("\n", "⏎")
@@ -280,6 +287,6 @@ def render_gate(report: GateReport) -> str:
             if v.verdict == "not_replayable":
                 lines.append(f"    {v.detail}")
                 continue
-            lines.append(f"    recorded {_short(v.recorded_text)}")
-            lines.append(f"    replayed {_short(v.replayed_text)}")
+            lines.append(f"    recorded {short_text(v.recorded_text)}")
+            lines.append(f"    replayed {short_text(v.replayed_text)}")
     return "\n".join(lines) + "\n"

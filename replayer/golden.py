@@ -105,7 +105,9 @@ def _finish(source: str, envelopes: Iterable[Envelope]) -> GoldenSet:
         if eid in seen:
             continue
         seen.add(eid)
-        if env.replayable:
+        if env.shadow is not None:  # a candidate's answer (`capture.shadow`), not production's: no baseline
+            excluded.append((env.request_id, "a shadow envelope (the candidate's answer, not production's)"))
+        elif env.replayable:
             kept.append(env)
         else:
             excluded.append((env.request_id, not_replayable_reason(env)))

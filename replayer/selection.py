@@ -1,5 +1,8 @@
 """Which envelopes the service replays: the flagged ones, or every one when ``settings.replay_all``.
 
+A shadow envelope (a candidate's answer to a production request, `capture.shadow`) is never selected: the
+shadow report compares it with production (`replayer.shadow_report`).
+
 Selection is decided before replayability: an envelope that is not selected is skipped quietly; a selected one
 that cannot be replayed (an error envelope, a request rejected before tokenization) is counted as
 not replayable and skipped. A started record (outcome ``incomplete``: guaranteed mode writes one before it
@@ -19,8 +22,10 @@ Decision = Literal["replay", "not_selected", "not_replayable"]
 
 def select(envelope: Envelope, settings: ReplayerSettings) -> Decision:
     """What the consumer does with `envelope` (see module docstring)."""
-    if envelope.is_started_record or not (envelope.flagged or settings.replay_all):
-        return "not_selected"
+    if envelope.is_started_record or envelope.shadow is not None or not (envelope.flagged or settings.replay_all):
+        return (
+            "not_selected"  # a shadow is a candidate's answer: the shadow report compares it (replayer.shadow_report)
+        )
     if not envelope.replayable:
         return "not_replayable"
     return "replay"

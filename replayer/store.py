@@ -23,6 +23,7 @@ caller ever sees a raw backend exception.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from schemas.layout import (
     replay_key,
     replay_results_prefix,
     request_index_key,
+    shadow_index_prefix,
     tenant_envelopes_prefix,
     workflow_index_prefix,
 )
@@ -369,6 +371,30 @@ class EnvelopeStore:
                 raise NotReplayableError(record.unopened or f"request {record.request_id} is sealed")
             envelopes.append(record.envelope)
         return envelopes
+
+    def shadow_index(self, day: str) -> list[tuple[str, str, str]]:
+        """The shadow index entries of capture day `day` (``YYYY-MM-DD``): (index key, request id, captured_at as
+        the entry says it), for `replayer.shadow_report` to window by time before reading any envelope."""
+        prefix = shadow_index_prefix(day)
+        found: list[tuple[str, str, str]] = []
+        for key in self._list(prefix):
+            body = self._get(key)
+            try:
+                captured = json.loads(body or b"")["captured_at"]
+                if not isinstance(captured, str):
+                    raise TypeError("captured_at must be a string")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StoreError(f"index object s3://{self.bucket}/{key} is malformed: {exc}") from exc
+            found.append((key, key.removeprefix(prefix).removesuffix(".json"), captured))
+        return found
+
+    def get_shadow(self, index_key: str, request_id: str) -> Envelope:
+        """The shadow envelope a shadow index entry points at, checked like every entry (`_check_index`) and
+        refused (`StoreError`) when it is not a shadow."""
+        envelope = self._envelope_from_index(index_key, f"shadow of {request_id!r}", request_id=request_id)
+        if envelope.shadow is None:
+            raise StoreError(f"index object s3://{self.bucket}/{index_key} points at a production envelope")
+        return envelope
 
     def list_tenant(self, tenant: str, *, limit: int | None = None) -> list[Envelope]:
         """Envelopes recorded for `tenant` (``envelopes/tenant=<tenant>/``, key order = day, then envelope id),

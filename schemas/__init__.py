@@ -15,6 +15,7 @@ live beside the clients they configure, in `infra.clients.connection`.
 - `sampling`: the sampling contract (every parameter that changes which tokens come out).
 - `fingerprint`: the runtime fingerprint and the field-by-field diff between two of them.
 - `environment`: artifacts + runtime, the unit the release gate compares.
+- `known_good`: the environments passing gates recorded (image, model manifest, engine arguments): rollback targets.
 - `replay`: replay results and divergence events.
 - `replay_auth`: signing and verifying on-demand replay requests (HMAC-SHA256, a bounded age, the replay role).
 - `canonical`: deterministic bytes and the sha256 identities built on them.
@@ -37,6 +38,7 @@ from schemas.envelope import (
     ExecutionContext,
     Outcome,
     PromptRecord,
+    ShadowMarker,
     StepLogprobs,
     Timings,
     TopCandidate,
@@ -89,6 +91,7 @@ __all__ = [
     "ReproLevel",
     "RuntimeFingerprint",
     "SamplingContract",
+    "ShadowMarker",
     "StepCandidates",
     "StepLogprobs",
     "Timings",

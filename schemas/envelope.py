@@ -143,6 +143,17 @@ class ExecutionContext(Record):
     sidecar_id: str | None = None
 
 
+class ShadowMarker(Record):
+    """Set on the envelope of a *shadow* request: the sidecar sent a sampled production request again, with the same
+    prompt token ids and sampling contract, to a candidate server after the client had its answer
+    (`capture.shadow`). The envelope has the production envelope's request id and the candidate's runtime
+    fingerprint and outcome; it is indexed apart (`schemas.layout.shadow_index_key`), never as the request's own.
+    (No float here: `schemas.envelope_codec` writes an envelope fast only while it knows every float it holds.)"""
+
+    production_envelope_id: Sha256 = Field(description="the envelope id of the production answer it pairs with")
+    candidate: str = Field(min_length=1, max_length=2048, description="the candidate's base URL")
+
+
 class Envelope(Record):
     schema_version: Literal["reprolane.envelope/1"] = ENVELOPE_SCHEMA_VERSION
     request_id: RequestId = Field(description="the sidecar's own id of the request (random, never the client's)")
@@ -179,6 +190,9 @@ class Envelope(Record):
         " schemas.schedule_delivery)",
     )
     outcome: Outcome
+    shadow: ShadowMarker | None = Field(
+        default=None, description="a candidate's answer to a shadowed production request (None: production's own)"
+    )
 
     def canonical(self) -> bytes:
         """`canonical_bytes` of this envelope, byte for byte (written by `_write_canonical`)."""

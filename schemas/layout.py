@@ -23,6 +23,7 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     index/request-id/<request_id>.json                                       request_index_key
     index/workflow/<workflow_id>/<step:06d>-<request_id>.json                 workflow_index_key
     index/client-request-id/tenant=<t>/<client_id>/<request_id>.json          client_request_index_key
+    index/shadow/date=<YYYY-MM-DD>/<request_id>.json                           shadow_index_key (a shadow's day)
     replays/date=<YYYY-MM-DD>/<envelope_id>/<result_id>.json                 replay_key (date: the envelope's)
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
@@ -33,6 +34,7 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
                                                                               segment of an engine's schedule log
     index/schedule/<external_request_id>/<engine_request_id>.json            schedule_index_key: a request's
                                                                               arrival (`ScheduleIndexEntry`)
+    environments/deployment=<d>/known-good/<YYYYmmddTHHMMSSffffffZ>-<record_id>.json  known_good_key
 
 An index object's body is `index_body`: ``{"captured_at", "envelope_id", "key", "tenant"}`` (sorted, compact).
 The day of an envelope key, a Merkle log and a replay result is always the envelope's *capture* day
@@ -114,6 +116,7 @@ ACCESS_LOG_PREFIX: Final = "audit/access/"
 DATA_KEYS_PREFIX: Final = "keys/"
 SCHEDULES_PREFIX: Final = "schedules/"
 SCHEDULE_INDEX_PREFIX: Final = f"{INDEX_PREFIX}schedule/"
+ENVIRONMENTS_PREFIX: Final = "environments/"
 #: The lake's default key prefix in the lake bucket (``REPROLANE_ARCHIVER_LAKE_PREFIX`` changes it).
 LAKE_PREFIX: Final = "lake"
 
@@ -203,6 +206,16 @@ def client_request_index_prefix(tenant: str, client_request_id: str) -> str:
 def client_request_index_key(tenant: str, client_request_id: str, request_id: str) -> str:
     """One envelope's client-request-id index object, written once (``IfNoneMatch``)."""
     return f"{client_request_index_prefix(tenant, client_request_id)}{request_id}.json"
+
+
+def shadow_index_prefix(day: str) -> str:
+    """Every shadow envelope (`schemas.envelope.ShadowMarker`) captured on `day`: a shadow has the production
+    request's id, so it must never take the request's own write-once index entries."""
+    return f"{INDEX_PREFIX}shadow/date={day}/"
+
+
+def shadow_index_key(day: str, request_id: str) -> str:
+    return f"{shadow_index_prefix(day)}{request_id}.json"
 
 
 def index_body(envelope_id: str, key: str, tenant: str, captured_at: datetime) -> bytes:
@@ -335,6 +348,25 @@ def schedule_index_prefix(external_request_id: str) -> str:
 def schedule_index_key(external_request_id: str, engine_request_id: str) -> str:
     """One arrival's index entry (`schemas.schedule_delivery.ScheduleIndexEntry`), written once."""
     return f"{schedule_index_prefix(external_request_id)}{engine_request_id}.json"
+
+
+# ------------------------------------------------------------------------------------ known-good environments
+
+
+def known_good_prefix(deployment: str) -> str:
+    """Every environment a gate passed for `deployment`, oldest first (`schemas.known_good`)."""
+    return f"{ENVIRONMENTS_PREFIX}deployment={deployment}/known-good/"
+
+
+def known_good_key(deployment: str, passed_at: datetime, record_id: str) -> str:
+    """One known-good record, written once: its passing time (UTC, to the microsecond, so a listing is in
+    order) and its own sha256."""
+    stamp = passed_at.astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    return f"{known_good_prefix(deployment)}{stamp}-{record_id}.json"
+
+
+def is_known_good_key(key: str) -> bool:
+    return key.endswith(".json")
 
 
 # ---------------------------------------------------------------------------------------------- data keys

@@ -35,8 +35,10 @@ class RunningSidecar:
 
 
 @contextlib.asynccontextmanager
-async def cli_sidecar(upstream: str, tmp_path: Path, **env: str) -> AsyncIterator[RunningSidecar]:
-    """``reprolane capture serve --upstream <upstream>`` on a free port; ``env`` adds ``REPROLANE_CAPTURE_*``
+async def cli_sidecar(
+    upstream: str, tmp_path: Path, *, args: tuple[str, ...] = (), **env: str
+) -> AsyncIterator[RunningSidecar]:
+    """``reprolane capture serve --upstream <upstream> [args]`` on a free port; ``env`` adds ``REPROLANE_CAPTURE_*``
     settings (``http_parser="h11"`` sets ``REPROLANE_CAPTURE_HTTP_PARSER=h11``). Yields once it answers."""
     (port,) = allocate_ports(1)
     spool_dir = tmp_path / f"spool-{port}"
@@ -44,7 +46,7 @@ async def cli_sidecar(upstream: str, tmp_path: Path, **env: str) -> AsyncIterato
     settings_env = {f"REPROLANE_CAPTURE_{name.upper()}": value for name, value in env.items()}
     full_env = {**os.environ, **settings_env, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-c", _LAUNCH, "capture", "serve", "--upstream", upstream, "--port", str(port)]
-    argv += ["--spool-dir", str(spool_dir)]
+    argv += ["--spool-dir", str(spool_dir), *args]
     proc = _start(argv, full_env, log)
     running = RunningSidecar(port, proc, log, spool_dir)
     try:

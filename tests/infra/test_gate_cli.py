@@ -17,6 +17,7 @@ from replayer.golden import golden_environment, load_golden_file, write_golden
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from replayer.vendor_gate import Sample, VendorCase
+from tests.infra.known_good_support import MemoryHistory
 from tests.replayer.support import LANE_FINGERPRINT, FakeLane, make_envelope, moto_s3, seed_envelope
 
 
@@ -31,6 +32,7 @@ class Harness:
         self.golden = tmp / "golden.jsonl"
         write_golden(self.golden, self.envelopes)
         self.store: EnvelopeStore | None = None
+        self.history = MemoryHistory()
 
     def factory(self, settings: ReplayerSettings) -> FakeLane:
         self.opened += 1
@@ -51,6 +53,7 @@ class Harness:
             store_factory=lambda s: self._store(),
             sampler_factory=lambda url, model: Para(),
             similarity=lambda a, b: 1.0 if "Paris" in b else 0.0,
+            history_factory=lambda s: self.history,
         )
         return CliRunner().invoke(build_app({"gate": gate}), ["gate", *args])
 
@@ -235,3 +238,84 @@ def test_record_golden_vendor_cases_then_gate_them_statistically(h: Harness) -> 
     gated = h.invoke("--statistical", "--golden", str(out), "--upstream", "http://v", "--samples", "2")
     assert gated.exit_code == 0, gated.output
     assert "1/1 case(s) passed" in gated.stdout
+
+
+IMAGE = "ghcr.io/acme/vllm:0.33.0@sha256:" + "cd" * 32
+
+
+def test_a_pass_records_the_environment_and_a_later_fail_names_it_as_rollback(h: Harness) -> None:
+    good = h.fingerprint("good.json", engine_version="0.33.0")
+    passed = h.invoke(
+        "--baseline", "golden", "--candidate", str(good), "--golden", str(h.golden), "--deployment", "prod",
+        "--image", IMAGE, "--engine-args", "--dtype bfloat16 --max-num-seqs 8",
+    )  # fmt: skip
+    assert passed.exit_code == 0, passed.output
+    [(key, rec)] = h.history.records.items()
+    assert "Recorded known-good environment" in passed.stdout
+    assert key in passed.stdout
+    assert rec.deployment == "prod"
+    assert rec.environment.runtime.engine_version == "0.33.0"
+    assert rec.image is not None
+    assert rec.image.digest == "sha256:" + "cd" * 32
+    assert rec.engine_args == ("--dtype", "bfloat16", "--max-num-seqs", "8")
+    assert (rec.gate.total, rec.gate.passed, rec.gate.lane) == (3, 3, "fake")
+
+    h.lane.perturb[tuple(h.envelopes[0].prompt.token_ids)] = 0  # type: ignore[union-attr]
+    bad = h.fingerprint("bad.json", engine_version="0.34.0")
+    report = h.tmp / "fail.json"
+    failed = h.invoke(
+        "--baseline", "golden", "--candidate", str(bad), "--golden", str(h.golden), "--deployment", "prod",
+        "--report", str(report),
+    )  # fmt: skip
+    assert failed.exit_code == 1, failed.output
+    assert f"Last known-good environment (prod): {rec.environment_sha256}" in failed.stdout
+    assert "ghcr.io/acme/vllm@sha256:" + "cd" * 32 in failed.stdout
+    assert "--dtype bfloat16 --max-num-seqs 8" in failed.stdout
+    data = json.loads(report.read_text())
+    assert data["rollback"]["environment_sha256"] == rec.environment_sha256
+    assert data["deployment"] == "prod"
+    assert len(h.history.records) == 1  # a fail records nothing
+
+    other = h.invoke("--baseline", "golden", "--candidate", str(bad), "--golden", str(h.golden))
+    assert other.exit_code == 1
+    assert "no known-good environment recorded for deployment 'default' yet" in other.stdout
+
+
+def test_no_known_good_neither_records_nor_names(h: Harness) -> None:
+    same = h.fingerprint("same.json")
+    result = h.invoke("--baseline", "golden", "--candidate", str(same), "--golden", str(h.golden), "--no-known-good")
+    assert result.exit_code == 0, result.output
+    assert h.history.records == {}
+    assert "known-good" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--image", "Not An Image", "--image"),
+        ("--deployment", "../x", "--deployment"),
+        ("--engine-args", '"x', "--engine-args"),
+    ],
+)
+def test_bad_known_good_options_exit_2(h: Harness, flag: str, value: str, message: str) -> None:
+    same = h.fingerprint("same.json")
+    result = h.invoke("--baseline", "golden", "--candidate", str(same), "--golden", str(h.golden), flag, value)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert h.history.records == {}
+
+
+def test_without_any_s3_settings_the_gate_says_it_records_nothing(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.gate_cli import audit_history
+
+    for name in ("REPROLANE_REPLAYER_S3_ENDPOINT", "REPROLANE_REPLAYER_S3_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REPROLANE_RUN_DIR", str(h.tmp / "no-stack"))
+    assert audit_history(ReplayerSettings()) is None
+    same = h.fingerprint("same.json")
+    gate = build_gate_app(lane_factory=h.factory)
+    result = CliRunner().invoke(
+        build_app({"gate": gate}), ["gate", "--baseline", "golden", "--candidate", str(same), "--golden", str(h.golden)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "no audit bucket configured" in result.stderr
