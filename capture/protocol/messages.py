@@ -20,12 +20,12 @@ A streamed answer is typed events (``message_start``, ``content_block_delta``, `
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from capture.protocol.token_text import clean_text
 
-if TYPE_CHECKING:
-    from capture.protocol.output import OutputCollector
+OutputCollector = Any
+"""A `capture.protocol.output.OutputCollector` (which imports this module: named here, not imported)."""
 
 PATH: Final = "/v1/messages"
 TERMINAL: Final = frozenset({"message_stop"})

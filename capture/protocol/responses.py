@@ -16,13 +16,13 @@ is ``vllm/entrypoints/openai/responses/protocol.py``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from capture.protocol.token_text import clean_text, decode_bytes
 from schemas.envelope_codec import StepRow, TopRow
 
-if TYPE_CHECKING:
-    from capture.protocol.output import OutputCollector
+OutputCollector = Any
+"""A `capture.protocol.output.OutputCollector` (which imports this module: named here, not imported)."""
 
 PATH: Final = "/v1/responses"
 LOGPROBS_INCLUDE: Final = "message.output_text.logprobs"

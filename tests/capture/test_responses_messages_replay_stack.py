@@ -57,7 +57,8 @@ def replay_cli(env: dict[str, str], request_id: str) -> dict[str, Any]:
 async def test_responses_and_messages_are_published_and_replayed_by_request_id(
     stack: StackInfo, tmp_path: Path
 ) -> None:
-    assert stack.vllm_url is not None and stack.model_dir is not None
+    assert stack.vllm_url is not None
+    assert stack.model_dir is not None
     s3 = S3Target.from_stack(stack)
     topics = await Topics.create(stack.kafka_bootstrap, s3)
     keys = write_test_keys(tmp_path)

@@ -41,7 +41,8 @@ CUT = 5  # Messages: cut before the answer's own end, whose end-of-sequence toke
 @contextlib.asynccontextmanager
 async def sidecar(stack: StackInfo, tmp_path: Path) -> AsyncIterator[tuple[str, str, Spool]]:
     """The sidecar (guaranteed mode, API keys) in front of the stack's vLLM: its URL, a key, its spool."""
-    assert stack.vllm_url is not None and stack.model_dir is not None
+    assert stack.vllm_url is not None
+    assert stack.model_dir is not None
     keys = write_test_keys(tmp_path)
     settings = CaptureSettings(
         upstream=stack.vllm_url,
@@ -76,7 +77,8 @@ def seen(response: Any) -> dict[str, Any]:
 
 def recorded(env: Envelope) -> tuple[list[int], list[int], str]:
     assert isinstance(env.outcome, CapturedOutput), env.outcome
-    assert env.prompt is not None and env.sampling is not None
+    assert env.prompt is not None
+    assert env.sampling is not None
     choice = env.outcome.choices[0]
     return list(env.prompt.token_ids), list(choice.token_ids), choice.text
 
@@ -101,12 +103,16 @@ def check_responses_envelope(env: Envelope, audit: dict[str, Any], text: str, *,
     assert prompt == audit["input_messages"][0]["tokens"]
     assert output == audit["output_messages"][0]["tokens"]
     assert got_text == text
-    assert env.prompt is not None and env.prompt.source == "upstream"
-    assert env.sampling is not None and env.sampling.max_tokens == 8 and env.sampling.logprobs == k
+    assert env.prompt is not None
+    assert env.prompt.source == "upstream"
+    assert env.sampling is not None
+    assert env.sampling.max_tokens == 8
+    assert env.sampling.logprobs == k
     steps = audit["output"][0]["content"][0]["logprobs"]
     assert isinstance(env.outcome, CapturedOutput)
     logprobs = env.outcome.choices[0].logprobs
-    assert logprobs is not None and len(logprobs) == len(output) == len(steps)
+    assert logprobs is not None
+    assert len(logprobs) == len(output) == len(steps)
     got = [[s.logprob, *(c.logprob for c in s.top)] for s in logprobs]
     want = [[s["logprob"], *(t["logprob"] for t in s["top_logprobs"])] for s in steps]
     assert got == want if exact else [len(g) for g in got] == [len(w) for w in want]
@@ -180,10 +186,15 @@ async def test_responses_stream_is_transparent_and_recorded(stack: StackInfo, tm
     assert [e["type"] for e in via] == [e["type"] for e in plain]
     assert [e.get("delta") for e in via] == [e.get("delta") for e in plain]
     assert via[-1]["type"] == "response.completed"
-    assert via[-1]["response"]["top_logprobs"] == 2 and via[-1]["response"].get("output_messages") is None
+    assert via[-1]["response"]["top_logprobs"] == 2
+    assert via[-1]["response"].get("output_messages") is None
     text = "".join(e["delta"] for e in via if e["type"] == "response.output_text.delta")
     client_saw = via[-1]["response"]
-    audit = {**client_saw, "input_messages": completed["input_messages"], "output_messages": completed["output_messages"]}
+    audit = {
+        **client_saw,
+        "input_messages": completed["input_messages"],
+        "output_messages": completed["output_messages"],
+    }
     check_responses_envelope(env, audit, text, k=2, exact=True)
     assert env.context.stream is True
 
@@ -208,14 +219,17 @@ def check_messages_envelope(env: Envelope, chat: dict[str, Any], text: str, inpu
     assert env.endpoint == "messages"
     assert prompt == chat["prompt_token_ids"]  # the sidecar renders the messages as vLLM's conversion does
     assert len(prompt) == input_tokens
-    assert env.prompt is not None and env.prompt.source == "tokenize"
+    assert env.prompt is not None
+    assert env.prompt.source == "tokenize"
     assert got_text == text == chat["choices"][0]["message"]["content"]
     assert output == chat["choices"][0]["token_ids"]  # a cut answer: its text re-tokenizes to the generated ids
     assert isinstance(env.outcome, CapturedOutput)
     assert env.outcome.choices[0].logprobs is None
     assert env.outcome.choices[0].finish_reason == "length"
     assert env.capture_limits == tuple(sorted(messages.LIMITS))
-    assert env.sampling is not None and env.sampling.max_tokens == CUT and env.sampling.seed_scope == "none"
+    assert env.sampling is not None
+    assert env.sampling.max_tokens == CUT
+    assert env.sampling.seed_scope == "none"
 
 
 async def test_messages_is_recorded_with_the_prompt_vllm_renders(stack: StackInfo, tmp_path: Path) -> None:
@@ -261,6 +275,7 @@ async def test_messages_stream_is_recorded(stack: StackInfo, tmp_path: Path) -> 
                 input_tokens = event.message.usage.input_tokens
         env = await envelope_of(spool, raw.headers["x-reprolane-request-id"])
         await client.close()
-    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert kinds[0] == "message_start"
+    assert kinds[-1] == "message_stop"
     check_messages_envelope(env, await chat_reference(stack, CUT), text, input_tokens)
     assert env.context.stream is True
