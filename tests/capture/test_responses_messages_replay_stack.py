@@ -23,7 +23,6 @@ from capture.app import build_app
 from capture.kafka_sink import KafkaSink
 from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
-from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra.demo_services import reprolane_argv
 from infra.state import StackInfo
@@ -32,12 +31,11 @@ from schemas import CapturedOutput, decode_envelope
 from tests.capture.audit.conftest import eventually
 from tests.capture.fake_upstream import serve
 from tests.capture.keys import write_test_keys
+from tests.capture.test_responses_messages_stack import QUESTION, responses_params, sidecar_settings
 from tests.replayer.service_harness import Topics, worker_environment
 from tests.replayer.support import S3Target
 
 pytestmark = pytest.mark.stack
-
-QUESTION = "What is the capital of France?"
 
 
 def replay_cli(env: dict[str, str], request_id: str) -> dict[str, Any]:
@@ -62,13 +60,10 @@ async def test_responses_and_messages_are_published_and_replayed_by_request_id(
     s3 = S3Target.from_stack(stack)
     topics = await Topics.create(stack.kafka_bootstrap, s3)
     keys = write_test_keys(tmp_path)
-    settings = CaptureSettings(
-        upstream=stack.vllm_url,
-        mode="guaranteed",
-        spool_dir=tmp_path / "spool",
-        manifest_path=stack.model_dir / "reprolane-manifest.json",
-        auth_mode="keys",
-        api_keys_path=keys.path,
+    settings = sidecar_settings(
+        stack,
+        tmp_path,
+        keys.path,
         kafka_bootstrap=stack.kafka_bootstrap,
         s3_endpoint=stack.s3_endpoint,
         s3_access_key=stack.s3_access_key,
@@ -83,9 +78,7 @@ async def test_responses_and_messages_are_published_and_replayed_by_request_id(
         oa = openai.AsyncOpenAI(base_url=url + "/v1", api_key=keys.bank, max_retries=0)
         an = anthropic.AsyncAnthropic(base_url=url, auth_token=keys.bank, api_key=None, max_retries=0)
         try:
-            raw = await oa.responses.with_raw_response.create(
-                model=stack.model_name, input=QUESTION, max_output_tokens=8, temperature=0, store=False
-            )
+            raw = await oa.responses.with_raw_response.create(**responses_params(stack))
             responses_id = raw.headers["x-reprolane-request-id"]
             streamed = await an.messages.with_raw_response.create(
                 model=stack.model_name,

@@ -38,20 +38,38 @@ SYSTEM = "You answer in one short sentence."
 CUT = 5  # Messages: cut before the answer's own end, whose end-of-sequence token no text holds (`messages.LIMITS`)
 
 
-@contextlib.asynccontextmanager
-async def sidecar(stack: StackInfo, tmp_path: Path) -> AsyncIterator[tuple[str, str, Spool]]:
-    """The sidecar (guaranteed mode, API keys) in front of the stack's vLLM: its URL, a key, its spool."""
+def sidecar_settings(stack: StackInfo, tmp_path: Path, keys_path: Path, **more: Any) -> CaptureSettings:
+    """Guaranteed mode, API keys, in front of the stack's vLLM (plus `more`: sinks)."""
     assert stack.vllm_url is not None
     assert stack.model_dir is not None
-    keys = write_test_keys(tmp_path)
-    settings = CaptureSettings(
+    return CaptureSettings(
         upstream=stack.vllm_url,
         mode="guaranteed",
         spool_dir=tmp_path / "spool",
         manifest_path=stack.model_dir / "reprolane-manifest.json",
         auth_mode="keys",
-        api_keys_path=keys.path,
+        api_keys_path=keys_path,
+        **more,
     )
+
+
+def responses_params(stack: StackInfo, **more: Any) -> dict[str, Any]:
+    """A greedy Responses request of 8 tokens at most (plus `more`)."""
+    return {
+        "model": stack.model_name,
+        "input": QUESTION,
+        "max_output_tokens": 8,
+        "temperature": 0,
+        "store": False,
+        **more,
+    }
+
+
+@contextlib.asynccontextmanager
+async def sidecar(stack: StackInfo, tmp_path: Path) -> AsyncIterator[tuple[str, str, Spool]]:
+    """The sidecar of `sidecar_settings` without sinks: its URL, a key, its spool."""
+    keys = write_test_keys(tmp_path)
+    settings = sidecar_settings(stack, tmp_path, keys.path)
     spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
     async with serve(build_app(settings, spool=spool)) as url:
         yield url, keys.bank, spool
@@ -125,13 +143,7 @@ def check_responses_envelope(env: Envelope, audit: dict[str, Any], text: str, *,
 
 
 async def test_responses_is_transparent_and_recorded(stack: StackInfo, tmp_path: Path) -> None:
-    params: dict[str, Any] = {
-        "model": stack.model_name,
-        "input": QUESTION,
-        "max_output_tokens": 8,
-        "temperature": 0,
-        "store": False,
-    }
+    params = responses_params(stack)
     ref = direct(stack)
     async with sidecar(stack, tmp_path) as (url, key, spool):
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
@@ -148,15 +160,8 @@ async def test_responses_is_transparent_and_recorded(stack: StackInfo, tmp_path:
 
 
 async def test_responses_stream_is_transparent_and_recorded(stack: StackInfo, tmp_path: Path) -> None:
-    params: dict[str, Any] = {
-        "model": stack.model_name,
-        "input": QUESTION,
-        "max_output_tokens": 8,
-        "temperature": 0,
-        "store": False,
-        "include": [responses.LOGPROBS_INCLUDE],  # the client's own: the envelope holds exactly what it got
-        "top_logprobs": 2,
-    }
+    # the client's own logprobs: the envelope holds exactly what it got
+    params = responses_params(stack, include=[responses.LOGPROBS_INCLUDE], top_logprobs=2)
     ref = direct(stack)
 
     async def events(client: openai.AsyncOpenAI) -> tuple[list[dict[str, Any]], str | None]:
