@@ -1,7 +1,7 @@
 """The capture sidecar: a transparent OpenAI-compatible proxy that records every request as an envelope.
 
 - `settings`: the one settings object of the process (env prefix ``REPROLANE_CAPTURE_``).
-- `app`: the ASGI app: the two capture paths dispatched straight to `proxy`, Starlette for the rest; lifespan.
+- `app`: the ASGI app: the capture paths dispatched straight to `proxy`, Starlette for the rest; lifespan.
 - `proxy`: the capture endpoints: request read and parsed, accounting, the last-resort 500.
 - `non_streaming` / `streaming`: a captured request answered whole, or as a stream; `forwarding`: what they
   share (the upstream call, the outcome recorded in the mode's order).
@@ -10,8 +10,8 @@
 - `edge`: ASGI plumbing (bodies, headers, JSON, OpenAI-format errors, disconnects, recent request ids).
 - `http_server`: uvicorn as `capture serve` runs it: the parser pinned, concurrency bounded, heads on a deadline.
 - `upstream`: the pooled aiohttp client for the inference server, its errors translated.
-- `protocol`: the OpenAI protocol per endpoint (`chat`, `completions`) and what both share: audit fields
-  added and stripped, the sampling contract, the collected output, token spellings, SSE framing.
+- `protocol`: the protocol per endpoint (`chat`, `completions`, `responses`, `messages`) and what they share:
+  audit fields added and stripped, the sampling contract, the collected output, token spellings, SSE framing.
 - `assembly`: the envelope (and its canonical bytes) from what was gathered (`RequestContext`, the collector).
 - `envelope_writer`: builds each request's envelope and appends it to the spool per mode (guaranteed: before
   release; best_effort: after).

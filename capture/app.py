@@ -1,9 +1,9 @@
 """The sidecar's ASGI application: routes, and the lifespan that owns the spool, publisher and upstream pool.
 
-`build_app` wires what `capture.cli.serve` (or a test) built. The two capture paths are dispatched by
-`CaptureApp` straight to the raw ASGI handlers of `capture.proxy.CaptureProxy`; everything else (``/metrics``,
-pass-through, lifespan) goes through a Starlette app: its router and its two always-on middlewares showed up
-in the sidecar's CPU profile of the capture paths, where they do nothing useful (BENCHMARKS.md "Capture
+`build_app` wires what `capture.cli.serve` (or a test) built. The capture paths (`capture.forwarding.PATHS`) are
+dispatched by `CaptureApp` straight to the raw ASGI handlers of `capture.proxy.CaptureProxy`; everything else
+(``/metrics``, pass-through, lifespan) goes through a Starlette app: its router and its two always-on middlewares
+showed up in the sidecar's CPU profile of the capture paths, where they do nothing useful (BENCHMARKS.md "Capture
 sidecar").
 
 Startup opens the spool, starts the publisher, asks upstream ``/version`` and starts the shadow sender (when
@@ -25,8 +25,8 @@ from starlette.routing import Route
 
 from capture.edge import Receive, Scope, Send
 from capture.envelope_writer import SpoolLike
+from capture.forwarding import PATHS
 from capture.metrics import CONTENT_TYPE, CaptureMetrics
-from capture.protocol import chat, completions
 from capture.proxy import CaptureProxy
 from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file, load_sampling_defaults
 from capture.settings import CaptureSettings
@@ -141,5 +141,5 @@ def build_app(
     rest = Starlette(routes=routes, lifespan=lifespan)
     rest.state.proxy = proxy
     rest.state.metrics = metrics
-    hot = {chat.PATH: proxy.endpoint("chat.completions"), completions.PATH: proxy.endpoint("completions")}
+    hot = {path: proxy.endpoint(endpoint) for endpoint, path in PATHS.items()}
     return CaptureApp(hot, rest, proxy.passthrough)

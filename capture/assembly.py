@@ -99,6 +99,7 @@ class EnvelopeInputs:
     sidecar_id: str
     more_prompts: tuple[PromptRecord, ...] | None = None
     schedule: ScheduleRef | None = None
+    limits: tuple[str, ...] = ()  # `Envelope.capture_limits` (none: left out)
 
 
 def prompt_record(token_ids: list[int] | None, source: Literal["upstream", "tokenize"]) -> PromptRecord | None:
@@ -186,6 +187,7 @@ def build_envelope_checked(inputs: EnvelopeInputs) -> Envelope:
             sidecar_id=inputs.sidecar_id,
         ),
         outcome=outcome,
+        capture_limits=inputs.limits or None,
     )
 
 
@@ -240,4 +242,5 @@ def _envelope_doc(inputs: EnvelopeInputs, choices: list[dict[str, Any]]) -> dict
             "sidecar_id": inputs.sidecar_id,
         },
         "outcome": outcome,
+        "capture_limits": inputs.limits or None,
     }

@@ -14,7 +14,9 @@ With shadow traffic on (`capture.shadow`), each finished request's envelope is o
 (a hash and a ``put_nowait``: the answer never waits on the candidate).
 
 When upstream did not return ``prompt_token_ids`` the prompt is tokenized through upstream's ``/tokenize``
-and the record says so (``source="tokenize"``).
+and the record says so (``source="tokenize"``); a ``/v1/messages`` request (whose server returns no token ids)
+has its prompt tokenized from the messages as vLLM converts them and its answer's text re-tokenized, and its
+envelope's ``capture_limits`` say so (`capture.protocol.messages`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from capture.assembly import STARTED, EnvelopeInputs, Failure, RequestContext, b
 from capture.edge import dumps
 from capture.errors import SpoolUnavailableError, UpstreamError
 from capture.metrics import CaptureMetrics
+from capture.protocol import messages
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.output import OutputCollector
 from capture.runtime import RuntimeProbe
@@ -95,11 +98,14 @@ class EnvelopeWriter:
                 prompt, more = None, None
         elif prompt is None:
             prompt = prompt_record(await self._tokenize(prepared), "tokenize")
+        limits = set(prepared.limits) | collector.limits
+        if prepared.endpoint == "messages":
+            limits |= await self._messages_ids(prepared, collector, prompt is None)
         if self.guaranteed:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
         try:
             runtime = self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version())
-            payload = self._payload(ctx, prepared, runtime, collector, error, prompt, more)
+            payload = self._payload(ctx, prepared, runtime, collector, error, prompt, more, tuple(sorted(limits)))
         except Exception as exc:  # a bug of ours must not cost the audit record: keep what is certain
             log.exception("request %s: its envelope could not be built; recording the attempt", ctx.request_id)
             failure: Failure = ("proxy_error", None, f"the sidecar could not record the answer: {type(exc).__name__}")
@@ -117,6 +123,7 @@ class EnvelopeWriter:
         error: Failure | None,
         prompt: PromptRecord | None = None,
         more: tuple[PromptRecord, ...] | None = None,
+        limits: tuple[str, ...] = (),
     ) -> bytes:
         """The canonical bytes of the request's envelope, as gathered so far (built now: ``captured_at``)."""
         return build_envelope_bytes(
@@ -133,14 +140,15 @@ class EnvelopeWriter:
                 captured_at=datetime.now(UTC),
                 sidecar_id=self.sidecar_id,
                 schedule=self._schedule_ref(ctx),
+                limits=limits or prepared.limits,
             )
         )
 
     def _schedule_ref(self, ctx: RequestContext) -> ScheduleRef | None:
         """Where the schedule of a request that went upstream is: its engine request is named after the request
         id the sidecar forwarded (`capture.edge.forward_headers`)."""
-        if self.schedule_recorder is None:
-            return None
+        if self.schedule_recorder is None or ctx.endpoint not in ("chat.completions", "completions"):
+            return None  # vLLM names a Responses or Messages request's engine request after no id of ours
         return ScheduleRef(
             external_request_id=external_request_id_for(ctx.endpoint, ctx.request_id), recorder=self.schedule_recorder
         )
@@ -222,9 +230,30 @@ class EnvelopeWriter:
         while self.background:
             await asyncio.gather(*list(self.background), return_exceptions=True)
 
+    async def _messages_ids(self, prepared: Prepared, collector: OutputCollector, unrendered: bool) -> set[str]:
+        """A Messages answer's token ids, re-tokenized from its text (`capture.protocol.messages`: the endpoint
+        returns none); the limits that adds."""
+        acc = collector.choices.get(0)
+        if acc is not None and not acc.token_ids and acc.text:
+            doc = {
+                "model": prepared.upstream_body.get("model"),
+                "prompt": "".join(acc.text),
+                "add_special_tokens": False,
+            }
+            acc.token_ids.extend(await self._tokens(doc) or ())
+        return {messages.NOT_RENDERED} if unrendered else set()
+
     async def _tokenize(self, prepared: Prepared) -> list[int] | None:
         body = prepared.upstream_body
         doc: dict[str, Any] = {"model": body.get("model")}
+        if prepared.endpoint == "messages":
+            chat_messages = messages.chat_messages(body)
+            if chat_messages is None:
+                return None
+            doc.update(messages=chat_messages, add_generation_prompt=True)
+            if body.get("chat_template_kwargs") is not None:
+                doc["chat_template_kwargs"] = body["chat_template_kwargs"]
+            return await self._tokens(doc)
         if prepared.endpoint == "chat.completions":
             if "messages" not in body:
                 return None
@@ -234,6 +263,10 @@ class EnvelopeWriter:
             doc["prompt"] = body["prompt"]
         else:
             return None
+        return await self._tokens(doc)
+
+    async def _tokens(self, doc: dict[str, Any]) -> list[int] | None:
+        """Upstream's ``/tokenize`` of `doc`, or None when it cannot say."""
         try:
             status, answer = await self.upstream.post_json("/tokenize", dumps(doc))
         except UpstreamError:

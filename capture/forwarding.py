@@ -25,13 +25,18 @@ from capture.assembly import ErrorType, Failure, RequestContext
 from capture.edge import Send, Watch, error_body, forward_headers, send_json
 from capture.envelope_writer import EnvelopeWriter
 from capture.errors import SpoolCorruptError, SpoolFullError, SpoolUnavailableError
-from capture.protocol import Endpoint, chat, completions
+from capture.protocol import Endpoint, chat, completions, messages, responses
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.credentials import credential_values, scrub
 from capture.protocol.output import OutputCollector
 from capture.upstream import Upstream, UpstreamCall, UpstreamResponse
 
-PATHS: Final[dict[Endpoint, str]] = {"chat.completions": chat.PATH, "completions": completions.PATH}
+PATHS: Final[dict[Endpoint, str]] = {
+    "chat.completions": chat.PATH,
+    "completions": completions.PATH,
+    "responses": responses.PATH,
+    "messages": messages.PATH,
+}
 
 SPOOL_FULL: Final = error_body(
     "the audit spool is full: the sidecar does not serve requests it cannot record (guaranteed mode)",

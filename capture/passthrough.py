@@ -1,13 +1,14 @@
 """Every path the sidecar does not capture: forwarded to upstream byte for byte, counted, and logged or refused.
 
-The capture endpoints are ``POST /v1/chat/completions`` and ``POST /v1/completions``; everything else (``GET
-/v1/models``, ``/health``, ``/v1/responses``, any other method on the two capture paths) goes through
-`UncapturedPaths`. A read (GET, HEAD, OPTIONS) is forwarded and counted. A write is forwarded, counted and
-logged once per path, or, under ``refuse_uncaptured``, answered 403 unless its path is allowed: a sidecar that
-must record everything it serves then serves nothing it cannot record. The forwarding itself (`forward_as_is`)
-changes nothing but hop-by-hop headers and a redirect that points at upstream's own address; a target that is
-not a plain path (``%2F@host:port/x``, ``//host/x``, ``/..%2F..``) is answered 400 before anything is sent
-(`capture.edge.request_target`, `capture.upstream.Upstream.url`).
+The capture endpoints are ``POST`` on ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and
+``/v1/messages`` (`capture.forwarding.PATHS`); everything else (``GET /v1/models``, ``/health``, ``GET
+/v1/responses/{id}``, ``/v1/messages/count_tokens``, ``/inference/v1/generate``, any other method on the capture
+paths) goes through `UncapturedPaths`. A read (GET, HEAD, OPTIONS) is forwarded and counted. A write is forwarded,
+counted and logged once per path, or, under ``refuse_uncaptured``, answered 403 unless its path is allowed: a
+sidecar that must record everything it serves then serves nothing it cannot record. The forwarding itself
+(`forward_as_is`) changes nothing but hop-by-hop headers and a redirect that points at upstream's own address; a
+target that is not a plain path (``%2F@host:port/x``, ``//host/x``, ``/..%2F..``) is answered 400 before anything is
+sent (`capture.edge.request_target`, `capture.upstream.Upstream.url`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class UncapturedPaths:
             self._counted["refused"].inc()
             message = (
                 f"{scope['method']} {path} is not captured by the reprolane sidecar, and this sidecar refuses what it "
-                "cannot record (refuse_uncaptured); use /v1/chat/completions or /v1/completions"
+                "cannot record (refuse_uncaptured); use /v1/chat/completions, /v1/completions, /v1/responses or "
+                "/v1/messages"
             )
             await edge.send_json(send, 403, edge.error_body(message, type_="permission_error", code=403), None)
             return

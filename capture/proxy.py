@@ -1,6 +1,7 @@
-"""The capture endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions``, as raw ASGI.
+"""The capture endpoints: ``POST`` on ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and
+``/v1/messages``, as raw ASGI.
 
-Every other path (and any other method on these two) goes to `capture.passthrough.UncapturedPaths`: forwarded
+Every other path (and any other method on these) goes to `capture.passthrough.UncapturedPaths`: forwarded
 byte for byte and counted (writes there are logged once per path, or refused under ``refuse_uncaptured``).
 A captured request runs as:
 

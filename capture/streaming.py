@@ -1,13 +1,15 @@
 """A captured request answered as a stream (``stream: true``): upstream's server-sent events recorded and
 stripped one by one as they arrive, and passed on in the spelling upstream used.
 
-Each ``data`` event holding a JSON object is recorded (`OutputCollector.add`) and sent on stripped of the
-audit fields (`rewrite_event`); any other event passes unchanged, and upstream's ``data: [DONE]`` is held back
-until the outcome is recorded. In guaranteed mode a started record is durable before the request goes upstream
-(`Forwarder.record_start`: a spool that cannot take it refuses the request with 503), and the stream ends with
-``[DONE]`` once the finished envelope is durable too, or, when the spool filled while the request ran, with an
-error event instead; a stream upstream ends without ``[DONE]``, or breaks, is recorded as an error. An error
-document upstream answers instead of a stream is relayed as it came.
+Each ``data`` event holding a JSON object (for ``/v1/responses`` and ``/v1/messages``: the one ``data`` line of a
+typed event, after its ``event:`` line) is recorded (`OutputCollector.add`) and sent on stripped of the audit fields
+(`rewrite_event`); any other event passes unchanged, and upstream's ``data: [DONE]`` is held back until the outcome
+is recorded (the Responses and Messages APIs send none: their terminal event, ``response.completed`` or
+``message_stop``, is held back in its place). In guaranteed mode a started record is durable before the request goes
+upstream (`Forwarder.record_start`: a spool that cannot take it refuses the request with 503), and the stream ends
+with ``[DONE]`` (or that terminal event) once the finished envelope is durable too, or, when the spool filled while
+the request ran, with an error event instead; a stream upstream ends without ``[DONE]``, or breaks, is recorded as
+an error. An error document upstream answers instead of a stream is relayed as it came.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from capture.assembly import ErrorType
 from capture.edge import consume_disconnect, decode_json, end_stream, response_headers
 from capture.errors import SpoolCorruptError, SpoolUnavailableError, UpstreamError, UpstreamTimeoutError
 from capture.forwarding import SPOOL_FULL, Exchange, Forwarder, TimedCall, upstream_said
+from capture.protocol import messages, responses
 from capture.protocol.audit_fields import Prepared, strip
 from capture.protocol.output import OutputCollector
-from capture.protocol.sse import LONGEST_DONE, SSE_DONE, event_end, is_done, split_data, sse
+from capture.protocol.sse import LONGEST_DONE, SSE_DONE, event_end, is_done, split_data, split_typed_data, sse
 from capture.upstream import UpstreamResponse
 
 
@@ -56,6 +59,9 @@ async def forward_stream(fw: Forwarder, ex: Exchange) -> int:
                         error = upstream_said(prepared, headers, "upstream_error", 200, failure)
                     if ctx.first_token_ms is None and collector.chunks:
                         ctx.first_token_ms = call.elapsed_ms()
+                    if collector.ended and not done:  # Responses / Messages: their terminal event is the [DONE]
+                        done, last = True, out
+                        continue
                     await send({"type": "http.response.body", "body": out, "more_body": True})
     except asyncio.CancelledError:
         if not consume_disconnect(watch):
@@ -98,7 +104,8 @@ async def _relay_refusal(fw: Forwarder, ex: Exchange, resp: UpstreamResponse, ca
 def rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) -> tuple[bytes, str | None]:
     """Record one SSE event and return it stripped, spelled as it came (other events, and data that is not a
     JSON object, pass unchanged); the second value is upstream's error when the event reports one."""
-    parts = split_data(event)
+    typed = prepared.endpoint == "responses" or prepared.endpoint == "messages"
+    parts = split_typed_data(event) if typed else split_data(event)
     if parts is None:
         return event, None
     prefix, data, ending = parts
@@ -108,6 +115,12 @@ def rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) 
         return event, None
     if not isinstance(obj, dict):
         return event, None
+    if typed:
+        said = (responses.error_of if prepared.endpoint == "responses" else messages.error_of)(obj)
+        collector.add(obj)
+        if said is not None:
+            return event, f"upstream error in stream: {json.dumps(said)}"
+        return prefix + encode(strip(obj, prepared)) + ending, None
     if "error" in obj and "choices" not in obj:
         return event, f"upstream error in stream: {json.dumps(obj['error'])}"  # upstream_said cuts it
     collector.add(obj)

@@ -166,7 +166,10 @@ class Envelope(Record):
     flagged: bool = Field(default=False, description="selected for replay")
     flag_reason: Literal["header", "tenant", "sample"] | None = None
     target_level: ReproLevel = "token"
-    endpoint: Literal["chat.completions", "completions"]
+    endpoint: Literal["chat.completions", "completions", "responses", "messages"] = Field(
+        description="the API the client called: /v1/chat/completions, /v1/completions, /v1/responses (OpenAI"
+        " Responses) or /v1/messages (Anthropic Messages)"
+    )
     model: str = Field(min_length=1, description="the model name the client asked for")
     artifacts: ArtifactHashes
     request_body_sha256: Sha256 | None = Field(
@@ -192,6 +195,13 @@ class Envelope(Record):
     outcome: Outcome
     shadow: ShadowMarker | None = Field(
         default=None, description="a candidate's answer to a shadowed production request (None: production's own)"
+    )
+    capture_limits: tuple[str, ...] | None = Field(
+        default=None,
+        min_length=1,
+        description="what the endpoint's server could not return, so this envelope does not hold it exactly (one"
+        " sentence each, naming the field: e.g. /v1/messages returns no token ids and no logprobs); None: nothing"
+        " missing",
     )
 
     def canonical(self) -> bytes:

@@ -5,6 +5,8 @@ parts both endpoints share:
 
 - `chat` / `completions`: what is particular to ``/v1/chat/completions`` and ``/v1/completions``: the
   logprobs each asks for and answers with, where a choice's text is, and (completions) the echoed prompt.
+- `responses` / `messages`: ``/v1/responses`` (OpenAI Responses) and ``/v1/messages`` (Anthropic Messages):
+  their own request fields, typed SSE events and answer shapes, and what their server cannot return.
 - `audit_fields`: `prepare` adds the audit fields to the upstream request (token ids, logprobs at the audit k,
   an injected seed); `strip` takes what the client did not ask for back out of each response object.
 - `sampling`: the sampling contract read from a request, upstream's defaults made explicit.
@@ -21,5 +23,5 @@ May import `schemas` (and pydantic); nothing else of the sidecar's: not its IO (
 
 from typing import Literal
 
-Endpoint = Literal["chat.completions", "completions"]
-"""The two captured endpoints, as an envelope names them."""
+Endpoint = Literal["chat.completions", "completions", "responses", "messages"]
+"""The captured endpoints, as an envelope names them."""

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
-from capture.protocol import Endpoint, chat, completions
+from capture.protocol import Endpoint, chat, completions, messages, responses
 from capture.protocol.completions import Echo, completion_prompts
 from capture.protocol.sampling import BUILTIN_DEFAULTS, SamplingDefaults, frozen_contract, is_sampled
 from capture.protocol.token_text import clean_text
@@ -43,6 +43,7 @@ class Prepared:
     echo: Echo | None = None
     prompts: int = 1  # a completions request may send several; choice i answers prompt i // n
     n: int = 1
+    limits: tuple[str, ...] = ()  # what the endpoint cannot return (`Envelope.capture_limits`)
 
 
 def derive_seed(request_id: str) -> int:
@@ -60,6 +61,10 @@ def prepare(
     defaults: SamplingDefaults = BUILTIN_DEFAULTS,
 ) -> Prepared:
     """Parse a capture request and build the body sent upstream (the client's body is not modified)."""
+    if endpoint == "responses" or endpoint == "messages":
+        return _prepare_typed(
+            endpoint, body, request_id=request_id, audit_k=audit_k, inject_seed=inject_seed, defaults=defaults
+        )
     up = dict(body)
     client_token_ids = bool(body.get("return_token_ids"))
     up["return_token_ids"] = True
@@ -97,6 +102,43 @@ def prepare(
     )
 
 
+def _prepare_typed(
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    *,
+    request_id: str,
+    audit_k: int,
+    inject_seed: bool,
+    defaults: SamplingDefaults,
+) -> Prepared:
+    """`prepare` of a Responses or Messages request: its own audit fields (`capture.protocol.responses.ask`; none
+    for Messages, whose server takes none) and its contract read in the chat spelling (``contract_body``)."""
+    up = dict(body)
+    seed_injected = False
+    if endpoint == "responses":
+        client_token_ids, client_logprobs, recorded_k = responses.ask(body, up, audit_k)
+        if inject_seed and body.get("seed") is None and is_sampled(body, defaults):
+            up["seed"] = derive_seed(request_id)
+            seed_injected = True
+        contract = responses.contract_body(up)
+        limits: tuple[str, ...] = responses.LIMITS
+    else:
+        client_token_ids, client_logprobs, recorded_k = True, True, None  # nothing added: nothing to strip
+        contract = messages.contract_body(up)
+        limits = messages.LIMITS
+    model = body.get("model")
+    return Prepared(
+        endpoint=endpoint,
+        upstream_body=up,
+        model=clean_text(model) if isinstance(model, str) and model else "unknown",
+        stream=bool(body.get("stream")),
+        client_token_ids=client_token_ids,
+        client_logprobs=client_logprobs,
+        sampling=frozen_contract(endpoint, contract, recorded_k, seed_injected, defaults),
+        limits=limits,
+    )
+
+
 _INT: Final = TypeAdapter(int)  # lax, as upstream's own pydantic models read `n`: 2, 2.0, "2" and true all count
 
 
@@ -115,6 +157,10 @@ def strip(obj: Any, prepared: Prepared) -> Any:
     sidecar asked for and the client did not. `obj` itself is left as it is (what was recorded from it stays
     true): changed objects are copies, everything else is shared."""
     if not isinstance(obj, dict):
+        return obj
+    if prepared.endpoint == "responses":
+        return responses.strip(obj, token_ids=prepared.client_token_ids, logprobs=prepared.client_logprobs)
+    if prepared.endpoint == "messages":
         return obj
     out = obj
     if not prepared.client_token_ids and obj.get("prompt_token_ids") is not None:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from capture.protocol import Endpoint, chat, completions
+from capture.protocol import Endpoint, chat, completions, messages, responses
 from capture.protocol.completions import Echo
 from capture.protocol.token_text import clean_text
 from schemas import Choice, StepLogprobs, TopCandidate
@@ -23,7 +23,7 @@ from schemas.envelope_codec import StepRow, steps_canonical_text
 
 
 @dataclass(slots=True)
-class _ChoiceAcc:
+class ChoiceAcc:
     token_ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
@@ -45,7 +45,7 @@ class OutputCollector:
     def __init__(self, endpoint: Endpoint, *, echo: Echo | None = None) -> None:
         self.endpoint = endpoint
         self.echo = echo
-        self.choices: dict[int, _ChoiceAcc] = {}
+        self.choices: dict[int, ChoiceAcc] = {}
         self.prompt_token_ids: list[int] | None = None
         self.choice_prompts: dict[int, list[int]] = {}  # by choice index, for requests with several prompts
         self.system_fingerprint: str | None = None
@@ -53,6 +53,20 @@ class OutputCollector:
         self.version_headers: dict[str, str] = {}
         self.usage: dict[str, int] = {}
         self.chunks = 0
+        self.ended = False  # a Responses or Messages stream's terminal event was read (they send no [DONE])
+        self.limits: set[str] = set()  # what upstream could not return for this answer (`Envelope.capture_limits`)
+
+    def choice(self, index: int) -> ChoiceAcc:
+        """What is collected of choice `index` (created empty on first use)."""
+        acc = self.choices.get(index)
+        if acc is None:
+            acc = self.choices[index] = ChoiceAcc()
+        return acc
+
+    def reset_choice(self, index: int) -> ChoiceAcc:
+        """Choice `index` collected anew (a Responses stream's terminal event holds the whole answer)."""
+        acc = self.choices[index] = ChoiceAcc()
+        return acc
 
     def note_versions(self, header: Callable[[str, str], str], names: Iterable[str]) -> None:
         """Keep the version-like response headers a hosted API sends (``header(name, default)``)."""
@@ -71,6 +85,12 @@ class OutputCollector:
     def add(self, obj: dict[str, Any]) -> None:
         """Record one response object (call before `strip`)."""
         self.chunks += 1
+        if self.endpoint == "responses":
+            responses.collect(self, obj)
+            return
+        if self.endpoint == "messages":
+            messages.collect(self, obj)
+            return
         fp = obj.get("system_fingerprint")
         if isinstance(fp, str):
             self.system_fingerprint = fp
@@ -91,7 +111,7 @@ class OutputCollector:
         index = choice.get("index", 0)
         acc = self.choices.get(index)
         if acc is None:
-            acc = self.choices[index] = _ChoiceAcc()
+            acc = self.choices[index] = ChoiceAcc()
         prompt_ids = choice.get("prompt_token_ids")
         if isinstance(prompt_ids, list):
             if index == 0 and self.prompt_token_ids is None:
@@ -177,7 +197,7 @@ class OutputCollector:
         return tuple(out)
 
 
-def _aligned_steps(acc: _ChoiceAcc) -> list[StepRow] | None:
+def _aligned_steps(acc: ChoiceAcc) -> list[StepRow] | None:
     """A choice's steps with each ``token_id`` set, or None when its logprobs cannot be recorded: some are
     missing, or there is not one step per token id."""
     if acc.logprobs_missing or not acc.steps or len(acc.steps) != len(acc.token_ids):
@@ -187,7 +207,7 @@ def _aligned_steps(acc: _ChoiceAcc) -> list[StepRow] | None:
     return acc.steps
 
 
-def _steps_data(acc: _ChoiceAcc) -> list[dict[str, Any]] | None:
+def _steps_data(acc: ChoiceAcc) -> list[dict[str, Any]] | None:
     """A choice's steps as plain data shaped like `StepLogprobs` (None: as `_aligned_steps`)."""
     steps = _aligned_steps(acc)
     if steps is None:
@@ -203,7 +223,7 @@ def _steps_data(acc: _ChoiceAcc) -> list[dict[str, Any]] | None:
     ]
 
 
-def _steps_record(acc: _ChoiceAcc) -> tuple[StepLogprobs, ...] | None:
+def _steps_record(acc: ChoiceAcc) -> tuple[StepLogprobs, ...] | None:
     steps = _aligned_steps(acc)
     if steps is None:
         return None

@@ -85,6 +85,7 @@ def sampling_contract(
         scope = "worker_global"
     stop = body.get("stop")
     stops: tuple[str, ...] = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+    # Responses and Messages bodies come in the chat spelling (`capture.protocol.responses.contract_body`)
     max_tokens = body.get("max_completion_tokens") if endpoint == "chat.completions" else None
     if max_tokens is None:
         # vLLM's completions request defaults an absent max_tokens to 16 (OpenAI's legacy default); a null one,

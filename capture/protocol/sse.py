@@ -53,3 +53,28 @@ def is_done(event: bytes) -> bool:
     """Whether `event` is the ``[DONE]`` event, in any of its spellings."""
     parts = split_data(event)
     return parts is not None and parts[1] == b"[DONE]"
+
+
+MAX_FIELD_LINES: Final = 8
+"""The most lines a typed event may have around its one ``data`` line (``event:``, ``id:``, comments): more is
+not an event the Responses or Messages APIs write, and is passed on unread."""
+
+
+def split_typed_data(event: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """(everything before the data, data, everything after it) of an event with exactly one ``data`` line and a
+    few other lines (``event: response.output_text.delta``, as the Responses and Messages APIs write each event
+    before its data), spelled as upstream spelled it; None for any other event. A one-line ``data`` event is
+    `split_data`'s."""
+    if event.startswith(b"data:"):
+        return split_data(event)
+    start = event.find(b"\ndata:")
+    if start < 0 or event.count(b"\n", 0, start) >= MAX_FIELD_LINES:
+        return None
+    head = event[: start + 1]
+    if b"\r" in head and not head.endswith(b"\r\n"):
+        return None  # CR-only line ends: not ours to cut
+    parts = split_data(event[start + 1 :])
+    if parts is None:
+        return None
+    prefix, data, ending = parts
+    return head + prefix, data, ending

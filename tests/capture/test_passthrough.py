@@ -45,10 +45,10 @@ async def test_uncaptured_writes_pass_by_default_counted_and_logged_once(caplog:
 
 
 async def test_refuse_uncaptured_answers_403_to_writes_it_cannot_record() -> None:
-    """/v1/responses, /v1/messages, /update_weights...: under refuse_uncaptured nothing that could generate, or
+    """/inference/v1/generate, /update_weights...: under refuse_uncaptured nothing that could generate, or
     change what upstream serves, reaches it unrecorded; reads and the allowed writes still pass."""
     async with sidecar(refuse_uncaptured=True) as (client, upstream, _spool, metrics):
-        refused = await client.post("/v1/responses", json={"model": MODEL, "input": "hi"})
+        refused = await client.post("/inference/v1/generate", json={"model": MODEL, "token_ids": [1, 2]})
         put = await client.put("/v1/chat/completions", json=CHAT)
         allowed = await client.post("/tokenize", json={"prompt": "hi"})
         read = await client.get("/v1/models")
@@ -56,7 +56,7 @@ async def test_refuse_uncaptured_answers_403_to_writes_it_cannot_record() -> Non
     assert (refused.status_code, put.status_code) == (403, 403)
     err = refused.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
-    assert "POST /v1/responses is not captured" in err["message"]
+    assert "POST /inference/v1/generate is not captured" in err["message"]
     assert (allowed.status_code, read.status_code, captured.status_code) == (200, 200, 200)
-    assert "/v1/responses" not in [s.path for s in upstream.seen]
+    assert "/inference/v1/generate" not in [s.path for s in upstream.seen]
     assert metrics.value("reprolane_capture_uncaptured_total", {"kind": "refused"}) == 2
