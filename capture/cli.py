@@ -154,6 +154,10 @@ def serve_command(
     trusted_proxy: Annotated[
         list[str] | None, typer.Option(help="trusted-proxy mode: a network (CIDR) whose headers are trusted")
     ] = None,
+    otel_endpoint: Annotated[
+        str | None, typer.Option(help="OTLP endpoint: a span per captured request (default: none; OTEL_* honoured)")
+    ] = None,
+    otel_protocol: Annotated[str | None, typer.Option(help="http/protobuf (default) | grpc")] = None,
 ) -> None:
     """Serve the capture sidecar in front of --upstream."""
     try:
@@ -171,6 +175,7 @@ def serve_command(
             sample_rate=sample_rate, sidecar_id=sidecar_id, schedule_recorder=schedule_recorder, auth_mode=auth_mode,
             api_keys_path=api_keys_path,
             trusted_proxies=tuple(trusted_proxy) if trusted_proxy else None,
+            otel_endpoint=otel_endpoint, otel_protocol=otel_protocol,
         )  # fmt: skip
     except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2
         raise typer.BadParameter(str(exc)) from exc

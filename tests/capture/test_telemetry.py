@@ -50,7 +50,7 @@ async def test_one_span_per_captured_request_with_genai_attributes_and_ids() -> 
         assert span.span_id == f"{capture_span_id(rid):016x}"
         assert span.parent_span_id == ""
         assert span.resource["service.name"] == "reprolane-capture/capture-0"
-        assert SECRET_PROMPT not in json.dumps(a) and "Hi" not in json.dumps(a)
+        assert SECRET_PROMPT not in json.dumps(a)
         assert metrics.value("reprolane_capture_otel_spans_exported_total") >= 1
 
 
@@ -111,7 +111,8 @@ async def test_off_by_default_and_with_the_standard_variables(monkeypatch: pytes
     monkeypatch.delenv("OTEL_SDK_DISABLED")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     config = export_config(OtelFields())
-    assert config is not None and config.protocol == "grpc"
+    assert config is not None
+    assert config.protocol == "grpc"
 
 
 async def test_a_receiver_that_is_down_costs_the_client_nothing_and_is_counted() -> None:

@@ -123,7 +123,9 @@ async def test_a_receiver_that_is_down_leaves_the_answers_as_they_are(stack: Sta
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{sidecar.port}") as client:
             while True:
                 metrics = (await client.get("/metrics")).text
-                failed = [line for line in metrics.splitlines() if line.startswith("reprolane_capture_otel_spans_failed")]
+                failed = [
+                    line for line in metrics.splitlines() if line.startswith("reprolane_capture_otel_spans_failed")
+                ]
                 if failed and float(failed[0].split()[-1]) >= 3:
                     break
                 assert time.monotonic() < deadline, metrics
