@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,7 @@ from tests.capture.fake_upstream import FINGERPRINT
 from tests.capture.support import CHAT, MODEL, only, sidecar
 from tests.otlp_receiver import otlp_receiver
 
+REPO = Path(__file__).resolve().parents[2]
 SECRET_PROMPT = "the-prompt-text-must-not-leave-4711"
 
 
@@ -139,3 +144,18 @@ async def test_a_full_queue_drops_new_spans_and_counts_them() -> None:
     failed = metrics.value("reprolane_capture_otel_spans_failed_total")
     assert dropped >= 1
     assert dropped + failed == 4
+
+
+def test_the_sdk_is_not_imported_by_a_service_that_does_not_export() -> None:
+    code = (
+        "import sys\n"
+        "from capture.settings import CaptureSettings\n"
+        "from capture.telemetry import CaptureTelemetry\n"
+        "import capture.app, replayer.service\n"
+        "assert not CaptureTelemetry.from_settings(CaptureSettings(upstream='http://x', auth_mode='off')).enabled\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO)}, capture_output=True)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.strip() == b"[]"
