@@ -41,14 +41,7 @@ from typing import Any, Final
 from capture.assembly import STARTED, EnvelopeInputs
 from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
-from infra.clients.otel import (
-    ExportCounts,
-    SpanExport,
-    capture_span_id,
-    export_config,
-    request_trace_id,
-    start_span_with_ids,
-)
+from infra.clients.otel import SpanExport, capture_span_id, open_export, request_trace_id, start_span_with_ids
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +74,9 @@ class CaptureTelemetry:
 
     @classmethod
     def from_settings(cls, settings: CaptureSettings, metrics: CaptureMetrics | None = None) -> CaptureTelemetry:
-        config = export_config(settings)
-        if config is None:
-            return cls(None)
-        export = SpanExport(config, f"reprolane-capture/{settings.sidecar_id}")
-        telemetry = cls(export)
-        if metrics is not None:
-            metrics.registry.register(ExportCounts(export, "reprolane_capture"))
-        log.info("otel: exporting one span per captured request (%s, %s)", config.protocol, config.endpoint or "env")
-        return telemetry
+        registry = metrics.registry if metrics is not None else None
+        name = f"reprolane-capture/{settings.sidecar_id}"
+        return cls(open_export(settings, name, registry=registry, prefix="reprolane_capture", what="captured request"))
 
     def trace_parent(self, headers: dict[bytes, bytes]) -> tuple[int, int, int] | None:
         """The caller's trace context when export is on (`trace_parent`); None otherwise, without looking."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
-from infra.clients.otel import ExportCounts, SpanExport, capture_span_id, export_config, request_trace_id
+from infra.clients.otel import SpanExport, capture_span_id, open_export, request_trace_id
 from replayer.settings import ReplayerSettings
 from schemas import DivergenceEvent, Envelope
 
@@ -37,15 +37,8 @@ class ReplayTelemetry:
 
     @classmethod
     def from_settings(cls, settings: ReplayerSettings, registry: CollectorRegistry | None = None) -> ReplayTelemetry:
-        config = export_config(settings)
-        if config is None:
-            return cls(None)
-        export = SpanExport(config, f"reprolane-replayer/{settings.group_id}")
-        telemetry = cls(export)
-        if registry is not None:
-            registry.register(ExportCounts(export, "reprolane_replayer"))
-        log.info("otel: exporting one span per replay (%s, %s)", config.protocol, config.endpoint or "env")
-        return telemetry
+        name = f"reprolane-replayer/{settings.group_id}"
+        return cls(open_export(settings, name, registry=registry, prefix="reprolane_replayer", what="replay"))
 
     def replayed(self, envelope: Envelope, event: DivergenceEvent, outcome: str, started: datetime) -> None:
         """The service published `event` for `envelope` (`outcome`: replayed or deduplicated)."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
@@ -178,6 +178,20 @@ class ExportCounts(Collector):
             yield CounterMetricFamily(f"{self.prefix}_otel_spans_{name}", doc, value=value)
 
 
+def open_export(
+    fields: OtelFields, service_name: str, *, registry: CollectorRegistry | None, prefix: str, what: str
+) -> SpanExport | None:
+    """The service's export per its settings (None: off), its counts registered on `registry` under `prefix`."""
+    config = export_config(fields)
+    if config is None:
+        return None
+    export = SpanExport(config, service_name)
+    if registry is not None:
+        registry.register(ExportCounts(export, prefix))
+    log.info("otel: exporting one span per %s (%s, %s)", what, config.protocol, config.endpoint or "from OTEL_*")
+    return export
+
+
 def _exporter(config: ExportConfig) -> SpanExporter:
     if config.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
@@ -285,6 +299,7 @@ __all__ = [
     "SpanExport",
     "capture_span_id",
     "export_config",
+    "open_export",
     "request_trace_id",
     "start_span_with_ids",
 ]
