@@ -15,6 +15,7 @@ import gzip
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -81,11 +82,13 @@ class OtlpReceiver:
     port: int = 0
     received: list[ReceivedSpan] = field(default_factory=list)
     requests: int = 0
+    scheme: str = "http"
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1/traces"
+        path = "/v1/traces" if self.scheme == "http" else ""
+        return f"http://127.0.0.1:{self.port}{path}"
 
     def spans(self, where: dict[str, Any] | None = None) -> list[ReceivedSpan]:
         """Received spans whose attributes include `where`."""
@@ -142,3 +145,30 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@contextlib.contextmanager
+def otlp_grpc_receiver() -> Iterator[OtlpReceiver]:
+    """The same receiver over OTLP/gRPC (``TraceService/Export``); ``endpoint`` is then ``http://127.0.0.1:<port>``."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    state = OtlpReceiver()
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
+            spans = decode(request.SerializeToString())
+            with state._lock:
+                state.requests += 1
+                state.received.extend(spans)
+            return ExportTraceServiceResponse()
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    state.port = server.add_insecure_port("127.0.0.1:0")
+    state.scheme = "grpc"
+    server.start()
+    try:
+        yield state
+    finally:
+        server.stop(grace=None)

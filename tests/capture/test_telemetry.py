@@ -19,7 +19,7 @@ from infra.clients.otel import OtelFields, capture_span_id, export_config, reque
 from infra.ports import allocate_ports
 from tests.capture.fake_upstream import FINGERPRINT
 from tests.capture.support import CHAT, MODEL, only, sidecar
-from tests.otlp_receiver import otlp_receiver
+from tests.otlp_receiver import otlp_grpc_receiver, otlp_receiver
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET_PROMPT = "the-prompt-text-must-not-leave-4711"
@@ -70,6 +70,15 @@ async def test_a_callers_traceparent_makes_the_span_its_child_and_links_the_requ
             (span,) = receiver.wait_for({"reprolane.request_id": rid})
     assert (span.trace_id, span.parent_span_id) == (caller_trace, caller_span)  # sampled although the caller's not
     assert span.links == [(f"{request_trace_id(rid):032x}", f"{capture_span_id(rid):016x}")]
+
+
+async def test_spans_over_grpc() -> None:
+    with otlp_grpc_receiver() as receiver:
+        async with sidecar(otel_endpoint=receiver.endpoint, otel_protocol="grpc") as (client, *_):
+            resp = await client.post("/v1/chat/completions", json=CHAT)
+            rid = resp.headers["x-reprolane-request-id"]
+            (span,) = receiver.wait_for({"reprolane.request_id": rid})
+    assert span.attributes["gen_ai.request.model"] == MODEL
 
 
 @pytest.mark.parametrize(
