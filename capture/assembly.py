@@ -80,6 +80,7 @@ class RequestContext:
     upstream_ms: float = 0.0
     first_token_ms: float | None = None
     added_ms: float | None = None
+    traceparent: tuple[int, int, int] | None = None  # the caller's trace context (`capture.telemetry`), if any
     recorded: bool = False  # its envelope was handed to the envelope writer (the proxy's last-resort handler asks)
 
 

@@ -158,6 +158,10 @@ def serve_command(
         str | None, typer.Option(help="candidate server: a sample of requests is sent again there (shadow)")
     ] = None,
     shadow_sample: Annotated[float | None, typer.Option(help="share of requests shadowed (0..1)")] = None,
+    otel_endpoint: Annotated[
+        str | None, typer.Option(help="OTLP endpoint: a span per captured request (default: none; OTEL_* honoured)")
+    ] = None,
+    otel_protocol: Annotated[str | None, typer.Option(help="http/protobuf (default) | grpc")] = None,
 ) -> None:
     """Serve the capture sidecar in front of --upstream."""
     try:
@@ -176,6 +180,7 @@ def serve_command(
             api_keys_path=api_keys_path,
             trusted_proxies=tuple(trusted_proxy) if trusted_proxy else None,
             shadow_upstream=shadow_upstream, shadow_sample=shadow_sample,
+            otel_endpoint=otel_endpoint, otel_protocol=otel_protocol,
         )  # fmt: skip
     except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2
         raise typer.BadParameter(str(exc)) from exc

@@ -37,6 +37,7 @@ from capture.protocol import messages
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.output import OutputCollector
 from capture.runtime import RuntimeProbe
+from capture.telemetry import CaptureTelemetry
 from capture.upstream import Upstream
 from schemas import ArtifactHashes, PromptRecord, RuntimeFingerprint
 from schemas.schedule_delivery import ScheduleRef, external_request_id_for
@@ -78,6 +79,8 @@ class EnvelopeWriter:
     #: envelope of a request that went upstream then carries a `ScheduleRef` (the join: `schemas.schedule_delivery`).
     schedule_recorder: str | None = None
     shadow: ShadowOffer | None = None  # `capture.shadow.ShadowTraffic` when shadow traffic is on
+    #: One span per spooled envelope when OpenTelemetry export is on (`capture.telemetry`); off: a no-op.
+    telemetry: CaptureTelemetry = field(default_factory=lambda: CaptureTelemetry(None))
     background: set[asyncio.Task[None]] = field(default_factory=set, init=False)  # `later`'s tasks in flight
 
     async def finish(
@@ -105,16 +108,19 @@ class EnvelopeWriter:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
         try:
             runtime = self.runtime.fingerprint(collector.system_fingerprint, collector.vendor_version())
-            payload = self._payload(ctx, prepared, runtime, collector, error, prompt, more, tuple(sorted(limits)))
+            inputs = self._inputs(ctx, prepared, runtime, collector, error, prompt, more, tuple(sorted(limits)))
+            payload = build_envelope_bytes(inputs)
         except Exception as exc:  # a bug of ours must not cost the audit record: keep what is certain
             log.exception("request %s: its envelope could not be built; recording the attempt", ctx.request_id)
             failure: Failure = ("proxy_error", None, f"the sidecar could not record the answer: {type(exc).__name__}")
-            payload = self._attempt_payload(ctx, failure, prepared.model)
+            inputs = self._attempt_inputs(ctx, failure, prepared.model)
+            payload = build_envelope_bytes(inputs)
         await self.append(ctx.request_id, payload)
+        self.telemetry.captured(inputs, payload)
         if self.shadow is not None and error is None:
             self.shadow.offer(ctx.request_id, payload)
 
-    def _payload(
+    def _inputs(
         self,
         ctx: RequestContext,
         prepared: Prepared,
@@ -124,24 +130,22 @@ class EnvelopeWriter:
         prompt: PromptRecord | None = None,
         more: tuple[PromptRecord, ...] | None = None,
         limits: tuple[str, ...] = (),
-    ) -> bytes:
-        """The canonical bytes of the request's envelope, as gathered so far (built now: ``captured_at``)."""
-        return build_envelope_bytes(
-            EnvelopeInputs(
-                ctx,
-                model=prepared.model,
-                artifacts=self.artifacts,
-                runtime=runtime,
-                prompt=prompt,
-                more_prompts=more,
-                sampling=prepared.sampling,
-                collector=collector,
-                error=error,
-                captured_at=datetime.now(UTC),
-                sidecar_id=self.sidecar_id,
-                schedule=self._schedule_ref(ctx),
-                limits=limits or prepared.limits,
-            )
+    ) -> EnvelopeInputs:
+        """What the request's envelope is made of, as gathered so far (built now: ``captured_at``)."""
+        return EnvelopeInputs(
+            ctx,
+            model=prepared.model,
+            artifacts=self.artifacts,
+            runtime=runtime,
+            prompt=prompt,
+            more_prompts=more,
+            sampling=prepared.sampling,
+            collector=collector,
+            error=error,
+            captured_at=datetime.now(UTC),
+            sidecar_id=self.sidecar_id,
+            schedule=self._schedule_ref(ctx),
+            limits=limits or prepared.limits,
         )
 
     def _schedule_ref(self, ctx: RequestContext) -> ScheduleRef | None:
@@ -163,10 +167,10 @@ class EnvelopeWriter:
         """
         ctx.in_flight_at_end = in_flight
         try:
-            payload = self._payload(ctx, prepared, self.runtime.fingerprint(None), None, STARTED)
+            payload = build_envelope_bytes(self._inputs(ctx, prepared, self.runtime.fingerprint(None), None, STARTED))
         except Exception:  # a bug of ours: keep what the request's context alone says
             log.exception("request %s: its started record could not be built; recording the attempt", ctx.request_id)
-            payload = self._attempt_payload(ctx, STARTED, prepared.model)
+            payload = build_envelope_bytes(self._attempt_inputs(ctx, STARTED, prepared.model))
         await self.spool.append_payload(payload)
 
     async def record_refused(self, ctx: RequestContext, error: Failure, t0: float) -> None:
@@ -176,30 +180,33 @@ class EnvelopeWriter:
         """
         ctx.added_ms = (time.perf_counter() - t0) * 1000.0
         ctx.recorded = True
-        payload = self._attempt_payload(ctx, error, "unknown")
+        inputs = self._attempt_inputs(ctx, error, "unknown")
+        payload = build_envelope_bytes(inputs)
         if not self.guaranteed:
-            self.later(self.append(ctx.request_id, payload))
+            self.later(self._append_refused(inputs, payload))
             return
         try:
-            await self.append(ctx.request_id, payload)
+            await self._append_refused(inputs, payload)
         except SpoolUnavailableError as exc:
             log.error("envelope of refused request %s not recorded: %s", ctx.request_id, exc)
 
-    def _attempt_payload(self, ctx: RequestContext, error: Failure, model: str) -> bytes:
+    async def _append_refused(self, inputs: EnvelopeInputs, payload: bytes) -> None:
+        await self.append(inputs.ctx.request_id, payload)
+        self.telemetry.captured(inputs, payload)
+
+    def _attempt_inputs(self, ctx: RequestContext, error: Failure, model: str) -> EnvelopeInputs:
         """An error envelope with what the request's context alone says (no prompt, contract or output)."""
-        return build_envelope_bytes(
-            EnvelopeInputs(
-                ctx,
-                model=model,
-                artifacts=self.artifacts,
-                runtime=self.runtime.fingerprint(None),
-                prompt=None,
-                sampling=None,
-                collector=None,
-                error=error,
-                captured_at=datetime.now(UTC),
-                sidecar_id=self.sidecar_id,
-            )
+        return EnvelopeInputs(
+            ctx,
+            model=model,
+            artifacts=self.artifacts,
+            runtime=self.runtime.fingerprint(None),
+            prompt=None,
+            sampling=None,
+            collector=None,
+            error=error,
+            captured_at=datetime.now(UTC),
+            sidecar_id=self.sidecar_id,
         )
 
     async def append(self, request_id: str, payload: bytes) -> None:

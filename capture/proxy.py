@@ -66,6 +66,7 @@ from capture.request_headers import new_request_id, read_reprolane_headers
 from capture.runtime import RuntimeProbe
 from capture.settings import CaptureSettings
 from capture.streaming import forward_stream
+from capture.telemetry import CaptureTelemetry
 from capture.upstream import Upstream
 from schemas import ArtifactHashes
 
@@ -105,6 +106,7 @@ class CaptureProxy:
             upstream=upstream,
             sidecar_id=settings.sidecar_id,
             schedule_recorder=settings.schedule_recorder,
+            telemetry=CaptureTelemetry.from_settings(settings, metrics),
         )
         forwarder = self.forwarder = Forwarder(
             upstream=upstream,
@@ -143,6 +145,7 @@ class CaptureProxy:
             endpoint=endpoint,
             stream=False,
             in_flight_at_start=fw.in_flight,
+            traceparent=self.writer.telemetry.trace_parent(headers),
         )
         try:
             status = await self._capture(ctx, scope, headers, receive, send, t0)
@@ -291,5 +294,6 @@ class CaptureProxy:
         return text if isinstance(text, str) else None
 
     async def drain(self) -> None:
-        """Wait for every background recording (shutdown)."""
+        """Wait for every background recording (shutdown), then export the spans still queued."""
         await self.writer.drain()
+        await asyncio.to_thread(self.writer.telemetry.shutdown)

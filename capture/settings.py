@@ -14,10 +14,12 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.clients.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
+from infra.clients.otel import OtelFields
 
 
-class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields):
-    """The sidecar's settings; the Kafka, S3 and data-key fields come from `infra.clients.connection`."""
+class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields, OtelFields):
+    """The sidecar's settings; the Kafka, S3 and data-key fields come from `infra.clients.connection`, the
+    OpenTelemetry export's (``otel_*``: a span per captured request, `capture.telemetry`) from `infra.clients.otel`."""
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_CAPTURE_", extra="forbid", frozen=True)
 

@@ -214,8 +214,9 @@ def build_replayer_app(*, serve_fn: Callable[[ReplayerSettings], None] | None = 
 
     @app.command("serve")
     @settings_options(
-        "lane", "kafka_bootstrap", "group_id", "replay_all", "metrics_port", *S3_OPTIONS, "model_dir", "remote_url"
-    )
+        "lane", "kafka_bootstrap", "group_id", "replay_all", "metrics_port", *S3_OPTIONS, "model_dir", "remote_url",
+        "otel_endpoint",
+    )  # fmt: skip
     def serve_cmd(settings: ReplayerSettings) -> None:
         """Consume envelopes, replay the flagged ones, publish divergence events (until SIGINT/SIGTERM)."""
         run = serve_fn

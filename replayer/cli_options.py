@@ -52,6 +52,9 @@ OPTIONS: dict[str, Any] = {
         Path | None, typer.Option("--model-dir", help="HF model folder of the local lanes (default: the fetched cache)")
     ],
     "remote_url": Annotated[str | None, typer.Option("--remote-url", help="base URL of the remote lane")],
+    "otel_endpoint": Annotated[
+        str | None, typer.Option("--otel-endpoint", help="OTLP endpoint: a span per replay (default: none)")
+    ],
 }
 S3_OPTIONS = ("s3_endpoint", "s3_access_key", "s3_secret_key", "s3_bucket")
 

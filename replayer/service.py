@@ -57,6 +57,7 @@ from replayer.request_keys import load_replay_request_keys
 from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
+from replayer.telemetry import ReplayTelemetry
 from schemas import ContractError, DivergenceEvent, Envelope, ReplayRequest, decode_envelope, decode_replay_request
 from schemas.claim_check import is_claim_check
 from schemas.envelope_compact import decode_compact, is_compact
@@ -134,6 +135,7 @@ class ReplayerService:
         self.lane = lane
         self.store = store
         self.metrics = metrics if metrics is not None else ReplayerMetrics()
+        self.telemetry = ReplayTelemetry.from_settings(settings, self.metrics.registry)  # off unless configured
         self.lane_fingerprint_sha256 = lane.fingerprint().sha256()
         self._lane_lock = asyncio.Lock()
         keys_path = settings.replay_request_keys_path
@@ -186,6 +188,7 @@ class ReplayerService:
             self._heartbeats = None
             await self._heartbeat(stopping=True)
         await self.broker.stop()
+        await asyncio.to_thread(self.telemetry.shutdown)
 
     async def _heartbeat(self, *, stopping: bool = False) -> None:
         """Say on the heartbeat topic that this service serves on-demand requests (`replayer.on_demand` reads it);
@@ -341,6 +344,7 @@ class ReplayerService:
         from the envelope stream it is only counted.
         """
         fp = self.lane_fingerprint_sha256
+        began = datetime.now(UTC)
         existing = await asyncio.to_thread(self.store.get_result, envelope, fp)
         outcome = "deduplicated"
         if existing is not None:
@@ -381,6 +385,7 @@ class ReplayerService:
             key=event.request_id.encode("utf-8"),
             headers={HEADER_ENVELOPE_ID: event.envelope_id, HEADER_SCHEMA: event.schema_version},
         )
+        self.telemetry.replayed(envelope, event, outcome, began)
         return Handled(outcome, event)
 
 

@@ -9,6 +9,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.clients.connection import DataKeyFields, KafkaConnectionFields, S3ConnectionFields
+from infra.clients.otel import OtelFields
 from schemas.layout import (
     TOPIC_DEAD_LETTER,
     TOPIC_DIVERGENCES,
@@ -30,9 +31,10 @@ class Thresholds(BaseSettings):
     semantic_min_similarity: float = Field(default=0.9, ge=-1.0, le=1.0)
 
 
-class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields):
+class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields, OtelFields):
     """The replayer's settings; the Kafka, S3 and data-key fields (the KEK that opens sealed envelopes) come from
-    `infra.clients.connection`."""
+    `infra.clients.connection`, the OpenTelemetry export's (``otel_*``: a span per replay, `replayer.telemetry`)
+    from `infra.clients.otel`."""
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_REPLAYER_", extra="forbid", frozen=True)
 

@@ -50,6 +50,7 @@ class OutputCollector:
         self.choice_prompts: dict[int, list[int]] = {}  # by choice index, for requests with several prompts
         self.system_fingerprint: str | None = None
         self.resolved_model: str | None = None
+        self.response_id: str | None = None  # upstream's ``id`` (for telemetry only: the envelope has its own ids)
         self.version_headers: dict[str, str] = {}
         self.usage: dict[str, int] = {}
         self.chunks = 0
@@ -97,6 +98,8 @@ class OutputCollector:
         model = obj.get("model")
         if isinstance(model, str):
             self.resolved_model = model
+        if self.response_id is None and isinstance(answer_id := obj.get("id"), str):
+            self.response_id = answer_id[:256]
         top_prompt = obj.get("prompt_token_ids")
         if isinstance(top_prompt, list) and self.prompt_token_ids is None:
             self.prompt_token_ids = top_prompt
