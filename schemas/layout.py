@@ -297,9 +297,15 @@ def log_origin(key_name: str, day: str) -> str:
     return f"{key_name}/{log_id(day)}"
 
 
+def time_ordered_name(at: datetime, suffix: str) -> str:
+    """The name of a record stored once per event: its UTC time to the microsecond, so that a listing (S3 lists
+    in key order) is in time order, then a random `suffix` so that two events of the same microsecond differ."""
+    return f"{at.astimezone(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
+
+
 def expiry_report_key(ran_at: datetime, suffix: str) -> str:
-    """Where an expiry run's report goes: its start time (to the microsecond) and a random suffix."""
-    return f"{EXPIRY_PREFIX}{ran_at.strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
+    """Where an expiry run's report goes: its start time and a random suffix (`time_ordered_name`)."""
+    return f"{EXPIRY_PREFIX}{time_ordered_name(ran_at, suffix)}"
 
 
 def access_log_day_prefix(day: str) -> str:
@@ -308,10 +314,8 @@ def access_log_day_prefix(day: str) -> str:
 
 
 def access_log_key(at: datetime, record_id: str) -> str:
-    """Where one access-log record goes: its day, its time (to the microsecond, so a day lists in time order)
-    and its random id."""
-    at = at.astimezone(UTC)
-    return f"{access_log_day_prefix(capture_day(at))}{at.strftime('%Y%m%dT%H%M%S%fZ')}-{record_id}.json"
+    """Where one access-log record goes: its day, then its time and random id (`time_ordered_name`)."""
+    return f"{access_log_day_prefix(capture_day(at))}{time_ordered_name(at, record_id)}"
 
 
 # ------------------------------------------------------------------------------------------- schedules
