@@ -250,6 +250,15 @@ def replay_key_sql(day: str, envelope_id: str, result_id: str) -> str:
 # ------------------------------------------------------------------------------------------- Merkle log
 
 
+_LOG_NAME_DIGITS = 12
+
+
+def _log_name(n: int, ext: str) -> str:
+    """A Merkle-log object's name: a leaf index or tree size, zero-padded so that a listing is in numeric order
+    (`checkpoint_size_of_key` parses it back)."""
+    return f"{n:0{_LOG_NAME_DIGITS}d}.{ext}"
+
+
 def log_id(day: str) -> str:
     """The id a checkpoint names its log by."""
     return f"day={day}"
@@ -262,7 +271,7 @@ def leaves_prefix(day: str) -> str:
 
 def leaves_key(day: str, start: int) -> str:
     """The leaf batch that starts at leaf `start` of the day's log."""
-    return f"{leaves_prefix(day)}{start:012d}.bin"
+    return f"{leaves_prefix(day)}{_log_name(start, 'bin')}"
 
 
 def is_leaves_key(key: str) -> bool:
@@ -280,18 +289,18 @@ def checkpoints_prefix(day: str) -> str:
 
 
 def checkpoint_key(day: str, tree_size: int) -> str:
-    return f"{checkpoints_prefix(day)}{tree_size:012d}.json"
+    return f"{checkpoints_prefix(day)}{_log_name(tree_size, 'json')}"
 
 
 def checkpoint_key_suffix(tree_size: int) -> str:
     """How a `checkpoint_key` of that size ends (a checkpoint must be stored under its own size)."""
-    return f"/{tree_size:012d}.json"
+    return f"/{_log_name(tree_size, 'json')}"
 
 
 def note_checkpoint_key(day: str, tree_size: int) -> str:
     """A C2SP checkpoint (a signed note, `schemas.note`) of the day's log at that size; `checkpoint_key` holds
     the older JSON checkpoints."""
-    return f"{checkpoints_prefix(day)}{tree_size:012d}.checkpoint"
+    return f"{checkpoints_prefix(day)}{_log_name(tree_size, 'checkpoint')}"
 
 
 def is_note_checkpoint_key(key: str) -> bool:
@@ -302,7 +311,11 @@ def checkpoint_size_of_key(key: str) -> int | None:
     """The tree size a checkpoint key (either format) names, None for anything else."""
     name = key.rsplit("/", 1)[-1]
     stem, dot, ext = name.partition(".")
-    return int(stem) if dot and ext in ("json", "checkpoint") and stem.isdigit() and len(stem) == 12 else None
+    return (
+        int(stem)
+        if dot and ext in ("json", "checkpoint") and stem.isdigit() and len(stem) == _LOG_NAME_DIGITS
+        else None
+    )
 
 
 def log_origin(key_name: str, day: str) -> str:
@@ -310,9 +323,15 @@ def log_origin(key_name: str, day: str) -> str:
     return f"{key_name}/{log_id(day)}"
 
 
+def time_ordered_name(at: datetime, suffix: str) -> str:
+    """The name of a record stored once per event: its UTC time to the microsecond, so that a listing (S3 lists
+    in key order) is in time order, then a random `suffix` so that two events of the same microsecond differ."""
+    return f"{at.astimezone(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
+
+
 def expiry_report_key(ran_at: datetime, suffix: str) -> str:
-    """Where an expiry run's report goes: its start time (to the microsecond) and a random suffix."""
-    return f"{EXPIRY_PREFIX}{ran_at.strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
+    """Where an expiry run's report goes: its start time and a random suffix (`time_ordered_name`)."""
+    return f"{EXPIRY_PREFIX}{time_ordered_name(ran_at, suffix)}"
 
 
 def access_log_day_prefix(day: str) -> str:
@@ -321,10 +340,8 @@ def access_log_day_prefix(day: str) -> str:
 
 
 def access_log_key(at: datetime, record_id: str) -> str:
-    """Where one access-log record goes: its day, its time (to the microsecond, so a day lists in time order)
-    and its random id."""
-    at = at.astimezone(UTC)
-    return f"{access_log_day_prefix(capture_day(at))}{at.strftime('%Y%m%dT%H%M%S%fZ')}-{record_id}.json"
+    """Where one access-log record goes: its day, then its time and random id (`time_ordered_name`)."""
+    return f"{access_log_day_prefix(capture_day(at))}{time_ordered_name(at, record_id)}"
 
 
 # ------------------------------------------------------------------------------------------- schedules
