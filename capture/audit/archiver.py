@@ -79,6 +79,7 @@ class Archiver:
         self._buffered = 0
         self._oldest: float | None = None
         self._consumer: Any = None
+        self._flush_lock = asyncio.Lock()
 
     @property
     def buffered(self) -> int:
@@ -178,22 +179,25 @@ class Archiver:
             schema = ICEBERG_TABLES[table][0]
             data = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in table_rows], schema=schema)
             appended = lake.append_new(table, data)
+            if appended < data.num_rows:
+                log.info("archiver: %s: %d rows already in the lake (redelivered)", table, data.num_rows - appended)
             self.stats.duplicates_dropped += data.num_rows - appended
             written.append(f"{lake.namespace}.{table}")
         return written
 
     async def flush(self) -> list[str]:
         """Write every buffered row (one file per partition); the paths written. Raises `LakeError`."""
-        if not self._buffers:
-            return []
-        buffers = self._buffers
-        paths = await asyncio.to_thread(self._write_all, buffers)
-        self.stats.rows_written += self._buffered
-        self.stats.files_written += len(paths)
-        self.stats.flushes += 1
-        log.info("archiver: wrote %d rows in %d files", self._buffered, len(paths))
-        self._buffers, self._buffered, self._oldest = {}, 0, None
-        return paths
+        async with self._flush_lock:  # a rebalance's flush (aiokafka's coordinator task) waits for the loop's
+            if not self._buffers:
+                return []
+            buffers = self._buffers
+            paths = await asyncio.to_thread(self._write_all, buffers)
+            self.stats.rows_written += self._buffered
+            self.stats.files_written += len(paths)
+            self.stats.flushes += 1
+            log.info("archiver: wrote %d rows in %d files", self._buffered, len(paths))
+            self._buffers, self._buffered, self._oldest = {}, 0, None
+            return paths
 
     # -- Kafka -----------------------------------------------------------------------------------------------
 

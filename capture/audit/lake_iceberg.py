@@ -32,6 +32,7 @@ Every pyiceberg / pyarrow / HTTP error becomes `LakeError`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,6 +147,8 @@ class IcebergLake:
         self.catalog = catalog
         self.namespace = namespace
         self._tables: dict[str, Any] = {}
+        self._write_lock = threading.Lock()  # the anti-join and the append must see one snapshot (shared Table)
+        self.commit_retries = 0  # commits the catalog refused (a concurrent writer won) and we ran again
 
     @classmethod
     def from_settings(cls, settings: LakeSettings) -> IcebergLake:
@@ -164,6 +167,7 @@ class IcebergLake:
     def _create_or_load(self, name: str) -> Any:
         from pyiceberg.catalog import Catalog
         from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+        from pyiceberg.schema import assign_fresh_schema_ids
 
         ident = f"{self.namespace}.{name}"
         try:
@@ -175,7 +179,7 @@ class IcebergLake:
         except NamespaceAlreadyExistsError:
             pass
         arrow, _, when = ICEBERG_TABLES[name]
-        schema = Catalog._convert_schema_if_needed(arrow)  # assigns field ids, which the spec names
+        schema = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow))  # ids the spec can name
         try:
             return self.catalog.create_table(
                 ident, schema=schema, partition_spec=_spec(schema, when), properties=TABLE_PROPERTIES
@@ -187,6 +191,11 @@ class IcebergLake:
 
     def append_new(self, name: str, rows: pa.Table) -> int:
         """Append the rows whose id is not in the table yet (module docstring); the number appended."""
+
+        with self._write_lock:
+            return self._append_new(name, rows)
+
+    def _append_new(self, name: str, rows: pa.Table) -> int:
         from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
         arrow, key, _ = ICEBERG_TABLES[name]
@@ -201,6 +210,7 @@ class IcebergLake:
                 _guard(f"append {name}", lambda fresh=fresh: tbl.append(fresh))  # type: ignore[misc]
                 return int(fresh.num_rows)
             except (CommitFailedException, CommitStateUnknownException) as exc:
+                self.commit_retries += 1
                 log.info("iceberg lake: %s commit %d lost a race (%s); anti-join again", name, attempt + 1, exc)
                 time.sleep(min(0.05 * 2**attempt, 2.0))
         raise LakeError(f"iceberg lake: {name}: no commit after {MAX_COMMIT_ATTEMPTS} attempts (too much contention)")
@@ -244,7 +254,8 @@ class IcebergLake:
     ) -> MaintenanceReport:
         """Compact partitions with at least `min_files` files, then expire snapshots older than
         ``min(expire_before, now - retention_floor)`` (module docstring)."""
-        report = _guard(f"compact {name}", lambda: self._compact(name, min_files))
+        with self._write_lock:
+            report = _guard(f"compact {name}", lambda: self._compact(name, min_files))
         floor = datetime.now(UTC) - retention_floor
         cutoff = min(expire_before or floor, floor)
         tbl = self.table(name)
