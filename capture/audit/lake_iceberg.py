@@ -152,8 +152,10 @@ class IcebergLake:
 
     @classmethod
     def from_settings(cls, settings: LakeSettings) -> IcebergLake:
-        from pyiceberg.catalog.rest import RestCatalog
-
+        try:
+            from pyiceberg.catalog.rest import RestCatalog
+        except ModuleNotFoundError as exc:
+            raise LakeError("iceberg lake: pyiceberg is not installed (install reprolane's `iceberg` extra)") from exc
         props = catalog_properties(settings)
         catalog = _guard(f"connect {settings.iceberg_uri}", lambda: RestCatalog("reprolane", **props))
         return cls(catalog, settings.iceberg_namespace)
