@@ -109,7 +109,8 @@ def ice(catalog_stack: StackInfo) -> Ice:
 
 
 def test_stack_info_names_the_catalog(catalog_stack: StackInfo) -> None:
-    assert catalog_stack.iceberg_url and catalog_stack.iceberg_url.startswith("http://127.0.0.1:")
+    assert catalog_stack.iceberg_url
+    assert catalog_stack.iceberg_url.startswith("http://127.0.0.1:")
 
 
 async def test_redelivered_envelopes_and_events_are_in_the_tables_once(ice: Ice) -> None:
@@ -127,7 +128,8 @@ async def test_redelivered_envelopes_and_events_are_in_the_tables_once(ice: Ice)
     assert ice.counts("divergences", "result_id") == (3, 3)
     lake = ice.lake()
     rows = run_query(lake, "SELECT verdict, s3_key, replay_date FROM replays ORDER BY s3_key").rows
-    assert len(rows) == 3 and all(r[0] == "diverged" and r[1].endswith(".json") for r in rows)
+    assert len(rows) == 3
+    assert all(r[0] == "diverged" and r[1].endswith(".json") for r in rows)
     today = datetime.now(UTC).strftime("%Y-%m-%d")
     joined = run_query(lake, "SELECT count(*) FROM divergences d JOIN envelopes e USING (envelope_id)").rows
     assert joined == [(3,)]
@@ -236,5 +238,7 @@ def test_compaction_and_snapshot_expiry_keep_every_row_and_the_floor(ice: Ice) -
     assert ice.counts() == (3, 3)
     snapshots = len(tbl.snapshots())
     gone = lake.maintain("envelopes", retention_floor=timedelta(0), expire_before=datetime.now(UTC))
-    assert gone.partitions_compacted == 0 and gone.snapshots_expired == snapshots - 1  # the current one stays
-    assert ice.counts() == (3, 3) and len(list(tbl.scan().plan_files())) == 1
+    assert gone.partitions_compacted == 0
+    assert gone.snapshots_expired == snapshots - 1
+    assert ice.counts() == (3, 3)
+    assert len(list(tbl.scan().plan_files())) == 1

@@ -29,15 +29,19 @@ def settings(**overrides: object) -> LakeSettings:
 
 def test_catalog_properties_sign_with_the_s3_credentials_for_seaweedfs() -> None:
     props = catalog_properties(settings())
-    assert props["uri"] == "http://127.0.0.1:8181" and props["warehouse"] == "s3://reprolane-tables/"
-    assert props["rest.sigv4-enabled"] == "true" and props["rest.signing-name"] == "s3tables"
+    assert props["uri"] == "http://127.0.0.1:8181"
+    assert props["warehouse"] == "s3://reprolane-tables/"
+    assert props["rest.sigv4-enabled"] == "true"
+    assert props["rest.signing-name"] == "s3tables"
     assert props["client.access-key-id"] == props["s3.access-key-id"] == "AK"
     assert props["s3.endpoint"] == "http://127.0.0.1:9"
 
 
 def test_a_production_catalog_can_take_a_token_instead_of_sigv4() -> None:
     props = catalog_properties(settings(iceberg_sigv4=False, iceberg_token="tok", iceberg_warehouse="prod"))
-    assert props["token"] == "tok" and props["warehouse"] == "prod" and "rest.sigv4-enabled" not in props
+    assert props["token"] == "tok"
+    assert props["warehouse"] == "prod"
+    assert "rest.sigv4-enabled" not in props
 
 
 def test_no_catalog_url_is_a_lake_error() -> None:
@@ -48,7 +52,7 @@ def test_no_catalog_url_is_a_lake_error() -> None:
 def test_the_lake_kind_selects_the_lake_and_parquet_stays_the_default() -> None:
     assert isinstance(open_lake(settings(lake_kind="parquet")), Lake)
     assert LakeSettings().lake_kind == "parquet"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="lake_kind"):
         settings(lake_kind="delta")
 
 
