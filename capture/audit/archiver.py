@@ -13,6 +13,12 @@ again writes copies that collapse, so a Kafka outage costs duplicates, never row
 duplicate-free on its own (a redelivery inside one flush is dropped by id), which lets the query views skip
 deduplicating partitions of a single file.
 
+With the Iceberg lake (``lake_kind=iceberg``, `capture.audit.lake_iceberg`) a flush is one commit per table
+(``envelopes``, ``divergences`` and the ``replays`` derived from the divergence rows) that appends only ids not
+already in the table, retried against a concurrent archiver's commit: a redelivery is dropped there (counted in
+``duplicates_dropped``), so the tables hold each id once, not only the views. Flushes never overlap: a
+rebalance's flush (run by aiokafka's coordinator task) waits for the loop's, instead of writing its buffers twice.
+
 A claim check (an envelope too large for Kafka, `schemas.claim_check`) is resolved from the audit bucket
 (``s3_bucket``) before it becomes a row, its size and sha256 checked: an S3 failure or an object not there is a
 `LakeError` (offsets stay uncommitted: a restart re-reads it); a reference that does not match its object is

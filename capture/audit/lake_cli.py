@@ -86,12 +86,12 @@ def query_command(
     typer.echo(render(result), nl=False)
 
 
-archiver_app = typer.Typer(help="The archiver service (Kafka -> Parquet audit lake).", add_completion=False)
+archiver_app = typer.Typer(help="The archiver service (Kafka -> the audit lake: Parquet or Iceberg).", add_completion=False)
 
 
 @archiver_app.callback()
 def _archiver_group() -> None:
-    """The archiver service (Kafka -> Parquet audit lake)."""
+    """The archiver service (Kafka -> the audit lake: Parquet or Iceberg)."""
 
 
 @archiver_app.command("serve")
