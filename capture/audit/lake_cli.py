@@ -86,7 +86,9 @@ def query_command(
     typer.echo(render(result), nl=False)
 
 
-archiver_app = typer.Typer(help="The archiver service (Kafka -> the audit lake: Parquet or Iceberg).", add_completion=False)
+archiver_app = typer.Typer(
+    help="The archiver service (Kafka -> the audit lake: Parquet or Iceberg).", add_completion=False
+)
 
 
 @archiver_app.callback()
