@@ -41,8 +41,11 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from capture.audit.errors import LakeError
+from capture.audit.lake import lake_filesystem
 from capture.audit.lake_schema import DEDUPE_KEY, DIVERGENCES, ENVELOPES
 
 if TYPE_CHECKING:
@@ -143,9 +146,11 @@ class MaintenanceReport:
 class IcebergLake:
     """The three Iceberg tables of one namespace in one REST catalog (blocking calls)."""
 
-    def __init__(self, catalog: Any, namespace: str) -> None:
+    def __init__(self, catalog: Any, namespace: str, fs: pafs.FileSystem | None = None) -> None:
+        """`fs`: the filesystem the data files are read with by `dataset` (None: `scan` into memory instead)."""
         self.catalog = catalog
         self.namespace = namespace
+        self.fs = fs
         self._tables: dict[str, Any] = {}
         self._write_lock = threading.Lock()  # the anti-join and the append must see one snapshot (shared Table)
         self.commit_retries = 0  # commits the catalog refused (a concurrent writer won) and we ran again
@@ -158,7 +163,7 @@ class IcebergLake:
             raise LakeError("iceberg lake: pyiceberg is not installed (install reprolane's `iceberg` extra)") from exc
         props = catalog_properties(settings)
         catalog = _guard(f"connect {settings.iceberg_uri}", lambda: RestCatalog("reprolane", **props))
-        return cls(catalog, settings.iceberg_namespace)
+        return cls(catalog, settings.iceberg_namespace, lake_filesystem(settings))
 
     def table(self, name: str) -> Any:
         """The table, created (with its namespace) on first use; a concurrent creator's table is loaded."""
@@ -248,6 +253,24 @@ class IcebergLake:
         data = _guard(f"scan {name}", lambda: tbl.scan(**kwargs).to_arrow())
         data = data.cast(arrow) if data.num_rows else arrow.empty_table()
         return data.append_column("date", pc.strftime(data[when], format="%Y-%m-%d"))
+
+    def dataset(self, name: str, day: str | None = None) -> ds.Dataset:
+        """The table's current data files (of one partition day) as a lazy Arrow dataset, so DuckDB reads only
+        the columns and files a query needs. Without ``date``: the query views add it. Exact while the tables
+        have no delete files (PyIceberg writes none: appends, and overwrites that rewrite whole files) and one
+        schema; otherwise, or without a filesystem, the scan in memory (`scan`, its ``date`` dropped)."""
+        arrow, _, when = ICEBERG_TABLES[name]
+        tbl = self.table(name)
+        _guard(f"refresh {name}", tbl.refresh)
+        kwargs: dict[str, Any] = {"row_filter": _day_range(when, day)} if day else {}
+        tasks = _guard(f"plan {name}", lambda: list(tbl.scan(**kwargs).plan_files()))
+        if self.fs is None or len(tbl.schemas()) > 1 or any(t.delete_files for t in tasks):
+            return ds.dataset(self.scan(name, day).drop_columns(["date"]))
+        paths = [t.file.file_path.split("://", 1)[-1] for t in tasks]
+        if not paths:
+            return ds.dataset(arrow.empty_table())
+        fs = self.fs
+        return _guard(f"open {name}", lambda: ds.dataset(paths, schema=arrow, format="parquet", filesystem=fs))
 
     # -- maintenance -----------------------------------------------------------------------------------------
 

@@ -90,23 +90,28 @@ class QueryResult:
     rows: list[tuple[Any, ...]]
 
 
+#: ``date`` as the Hive lake has it: the UTC day of the partition time, ``YYYY-MM-DD`` (no time zone extension).
+_DAY = "CAST(CAST(make_timestamp(epoch_us({c})) AS DATE) AS VARCHAR)"
 ICEBERG_VIEWS = f"""
+CREATE VIEW envelopes AS SELECT *, {_DAY.format(c="captured_at")} AS date FROM envelopes_table;
+CREATE VIEW divergences AS SELECT *, {_DAY.format(c="replayed_at")} AS date FROM divergences_table;
+CREATE VIEW replays_dated AS SELECT *, {_DAY.format(c="replayed_at")} AS date FROM replays_table;
 CREATE VIEW envelopes_raw AS SELECT * FROM envelopes;
 CREATE VIEW divergences_raw AS SELECT * FROM divergences;
 CREATE VIEW replays AS
     SELECT r.result_id, r.envelope_id, r.request_id, r.tenant, r.lane, r.lane_fingerprint_sha256, r.verdict,
            r.target_met, r.replayed_at, r.date AS replay_date,
            {replay_key_sql("e.date", "r.envelope_id", "r.result_id")} AS s3_key
-    FROM replays_table r LEFT JOIN envelopes e USING (envelope_id);
+    FROM replays_dated r LEFT JOIN envelopes e USING (envelope_id);
 """
 
 
 def _connect_iceberg(con: Any, lake: IcebergLake, day: str | None) -> None:
-    """The Iceberg tables scanned to Arrow by PyIceberg and registered (DuckDB's iceberg extension is a download,
-    like httpfs). Ids are unique by construction (`IcebergLake.append_new`), so ``*_raw`` equal the views."""
-    for table in TABLES:
-        con.register(table, lake.scan(table, day))
-    con.register("replays_table", lake.scan("replays", day))
+    """The Iceberg tables' current data files, as PyIceberg plans them, registered as Arrow datasets (DuckDB's
+    iceberg extension is a download, like httpfs). Ids are unique by construction (`IcebergLake.append_new`), so
+    ``*_raw`` equal the views."""
+    for table in (*TABLES, "replays"):
+        con.register(f"{table}_table", lake.dataset(table, day))
     con.execute(ICEBERG_VIEWS)
 
 
