@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from infra.clients.connection import S3ConnectionFields
 from infra.clients.s3 import S3Policy, make_s3_client
 from infra.errors import StackError
-from schemas.layout import LAKE_BUCKET
+from schemas.layout import ICEBERG_TABLE_BUCKET, LAKE_BUCKET
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -97,3 +97,25 @@ def ensure_buckets(
         raise StackError(f"S3 at {endpoint} failed while creating buckets: {exc}") from exc
     if not locked:
         raise StackError(f"bucket {audit_bucket} exists without Object Lock; delete it or use a new run dir")
+
+
+def ensure_table_bucket(endpoint: str, credentials: S3Credentials, name: str = ICEBERG_TABLE_BUCKET) -> None:
+    """Create the S3 Tables *table bucket* that SeaweedFS's Iceberg REST catalog serves as warehouse
+    ``s3://<name>/`` (the Iceberg audit lake's), if missing."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = boto3.client(
+        "s3tables", endpoint_url=endpoint, region_name=credentials.region,
+        aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
+    )  # fmt: skip
+    try:
+        names = {b["name"] for b in client.list_table_buckets().get("tableBuckets", [])}
+        if name not in names:
+            client.create_table_bucket(name=name)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code not in ("BucketAlreadyExists", "ConflictException"):
+            raise StackError(f"cannot create table bucket {name}: {code or exc}") from exc
+    except BotoCoreError as exc:
+        raise StackError(f"S3 at {endpoint} failed while creating table bucket {name}: {exc}") from exc

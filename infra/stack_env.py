@@ -51,6 +51,8 @@ def stack_defaults(info: StackInfo) -> dict[str, str]:
     if runtime.is_file():
         env["REPROLANE_CAPTURE_RUNTIME_PATH"] = str(runtime)
     env.update(_schedule_defaults(info.run_dir))
+    if info.iceberg_url:  # the Iceberg lake's catalog (used when REPROLANE_ARCHIVER_LAKE_KIND=iceberg)
+        env["REPROLANE_ARCHIVER_ICEBERG_URI"] = info.iceberg_url
     if info.vllm_url:
         env["REPROLANE_CAPTURE_UPSTREAM"] = info.vllm_url
         env["REPROLANE_REPLAYER_REMOTE_URL"] = info.vllm_url

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from infra import paths
 from infra.buckets import S3Credentials
 from infra.errors import StackError, StackNotRunningError
+from infra.ports import HOST
 from infra.process import ProcessRef
 
 ServerName = Literal["s3", "kafka", "vllm"]
@@ -111,6 +112,8 @@ class StackInfo(BaseModel):
     vllm_url: str | None
     model_name: str
     model_dir: Path | None
+    #: SeaweedFS's Iceberg REST catalog; None for a stack recorded before the catalog joined it.
+    iceberg_url: str | None = None
 
     @property
     def s3_credentials(self) -> S3Credentials:
@@ -162,7 +165,12 @@ class StackState(BaseModel):
             vllm_url=self.url("vllm"),
             model_name=self.model_name,
             model_dir=self.model_dir,
+            iceberg_url=self._iceberg_url(),
         )
+
+    def _iceberg_url(self) -> str | None:
+        port = self.servers["s3"].ports.get("iceberg") if "s3" in self.servers else None
+        return f"http://{HOST}:{port}" if port else None
 
     def with_server(self, record: ServerRecord) -> StackState:
         """A copy with ``record`` replacing the server of the same name."""

@@ -58,6 +58,8 @@ from datetime import UTC, datetime
 from typing import Final
 
 LAKE_BUCKET: Final = "reprolane-lake"
+#: The Iceberg lake's table bucket (S3 Tables; one REST catalog warehouse) in the local stack.
+ICEBERG_TABLE_BUCKET: Final = "reprolane-tables"
 
 TOPIC_ENVELOPES: Final = "reprolane.envelopes.v1"
 TOPIC_DIVERGENCES: Final = "reprolane.divergences.v1"

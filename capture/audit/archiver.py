@@ -13,6 +13,12 @@ again writes copies that collapse, so a Kafka outage costs duplicates, never row
 duplicate-free on its own (a redelivery inside one flush is dropped by id), which lets the query views skip
 deduplicating partitions of a single file.
 
+With the Iceberg lake (``lake_kind=iceberg``, `capture.audit.lake_iceberg`) a flush is one commit per table
+(``envelopes``, ``divergences`` and the ``replays`` derived from the divergence rows) that appends only ids not
+already in the table, retried against a concurrent archiver's commit: a redelivery is dropped there (counted in
+``duplicates_dropped``), so the tables hold each id once, not only the views. Flushes never overlap: a
+rebalance's flush (run by aiokafka's coordinator task) waits for the loop's, instead of writing its buffers twice.
+
 A claim check (an envelope too large for Kafka, `schemas.claim_check`) is resolved from the audit bucket
 (``s3_bucket``) before it becomes a row, its size and sha256 checked: an S3 failure or an object not there is a
 `LakeError` (offsets stay uncommitted: a restart re-reads it); a reference that does not match its object is
@@ -39,6 +45,7 @@ import pyarrow as pa
 
 from capture.audit.errors import LakeError
 from capture.audit.lake import Lake
+from capture.audit.lake_iceberg import ICEBERG_TABLES, IcebergLake
 from capture.audit.lake_schema import DEDUPE_KEY, SCHEMAS, day, divergence_row, envelope_row, sealed_row
 from capture.audit.lake_settings import LakeSettings
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
@@ -60,12 +67,15 @@ class ArchiverStats:
     skipped: int = 0
     flushes: int = 0
     commit_failures: int = 0
+    duplicates_dropped: int = 0  # Iceberg lake: rows already in the table (a redelivery another flush wrote)
 
 
 class Archiver:
     """Buffers rows and writes them to the lake; `run` drives it from Kafka (see module docstring)."""
 
-    def __init__(self, settings: LakeSettings, lake: Lake, *, read_audit: Callable[[str], bytes] | None = None) -> None:
+    def __init__(
+        self, settings: LakeSettings, lake: Lake | IcebergLake, *, read_audit: Callable[[str], bytes] | None = None
+    ) -> None:
         """`read_audit(key)`: an object of the audit bucket (claim checks); default: an S3 client of `settings`."""
         self.settings = settings
         self.lake = lake
@@ -75,6 +85,7 @@ class Archiver:
         self._buffered = 0
         self._oldest: float | None = None
         self._consumer: Any = None
+        self._flush_lock = asyncio.Lock()
 
     @property
     def buffered(self) -> int:
@@ -151,24 +162,48 @@ class Archiver:
         return self._oldest is not None and time.monotonic() - self._oldest >= self.settings.flush_seconds
 
     def _write_all(self, buffers: dict[tuple[str, str, str], dict[str, dict[str, Any]]]) -> list[str]:
+        if isinstance(self.lake, IcebergLake):
+            return self._commit_iceberg(self.lake, buffers)
         paths = []
         for (table, d, tenant), rows in sorted(buffers.items()):
             data = pa.Table.from_pylist(list(rows.values()), schema=SCHEMAS[table])
             paths.append(self.lake.write(table, d, tenant, data))
         return paths
 
+    def _commit_iceberg(
+        self, lake: IcebergLake, buffers: dict[tuple[str, str, str], dict[str, dict[str, Any]]]
+    ) -> list[str]:
+        """One anti-join-and-append commit per table (`capture.audit.lake_iceberg`); replays are derived from the
+        divergence rows. The table names committed to (for the stats and the log)."""
+        per_table: dict[str, list[dict[str, Any]]] = {}
+        for (table, _d, tenant), rows in sorted(buffers.items()):
+            per_table.setdefault(table, []).extend({**row, "tenant": tenant} for row in rows.values())
+        if "divergences" in per_table:
+            per_table["replays"] = per_table["divergences"]
+        written = []
+        for table, table_rows in per_table.items():
+            schema = ICEBERG_TABLES[table][0]
+            data = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in table_rows], schema=schema)
+            appended = lake.append_new(table, data)
+            if appended < data.num_rows:
+                log.info("archiver: %s: %d rows already in the lake (redelivered)", table, data.num_rows - appended)
+            self.stats.duplicates_dropped += data.num_rows - appended
+            written.append(f"{lake.namespace}.{table}")
+        return written
+
     async def flush(self) -> list[str]:
         """Write every buffered row (one file per partition); the paths written. Raises `LakeError`."""
-        if not self._buffers:
-            return []
-        buffers = self._buffers
-        paths = await asyncio.to_thread(self._write_all, buffers)
-        self.stats.rows_written += self._buffered
-        self.stats.files_written += len(paths)
-        self.stats.flushes += 1
-        log.info("archiver: wrote %d rows in %d files", self._buffered, len(paths))
-        self._buffers, self._buffered, self._oldest = {}, 0, None
-        return paths
+        async with self._flush_lock:  # a rebalance's flush (aiokafka's coordinator task) waits for the loop's
+            if not self._buffers:
+                return []
+            buffers = self._buffers
+            paths = await asyncio.to_thread(self._write_all, buffers)
+            self.stats.rows_written += self._buffered
+            self.stats.files_written += len(paths)
+            self.stats.flushes += 1
+            log.info("archiver: wrote %d rows in %d files", self._buffered, len(paths))
+            self._buffers, self._buffered, self._oldest = {}, 0, None
+            return paths
 
     # -- Kafka -----------------------------------------------------------------------------------------------
 
@@ -247,12 +282,13 @@ class Archiver:
 
 async def run_until_signalled(archiver: Archiver) -> None:
     stop = stop_on_signals()
+    lake = archiver.lake
+    where = f"iceberg {lake.namespace}" if isinstance(lake, IcebergLake) else f"s3://{lake.bucket}/{lake.prefix}"
     log.info(
-        "archiver: %s + %s -> s3://%s/%s as group %s",
+        "archiver: %s + %s -> %s as group %s",
         archiver.settings.envelope_topic,
         archiver.settings.divergence_topic,
-        archiver.lake.bucket,
-        archiver.lake.prefix,
+        where,
         archiver.settings.group_id,
     )
     await archiver.run(stop)

@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
 
 from capture.audit.lake import Lake
+from capture.audit.lake_iceberg import IcebergLake
 from capture.audit.lake_schema import TABLES
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.operator_cli import OperatorKeyFileOpt, operator_gate
@@ -60,6 +62,11 @@ def _audit_store(settings: LakeSettings) -> AuditStore:
     return AuditStore(_s3_client(settings), settings.s3_bucket)
 
 
+def open_lake(settings: LakeSettings) -> Lake | IcebergLake:
+    """The lake `settings` select (``lake_kind``)."""
+    return IcebergLake.from_settings(settings) if settings.lake_kind == "iceberg" else Lake.from_settings(settings)
+
+
 def query_command(
     sql: Annotated[str, typer.Argument(help="SQL over the views envelopes, divergences, replays")],
     date: DateOpt = None,
@@ -70,7 +77,7 @@ def query_command(
     if as_json and as_csv:
         raise typer.BadParameter("--json and --csv exclude each other")
     day = _day(date)
-    lake = Lake.from_settings(LakeSettings())
+    lake = open_lake(LakeSettings())
     try:
         result = run_query(lake, sql, day)
     except QueryError as exc:  # the SQL does not run: bad input
@@ -79,12 +86,14 @@ def query_command(
     typer.echo(render(result), nl=False)
 
 
-archiver_app = typer.Typer(help="The archiver service (Kafka -> Parquet audit lake).", add_completion=False)
+archiver_app = typer.Typer(
+    help="The archiver service (Kafka -> the audit lake: Parquet or Iceberg).", add_completion=False
+)
 
 
 @archiver_app.callback()
 def _archiver_group() -> None:
-    """The archiver service (Kafka -> Parquet audit lake)."""
+    """The archiver service (Kafka -> the audit lake: Parquet or Iceberg)."""
 
 
 @archiver_app.command("serve")
@@ -94,7 +103,7 @@ def archiver_serve_cmd() -> None:
 
     settings = LakeSettings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(run_until_signalled(Archiver(settings, Lake.from_settings(settings))))
+    asyncio.run(run_until_signalled(Archiver(settings, open_lake(settings))))
 
 
 lake_app = typer.Typer(help="The audit lake: compaction, request-id index rebuild.", add_completion=False)
@@ -104,17 +113,34 @@ lake_app = typer.Typer(help="The audit lake: compaction, request-id index rebuil
 def compact_cmd(
     date: DateOpt = None,
     table: Annotated[str | None, typer.Option("--table", help="envelopes | divergences (default: both)")] = None,
+    floor_days: Annotated[
+        float, typer.Option("--snapshot-floor-days", min=0.0, help="Iceberg: keep snapshots younger than this")
+    ] = 7.0,
 ) -> None:
-    """Merge each partition's small files into one, dropping duplicate rows."""
+    """Merge each partition's small files into one, dropping duplicate rows (Iceberg: also expire snapshots
+    older than the floor)."""
     day = _day(date)
     if table is not None and table not in TABLES:
         raise typer.BadParameter(f"--table must be one of {', '.join(TABLES)}, not {table!r}")
-    lake = Lake.from_settings(LakeSettings())
+    settings = LakeSettings()
+    if settings.lake_kind == "iceberg":
+        _maintain_iceberg(IcebergLake.from_settings(settings), [table] if table else [*TABLES, "replays"], floor_days)
+        return
+    lake = Lake.from_settings(settings)
     for name in [table] if table else list(TABLES):
         r = lake.compact(name, day)
         typer.echo(
             f"{name}: {r.partitions} partitions compacted, {r.files_read} files -> {r.files_written}, "
             f"{r.rows_in} rows -> {r.rows_out}"
+        )
+
+
+def _maintain_iceberg(lake: IcebergLake, tables: list[str], floor_days: float) -> None:
+    for name in tables:
+        r = lake.maintain(name, retention_floor=timedelta(days=floor_days))
+        typer.echo(
+            f"{name}: {r.partitions_compacted} partitions compacted, {r.files_before} files -> {r.files_after}, "
+            f"{r.snapshots_expired} snapshots expired"
         )
 
 
@@ -135,6 +161,8 @@ def rebuild_index_cmd(
     kept when valid (even if it points at another envelope) and, with --overwrite, replaced when invalid."""
     day = _day(date)
     settings = LakeSettings()
+    if settings.lake_kind == "iceberg":
+        raise typer.BadParameter("rebuild-index reads the Parquet lake (REPROLANE_ARCHIVER_LAKE_KIND=parquet)")
     store = _audit_store(settings)
     gate = operator_gate(store, operator_key_file)
     target = f"index of {day or 'every day'}" + (" (overwrite invalid)" if overwrite else "")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
-from schemas.layout import LAKE_BUCKET, LAKE_PREFIX, TOPIC_DIVERGENCES, TOPIC_ENVELOPES
+from schemas.layout import ICEBERG_TABLE_BUCKET, LAKE_BUCKET, LAKE_PREFIX, TOPIC_DIVERGENCES, TOPIC_ENVELOPES
 
 
 class LakeSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
@@ -36,3 +36,12 @@ class LakeSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields):
     lake_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the lake; must not be under Object Lock")
     lake_prefix: str = Field(default=LAKE_PREFIX, pattern=r"^[A-Za-z0-9._\-/]*[A-Za-z0-9._\-]$")
     keys_bucket: str = Field(default=LAKE_BUCKET, description="bucket of the wrapped data keys")
+
+    # --- which lake: Hive-partitioned Parquet in ``lake_bucket``, or Iceberg tables through a REST catalog
+    lake_kind: Literal["parquet", "iceberg"] = "parquet"
+    iceberg_uri: str | None = Field(default=None, description="Iceberg REST catalog URL (the stack's by default)")
+    iceberg_warehouse: str = Field(default=f"s3://{ICEBERG_TABLE_BUCKET}/", description="catalog warehouse")
+    iceberg_namespace: str = Field(default="reprolane", pattern=r"^[A-Za-z0-9_]+$")
+    iceberg_sigv4: bool = Field(default=True, description="sign catalog requests with the S3 credentials")
+    iceberg_signing_name: str = "s3tables"
+    iceberg_token: SecretStr | None = Field(default=None, description="bearer token of the catalog, if it wants one")

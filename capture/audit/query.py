@@ -19,6 +19,9 @@ Views (every query sees these names):
   capture day, so ``s3_key`` is NULL for a result whose envelope is not in the lake);
 - ``envelopes_raw`` / ``divergences_raw``: the files as written, duplicates included.
 
+Over the Iceberg lake (`capture.audit.lake_iceberg`) the same views are built from PyIceberg scans registered
+as Arrow tables (DuckDB's iceberg extension is a download too); the ``*_raw`` views equal the others there.
+
 Only partitions with more than one file are deduplicated (a window over their rows): every single file is
 duplicate-free (see `Lake.split_datasets`), so on a compacted lake the views cost nothing over the raw scan.
 
@@ -47,6 +50,7 @@ from typing import Any
 
 from capture.audit.errors import LakeError
 from capture.audit.lake import Lake
+from capture.audit.lake_iceberg import IcebergLake
 from capture.audit.lake_schema import DEDUPE_KEY, TABLES
 from schemas.layout import replay_key_sql
 
@@ -86,12 +90,42 @@ class QueryResult:
     rows: list[tuple[Any, ...]]
 
 
-def connect(lake: Lake, day: str | None = None) -> Any:
+#: ``date`` as the Hive lake has it: the UTC day of the partition time, ``YYYY-MM-DD`` (no time zone extension).
+_DAY = "CAST(CAST(make_timestamp(epoch_us({c})) AS DATE) AS VARCHAR)"
+ICEBERG_VIEWS = f"""
+CREATE VIEW envelopes AS SELECT *, {_DAY.format(c="captured_at")} AS date FROM envelopes_table;
+CREATE VIEW divergences AS SELECT *, {_DAY.format(c="replayed_at")} AS date FROM divergences_table;
+CREATE VIEW replays_dated AS SELECT *, {_DAY.format(c="replayed_at")} AS date FROM replays_table;
+CREATE VIEW envelopes_raw AS SELECT * FROM envelopes;
+CREATE VIEW divergences_raw AS SELECT * FROM divergences;
+CREATE VIEW replays AS
+    SELECT r.result_id, r.envelope_id, r.request_id, r.tenant, r.lane, r.lane_fingerprint_sha256, r.verdict,
+           r.target_met, r.replayed_at, r.date AS replay_date,
+           {replay_key_sql("e.date", "r.envelope_id", "r.result_id")} AS s3_key
+    FROM replays_dated r LEFT JOIN envelopes e USING (envelope_id);
+"""
+
+
+def _connect_iceberg(con: Any, lake: IcebergLake, day: str | None) -> None:
+    """The Iceberg tables' current data files, as PyIceberg plans them, registered as Arrow datasets (DuckDB's
+    iceberg extension is a download, like httpfs). Ids are unique by construction (`IcebergLake.append_new`), so
+    ``*_raw`` equal the views."""
+    for table in (*TABLES, "replays"):
+        con.register(f"{table}_table", lake.dataset(table, day))
+    con.execute(ICEBERG_VIEWS)
+
+
+def connect(lake: Lake | IcebergLake, day: str | None = None) -> Any:
     """A DuckDB connection with the lake's tables (of one partition day, if given) and the views, locked down
     (`LOCKDOWN`): it reads the lake and nothing else."""
     import duckdb
 
     con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    if isinstance(lake, IcebergLake):
+        _connect_iceberg(con, lake, day)
+        for statement in LOCKDOWN:
+            con.execute(statement)
+        return con
     for table in TABLES:
         single, multi = lake.split_datasets(table, day)
         con.register(f"{table}_single", single)
@@ -103,7 +137,7 @@ def connect(lake: Lake, day: str | None = None) -> Any:
     return con
 
 
-def run_query(lake: Lake, sql: str, day: str | None = None) -> QueryResult:
+def run_query(lake: Lake | IcebergLake, sql: str, day: str | None = None) -> QueryResult:
     import duckdb
 
     con = connect(lake, day)

@@ -10,7 +10,7 @@ import os
 import signal
 
 from capture.audit.archiver import Archiver, run_until_signalled
-from capture.audit.lake import Lake
+from capture.audit.lake_cli import open_lake
 from capture.audit.lake_settings import LakeSettings
 
 
@@ -28,7 +28,7 @@ class KilledAfterFlush(Archiver):
 def main() -> None:
     settings = LakeSettings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(run_until_signalled(KilledAfterFlush(settings, Lake.from_settings(settings))))
+    asyncio.run(run_until_signalled(KilledAfterFlush(settings, open_lake(settings))))
 
 
 if __name__ == "__main__":
