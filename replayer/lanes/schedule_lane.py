@@ -169,6 +169,11 @@ class ScheduleLane:
         model_dir = resolve_model_dir(settings)
         self._log_dir = Path(tempfile.mkdtemp(prefix="reprolane-schedule-lane-"))
         self.engine_start = engine
+        threads = engine.runtime.num_threads if engine.runtime is not None else None
+        if threads:  # production's torch thread count: a CPU matmul's reduction order depends on it
+            with quiet_imports():
+                import torch
+            torch.set_num_threads(threads)  # before vLLM's worker turns set_num_threads into a no-op
         self._engine, self._recorder = start_recording_engine(
             model_dir,
             self._log_dir,

@@ -12,6 +12,7 @@ from typing import Any
 from replayer.errors import ScheduleNotFoundError
 from replayer.lanes.base import GenRequest
 from replayer.lanes.schedule_lane import ScheduleReplay, StepMismatch
+from replayer.matrix.explain import VariationOutcome, conclude, schedule_outcome
 from replayer.schedule_replay import ScheduleReplayer
 from replayer.schedule_store import ScheduleWindow
 from replayer.service import ReplayerService
@@ -153,3 +154,31 @@ def test_the_service_falls_back_to_its_lane_when_the_schedule_lane_is_not_used()
     fallback = service._replay(missing).event
     assert fallback.lane == "fake"
     assert fallback.schedule_reproduced is None
+
+
+def test_explain_attributes_a_fork_reproduced_bitwise_on_the_schedule_to_batching() -> None:
+    envelope = _scheduled(make_envelope(8))
+    echo = FakeLane()
+    echo.learn(envelope)
+    answer = _replayer(FakeStore({envelope.request_id: _window(envelope)}), FakeScheduleLane(echo)).replay(envelope)
+    assert not isinstance(answer, str)
+    alone = VariationOutcome(
+        name="alone", dimension="schedule", description="one at a time", engine="vllm", status="ran",
+        reproduced=False, verdict="diverged", first_divergence=1,
+    )  # fmt: skip
+    hits, text = conclude([alone, schedule_outcome(answer)])
+    assert hits == ("schedule",)
+    assert text.startswith("attributed to batching")
+    assert "while alone it is diverged" in text
+    assert "Evidence: the schedule replay (" in text
+    assert "2 recorded steps replayed" in text
+    # not reproduced step for step: no attribution, whatever the tokens
+    unreproduced = _replayer(
+        FakeStore({envelope.request_id: _window(envelope)}), FakeScheduleLane(echo, mismatch_at=0)
+    ).replay(envelope)
+    assert not isinstance(unreproduced, str)
+    hits, text = conclude([alone, schedule_outcome(unreproduced)])
+    assert hits == ()
+    skipped = schedule_outcome("the envelope names no schedule")
+    assert skipped.status == "skipped"
+    assert skipped.reason == "the envelope names no schedule"
