@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -275,7 +276,10 @@ async def test_staggered_long_prompts_with_chunked_prefill_replay_bitwise(
         and any(r.num_scheduled_tokens == 1 for r in s.scheduled)
     ]
     assert chunked, "no step mixed a prefill chunk with decodes"
-    assert any(r.num_scheduled_tokens == MAX_NUM_BATCHED_TOKENS for w in windows for s in w.steps for r in s.scheduled)
+    prefill_steps = Counter(
+        r.engine_request_id for w in windows[:1] for s in w.steps for r in s.scheduled if r.num_scheduled_tokens > 1
+    )
+    assert max(prefill_steps.values()) > 1, "no prompt was prefilled in chunks"
     _replay_all(lane_box, envelopes, windows)
 
 
@@ -286,14 +290,18 @@ async def test_an_altered_schedule_names_the_first_mismatching_step(
     ids = await _send(capture["app"], [_chat(p, 16) for p in DEFAULT_PROMPTS[:4]], 0.0)
     envelopes = await _spooled(spool, ids)
     windows = await _ship_windows(recording_vllm, envelopes)
-    envelope, window = envelopes[0], windows[0]
-    target = window.arrivals[0].engine_request_id
-    target_steps = [s for s in window.steps if target in {r.engine_request_id for r in s.scheduled}]
-    # the companion that shared most of the target's steps arrives later in the altered log
-    together = [r.engine_request_id for r in target_steps[0].scheduled if r.engine_request_id != target]
-    assert together, "the target ran alone"
-    moved = together[0]
-    late = target_steps[len(target_steps) // 2].step
+    # a target that shared a step with a companion; that companion arrives after the target's last step instead
+    picked = None
+    for envelope, window in zip(envelopes, windows, strict=True):
+        target = window.arrivals[0].engine_request_id
+        target_steps = [s for s in window.steps if target in {r.engine_request_id for r in s.scheduled}]
+        shared = [r.engine_request_id for s in target_steps for r in s.scheduled if r.engine_request_id != target]
+        if shared:
+            picked = envelope, window, shared[0], target_steps[-1].step
+            break
+    assert picked is not None, "every target ran alone"
+    envelope, window, moved, late = picked
+    moved_first = min(s.step for s in window.steps if moved in {r.engine_request_id for r in s.scheduled})
     records = tuple(
         r.model_copy(update={"step": late}) if isinstance(r, RequestArrival) and r.engine_request_id == moved else r
         for r in window.records
@@ -303,8 +311,8 @@ async def test_an_altered_schedule_names_the_first_mismatching_step(
         envelope, altered, _lane(lane_box, window), ReplayerSettings(model_dir=model_dir())
     )
     assert replay.mismatch is not None
-    assert replay.mismatch.step == target_steps[0].step
+    assert replay.mismatch.step == moved_first
     assert result.event.schedule_reproduced is False
-    assert result.event.schedule_mismatch_step == target_steps[0].step
-    assert f"first mismatching step {target_steps[0].step}" in result.event.cause_detail
+    assert result.event.schedule_mismatch_step == moved_first
+    assert f"first mismatching step {moved_first}" in result.event.cause_detail
     assert result.event.verdict != "bitwise"
