@@ -263,7 +263,6 @@ async def test_twelve_prompts_sent_at_once_replay_bitwise_on_their_schedule(
     _replay_all(lane_box, envelopes, windows)
 
 
-@BITWISE_GAP
 async def test_staggered_long_prompts_with_chunked_prefill_replay_bitwise(
     recording_vllm: StackInfo, capture: dict[str, Any], lane_box: dict[str, ScheduleLane]
 ) -> None:
