@@ -94,6 +94,24 @@ def _workflow_rows(sent: Sequence[Sent], events: Mapping[str, DivergenceEvent]) 
     return rows
 
 
+def _lane_rows(lane: str, events: Mapping[str, DivergenceEvent]) -> list[str]:
+    """Which lane replayed how many: the schedule lane (the recorded batches rebuilt around the request, issue 22)
+    for captures whose schedule was found, the one-at-a-time lane for the rest."""
+    scheduled = [e for e in events.values() if e.schedule_reproduced is not None]
+    rows = []
+    if scheduled:
+        reproduced = [e for e in scheduled if e.schedule_reproduced]
+        bitwise = sum(1 for e in reproduced if e.verdict == "bitwise")
+        rows.append(
+            f"             {len(scheduled)} on the schedule lane (the batches they ran in, rebuilt from vLLM's"
+            f" recorded schedule): schedule reproduced {len(reproduced)}, bitwise {bitwise}"
+        )
+    alone = len(events) - len(scheduled)
+    if alone or not scheduled:
+        rows.append(f"             {alone} on lane {lane} (one sequence at a time)")
+    return rows
+
+
 def render_summary(facts: DemoFacts, *, worst_n: int = 3) -> str:
     sent, envelopes, events = facts.sent, facts.envelopes, facts.events
     chats = sum(1 for s in sent if s.workflow is None)
@@ -111,8 +129,8 @@ def render_summary(facts: DemoFacts, *, worst_n: int = 3) -> str:
         f"  captured   {len(envelopes)}/{len(sent)} envelopes on Kafka, {facts.in_s3}/{len(sent)} in S3 (Object Lock)",
         f"  flagged    {sum(flags.values())} (header {flags['header']}, tenant {flags['tenant']},"
         f" sample {flags['sample']})",
-        f"  replayed   {len(replayed)}/{len(facts.expected)} on lane {facts.lane} (one sequence at a time)"
-        f" in {facts.replay_s:.1f} s after the last request",
+        f"  replayed   {len(replayed)}/{len(facts.expected)} in {facts.replay_s:.1f} s after the last request",
+        *_lane_rows(facts.lane, events),
         f"  verdicts   {_verdict_line(counts)}",
         f"  target     {'/'.join(targets)} level met {met}, missed {len(events) - met}",
         "  by how the request was sent (production lane: vLLM CPU, dynamic batching, bfloat16):",

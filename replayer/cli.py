@@ -70,6 +70,26 @@ def _replay(envelope: Envelope, lane: Lane, settings: ReplayerSettings) -> Repla
     return replay_envelope(envelope, lane, settings)
 
 
+def _replay_scheduled(
+    envelope: Envelope, settings: ReplayerSettings, say: Callable[[str], None]
+) -> ReplayResult | None:
+    """The schedule lane's replay when the envelope names a schedule that is found and complete (issue 22); None
+    (after `say`-ing why, when it named one) for the one-at-a-time lane."""
+    if envelope.schedule is None:
+        return None
+    from replayer.schedule_replay import ScheduleReplayer
+
+    replayer = ScheduleReplayer(settings)
+    try:
+        answer = replayer.replay(envelope)
+    finally:
+        replayer.close()
+    if isinstance(answer, str):
+        say(f"reprolane: schedule lane not used: {answer}; replaying one request at a time on lane {settings.lane}")
+        return None
+    return answer
+
+
 def build_replay_app(
     *, lane_factory: LaneFactory = make_lane, store_factory: StoreFactory = EnvelopeStore.from_settings
 ) -> typer.Typer:
@@ -114,6 +134,8 @@ def build_replay_app(
                     envelope, store, settings, via, timeout_s, lambda line: typer.echo(line, err=True)
                 )
             )
+            if result is None:
+                result = _replay_scheduled(envelope, settings, lambda line: typer.echo(line, err=True))
             if result is None:
                 lane = lane_factory(settings)
                 try:

@@ -175,6 +175,17 @@ def render_request(envelope: Envelope, result: ReplayResult) -> str:
         f"Verdict: {ev.verdict}   target level: {ev.target_level} — {met}   (levels held: {held})",
         f"Cause: {ev.cause_hint}" + (f" — {ev.cause_detail}" if ev.cause_detail else ""),
     ]
+    if ev.schedule_reproduced is not None:
+        lines.append(
+            "Schedule: the recorded batch shapes were reproduced step for step"
+            if ev.schedule_reproduced
+            else "Schedule: NOT reproduced"
+            + (
+                f" (first mismatching step {ev.schedule_mismatch_step})"
+                if ev.schedule_mismatch_step is not None
+                else ""
+            )
+        )
     if ev.fingerprint_diffs:
         lines.append("Runtime fingerprint fields that differ (recorded → replayed):")
         lines.extend(fingerprint_diff_lines(ev.fingerprint_diffs))

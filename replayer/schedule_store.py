@@ -202,7 +202,9 @@ class ScheduleStore:
         start_step = max(min(a.step for a in arrivals) - before_steps, 0)
         first = min(segments)
         gap: str | None = None
-        reached_back = self._first_step(segments[first]) <= start_step
+        # an arrival is written before the first step that schedules it and a segment may close in between, so a
+        # segment reaches back only when a step *before* the start is in it (the start step's arrivals then are)
+        reached_back = self._first_step(segments[first]) < start_step
         while not reached_back and first > 0 and len(segments) < self.max_segments:
             found = self.segment(engine_id, first - 1)
             if found is None:
@@ -210,7 +212,7 @@ class ScheduleStore:
                 break
             first -= 1
             segments[first] = found[1]
-            reached_back = self._first_step(found[1]) <= start_step
+            reached_back = self._first_step(found[1]) < start_step
         reached_back = reached_back or first == 0
         targets = {a.engine_request_id for a in arrivals}
         last = max(segments)
@@ -244,7 +246,7 @@ class ScheduleStore:
 
     @staticmethod
     def _first_step(records: tuple[ScheduleRecord, ...]) -> int:
-        steps = [r.step for r in records if isinstance(r, ScheduleStep | RequestArrival)]
+        steps = [r.step for r in records if isinstance(r, ScheduleStep)]
         return min(steps) if steps else 1 << 62
 
     @staticmethod

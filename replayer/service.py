@@ -54,11 +54,20 @@ from replayer.lanes.base import Lane
 from replayer.metrics import ReplayerMetrics
 from replayer.replay import replay_envelope
 from replayer.request_keys import load_replay_request_keys
+from replayer.schedule_replay import ScheduleReplayer
 from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from replayer.telemetry import ReplayTelemetry
-from schemas import ContractError, DivergenceEvent, Envelope, ReplayRequest, decode_envelope, decode_replay_request
+from schemas import (
+    ContractError,
+    DivergenceEvent,
+    Envelope,
+    ReplayRequest,
+    ReplayResult,
+    decode_envelope,
+    decode_replay_request,
+)
 from schemas.claim_check import is_claim_check
 from schemas.envelope_compact import decode_compact, is_compact
 from schemas.layout import (
@@ -130,9 +139,11 @@ class ReplayerService:
         metrics: ReplayerMetrics | None = None,
         *,
         broker: KafkaBroker | None = None,
+        schedule: ScheduleReplayer | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
+        self.schedule = schedule
         self.store = store
         self.metrics = metrics if metrics is not None else ReplayerMetrics()
         self.telemetry = ReplayTelemetry.from_settings(settings, self.metrics.registry)  # off unless configured
@@ -335,6 +346,16 @@ class ReplayerService:
             return "no replay_request_keys_path is configured: every request is refused"
         return verify_replay_request(request, self._request_keys, window_s=self.settings.replay_request_window_s)
 
+    def _replay(self, envelope: Envelope) -> ReplayResult:
+        """On the schedule lane when the envelope names a schedule that is found and complete (issue 22), else
+        one request at a time on the service's lane (its event carries the fingerprint differences)."""
+        if self.schedule is not None and envelope.schedule is not None:
+            answer = self.schedule.replay(envelope)
+            if not isinstance(answer, str):
+                return answer
+            log.info("replayer: %s: schedule lane not used: %s", envelope.request_id, answer)
+        return replay_envelope(envelope, self.lane, self.settings)
+
     async def replay_and_publish(
         self, envelope: Envelope, *, on_demand: bool = False, reply_to: str | None = None
     ) -> Handled:
@@ -354,7 +375,7 @@ class ReplayerService:
             async with self._lane_lock:
                 started = time.perf_counter()
                 try:
-                    result = await asyncio.to_thread(replay_envelope, envelope, self.lane, self.settings)
+                    result = await asyncio.to_thread(self._replay, envelope)
                 except NotReplayableError as exc:
                     self.metrics.not_replayable.inc()
                     log.info("replayer: %s not replayable: %s", envelope.request_id, exc)
@@ -412,7 +433,9 @@ def serve(settings: ReplayerSettings) -> None:
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, addr=settings.metrics_host)
     lane = make_lane(settings)
+    schedule = ScheduleReplayer(settings)  # loads a schedule lane only for an envelope that names a schedule
     try:
-        asyncio.run(run_until_signalled(ReplayerService(settings, lane, store, metrics)))
+        asyncio.run(run_until_signalled(ReplayerService(settings, lane, store, metrics, schedule=schedule)))
     finally:
+        schedule.close()
         lane.close()

@@ -116,6 +116,13 @@ class DivergenceEvent(Record):
     replayed_at: datetime
     replay_ms: float = Field(ge=0.0)
     reply_to: str | None = None
+    schedule_reproduced: bool | None = Field(
+        default=None,
+        description="schedule lane only: every replayed step had the recorded shapes (None: no schedule replay)",
+    )
+    schedule_mismatch_step: int | None = Field(
+        default=None, description="schedule lane only: the first recorded step whose replayed shapes differ"
+    )
 
     def result_id(self) -> str:
         return replay_result_id(self.envelope_id, self.lane_fingerprint_sha256)

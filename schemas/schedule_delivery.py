@@ -3,9 +3,10 @@
 `schemas.schedule` says what an engine's schedule records are; this module says how they are delivered and joined
 to envelopes (the recorder, the shipper and the replayer's reader each implement one side of it):
 
-- **Segments.** The recorder (inside vLLM) writes ``<dir>/<engine_id>/<seq:08d>.jsonl.part`` and renames it to
-  ``<seq:08d>.jsonl`` once closed (fsynced): one `ScheduleRecord` per line, canonical JSON
-  (`schemas.canonical`), ``\\n``-terminated. `segment_file_name` / `parse_segment_file_name` spell those names.
+- **Segments.** The recorder (inside vLLM) writes ``<dir>/<engine_id>/<seq:08d>.jsonl.part`` (`part_file_name`)
+  and renames it to ``<seq:08d>.jsonl`` once closed (fsynced): one `ScheduleRecord` per line (`encode_record`:
+  canonical JSON, ``\\n``-terminated). `segment_file_name` / `parse_segment_file_name` spell those names; the
+  recorder, the shipper, the lane's reader of its own log and the store all use them (and nothing else).
   `decode_segment` is the one reading of a segment's bytes, bounded (`MAX_SEGMENT_BYTES`, `MAX_LINE_BYTES`),
   every line schema-checked, canonical, and of the engine the segment is filed under: bytes from a disk, a
   bucket or a broker are hostile until this says otherwise.
@@ -113,6 +114,16 @@ def external_request_id_for(endpoint: str, request_id: str) -> str:
 def segment_file_name(seq: int) -> str:
     """A closed segment's file name (the recorder writes ``<name>.part`` first)."""
     return f"{seq:08d}.jsonl"
+
+
+def part_file_name(seq: int) -> str:
+    """The file name of a segment while the recorder writes it (never read: it may end mid-line)."""
+    return f"{segment_file_name(seq)}.part"
+
+
+def encode_record(record: ScheduleRecord) -> bytes:
+    """One segment line: the record's canonical JSON (what `decode_segment` checks) and a newline."""
+    return canonical_json(record.model_dump(mode="json", exclude_none=True)) + b"\n"
 
 
 def parse_segment_file_name(name: str) -> int | None:

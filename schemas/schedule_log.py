@@ -1,10 +1,8 @@
-"""Schedule segments on disk and the log they add up to: names, parsing, and the checks a replay relies on.
+"""The schedule log one engine instance's records add up to, and the checks a replay relies on.
 
-The recorder (`capture.schedule.recorder`) writes one directory per engine instance, ``<dir>/<engine_id>/``, and in
-it numbered segments ``<seq:08d>.jsonl``: one `schemas.schedule.ScheduleRecord` per line, in canonical JSON
-(`schemas.canonical`). A segment being written is ``<seq:08d>.jsonl.part``; it is renamed to ``.jsonl`` only after
-it was flushed and fsynced, so a reader (the schedule lane, the shipper) takes only ``.jsonl`` files and never sees
-half a line. This module is pure: callers read the bytes, this module names and parses them.
+Segments are named, encoded and decoded in one place, `schemas.schedule_delivery` (the recorder, the shipper, the
+lane reading its own log and the replayer's store all go through it: ``decode_segment`` is bounded and checks
+every line). This module indexes the decoded records; it is pure.
 
 `ScheduleLog` is one engine instance's records indexed for a replay: the engine's settings, the arrivals in order,
 the steps by number. It also says what a replay cannot trust (`ScheduleLog.problems`): a missing step number, or
@@ -14,59 +12,11 @@ a log that was altered, shows up there even when the step numbers were rewritten
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
 
-from pydantic import TypeAdapter, ValidationError
-
-from schemas.canonical import canonical_bytes
 from schemas.errors import ContractError
-from schemas.schedule import EngineStart, RequestArrival, ScheduleRecord, ScheduleStep
-
-SEGMENT_SUFFIX: Final = ".jsonl"
-PART_SUFFIX: Final = ".jsonl.part"
-#: Bytes of one record line a reader accepts (a step of 256 requests is well under this).
-MAX_LINE_BYTES: Final = 1 << 20
-_SEGMENT_RE: Final = re.compile(r"^(\d{8})\.jsonl$")
-_ADAPTER: TypeAdapter[ScheduleRecord] = TypeAdapter(ScheduleRecord)
-
-
-def segment_name(seq: int) -> str:
-    """The file name of a complete segment."""
-    return f"{seq:08d}{SEGMENT_SUFFIX}"
-
-
-def part_name(seq: int) -> str:
-    """The file name of the segment while it is being written."""
-    return f"{seq:08d}{PART_SUFFIX}"
-
-
-def segment_seq(name: str) -> int | None:
-    """The sequence number of a complete segment's file name, else None (parts and foreign files)."""
-    m = _SEGMENT_RE.match(name)
-    return int(m.group(1)) if m else None
-
-
-def encode_record(record: EngineStart | RequestArrival | ScheduleStep) -> bytes:
-    """One segment line: the record's canonical JSON and a newline."""
-    return canonical_bytes(record) + b"\n"
-
-
-def parse_segment(data: bytes, *, where: str = "segment") -> tuple[EngineStart | RequestArrival | ScheduleStep, ...]:
-    """The records of one segment; a bad line raises `ContractError` naming ``where``, the line and the fields."""
-    records: list[EngineStart | RequestArrival | ScheduleStep] = []
-    for lineno, line in enumerate(data.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        if len(line) > MAX_LINE_BYTES:
-            raise ContractError(f"invalid {where} line {lineno}: longer than {MAX_LINE_BYTES} bytes")
-        try:
-            records.append(_ADAPTER.validate_json(line))
-        except ValidationError as exc:
-            raise ContractError.from_validation(f"{where} line {lineno}", exc) from exc
-    return tuple(records)
+from schemas.schedule import EngineStart, RequestArrival, ScheduleStep
 
 
 @dataclass
@@ -121,19 +71,12 @@ class ScheduleLog:
                     shape.finished_at = number
         return cls(engine=engine, arrivals=arrivals, steps=steps, requests=requests)
 
-    def by_external_id(self, external_id: str, prompt_index: int = 0) -> RequestArrival | None:
-        """The arrival of the request the client named ``external_id`` (its ``X-Request-Id``).
-
-        vLLM's OpenAI server names a chat request ``chatcmpl-<id>`` and the ``i``-th prompt of a completion
-        ``cmpl-<id>-<i>``; both are matched exactly (prefix of no dash, then the id), never by a mere suffix,
-        so ``abc`` does not join ``chatcmpl-rl-abc``. An engine fed directly may use the id itself.
-        """
+    def by_external_id(self, external_id: str) -> RequestArrival | None:
+        """The arrival whose external id is exactly ``external_id`` (the join is
+        `schemas.schedule_delivery.external_request_id_for`: ``chatcmpl-<request id>``, ``cmpl-<request id>-0``;
+        never a prefix or suffix match, so ``rl-1`` does not join ``chatcmpl-rl-12``)."""
         for arrival in self.arrivals.values():
-            ext = arrival.external_request_id
-            prefix, _, rest = ext.partition("-")
-            if ext == external_id or (prefix == "chatcmpl" and rest == external_id):
-                return arrival
-            if prefix == "cmpl" and rest == f"{external_id}-{prompt_index}":
+            if arrival.external_request_id == external_id:
                 return arrival
         return None
 

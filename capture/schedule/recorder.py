@@ -45,7 +45,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from capture.schedule.segments import DEFAULT_ROTATE_BYTES, DEFAULT_ROTATE_SECONDS, SegmentWriter
 from schemas.fingerprint import RuntimeFingerprint
 from schemas.schedule import EngineStart
-from schemas.schedule_log import encode_record
+from schemas.schedule_delivery import encode_record
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from schemas.canonical import canonical_text_of_plain
-from schemas.schedule_log import part_name, segment_name
+from schemas.schedule_delivery import part_file_name, segment_file_name
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class SegmentWriter:
             line = item if isinstance(item, bytes) else (canonical_text_of_plain(item) + "\n").encode("utf-8")
             if self._fh is None:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                self._fh = open(self.directory / part_name(self._seq), "wb")
+                self._fh = open(self.directory / part_file_name(self._seq), "wb")
                 self._size = 0
                 self._opened_at = time.monotonic()
             self._fh.write(line)
@@ -136,7 +136,7 @@ class SegmentWriter:
             fh.flush()
             os.fsync(fh.fileno())
             fh.close()
-            os.replace(self.directory / part_name(seq), self.directory / segment_name(seq))
+            os.replace(self.directory / part_file_name(seq), self.directory / segment_file_name(seq))
             dir_fd = os.open(self.directory, os.O_RDONLY)
             try:
                 os.fsync(dir_fd)

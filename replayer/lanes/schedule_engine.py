@@ -23,7 +23,8 @@ from replayer.lanes.vllm_lane import output_from_vllm
 from replayer.lanes.vllm_params import sampling_kwargs
 from schemas import ReplayedOutput
 from schemas.schedule import ScheduleStep
-from schemas.schedule_log import ScheduleLog, parse_segment, segment_seq
+from schemas.schedule_delivery import decode_segment, parse_segment_file_name
+from schemas.schedule_log import ScheduleLog
 
 RECORDER_CLS: Final = "capture.schedule.recorder.RecordingScheduler"
 ENV_DIR: Final = "REPROLANE_SCHEDULE_DIR"
@@ -78,8 +79,8 @@ def read_log(recorder: Any) -> ScheduleLog:
     directory = Path(recorder.writer.directory)
     records: list[Any] = []
     for path in sorted(directory.iterdir()):
-        if segment_seq(path.name) is not None:
-            records.extend(parse_segment(path.read_bytes(), where=str(path)))
+        if parse_segment_file_name(path.name) is not None:
+            records.extend(decode_segment(path.read_bytes(), str(recorder.engine_id)))
     return ScheduleLog.from_records(records)
 
 

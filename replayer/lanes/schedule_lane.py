@@ -169,6 +169,11 @@ class ScheduleLane:
         model_dir = resolve_model_dir(settings)
         self._log_dir = Path(tempfile.mkdtemp(prefix="reprolane-schedule-lane-"))
         self.engine_start = engine
+        threads = engine.runtime.num_threads if engine.runtime is not None else None
+        if threads:  # production's torch thread count: a CPU matmul's reduction order depends on it
+            with quiet_imports():
+                import torch
+            torch.set_num_threads(threads)  # before vLLM's worker turns set_num_threads into a no-op
         self._engine, self._recorder = start_recording_engine(
             model_dir,
             self._log_dir,
@@ -201,6 +206,10 @@ class ScheduleLane:
             attention_backend=None,
             batch_invariant=False,
         ).model_copy(update={"max_num_seqs": engine.max_num_seqs, "prefix_caching": engine.enable_prefix_caching})
+        own = read_log(self._recorder).engine  # the replay engine's own start, measured where production's was
+        if own is not None and own.runtime is not None and own.runtime.num_threads is not None:
+            # torch's thread count as the engine's scheduler saw it, not this process's before the engine started
+            self._fingerprint = self._fingerprint.model_copy(update={"num_threads": own.runtime.num_threads})
         self.refusals = numeric_differences(engine.runtime, self._fingerprint)
         if self.refusals and refuse_on_mismatch:
             self.close()

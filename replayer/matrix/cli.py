@@ -37,7 +37,7 @@ from replayer.matrix.report import render_html, render_json, render_table
 from replayer.matrix.results import BaselineMode
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
-from schemas import Envelope
+from schemas import Envelope, ReplayResult
 from schemas.layout import ENVELOPES_PREFIX, capture_day, envelope_day_infix, envelope_day_prefix
 
 #: The shared workload (bundled by infra); the package's DEFAULT_PROMPTS are used when it is absent.
@@ -235,10 +235,20 @@ def explain_command(
         return _workload(mdir, chosen, max_tokens, prefix="padding")
 
     with machine_output(as_json) as document:
+        schedule: ReplayResult | str | None = None
+        if target.schedule is not None and (only is None or "schedule" in only):
+            from replayer.schedule_replay import ScheduleReplayer
+
+            replayer = ScheduleReplayer(settings)
+            try:
+                schedule = replayer.replay(target)
+            finally:
+                replayer.close()
         try:
             result = explain(
                 target, candidates, model_dir=mdir, platform=probe_platform(), padding_factory=padding,
                 window_s=window_s, thresholds=settings.thresholds, only=only, progress=not as_json, notes=extra_notes,
+                schedule=schedule,
             )  # fmt: skip
         except ValueError as exc:  # the target or a companion cannot be replayed (explain says why)
             raise NotReplayableError(str(exc)) from exc

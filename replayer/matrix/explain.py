@@ -18,6 +18,11 @@ The variations (each on a fresh engine of its configuration, via `replayer.matri
 - ``dtype``: the other dtype (float32 for a bfloat16 capture), alone.
 - ``lane.transformers``: another engine (the float32 transformers reference lane), alone.
 - ``engine.version``: another vLLM version: only one can be installed here, so it is listed as skipped.
+- ``schedule``: when the envelope names the production engine's recorded schedule (issue 22), the request
+  replayed inside the batches it ran in (`replayer.schedule_replay`: every recorded step's shapes, filler
+  companions). A fork that this replay reproduces **bitwise**, with the schedule reproduced step for step, is
+  attributed to batching, with that replay (its event) as the evidence. The caller runs it (it needs the schedule
+  store) and passes the result, or why it could not run.
 
 Trust rules: a variation "reproduces" only on token identity with the recorded output (logprob closeness is
 reported as evidence, never counted as reproduction); every variation is reported, skipped or failed ones with
@@ -40,10 +45,10 @@ from replayer.matrix.dimensions import Cell, Schedule
 from replayer.matrix.execution import CellJob, CellRun, run_jobs
 from replayer.matrix.inputs import MatrixItem, item_from_envelope
 from replayer.settings import Thresholds
-from schemas import Envelope, FieldDiff, StepCandidates, diff_fingerprints
+from schemas import Envelope, FieldDiff, ReplayResult, StepCandidates, diff_fingerprints
 
 DEFAULT_WINDOW_S: Final = 5.0
-VARIATIONS: Final = ("alone", "batch", "dtype", "lane.transformers", "engine.version")
+VARIATIONS: Final = ("alone", "batch", "dtype", "lane.transformers", "engine.version", "schedule")
 _DTYPES: Final = ("bfloat16", "float16", "float32")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -218,9 +223,48 @@ def judge(
     )
 
 
+def schedule_outcome(answer: ReplayResult | str) -> VariationOutcome:
+    """The ``schedule`` variation from a schedule replay's result, or skipped with the reason it did not run."""
+    head: dict[str, Any] = {
+        "name": "schedule",
+        "dimension": "batching",
+        "description": "inside the batches it ran in: vLLM's recorded schedule, filler companions",
+        "engine": "vllm.schedule",
+    }
+    if isinstance(answer, str):
+        return VariationOutcome(**head, status="skipped", reason=answer)
+    ev = answer.event
+    fd = ev.first_divergence
+    return VariationOutcome(
+        **head,
+        status="ran",
+        reproduced="token" in ev.levels_held and ev.schedule_reproduced is True,
+        verdict=ev.verdict,
+        first_divergence=fd.position if fd else None,
+        recorded_length=ev.recorded_length,
+        replayed_length=ev.replayed_length,
+        max_abs_logprob_diff=ev.max_abs_logprob_diff,
+        max_rel_logprob_diff=ev.max_rel_logprob_diff,
+        before_fork=fd.before if fd else None,
+        at_fork=fd.at if fd else None,
+        fingerprint_diffs=ev.fingerprint_diffs,
+        cause_detail=ev.cause_detail,
+        replayed_text=answer.replayed.text,
+    )
+
+
 def conclude(outcomes: Sequence[VariationOutcome]) -> tuple[tuple[str, ...], str]:
     """(names of the variations that reproduced the capture, the conclusion in words)."""
     ran = [o for o in outcomes if o.status == "ran"]
+    sched = next((o for o in ran if o.name == "schedule" and o.reproduced and o.verdict == "bitwise"), None)
+    alone_run = next((o for o in ran if o.name == "alone"), None)
+    if sched is not None and (alone_run is None or alone_run.verdict != "bitwise"):
+        return (sched.name, *(o.name for o in ran if o.reproduced and o is not sched)), (
+            "attributed to batching: replayed inside the batches it ran in (the recorded schedule, step for step, "
+            "filler companions) the request reproduces its capture bitwise"
+            + (f", while alone it is {alone_run.verdict}" if alone_run is not None else "")
+            + f". Evidence: the schedule replay ({sched.cause_detail})"
+        )
     hits = tuple(o.name for o in ran if o.reproduced)
     misses = [o for o in ran if not o.reproduced]
     miss_text = "; ".join(f"{o.name} diverges at token {o.first_divergence}" for o in misses)
@@ -267,11 +311,13 @@ def explain(
     only: Sequence[str] | None = None,
     notes: Sequence[str] = (),
     progress: bool = False,
+    schedule: ReplayResult | str | None = None,
 ) -> Explanation:
     """Run the variations for ``envelope`` (``candidates``: envelopes to pick companions from) and conclude.
 
     ``only`` restricts the run to the named variations (all by default; the note says when it was restricted);
-    ``notes`` are the caller's remarks on the evidence (e.g. stored objects that could not be read).
+    ``notes`` are the caller's remarks on the evidence (e.g. stored objects that could not be read);
+    ``schedule``: the schedule replay's result (or why it could not run), the ``schedule`` variation.
 
     Raises ValueError when the envelope cannot be replayed (the reason in the message).
     """
@@ -292,7 +338,7 @@ def explain(
     notes.append("the batch variation submits its requests at once; production's arrival timing is not reproduced")
     variations = plan_variations(target, envelope, companions, padding, platform)
     if only is not None:
-        unknown = sorted(set(only) - {v.cell.name for v in variations})
+        unknown = sorted(set(only) - {v.cell.name for v in variations} - {"schedule"})
         if unknown:
             raise ValueError(f"unknown variation(s) {', '.join(unknown)}; known: {', '.join(VARIATIONS)}")
         variations = [v for v in variations if v.cell.name in only]
@@ -300,6 +346,8 @@ def explain(
     runs = run_jobs(model_dir, [CellJob(v.cell, v.items) for v in variations], progress=progress)
     th = thresholds or Thresholds()
     outcomes = tuple(judge(v, runs.get(v.cell.name), target, envelope, th) for v in variations)
+    if schedule is not None:
+        outcomes = (*outcomes, schedule_outcome(schedule))
     hits, conclusion = conclude(outcomes)
     return Explanation(
         request_id=envelope.request_id,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from capture.schedule.segments import SegmentWriter
 from schemas.schedule import ScheduledRequest, ScheduleStep
-from schemas.schedule_log import encode_record, parse_segment
+from schemas.schedule_delivery import decode_segment, encode_record
 
 AT = datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -66,7 +66,7 @@ def test_rotation_by_size_and_on_time_while_idle(tmp_path: Path) -> None:
     w.close()
     segs = sorted((tmp_path / "e1").glob("*.jsonl"))
     assert len(segs) >= 2
-    steps = [r.step for p in segs for r in parse_segment(p.read_bytes()) if isinstance(r, ScheduleStep)]
+    steps = [r.step for p in segs for r in decode_segment(p.read_bytes(), "e1") if isinstance(r, ScheduleStep)]
     assert steps == list(range(6))
 
 

@@ -81,3 +81,18 @@ def test_summary_counts_verdicts_groups_workflows_and_missing_replays() -> None:
     assert "1. r-c03 (12 at once" in text
     assert "TOPK-DETAIL" in text
     assert "NOT replayed in time: r-c04" in text
+
+
+def test_summary_says_which_lane_replayed_how_many() -> None:
+    f = facts()
+    assert "5 on lane vllm (one sequence at a time)" in render_summary(f)
+    f.events["r-c02"] = f.events["r-c02"].model_copy(
+        update={"lane": "schedule", "verdict": "bitwise", "schedule_reproduced": True, "first_divergence": None}
+    )
+    f.events["r-c03"] = f.events["r-c03"].model_copy(
+        update={"lane": "schedule", "schedule_reproduced": False, "schedule_mismatch_step": 4}
+    )
+    text = render_summary(f)
+    assert "2 on the schedule lane" in text
+    assert "schedule reproduced 1, bitwise 1" in text
+    assert "3 on lane vllm (one sequence at a time)" in text

@@ -29,10 +29,9 @@ def _launch(run_dir: Path) -> servers.Launch:
 def test_vllm_records_its_schedule_when_the_recorder_is_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(servers, "RECORDER_CLASS", "tests.schedule_recorder_standin.RecordingScheduler")
-    launch = _launch(tmp_path)
+    launch = _launch(tmp_path)  # the real recorder (capture.schedule.recorder) is importable
     flag = launch.argv.index("--scheduler-cls")
-    assert launch.argv[flag + 1] == "tests.schedule_recorder_standin.RecordingScheduler"
+    assert launch.argv[flag + 1] == "capture.schedule.recorder.RecordingScheduler"
     assert launch.env[servers.SCHEDULE_DIR_ENV] == str(tmp_path / "schedules")
     assert (tmp_path / "schedules").is_dir()
 
@@ -52,7 +51,6 @@ def test_vllm_records_its_schedule_when_the_recorder_is_installed(
 
 
 def test_no_flag_and_no_defaults_without_the_recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(servers, "RECORDER_CLASS", "tests.schedule_recorder_standin.RecordingScheduler")
     _launch(tmp_path)  # a stack that recorded once ...
     monkeypatch.setattr(servers, "RECORDER_CLASS", "capture.no_such_module.RecordingScheduler")
     launch = _launch(tmp_path)  # ... and is started again without the recorder

@@ -22,7 +22,8 @@ from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
 from schemas.schedule import ScheduledRequest, ScheduleStep
-from schemas.schedule_log import ScheduleLog, encode_record, parse_segment
+from schemas.schedule_delivery import decode_segment, encode_record
+from schemas.schedule_log import ScheduleLog
 
 pytestmark = pytest.mark.model
 
@@ -107,7 +108,7 @@ def test_the_recorders_log_is_complete_and_canonical(prod: StepDriver) -> None:
     assert log.engine.runtime is not None
     for path in sorted(Path(prod.recorder.writer.directory).glob("*.jsonl")):
         for line in path.read_bytes().splitlines(keepends=True):
-            (record,) = parse_segment(line)
+            (record,) = decode_segment(line, prod.recorder.engine_id)
             assert encode_record(record) == line  # every line is its record's canonical JSON
 
 

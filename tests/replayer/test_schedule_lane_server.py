@@ -29,7 +29,8 @@ from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
-from schemas.schedule_log import ScheduleLog, parse_segment
+from schemas.schedule_delivery import decode_segment, external_request_id_for
+from schemas.schedule_log import ScheduleLog
 from tests.replayer.test_schedule_lane_model import model_dir
 
 pytestmark = pytest.mark.model
@@ -114,7 +115,7 @@ def _read_log(directory: Path) -> ScheduleLog:
     (engine_dir,) = [p for p in directory.iterdir() if p.is_dir()]
     records: list[Any] = []
     for path in sorted(engine_dir.glob("*.jsonl")):
-        records.extend(parse_segment(path.read_bytes(), where=path.name))
+        records.extend(decode_segment(path.read_bytes(), engine_dir.name))
     return ScheduleLog.from_records(records)
 
 
@@ -122,19 +123,20 @@ def test_a_server_request_replays_bitwise_from_the_servers_schedule(server: tupl
     url, directory = server
     prompts = render_chat(model_dir(), DEFAULT_PROMPTS[:N])
     names = [f"rl-sched-{i}" for i in range(N)]
+    joins = [external_request_id_for("completions", n) for n in names]  # what vLLM names them
     with ThreadPoolExecutor(N) as pool:
         choices = list(pool.map(lambda a: _complete(url, *a), zip(prompts, names, strict=True)))
     log: ScheduleLog | None = None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         log = _read_log(directory)
-        if all((a := log.by_external_id(n)) is not None and log.output_length(a.engine_request_id) for n in names):
+        if all((a := log.by_external_id(j)) is not None and log.output_length(a.engine_request_id) for j in joins):
             break
         time.sleep(0.5)
     assert log is not None
     assert log.engine is not None
     assert log.problems() == []
-    arrivals = [log.by_external_id(n) for n in names]
+    arrivals = [log.by_external_id(j) for j in joins]
     assert all(a is not None for a in arrivals)
     # the join names each request's own arrival: its prompt length and output length are the response's
     for a, ids, choice in zip(arrivals, prompts, choices, strict=True):

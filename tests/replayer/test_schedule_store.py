@@ -195,3 +195,21 @@ async def test_completions_and_children_of_n(s3: Any, bucket: str, tmp_path: Pat
     assert sorted(a.engine_request_id for a in window.arrivals) == sorted(children)
     assert window.complete
     assert all(isinstance(a, RequestArrival) for a in window.arrivals)
+
+
+async def test_an_arrival_before_a_segment_boundary_is_in_the_window(s3: Any, bucket: str, tmp_path: Path) -> None:
+    """The recorder writes an arrival before the step that first schedules it; a segment may close in between:
+    the companion's arrival is then in the segment before its first step, and the window must hold it."""
+    engine = FakeEngine("eng-1")
+    companion = engine.request(external_request_id_for("chat.completions", "rl-x"), output_tokens=4)
+    first = engine.take()  # the engine start and the companion's arrival
+    engine.step()  # step 0: the companion alone
+    target = engine.request(external_request_id_for("chat.completions", "rl-a"))
+    engine.run()
+    await _ship(s3, bucket, tmp_path, [first, engine.take()])
+    window = ScheduleStore(s3, bucket).records_for(envelope("rl-a"), before_steps=1 << 40)
+    assert window.complete
+    assert [a.engine_request_id for a in window.arrivals] == [target]
+    arrivals = [r.engine_request_id for r in window.records if isinstance(r, RequestArrival)]
+    assert arrivals == [companion, target]
+    assert window.first_segment == 0

@@ -19,6 +19,7 @@ from schemas.schedule_delivery import (
     external_request_id_for,
     is_key_safe_id,
     parse_segment_file_name,
+    part_file_name,
     segment_file_name,
 )
 from tests import factories
@@ -64,6 +65,7 @@ def test_hostile_segments_are_refused_with_the_line(mutate: object, message: str
 def test_segment_names() -> None:
     assert segment_file_name(7) == "00000007.jsonl"
     assert parse_segment_file_name("00000007.jsonl") == 7
+    assert part_file_name(7) == "00000007.jsonl.part"
     for other in ("00000007.jsonl.part", "7.jsonl", "00000007.json", "../00000007.jsonl", "00000007.jsonl\n"):
         assert parse_segment_file_name(other) is None
     assert schedule_segment_key("eng-1", 7) == "schedules/engine=eng-1/00000007.jsonl"

@@ -1,4 +1,5 @@
-"""The schedule log's pure half: segment names, parsing with named errors, and the checks a replay trusts."""
+"""The schedule log's index and the checks a replay trusts (segment names and decoding:
+`tests/schemas/test_schedule_delivery.py`, the one codec)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,8 @@ import pytest
 
 from schemas.errors import ContractError
 from schemas.schedule import EngineStart, RequestArrival, ScheduledRequest, ScheduleStep
-from schemas.schedule_log import (
-    ScheduleLog,
-    encode_record,
-    parse_segment,
-    part_name,
-    segment_name,
-    segment_seq,
-)
+from schemas.schedule_delivery import decode_segment, encode_record, external_request_id_for
+from schemas.schedule_log import ScheduleLog
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 E = "eng-1"
@@ -79,34 +74,11 @@ def two_request_log() -> list[EngineStart | RequestArrival | ScheduleStep]:
     ]
 
 
-def test_segment_names_round_trip() -> None:
-    assert segment_name(7) == "00000007.jsonl"
-    assert part_name(7) == "00000007.jsonl.part"
-    assert segment_seq("00000007.jsonl") == 7
-    assert segment_seq("00000007.jsonl.part") is None
-    assert segment_seq("notes.txt") is None
-
-
-def test_parse_round_trips_every_record_kind() -> None:
+def test_the_logs_records_round_trip_through_the_one_segment_codec() -> None:
     records = two_request_log()
     data = b"".join(encode_record(r) for r in records)
-    assert parse_segment(data) == tuple(records)
-
-
-def test_parse_names_the_line_and_field() -> None:
-    data = (
-        encode_record(engine())
-        + b'{"kind":"step","engine_id":"eng-1","step":-1,"at":"2026-12-01T00:00:00Z","scheduled":[]}\n'
-    )
-    with pytest.raises(ContractError) as err:
-        parse_segment(data, where="seg 3")
-    assert "seg 3 line 2" in str(err.value)
-    assert any("step" in f for f in err.value.fields)
-
-
-def test_parse_refuses_foreign_kinds() -> None:
-    with pytest.raises(ContractError):
-        parse_segment(b'{"kind":"tokens","ids":[1,2,3]}\n')
+    assert decode_segment(data, "eng-1") == tuple(records)
+    assert ScheduleLog.from_records(decode_segment(data, "eng-1")).problems() == []
 
 
 def test_consistent_log_has_no_problems_and_output_lengths() -> None:
@@ -141,15 +113,19 @@ def test_mixed_engines_are_refused() -> None:
         ScheduleLog.from_records([*two_request_log(), other])
 
 
-def test_join_by_external_id_takes_the_servers_prefix() -> None:
+def test_join_by_external_id_is_exact_and_follows_the_servers_naming() -> None:
     a = arrival("chatcmpl-rl-abc-1234abcd", 0, 3).model_copy(update={"external_request_id": "chatcmpl-rl-abc"})
-    log = ScheduleLog.from_records([engine(), a])
-    assert log.by_external_id("rl-abc") == a
-    assert log.by_external_id("abc") is None
     b = arrival("cmpl-rl-xyz-1-0-1234abcd", 0, 3).model_copy(update={"external_request_id": "cmpl-rl-xyz-1-0"})
     log = ScheduleLog.from_records([engine(), a, b])
-    assert log.by_external_id("rl-xyz-1") == b
-    assert log.by_external_id("rl-xyz") is None
+    assert log.by_external_id(external_request_id_for("chat.completions", "rl-abc")) == a
+    assert log.by_external_id(external_request_id_for("completions", "rl-xyz-1")) == b
+    for near in (
+        "rl-abc",
+        "chatcmpl-rl-ab",
+        "chatcmpl-rl-abc-1234abcd",
+        external_request_id_for("completions", "rl-xyz"),
+    ):
+        assert log.by_external_id(near) is None
 
 
 def test_a_preempted_request_may_resume_from_its_cache() -> None:

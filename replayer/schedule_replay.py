@@ -1,0 +1,158 @@
+"""One envelope replayed inside the batches it ran in: its schedule window on the schedule lane.
+
+`replayer.schedule_store.ScheduleStore.records_for` gives the window of the production engine's log around the
+envelope's request; this module turns it into the lane's `schemas.schedule_log.ScheduleLog`, replays choice 0 of
+the envelope as the target (`replayer.lanes.schedule_lane.ScheduleLane.replay_target`: fillers of the recorded
+shapes stand in for every companion) and compares it with the capture exactly as every other lane's replay is
+compared (`replayer.replay.replay_envelope`), so a schedule replay's event is the same contract with two more
+fields: whether every replayed step had the recorded shapes, and the first step that did not.
+
+A window that is not complete (a segment not shipped yet, a finish the log does not reach) is not replayed here:
+`NotReplayableError` says what the log lacks, and the caller falls back to the one-at-a-time lane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final
+
+from replayer.errors import LaneUnavailableError, NotReplayableError, StoreError
+from replayer.lanes.base import GenRequest
+from replayer.replay import replay_envelope
+from replayer.settings import ReplayerSettings
+from schemas import Envelope, ReplayedOutput, ReplayResult, RuntimeFingerprint
+from schemas.schedule import EngineStart
+from schemas.schedule_log import ScheduleLog
+
+if TYPE_CHECKING:
+    from replayer.lanes.schedule_lane import ScheduleLane, ScheduleReplay
+    from replayer.schedule_store import ScheduleStore, ScheduleWindow
+
+__all__ = ["ScheduleReplayer", "replay_on_schedule", "window_log"]
+
+
+def window_log(window: ScheduleWindow) -> ScheduleLog:
+    """The lane's view of a window: the engine's settings, then its arrivals and steps in log order."""
+    if window.engine is None:
+        raise NotReplayableError("the schedule window has no engine record (segment 0 of the engine is missing)")
+    return ScheduleLog.from_records([window.engine, *window.records])
+
+
+class _TargetOnSchedule:
+    """The `replayer.lanes.base.Lane` face of one schedule replay, so `replay_envelope` compares it."""
+
+    name = "schedule"
+
+    def __init__(self, lane: ScheduleLane, log: ScheduleLog, target: str) -> None:
+        self._lane, self._log, self._target = lane, log, target
+        self.replay_result: ScheduleReplay | None = None
+
+    def fingerprint(self) -> RuntimeFingerprint:
+        return self._lane.fingerprint()
+
+    def replay(self, request: GenRequest) -> ReplayedOutput:
+        self.replay_result = self._lane.replay_target(self._log, self._target, request)
+        if self.replay_result.output is None:
+            raise NotReplayableError(f"the schedule replay of {self._target} produced no output")
+        return self.replay_result.output
+
+    def close(self) -> None:  # the schedule lane outlives one replay
+        return None
+
+
+def replay_on_schedule(
+    envelope: Envelope,
+    window: ScheduleWindow,
+    lane: ScheduleLane,
+    settings: ReplayerSettings,
+    *,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    reply_to: str | None = None,
+) -> tuple[ReplayResult, ScheduleReplay]:
+    """Replay `envelope`'s choice 0 under its recorded schedule; the result's event names the schedule lane and
+    says whether the schedule was reproduced (and the first mismatching step when not)."""
+    if not window.complete:
+        raise NotReplayableError(f"the schedule log of {envelope.request_id} is incomplete: {window.gap}")
+    log = window_log(window)
+    target = window.arrivals[0].engine_request_id
+    face = _TargetOnSchedule(lane, log, target)
+    result = replay_envelope(envelope, face, settings, now=now, reply_to=reply_to)
+    replay = face.replay_result
+    assert replay is not None  # replay_envelope called face.replay or raised
+    detail = (
+        f"schedule lane: {replay.steps_compared} recorded steps replayed with filler companions"
+        if replay.schedule_reproduced
+        else "schedule lane: the recorded schedule was not reproduced"
+        + (f" (first mismatching step {replay.mismatch.step}: {replay.mismatch.reason})" if replay.mismatch else "")
+        + "".join(f"; {n}" for n in replay.notes)
+    )
+    event = result.event.model_copy(
+        update={
+            "schedule_reproduced": replay.schedule_reproduced,
+            "schedule_mismatch_step": replay.mismatch.step if replay.mismatch else None,
+            "cause_detail": "; ".join(x for x in (result.event.cause_detail, detail) if x),
+        }
+    )
+    return result.model_copy(update={"event": event}), replay
+
+
+#: How far before the target's arrival a window reaches: far enough to start at the engine's first step of a
+#: busy period, so the requests that computed the target's cached prefix are replayed too.
+WINDOW_BEFORE_STEPS: Final = 1 << 40
+
+
+class ScheduleReplayer:
+    """Picks the schedule lane for an envelope whose schedule is named, found and complete (module docstring).
+
+    `replay` answers the result, or the reason the schedule lane was not used (the caller then replays on its
+    one-at-a-time lane, whose event carries the fingerprint differences). One schedule lane is kept per
+    production engine's settings: loading one takes a while.
+    """
+
+    def __init__(
+        self,
+        settings: ReplayerSettings,
+        store: ScheduleStore | None = None,
+        lane_factory: Callable[[ReplayerSettings, EngineStart], ScheduleLane] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._store = store
+        self._lane_factory = lane_factory
+        self._lanes: dict[str, ScheduleLane] = {}
+
+    def _lane(self, engine: EngineStart) -> ScheduleLane:
+        key = engine.model_dump_json(exclude={"engine_id", "at", "started_at"})
+        lane = self._lanes.get(key)
+        if lane is None:
+            if self._lane_factory is None:
+                from replayer.lanes.schedule_lane import ScheduleLane
+
+                lane = ScheduleLane(self.settings, engine)
+            else:
+                lane = self._lane_factory(self.settings, engine)
+            self._lanes[key] = lane
+        return lane
+
+    def replay(self, envelope: Envelope, *, reply_to: str | None = None) -> ReplayResult | str:
+        """The schedule lane's result, or why it was not used (no schedule, not found, incomplete, refused)."""
+        if envelope.schedule is None:
+            return "the envelope names no schedule (its upstream did not record one)"
+        if self._store is None:
+            from replayer.schedule_store import ScheduleStore
+
+            self._store = ScheduleStore.from_settings(self.settings)
+        try:
+            window = self._store.records_for(envelope, before_steps=WINDOW_BEFORE_STEPS)
+            if window.engine is None:
+                return "the schedule log has no engine record"
+            lane = self._lane(window.engine)
+            result, _ = replay_on_schedule(envelope, window, lane, self.settings, reply_to=reply_to)
+        except (NotReplayableError, StoreError, LaneUnavailableError) as exc:  # ScheduleNotFoundError included
+            return str(exc)
+        return result
+
+    def close(self) -> None:
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes.clear()

@@ -1,0 +1,184 @@
+"""Which lane replays an envelope (issue 22), without a model: the schedule lane when the envelope names a
+schedule that is found and complete, with the event saying whether the recorded shapes were reproduced (and the
+first mismatching step); otherwise a reason, and the service falls back to its one-at-a-time lane.
+
+The real lanes, the real recorder and the real store are in `test_schedule_replay_stack.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from replayer.errors import ScheduleNotFoundError
+from replayer.lanes.base import GenRequest
+from replayer.lanes.schedule_lane import ScheduleReplay, StepMismatch
+from replayer.matrix.explain import VariationOutcome, conclude, schedule_outcome
+from replayer.schedule_replay import ScheduleReplayer
+from replayer.schedule_store import ScheduleWindow
+from replayer.service import ReplayerService
+from replayer.settings import ReplayerSettings
+from schemas import Envelope, ReplayedOutput
+from schemas.schedule import EngineStart, RequestArrival
+from schemas.schedule_delivery import ScheduleRef, external_request_id_for
+from schemas.schedule_log import ScheduleLog
+from tests.replayer.support import LANE_FINGERPRINT, FakeLane, make_envelope
+from tests.schedule_segments import FakeEngine
+
+SETTINGS = ReplayerSettings()
+
+
+def _scheduled(envelope: Envelope) -> Envelope:
+    ref = ScheduleRef(
+        external_request_id=external_request_id_for(envelope.endpoint, envelope.request_id), recorder="vllm-scheduler"
+    )
+    return envelope.model_copy(update={"schedule": ref})
+
+
+def _window(envelope: Envelope, *, complete: bool = True) -> ScheduleWindow:
+    assert envelope.prompt is not None
+    engine = FakeEngine("eng-1")
+    external = external_request_id_for(envelope.endpoint, envelope.request_id)
+    engine.request(external, prompt_tokens=len(envelope.prompt.token_ids))
+    engine.run()
+    start, *records = engine.take()
+    assert isinstance(start, EngineStart)
+    return ScheduleWindow(
+        engine=start,
+        arrivals=tuple(r for r in records if isinstance(r, RequestArrival)),
+        records=tuple(records),
+        first_segment=0,
+        last_segment=0,
+        complete=complete,
+        gap=None if complete else "the log ends at segment 0 of engine eng-1 before the request finished",
+    )
+
+
+@dataclass
+class FakeStore:
+    windows: dict[str, ScheduleWindow] = field(default_factory=dict)
+    asked: list[str] = field(default_factory=list)
+
+    def records_for(self, envelope: Envelope, *, before_steps: int = 0) -> ScheduleWindow:
+        self.asked.append(envelope.request_id)
+        if envelope.request_id not in self.windows:
+            raise ScheduleNotFoundError(f"no schedule is indexed under {envelope.request_id}")
+        return self.windows[envelope.request_id]
+
+
+@dataclass
+class FakeScheduleLane:
+    """Echoes the recorded output; `mismatch_at` makes the replayed shapes differ from that step on."""
+
+    echo: FakeLane
+    mismatch_at: int | None = None
+    targets: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    def fingerprint(self) -> Any:
+        return LANE_FINGERPRINT
+
+    def replay_target(self, log: ScheduleLog, target: str, request: GenRequest) -> ScheduleReplay:
+        assert log.problems() == []
+        self.targets.append(target)
+        out: ReplayedOutput = self.echo.replay(request)
+        mismatch = (
+            None
+            if self.mismatch_at is None
+            else StepMismatch(step=self.mismatch_at, recorded=(), replayed=(), reason="a filler was scheduled later")
+        )
+        return ScheduleReplay(
+            output=out, outputs={target: out}, start_step=0, end_step=1, steps_compared=2, mismatch=mismatch
+        )
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _replayer(store: FakeStore, lane: FakeScheduleLane) -> ScheduleReplayer:
+    return ScheduleReplayer(SETTINGS, store, lambda settings, engine: lane)  # type: ignore[arg-type, return-value]
+
+
+def test_an_envelope_with_a_complete_schedule_replays_on_the_schedule_lane() -> None:
+    envelope = _scheduled(make_envelope(1))
+    echo = FakeLane()
+    echo.learn(envelope)
+    lane = FakeScheduleLane(echo)
+    store = FakeStore({envelope.request_id: _window(envelope)})
+    answer = _replayer(store, lane).replay(envelope)
+    assert not isinstance(answer, str), answer
+    assert answer.event.lane == "schedule"
+    assert answer.event.schedule_reproduced is True
+    assert answer.event.schedule_mismatch_step is None
+    assert answer.event.verdict == "bitwise"
+    assert "schedule lane: 2 recorded steps replayed with filler companions" in answer.event.cause_detail
+    assert lane.targets == [store.windows[envelope.request_id].arrivals[0].engine_request_id]
+
+
+def test_a_schedule_not_reproduced_names_the_first_mismatching_step() -> None:
+    envelope = _scheduled(make_envelope(2))
+    echo = FakeLane()
+    echo.learn(envelope, diverge_at=1)
+    lane = FakeScheduleLane(echo, mismatch_at=1)
+    answer = _replayer(FakeStore({envelope.request_id: _window(envelope)}), lane).replay(envelope)
+    assert not isinstance(answer, str)
+    assert answer.event.schedule_reproduced is False
+    assert answer.event.schedule_mismatch_step == 1
+    assert "first mismatching step 1: a filler was scheduled later" in answer.event.cause_detail
+    assert answer.event.verdict != "bitwise"
+
+
+def test_no_schedule_not_found_or_incomplete_say_why() -> None:
+    plain = make_envelope(3)
+    missing = _scheduled(make_envelope(4))
+    partial = _scheduled(make_envelope(5))
+    lane = FakeScheduleLane(FakeLane())
+    store = FakeStore({partial.request_id: _window(partial, complete=False)})
+    replayer = _replayer(store, lane)
+    assert "names no schedule" in str(replayer.replay(plain))
+    assert "no schedule is indexed" in str(replayer.replay(missing))
+    assert "incomplete: the log ends at segment 0" in str(replayer.replay(partial))
+    assert lane.targets == []
+    assert store.asked == [missing.request_id, partial.request_id]
+
+
+def test_the_service_falls_back_to_its_lane_when_the_schedule_lane_is_not_used() -> None:
+    scheduled = _scheduled(make_envelope(6))
+    missing = _scheduled(make_envelope(7))
+    echo = FakeLane()
+    echo.learn(scheduled)
+    echo.learn(missing)
+    service: Any = object.__new__(ReplayerService)  # only the lane choice: no broker, no store
+    service.settings, service.lane = SETTINGS, echo
+    service.schedule = _replayer(FakeStore({scheduled.request_id: _window(scheduled)}), FakeScheduleLane(echo))
+    assert service._replay(scheduled).event.lane == "schedule"
+    fallback = service._replay(missing).event
+    assert fallback.lane == "fake"
+    assert fallback.schedule_reproduced is None
+
+
+def test_explain_attributes_a_fork_reproduced_bitwise_on_the_schedule_to_batching() -> None:
+    envelope = _scheduled(make_envelope(8))
+    echo = FakeLane()
+    echo.learn(envelope)
+    answer = _replayer(FakeStore({envelope.request_id: _window(envelope)}), FakeScheduleLane(echo)).replay(envelope)
+    assert not isinstance(answer, str)
+    alone = VariationOutcome(
+        name="alone", dimension="schedule", description="one at a time", engine="vllm", status="ran",
+        reproduced=False, verdict="diverged", first_divergence=1,
+    )  # fmt: skip
+    hits, text = conclude([alone, schedule_outcome(answer)])
+    assert hits == ("schedule",)
+    assert text.startswith("attributed to batching")
+    assert "while alone it is diverged" in text
+    assert "Evidence: the schedule replay (" in text
+    assert "2 recorded steps replayed" in text
+    # not reproduced step for step: no attribution, whatever the tokens
+    unreproduced = _replayer(
+        FakeStore({envelope.request_id: _window(envelope)}), FakeScheduleLane(echo, mismatch_at=0)
+    ).replay(envelope)
+    assert not isinstance(unreproduced, str)
+    hits, text = conclude([alone, schedule_outcome(unreproduced)])
+    assert hits == ()
+    skipped = schedule_outcome("the envelope names no schedule")
+    assert skipped.status == "skipped"
+    assert skipped.reason == "the envelope names no schedule"
