@@ -70,6 +70,8 @@ RUNS: dict[tuple[str, ...], Run] = {
     ("matrix",): lambda r: ["matrix", "--envelopes", str(r.jsonl), "--cells", "order", "--max-tokens", "4",
                             "--json", "-"],
     ("query",): lambda r: ["query", "SELECT 1 AS one", "--json"],
+    ("fingerprint", "history"): lambda r: ["fingerprint", "history", "--deployment", f"json-{r.envelope.request_id}",
+                                           "--json"],
 }  # fmt: skip
 
 #: The commands whose run loads the in-process vLLM engine: its logs must be on stderr.
