@@ -28,7 +28,7 @@ from typing import Any, Final, Literal, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import GenRequest, cpu_model_name, quiet_imports
-from replayer.lanes.vllm_lane import ENGINE_SEED, steps_from_vllm
+from replayer.lanes.vllm_lane import ENGINE_SEED, output_from_vllm
 from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
@@ -200,19 +200,7 @@ class BatchEngine:
                 raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
         results = self._llm.generate(prompts, params, use_tqdm=False)
-        outs = []
-        for r, res in zip(requests, results, strict=True):
-            o = res.outputs[0]
-            ids = tuple(int(t) for t in o.token_ids)
-            outs.append(
-                ReplayedOutput(
-                    token_ids=ids,
-                    text=o.text,
-                    logprobs=steps_from_vllm(ids, o.logprobs, r.top_k_logprobs),
-                    finish_reason=o.finish_reason,
-                )
-            )
-        return outs
+        return [output_from_vllm(res.outputs[0]) for res in results]
 
     def close(self) -> None:
         if self._lane is not None:

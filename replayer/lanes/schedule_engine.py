@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import GenRequest, quiet_imports
-from replayer.lanes.vllm_lane import output_from_vllm
+from replayer.lanes.vllm_lane import output_from_vllm, release_engine
 from replayer.lanes.vllm_params import sampling_kwargs
 from schemas import ReplayedOutput
 from schemas.schedule import ScheduleStep
@@ -62,15 +62,9 @@ def start_recording_engine(model_dir: Path, log_dir: Path | None, **engine_kwarg
             os.environ[ENV_DIR] = previous
     recorder = getattr(engine.engine_core.engine_core.scheduler, "schedule_recorder", None)
     if recorder is None and log_dir is not None:
-        shutdown_engine(engine)
+        release_engine(engine)
         raise LaneUnavailableError("the engine's scheduler does not record (is capture.schedule importable?)")
     return engine, recorder
-
-
-def shutdown_engine(engine: Any) -> None:
-    shutdown = getattr(engine.engine_core, "shutdown", None)
-    if callable(shutdown):
-        shutdown()
 
 
 def read_log(recorder: Any) -> ScheduleLog:
@@ -95,10 +89,6 @@ def sampling_params(request: GenRequest) -> Any:
         return SamplingParams(**sampling_kwargs(request))
     except (TypeError, ValueError) as exc:
         raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
-
-
-def to_output(out: Any, request: GenRequest) -> ReplayedOutput:
-    return output_from_vllm(out, request.top_k_logprobs)
 
 
 class StepDriver:
@@ -143,7 +133,7 @@ class StepDriver:
             for out in outs:
                 if out.finished:
                     done[external.get(out.request_id, out.request_id)] = out.outputs[0]
-        return [(ids[i], to_output(done[ids[i]], arrivals[i][1])) for i in range(len(arrivals))]
+        return [(ids[i], output_from_vllm(done[ids[i]])) for i in range(len(arrivals))]
 
     def log(self) -> ScheduleLog:
         if self.recorder is None:
@@ -151,6 +141,6 @@ class StepDriver:
         return read_log(self.recorder)
 
     def close(self) -> None:
-        shutdown_engine(self.engine)
+        release_engine(self.engine)
         if self.recorder is not None:
             self.recorder.writer.close()

@@ -35,12 +35,11 @@ from replayer.lanes.base import GenRequest, quiet_imports, resolve_model_dir, to
 from replayer.lanes.schedule_engine import (
     read_log,
     sampling_params,
-    shutdown_engine,
     start_recording_engine,
     steps_from,
-    to_output,
 )
 from replayer.lanes.schedule_plan import FillerPlan, ReplayPlan, check_target, plan_replay
+from replayer.lanes.vllm_lane import output_from_vllm, release_engine
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint
 from schemas.schedule import EngineStart, ScheduleStep
@@ -308,7 +307,7 @@ class ScheduleLane:
             self._drain()
             replayed = steps_from(read_log(self._recorder), log_first)
         steps_compared, mismatch = compare_steps(log, plan.start_step, plan.end_step, replayed, to_production)
-        results = {rid: to_output(o, real[rid]) for rid, o in outputs.items() if rid in real}
+        results = {rid: output_from_vllm(o) for rid, o in outputs.items() if rid in real}
         return ScheduleReplay(
             output=results.get(target_id),
             outputs=results,
@@ -358,6 +357,6 @@ class ScheduleLane:
         recorder = getattr(self, "_recorder", None)
         engine = getattr(self, "_engine", None)
         if engine is not None:
-            shutdown_engine(engine)
+            release_engine(engine)
         if recorder is not None:
             recorder.writer.close()

@@ -19,6 +19,7 @@ requests are sampled without a seed (see `replayer.lanes.base.effective_seed`).
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from collections.abc import Sequence
@@ -46,52 +47,73 @@ def _prepare_environment(on_gpu: bool) -> None:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
 
 
-def steps_from_vllm(
-    token_ids: Sequence[int], logprobs: Sequence[Any] | None, k: int
-) -> tuple[StepLogprobs, ...] | None:
-    """vLLM's per-step ``{token_id: Logprob}`` dicts -> `StepLogprobs`, top-k sorted by rank (rank <= k only).
+def steps_from_vllm(token_ids: Sequence[int], logprobs: Sequence[Any] | None) -> tuple[StepLogprobs, ...] | None:
+    """vLLM's per-step ``{token_id: Logprob}`` dicts -> `StepLogprobs`, every entry kept in the dict's order.
 
-    vLLM adds the sampled token to each dict even when it is outside the top-k; it is kept as the step's chosen
-    token and left out of ``top`` so that every step reports exactly the top-k.
+    vLLM builds a step's dict from the sampled token followed by the top-k ranks: k entries when the sampled token
+    is among them, k + 1 (the sampled token first) when it is not. A server's answer is a view of that dict that
+    depends on the endpoint (`replayer.replay.server_view`), so a lane keeps all of it, with vLLM's ranks, and the
+    replay takes the view the recorded endpoint gave.
     """
     if logprobs is None:
         return None
     steps = []
     for tid, entry in zip(token_ids, logprobs, strict=True):
         chosen = entry[tid]
-        top = sorted(
-            (
-                TopCandidate(
-                    token=lp.decoded_token or "",
-                    token_id=int(t),
-                    logprob=max(float(lp.logprob), MIN_LOGPROB),
-                    rank=lp.rank,
-                )
-                for t, lp in entry.items()
-                if lp.rank is not None and lp.rank <= k
-            ),
-            key=lambda c: (c.rank, -c.logprob),
+        top = tuple(
+            TopCandidate(
+                token=lp.decoded_token or "",
+                token_id=int(t),
+                logprob=max(float(lp.logprob), MIN_LOGPROB),
+                rank=lp.rank,
+            )
+            for t, lp in entry.items()
         )
         steps.append(
             StepLogprobs(
                 token_id=int(tid),
                 token=chosen.decoded_token,
                 logprob=max(float(chosen.logprob), MIN_LOGPROB),
-                top=tuple(top),
+                top=top,
             )
         )
     return tuple(steps)
 
 
-def output_from_vllm(out: Any, k: int) -> ReplayedOutput:
-    """One of vLLM's ``CompletionOutput`` as a `ReplayedOutput` (top-``k`` logprobs per step)."""
+def output_from_vllm(out: Any) -> ReplayedOutput:
+    """One of vLLM's ``CompletionOutput`` as a `ReplayedOutput` (every logprob entry vLLM returned per step)."""
     token_ids = tuple(int(t) for t in out.token_ids)
     return ReplayedOutput(
         token_ids=token_ids,
         text=out.text,
-        logprobs=steps_from_vllm(token_ids, out.logprobs, k),
+        logprobs=steps_from_vllm(token_ids, out.logprobs),
         finish_reason=out.finish_reason,
     )
+
+
+def release_engine(engine: Any) -> None:
+    """Free one in-process ``LLMEngine`` and leave this process's distributed state to the other engines.
+
+    vLLM's own shutdown (``EngineCore.shutdown``, which the in-process client's finalizer also runs when an engine
+    is collected) ends by tearing down the process-wide tensor and pipeline parallel groups, and every in-process
+    engine shares them. The replayer runs two engines in one process (this lane and a schedule lane): closing one
+    the vLLM way makes the other's next step fail with "pipeline model parallel group is not initialized". So the
+    finalizer is detached and the rest of that shutdown runs here; the groups live until the process exits.
+    """
+    client = engine.engine_core
+    finalizer = getattr(client, "_finalizer", None)
+    if finalizer is not None and finalizer.detach() is None:
+        return  # already shut down
+    core = getattr(client, "engine_core", None)
+    if core is None:
+        return
+    if (manager := getattr(core, "structured_output_manager", None)) is not None:
+        manager.clear_backend()
+    if getattr(core, "model_executor", None) is not None:
+        core.model_executor.shutdown()
+    if getattr(core, "scheduler", None) is not None:
+        core.scheduler.shutdown()
+    gc.unfreeze()  # EngineCore froze what it allocated at start; let the collector see it again
 
 
 def _batch_invariant_active() -> bool:
@@ -180,7 +202,7 @@ class VllmLane:
             outputs = self._llm.generate(
                 [TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))], params, use_tqdm=False
             )
-        return output_from_vllm(outputs[0].outputs[0], request.top_k_logprobs)
+        return output_from_vllm(outputs[0].outputs[0])
 
     def close(self) -> None:
         with self._lock:
@@ -189,6 +211,4 @@ class VllmLane:
             self._closed = True
             llm = self._llm
             del self._llm
-        shutdown = getattr(llm.llm_engine, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        release_engine(llm.llm_engine)

@@ -101,7 +101,7 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert demo.logged_in == {"viewer": 200, "hold-admin": 200}
 
     assert not outcome.stack_started
-    assert len(outcome.services) == 3  # sidecar, replayer, console
+    assert len(outcome.services) == 4  # sidecar, schedule shipper, replayer, console
     for service in outcome.services:
         assert _gone(service.ref.pid), service.name
     assert all(s.health == "ready" for s in LocalStack(stack.run_dir).status())  # the reused stack stays up
@@ -123,7 +123,7 @@ def test_ctrl_c_stops_everything_the_demo_started(stack: StackInfo) -> None:
             pids += [int(p) for p in re.findall(r"\(pid (\d+)", line)]
             if line.startswith("[4/6]") or time.monotonic() > deadline:
                 break
-        assert len(pids) == 2, "".join(seen)  # the sidecar and the replayer are up
+        assert len(pids) == 3, "".join(seen)  # the sidecar, the schedule shipper and the replayer are up
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends to the foreground process
         rest, _ = proc.communicate(timeout=90)
     finally:

@@ -108,18 +108,18 @@ class FakeLogprob:
     decoded_token: str | None
 
 
-def test_steps_from_vllm_keeps_exactly_top_k_sorted_by_rank() -> None:
+def test_steps_from_vllm_keeps_the_whole_dict_in_its_order() -> None:
     # step 0: the sampled token (7) is outside the top-2, vLLM adds it to the dict first
     per_step = [
         {7: FakeLogprob(-3.0, 5, "x"), 1: FakeLogprob(-0.5, 1, "a"), 2: FakeLogprob(-1.0, 2, "b")},
         {3: FakeLogprob(-0.1, 1, "c"), 4: FakeLogprob(float("-inf"), 2, "d")},
     ]
-    steps = steps_from_vllm((7, 3), per_step, 2)
+    steps = steps_from_vllm((7, 3), per_step)
     assert steps is not None
-    assert [c.token_id for c in steps[0].top] == [1, 2]
+    assert [(c.token_id, c.rank) for c in steps[0].top] == [(7, 5), (1, 1), (2, 2)]  # the servers' views cut this
     assert (steps[0].token_id, steps[0].logprob, steps[0].token) == (7, -3.0, "x")
     assert steps[1].top[1].logprob == -9999.0  # -inf clamped (contract records refuse infinities)
-    assert steps_from_vllm((7,), None, 2) is None
+    assert steps_from_vllm((7,), None) is None
 
 
 def completion_choice() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from replayer.errors import NotReplayableError
 from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
 from replayer.lanes.schedule_engine import StepDriver
@@ -220,3 +221,19 @@ def test_window_replay_reproduces_every_request_with_real_content(prod: StepDriv
     result = lane.replay_window(log, by_id, runs[3][0])
     assert result.mismatch is None
     assert {rid: result.outputs[rid] for rid, _ in runs} == dict(runs)
+
+
+def test_a_refused_lane_closing_leaves_the_other_engines_of_the_process_working(
+    prod: StepDriver, lane: ScheduleLane
+) -> None:
+    """The replayer keeps its one-at-a-time engine beside schedule lanes; a lane that refuses closes its engine,
+    and vLLM's own shutdown would tear down the parallel groups every in-process engine shares."""
+    engine = prod.log().engine
+    assert engine is not None
+    assert engine.runtime is not None
+    foreign = engine.model_copy(update={"runtime": engine.runtime.model_copy(update={"device_name": "another CPU"})})
+    with pytest.raises(NotReplayableError, match="device_name"):
+        ScheduleLane(ReplayerSettings(model_dir=model_dir()), foreign)
+    reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[30:32])]
+    runs = prod.run([(0, reqs[0]), (1, reqs[1])])  # production's engine still steps
+    assert replay_all(lane, prod.log(), runs, reqs) == 2  # ... and so does the lane's
