@@ -3,7 +3,8 @@
 Two steps, timed separately (``benchmarks/bench_compare.py``; the figures are in BENCHMARKS.md):
 
 1. `output_arrays` turns a pydantic output (token ids + per-step `StepLogprobs`) into numpy arrays once:
-   chosen ids and logprobs ``(n,)``, top-k ids and logprobs ``(n, k)`` sorted by logprob (descending) and padded.
+   chosen ids and logprobs ``(n,)``, top-k ids and logprobs ``(n, k)`` sorted by logprob (descending; equal
+   logprobs by token id, `candidate_order`) and padded.
    This walks the pydantic tuples (one attribute read per candidate), so it is the cost to watch: it grows with
    steps x k in Python, and dominates the comparison.
 2. `compare_arrays` decides everything with array operations; no Python loop over the sequence length, so it
@@ -13,7 +14,9 @@ Two steps, timed separately (``benchmarks/bench_compare.py``; the figures are in
 The levels (see `schemas.levels`):
 
 - **bitwise**: identical token ids, identical chosen-token logprobs, identical top-k (ids and logprobs, compared
-  column by column over the width both sides reported) at every step. Needs logprobs on both sides.
+  column by column over the width both sides reported) at every step. Needs logprobs on both sides. Candidates
+  with equal logprobs (frequent in bfloat16) are put in token-id order on both sides: which of two equal
+  numbers a top-k kernel lists first is not a number, and servers list the sampled token first among its equals.
 - **token**: identical token ids (and therefore identical lengths).
 - **numeric**: over the *numeric window* = the common prefix (positions before the first divergence, or all of
   the shorter output if none) plus the fork step itself:
@@ -57,7 +60,15 @@ from schemas import (
 )
 from schemas.replay import CauseHint, Verdict
 
-__all__ = ["REL_DENOMINATOR_FLOOR", "Comparison", "OutputArrays", "compare", "compare_arrays", "output_arrays"]
+__all__ = [
+    "REL_DENOMINATOR_FLOOR",
+    "Comparison",
+    "OutputArrays",
+    "candidate_order",
+    "compare",
+    "compare_arrays",
+    "output_arrays",
+]
 
 #: Denominator floor of the relative logprob difference (nats); see the module docstring.
 REL_DENOMINATOR_FLOOR = 0.1
@@ -147,9 +158,10 @@ def output_arrays(token_ids: Sequence[int], steps: Sequence[StepLogprobs] | None
         top_ids[rows, cols] = flat_ids
         top_lp[rows, cols] = np.array([c.logprob for c in flat], dtype=np.float64)
         with np.errstate(invalid="ignore"):  # -inf padding minus -inf padding is NaN, and NaN > 0 is False
-            unsorted = bool(np.any(np.diff(top_lp, axis=1) > 0))
-        if unsorted:  # not already sorted by logprob desc: sort (stable)
-            order = np.argsort(-top_lp, axis=1, kind="stable")
+            step = np.diff(top_lp, axis=1)
+            unsorted = bool(np.any((step > 0) | ((step == 0) & (np.diff(top_ids, axis=1) < 0))))
+        if unsorted:  # not already in `candidate_order`: sort by logprob desc, then token id
+            order = np.lexsort((top_ids, -top_lp), axis=1)
             top_ids = np.take_along_axis(top_ids, order, axis=1)
             top_lp = np.take_along_axis(top_lp, order, axis=1)
     return OutputArrays(ids, chosen_lp, top_ids, top_lp, top_n, ids_complete, steps)
@@ -183,7 +195,7 @@ def _string_keys(rec: OutputArrays, rep: OutputArrays) -> tuple[IntArray, IntArr
         out = np.full(side.top_ids.shape, pad, dtype=np.int64)
         assert side.steps is not None
         for i, s in enumerate(side.steps):
-            row = sorted(s.top, key=lambda c: -c.logprob)  # same stable order as output_arrays
+            row = sorted(s.top, key=lambda c: (-c.logprob, c.token))  # equal logprobs by text: one side lacks ids
             for j, c in enumerate(row):
                 out[i, j] = intern.setdefault(c.token, len(intern))
         return out
@@ -191,10 +203,15 @@ def _string_keys(rec: OutputArrays, rep: OutputArrays) -> tuple[IntArray, IntArr
     return keys(rec, _PAD_REC), keys(rep, _PAD_REP)
 
 
+def candidate_order(c: TopCandidate) -> tuple[float, int, str]:
+    """Sort key of a step's alternatives: logprob descending, then token id (then text, where ids are missing)."""
+    return (-c.logprob, -1 if c.token_id is None else c.token_id, c.token)
+
+
 def _sorted_top(step: StepLogprobs | None) -> tuple[TopCandidate, ...]:
     if step is None:
         return ()
-    return tuple(sorted(step.top, key=lambda c: -c.logprob))
+    return tuple(sorted(step.top, key=candidate_order))
 
 
 def _margin(top: tuple[TopCandidate, ...]) -> float | None:

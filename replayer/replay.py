@@ -16,6 +16,12 @@ Choices made here:
   ``worker_global`` randomness cannot be replayed token for token: the lane samples without a seed and a
   sampled (non-greedy) replay of such a request is reported with ``target_met = False`` and a note in
   ``cause_detail``, whatever the outputs.
+- **The endpoint's view of the alternatives.** A vLLM server answers a step's alternatives from the engine's
+  logprob dict (the sampled token first, then the top-k ranks; k + 1 entries when the sampled token is not among
+  them). The chat and responses servers list its first k entries, so a sampled token outside the top-k is listed
+  and the k-th rank is not; the completions server lists all of it. In-process lanes return the whole dict, and
+  `server_view` takes the recorded endpoint's view of it, so a replay is compared on what production's server
+  would have answered.
 - **Only choice 0** is replayed (it answers the first prompt); for ``n > 1`` and for a completions request with
   several prompts (``more_prompts``) the detail says so.
 - **Semantic similarity** is computed only when ``settings.semantic`` is on and the texts differ (identical
@@ -38,15 +44,18 @@ from schemas import (
     Choice,
     DivergenceEvent,
     Envelope,
+    ReplayedOutput,
     ReplayResult,
     SamplingContract,
     diff_fingerprints,
 )
 
-__all__ = ["EXTRA_TOKENS", "replay_budget", "replay_envelope"]
+__all__ = ["EXTRA_TOKENS", "replay_budget", "replay_envelope", "server_view"]
 
 #: How many tokens past the recorded length a replay may run (bounds cost; still shows length differences).
 EXTRA_TOKENS: Final = 16
+#: Endpoints whose answers list the first k entries of a step's logprob dict (see the module docstring).
+FIRST_K_ENDPOINTS: Final = frozenset({"chat.completions", "responses"})
 
 
 def _utcnow() -> datetime:
@@ -84,6 +93,16 @@ def replay_budget(sampling: SamplingContract, recorded: Choice) -> tuple[int, in
     return max(1, max_tokens), min(top_k, 20)
 
 
+def server_view(replayed: ReplayedOutput, endpoint: str, k: int) -> ReplayedOutput:
+    """``replayed`` with each step's alternatives cut to what ``endpoint``'s server lists (module docstring)."""
+    if replayed.logprobs is None or endpoint not in FIRST_K_ENDPOINTS:
+        return replayed
+    if all(len(step.top) <= k for step in replayed.logprobs):
+        return replayed
+    steps = tuple(s if len(s.top) <= k else s.model_copy(update={"top": s.top[:k]}) for s in replayed.logprobs)
+    return replayed.model_copy(update={"logprobs": steps})
+
+
 def replay_envelope(
     envelope: Envelope,
     lane: Lane,
@@ -103,6 +122,7 @@ def replay_envelope(
     started = time.perf_counter()
     replayed = lane.replay(GenRequest(prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k))
     replay_ms = (time.perf_counter() - started) * 1e3
+    replayed = server_view(replayed, envelope.endpoint, top_k)
 
     similarity: float | None = None
     if settings.semantic:

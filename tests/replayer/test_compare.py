@@ -237,3 +237,38 @@ def test_uneven_top_k_widths_are_padded_without_numeric_warnings() -> None:
     arrays = output_arrays((1, 4), (step(1, -0.1, (2, -1.0), (3, -2.0)), step(4, -0.1)))
     assert arrays.top_n.tolist() == [3, 1]
     assert arrays.top_ids[1].tolist() == [4, -1, -1]
+
+
+def test_equal_logprobs_listed_in_another_order_are_still_bitwise() -> None:
+    """A server lists the sampled token first among candidates of equal logprob, a lane by vLLM's rank (measured
+    on the demo's sampled requests): the same numbers, so the same level; a different id among them is not."""
+
+    def listed(*pairs: tuple[int, float]) -> StepLogprobs:
+        top = tuple(TopCandidate(token=f"t{t}", token_id=t, logprob=lp, rank=i) for i, (t, lp) in enumerate(pairs, 1))
+        return StepLogprobs(token_id=808, token="t808", logprob=-3.17, top=top)
+
+    server = listed((808, -3.17), (4211, -1.17), (768, -1.42), (1695, -3.17), (1867, -3.29))
+    lane = listed((4211, -1.17), (768, -1.42), (1695, -3.17), (808, -3.17), (1867, -3.29))
+    c = compare(rec((server,)), rep((lane,)), TH, "bitwise")
+    assert c.verdict == "bitwise"
+    assert c.max_rank_shift == 0
+    other = listed((4211, -1.17), (768, -1.42), (1696, -3.17), (808, -3.17), (1867, -3.29))
+    assert compare(rec((server,)), rep((other,)), TH, "bitwise").verdict == "token"
+
+
+def test_equal_logprobs_matched_by_text_are_put_in_text_order_on_both_sides() -> None:
+    """A client that asks its own logprobs gets text alternatives (no ids); the lane has ids. Equal logprobs must
+    then be ordered by text on both sides, not by id on one and by text on the other."""
+    recorded = StepLogprobs(
+        token_id=33,
+        token="A",
+        logprob=-1.1,
+        top=(TopCandidate(token="A", logprob=-1.1), TopCandidate(token="B", logprob=-1.1)),
+    )
+    replayed = StepLogprobs(
+        token_id=33,
+        token="A",
+        logprob=-1.1,
+        top=(TopCandidate(token="B", token_id=7, logprob=-1.1), TopCandidate(token="A", token_id=33, logprob=-1.1)),
+    )
+    assert compare(rec((recorded,)), rep((replayed,)), TH, "bitwise").verdict == "bitwise"

@@ -9,7 +9,7 @@ import pytest
 
 from replayer.errors import NotReplayableError
 from replayer.lanes import GenRequest, Lane
-from replayer.replay import EXTRA_TOKENS, replay_envelope
+from replayer.replay import EXTRA_TOKENS, replay_envelope, server_view
 from replayer.settings import ReplayerSettings
 from schemas import (
     CapturedError,
@@ -18,7 +18,9 @@ from schemas import (
     ReplayedOutput,
     RuntimeFingerprint,
     SamplingContract,
+    StepLogprobs,
     Timings,
+    TopCandidate,
 )
 from tests.factories import FIXED_TIME, envelope, runtime, step
 
@@ -168,3 +170,33 @@ def test_semantic_similarity_when_enabled(monkeypatch: pytest.MonkeyPatch) -> No
     off = replay_envelope(env, ScriptedLane(replayed), ReplayerSettings()).event
     assert off.semantic_similarity is None
     assert off.verdict == "diverged"
+
+
+def _whole_dict_step(sampled: int, sampled_lp: float, *ranked: tuple[int, float]) -> StepLogprobs:
+    """A step as an in-process vLLM lane returns it: the sampled token first, then the top ranks."""
+    first = TopCandidate(token=f"t{sampled}", token_id=sampled, logprob=sampled_lp, rank=len(ranked) + 1)
+    rest = (TopCandidate(token=f"t{t}", token_id=t, logprob=lp, rank=i) for i, (t, lp) in enumerate(ranked, 1))
+    top = (first, *rest)
+    return StepLogprobs(token_id=sampled, token=f"t{sampled}", logprob=sampled_lp, top=top)
+
+
+def test_the_replay_is_compared_on_the_view_the_recorded_endpoint_gave() -> None:
+    """A sampled token outside the top-2: chat and responses servers list it and drop rank 2; completions list
+    all three. The lane returns all three, and the replay takes the recorded endpoint's view."""
+    whole = _whole_dict_step(9, -4.0, (11, -0.5), (12, -1.5))
+    replayed = ReplayedOutput(token_ids=(9,), text="t9", logprobs=(whole,))
+    for endpoint in ("chat.completions", "responses"):
+        view = server_view(replayed, endpoint, 2)
+        assert view.logprobs is not None
+        assert [c.token_id for c in view.logprobs[0].top] == [9, 11]
+    assert server_view(replayed, "completions", 2) == replayed
+
+    chat_view = whole.model_copy(update={"top": whole.top[:2]})
+    sampling = SamplingContract(temperature=0.8, seed=7, seed_scope="per_request", max_tokens=1, logprobs=2)
+    outcome = CapturedOutput(
+        choices=(Choice(index=0, token_ids=(9,), text="t9", logprobs=(chat_view,)),),
+        timings=Timings(received_at=FIXED_TIME, upstream_ms=1.0),
+    )
+    env = envelope(sampling=sampling, outcome=outcome)
+    result = replay_envelope(env, ScriptedLane(replayed), ReplayerSettings(), now=lambda: REPLAYED_AT)
+    assert result.event.verdict == "bitwise"
