@@ -134,8 +134,18 @@ class ScheduleReplayer:
             self._lanes[key] = lane
         return lane
 
-    def replay(self, envelope: Envelope, *, reply_to: str | None = None) -> ReplayResult | str:
-        """The schedule lane's result, or why it was not used (no schedule, not found, incomplete, refused)."""
+    def replay(
+        self,
+        envelope: Envelope,
+        *,
+        reply_to: str | None = None,
+        stored: Callable[[Envelope, str], ReplayResult | None] | None = None,
+    ) -> ReplayResult | str:
+        """The schedule lane's result, or why it was not used (no schedule, not found, incomplete, refused).
+
+        ``stored(envelope, lane fingerprint sha256)`` is the result store's lookup: a result this schedule lane
+        already stored for the envelope is answered as it is, not replayed again (the service's idempotence key
+        is the lane's fingerprint, and only here is the schedule lane's known)."""
         if envelope.schedule is None:
             return "the envelope names no schedule (its upstream did not record one)"
         if self._store is None:
@@ -147,6 +157,8 @@ class ScheduleReplayer:
             if window.engine is None:
                 return "the schedule log has no engine record"
             lane = self._lane(window.engine)
+            if stored is not None and (found := stored(envelope, lane.fingerprint().sha256())) is not None:
+                return found
             result, _ = replay_on_schedule(envelope, window, lane, self.settings, reply_to=reply_to)
         except (NotReplayableError, StoreError, LaneUnavailableError) as exc:  # ScheduleNotFoundError included
             return str(exc)

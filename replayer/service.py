@@ -350,7 +350,7 @@ class ReplayerService:
         """On the schedule lane when the envelope names a schedule that is found and complete (issue 22), else
         one request at a time on the service's lane (its event carries the fingerprint differences)."""
         if self.schedule is not None and envelope.schedule is not None:
-            answer = self.schedule.replay(envelope)
+            answer = self.schedule.replay(envelope, stored=self.store.get_result)
             if not isinstance(answer, str):
                 return answer
             log.info("replayer: %s: schedule lane not used: %s", envelope.request_id, answer)
@@ -393,7 +393,7 @@ class ReplayerService:
                 outcome = "replayed"
                 self.metrics.observe_replay(event, seconds, envelope.runtime.sha256())
             else:  # another replayer stored it first: theirs is the result
-                winner = await asyncio.to_thread(self.store.get_result, envelope, fp)
+                winner = await asyncio.to_thread(self.store.get_result, envelope, stored.event.lane_fingerprint_sha256)
                 event = winner.event if winner is not None else stored.event
                 self.metrics.deduplicated.inc()
         if reply_to is not None:

@@ -147,13 +147,39 @@ def test_the_service_falls_back_to_its_lane_when_the_schedule_lane_is_not_used()
     echo = FakeLane()
     echo.learn(scheduled)
     echo.learn(missing)
-    service: Any = object.__new__(ReplayerService)  # only the lane choice: no broker, no store
-    service.settings, service.lane = SETTINGS, echo
+    service: Any = object.__new__(ReplayerService)  # only the lane choice: no broker, a store of no results
+    service.settings, service.lane, service.store = SETTINGS, echo, NoResults()
     service.schedule = _replayer(FakeStore({scheduled.request_id: _window(scheduled)}), FakeScheduleLane(echo))
     assert service._replay(scheduled).event.lane == "schedule"
     fallback = service._replay(missing).event
     assert fallback.lane == "fake"
     assert fallback.schedule_reproduced is None
+
+
+class NoResults:
+    def get_result(self, envelope: Envelope, lane_fingerprint_sha256: str) -> None:
+        return None
+
+
+def test_a_result_the_schedule_lane_already_stored_is_answered_not_replayed_again() -> None:
+    """A redelivered envelope: the service looks its result up under its own lane's fingerprint, which is not the
+    schedule lane's; the schedule replayer looks it up under the schedule lane's."""
+    envelope = _scheduled(make_envelope(9))
+    echo = FakeLane()
+    echo.learn(envelope)
+    lane = FakeScheduleLane(echo)
+    replayer = _replayer(FakeStore({envelope.request_id: _window(envelope)}), lane)
+    first = replayer.replay(envelope)
+    assert not isinstance(first, str)
+    asked: list[str] = []
+
+    def stored(env: Envelope, fingerprint_sha256: str) -> Any:
+        asked.append(fingerprint_sha256)
+        return first if fingerprint_sha256 == first.event.lane_fingerprint_sha256 else None
+
+    assert replayer.replay(envelope, stored=stored) is first
+    assert asked == [LANE_FINGERPRINT.sha256()]
+    assert len(lane.targets) == 1  # replayed once
 
 
 def test_explain_attributes_a_fork_reproduced_bitwise_on_the_schedule_to_batching() -> None:
