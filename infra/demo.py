@@ -66,7 +66,7 @@ class DemoOptions:
     run_dir: Path | None = None  # None: $REPROLANE_RUN_DIR or ./.reprolane/stack
     quick: bool = False  # 6 prompts, one workflow of 2 steps, 12 tokens (tests)
     keep: bool = False  # leave the services (and a stack the demo started) running
-    timeout_s: float = 300.0  # for the replays to arrive
+    timeout_s: float = 300.0  # for the next replay to arrive: the wait ends when none came for this long
     sample_rate: float = 0.34
     flag_tenants: tuple[str, ...] = ("health",)
     auditor_replay: bool = True
@@ -298,29 +298,33 @@ class Demo:
 
     def _read_events(self, info: StackInfo, marks: dict[str, Mark]) -> None:
         out, expected = self.outcome, self.outcome.expected
-        state = {"shown": -1, "at": 0.0}
         started = time.monotonic()
+        state = {"shown": -1, "at": 0.0, "count": 0, "progress": started}
+        stall_s = self.options.timeout_s
 
         def tick(found: dict[str, bytes]) -> bool:
             for service in out.services:
                 if not service.alive():
                     raise DemoError(f"{service.name} died; last lines of {service.log}:\n{service.tail()}")
             now = time.monotonic()
+            if len(found) != state["count"]:
+                state["count"], state["progress"] = len(found), now
             changed = len(found) != state["shown"]
             if (changed and (now - state["at"] >= 5.0 or len(found) >= len(expected))) or now - state["at"] >= 15.0:
                 note = "  (the lane is loading)" if not found else ""
                 self.echo(f"      replayed {len(found)}/{len(expected)}  ({now - started:.0f} s){note}")
                 state["shown"], state["at"] = len(found), now
-            return len(found) >= len(expected)
+            # a schedule replay rebuilds its whole busy period, so the wait is for progress, not for a fixed time
+            return len(found) >= len(expected) or now - state["progress"] > stall_s
 
         found = asyncio.run(
             collect(info.kafka_bootstrap, marks[TOPIC_DIVERGENCES], expected.__contains__, until=tick,
-                    timeout_s=self.options.timeout_s)
+                    timeout_s=stall_s * max(len(expected), 1))
         )  # fmt: skip
         for rid, body in found.items():
             out.events[rid] = decode_divergence(body)
         if len(found) < len(expected):
-            self.echo(f"      timed out after {self.options.timeout_s:.0f} s: {len(found)}/{len(expected)} replayed")
+            self.echo(f"      no replay for {stall_s:.0f} s: stopped waiting at {len(found)}/{len(expected)} replayed")
 
     def _count_in_s3(self, store: EnvelopeStore) -> int:
         count = 0

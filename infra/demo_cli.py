@@ -16,7 +16,7 @@ def demo_command(
     run_dir: RunDirOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="6 prompts, one 2-step workflow, 12 tokens")] = False,
     keep: Annotated[bool, typer.Option("--keep", help="leave the sidecar, the replayer and the stack running")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="seconds to wait for the replays")] = 300.0,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="seconds to wait for the next replay")] = 300.0,
     sample_rate: Annotated[
         float, typer.Option("--sample-rate", min=0.0, max=1.0, help="fraction of requests the sidecar samples")
     ] = 0.34,

@@ -8,16 +8,19 @@ compared (`replayer.replay.replay_envelope`), so a schedule replay's event is th
 fields: whether every replayed step had the recorded shapes, and the first step that did not.
 
 A window that is not complete (a segment not shipped yet, a finish the log does not reach) is not replayed here:
-`NotReplayableError` says what the log lacks, and the caller falls back to the one-at-a-time lane.
+`NotReplayableError` says what the log lacks, and the caller falls back to the one-at-a-time lane. The service
+consumes an envelope a moment after its capture, before the recorder's segment holding its last step has been
+shipped, so `ScheduleReplayer` looks again until ``schedule_wait_s`` after the capture.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
-from replayer.errors import LaneUnavailableError, NotReplayableError, StoreError
+from replayer.errors import LaneUnavailableError, NotReplayableError, ScheduleNotFoundError, StoreError
 from replayer.lanes.base import GenRequest
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
@@ -97,6 +100,8 @@ def replay_on_schedule(
     return result.model_copy(update={"event": event}), replay
 
 
+#: How often a schedule not shipped yet is looked for again (within ``schedule_wait_s`` of the capture).
+SCHEDULE_POLL_S: Final = 0.5
 #: How far before the target's arrival a window reaches: far enough to start at the engine's first step of a
 #: busy period, so the requests that computed the target's cached prefix are replayed too.
 WINDOW_BEFORE_STEPS: Final = 1 << 40
@@ -115,22 +120,50 @@ class ScheduleReplayer:
         settings: ReplayerSettings,
         store: ScheduleStore | None = None,
         lane_factory: Callable[[ReplayerSettings, EngineStart], ScheduleLane] | None = None,
+        *,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
         self._store = store
         self._lane_factory = lane_factory
         self._lanes: dict[str, ScheduleLane] = {}
+        self._refused: dict[str, NotReplayableError] = {}
+        self._now, self._sleep = now, sleep
+
+    def _window(self, store: ScheduleStore, envelope: Envelope) -> ScheduleWindow:
+        """The envelope's window, looked for again while it is not shipped yet (not found, or the log ends before
+        the request finished) and the capture is younger than ``schedule_wait_s``."""
+        deadline = envelope.captured_at + timedelta(seconds=self.settings.schedule_wait_s)
+        while True:
+            try:
+                window = store.records_for(envelope, before_steps=WINDOW_BEFORE_STEPS)
+            except ScheduleNotFoundError:
+                if self._now() >= deadline:
+                    raise
+            else:
+                if window.complete or self._now() >= deadline:
+                    return window
+            self._sleep(SCHEDULE_POLL_S)
 
     def _lane(self, engine: EngineStart) -> ScheduleLane:
+        """The lane for ``engine``'s settings; a lane that refused (its runtime differs in numerics) is not
+        started again for every envelope of that engine: the refusal is kept and raised."""
         key = engine.model_dump_json(exclude={"engine_id", "at", "started_at"})
+        if key in self._refused:
+            raise self._refused[key]
         lane = self._lanes.get(key)
         if lane is None:
-            if self._lane_factory is None:
-                from replayer.lanes.schedule_lane import ScheduleLane
+            try:
+                if self._lane_factory is None:
+                    from replayer.lanes.schedule_lane import ScheduleLane
 
-                lane = ScheduleLane(self.settings, engine)
-            else:
-                lane = self._lane_factory(self.settings, engine)
+                    lane = ScheduleLane(self.settings, engine)
+                else:
+                    lane = self._lane_factory(self.settings, engine)
+            except NotReplayableError as exc:
+                self._refused[key] = exc
+                raise
             self._lanes[key] = lane
         return lane
 
@@ -153,7 +186,7 @@ class ScheduleReplayer:
 
             self._store = ScheduleStore.from_settings(self.settings)
         try:
-            window = self._store.records_for(envelope, before_steps=WINDOW_BEFORE_STEPS)
+            window = self._window(self._store, envelope)
             if window.engine is None:
                 return "the schedule log has no engine record"
             lane = self._lane(window.engine)

@@ -43,7 +43,13 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
     served_model_name: str = "smollm2-135m-instruct"
     dtype: str = "bfloat16"
     remote_url: str | None = Field(default=None, description="base URL for the remote lane")
-    num_threads: int = Field(default=1, ge=1, description="torch threads of the transformers lane")
+    num_threads: int = Field(
+        default=1,
+        ge=1,
+        description="torch threads of the transformers lane and of the vllm lane on the CPU (a CPU matmul's "
+        "reduction order can depend on it; a vLLM server's engine on 2 cores runs 1). The first vLLM engine of a "
+        "process fixes it for the process, so a schedule lane whose production engine ran another count refuses",
+    )
     semantic: bool = Field(default=False, description="compute semantic similarity (all-MiniLM-L6-v2)")
     thresholds: Thresholds = Field(default_factory=Thresholds)
 
@@ -64,6 +70,14 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
     service_heartbeat_topic: str = TOPIC_REPLAYER_HEARTBEATS
     service_heartbeat_interval_s: float = Field(
         default=5.0, gt=0.0, le=3600.0, description="how often the service says it serves on-demand requests"
+    )
+    schedule_wait_s: float = Field(
+        default=15.0,
+        ge=0.0,
+        le=600.0,
+        description="how long after capture the schedule lane waits for an envelope's schedule to be shipped "
+        "(the recorder rotates segments every 2 s, the shipper polls twice a second) before the envelope is "
+        "replayed one request at a time",
     )
     metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")
     metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")

@@ -136,6 +136,8 @@ class VllmLane:
             raise LaneUnavailableError(f"the vllm lane needs the lanes extra (torch): {exc}") from exc
         on_gpu = bool(torch.cuda.is_available())
         _prepare_environment(on_gpu)
+        if not on_gpu:  # before vLLM's CPU worker binds its threads and turns set_num_threads into a no-op
+            torch.set_num_threads(settings.num_threads)
         try:
             with quiet_imports():
                 import vllm

@@ -7,13 +7,16 @@ The real lanes, the real recorder and the real store are in `test_schedule_repla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
-from replayer.errors import ScheduleNotFoundError
+import pytest
+
+from replayer.errors import NotReplayableError, ScheduleNotFoundError
 from replayer.lanes.base import GenRequest
 from replayer.lanes.schedule_lane import ScheduleReplay, StepMismatch
 from replayer.matrix.explain import VariationOutcome, conclude, schedule_outcome
-from replayer.schedule_replay import ScheduleReplayer
+from replayer.schedule_replay import SCHEDULE_POLL_S, ScheduleReplayer
 from replayer.schedule_store import ScheduleWindow
 from replayer.service import ReplayerService
 from replayer.settings import ReplayerSettings
@@ -154,6 +157,66 @@ def test_the_service_falls_back_to_its_lane_when_the_schedule_lane_is_not_used()
     fallback = service._replay(missing).event
     assert fallback.lane == "fake"
     assert fallback.schedule_reproduced is None
+
+
+@dataclass
+class ShippedLater(FakeStore):
+    """Not found, then incomplete, then complete: a window while the shipper catches up."""
+
+    answers: list[str] = field(default_factory=lambda: ["missing", "partial", "complete"])
+
+    def records_for(self, envelope: Envelope, *, before_steps: int = 0) -> ScheduleWindow:
+        self.asked.append(envelope.request_id)
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if answer == "missing":
+            raise ScheduleNotFoundError(f"no schedule is indexed under {envelope.request_id}")
+        return _window(envelope, complete=answer == "complete")
+
+
+def test_a_schedule_not_shipped_yet_is_waited_for_until_schedule_wait_s_after_capture() -> None:
+    envelope = _scheduled(make_envelope(10))
+    echo = FakeLane()
+    echo.learn(envelope)
+    clock = [envelope.captured_at]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += timedelta(seconds=seconds)
+
+    def replayer(store: FakeStore, lane: FakeScheduleLane) -> ScheduleReplayer:
+        return ScheduleReplayer(
+            SETTINGS,
+            store,
+            lambda s, e: lane,
+            now=lambda: clock[0],
+            sleep=sleep,  # type: ignore[arg-type, return-value]
+        )
+
+    lane = FakeScheduleLane(echo)
+    answer = replayer(ShippedLater(), lane).replay(envelope)
+    assert not isinstance(answer, str), answer
+    assert answer.event.lane == "schedule"
+    assert slept == [SCHEDULE_POLL_S, SCHEDULE_POLL_S]
+
+    never = ShippedLater(answers=["partial"])  # the shipper is down: give up schedule_wait_s after the capture
+    clock[0], slept[:] = envelope.captured_at, []
+    assert "incomplete" in str(replayer(never, lane).replay(envelope))
+    assert sum(slept) == pytest.approx(SETTINGS.schedule_wait_s, abs=SCHEDULE_POLL_S)
+
+
+def test_a_lane_that_refused_is_not_started_again_for_every_envelope() -> None:
+    envelopes = [_scheduled(make_envelope(i)) for i in (11, 12)]
+    started: list[str] = []
+
+    def refusing(settings: ReplayerSettings, engine: EngineStart) -> Any:
+        started.append(engine.engine_id)
+        raise NotReplayableError("the schedule lane's runtime differs in numerics: num_threads: 1 != 2")
+
+    replayer = ScheduleReplayer(SETTINGS, FakeStore({e.request_id: _window(e) for e in envelopes}), refusing)
+    answers = [replayer.replay(e) for e in envelopes]
+    assert all("num_threads: 1 != 2" in str(a) for a in answers)
+    assert len(started) == 1
 
 
 class NoResults:
