@@ -83,6 +83,11 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert set(outcome.events) == set(outcome.expected)  # every flagged envelope got its divergence event
     for rid, event in outcome.events.items():
         assert event.envelope_id == outcome.envelopes[rid].envelope_id()
+    # the stack's vLLM records its schedule and the shipper ships it: the replayer rebuilds the batches (issue 22)
+    scheduled = [e for e in outcome.events.values() if e.lane == "schedule"]
+    assert scheduled, [e.cause_detail for e in outcome.events.values()]
+    assert any(e.schedule_reproduced and e.verdict == "bitwise" for e in scheduled)
+    assert "on the schedule lane" in text
 
     for verdict in ("bitwise", "token", "numeric", "diverged"):
         assert re.search(rf"verdicts .*{verdict} \d+", text), verdict
