@@ -23,6 +23,7 @@ from tests.factories import FIXED_TIME, envelope, runtime
 
 SETTINGS = LakeSettings(flush_rows=100, flush_seconds=3600)
 CANDIDATE = "http://127.0.0.1:9/candidate"
+RT_F32 = runtime(dtype="float32")
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def shadow_of(prod: Envelope, ids: tuple[int, ...] | None = None) -> Envelope:
     return prod.model_copy(
         update={
             "captured_at": prod.captured_at + timedelta(seconds=2),
-            "runtime": runtime(dtype="float32"),
+            "runtime": RT_F32,
             "outcome": prod.outcome.model_copy(update={"choices": (changed,)}),
             "flagged": False,
             "flag_reason": None,
