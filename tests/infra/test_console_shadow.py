@@ -4,12 +4,10 @@ by the shadow report's comparison, every hostile byte escaped."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 from starlette.testclient import TestClient
 
 from capture.audit.access_log import AccessLog
@@ -22,10 +20,9 @@ from infra.console.sessions import SessionStore
 from replayer.settings import Thresholds
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput, Choice, Envelope, ReplayedOutput, ShadowMarker
-from schemas.layout import capture_day, envelope_key, index_body, shadow_index_key
 from tests import factories
 from tests.infra.test_console import MemoryLedger, MemoryRecords, forked_result, log_in, new_operator_key
-from tests.replayer.support import S3Target, flip, moto_s3, seed_envelope
+from tests.replayer.support import S3Target, flip, moto_s3, seed_envelope, seed_shadow
 
 HOSTILE = "<script>alert('shadow')</script>"
 CANDIDATE = 'http://127.0.0.1:9/"><img src=x onerror=alert(1)>'
@@ -81,39 +78,29 @@ def test_the_shadow_view_is_the_shadow_reports_judgement_with_the_fork_cut() -> 
     assert failed.candidate_cut is None
 
 
-def _seed_shadow(s3: S3Target, shadow: Envelope) -> None:
-    client = s3.client()
-    key = envelope_key(shadow.envelope_id(), shadow.tenant, shadow.captured_at)
-    client.put_object(Bucket=s3.bucket, Key=key, Body=shadow.canonical())
-    index = index_body(shadow.envelope_id(), key, shadow.tenant, shadow.captured_at)
-    client.put_object(Bucket=s3.bucket, Key=shadow_index_key(capture_day(shadow.captured_at), shadow.request_id),
-                      Body=index)  # fmt: skip
+def test_records_find_the_shadow_that_names_the_envelope_and_refuse_another() -> None:
+    with moto_s3() as s3:
+        _find_shadows(s3)
 
 
-@pytest.fixture
-def s3() -> Iterator[S3Target]:
-    with moto_s3() as target:
-        yield target
-
-
-def test_records_find_the_shadow_that_names_the_envelope_and_refuse_another(s3: S3Target) -> None:
+def _find_shadows(s3: S3Target) -> None:
     records = Records(EnvelopeStore(s3.client(), s3.bucket), AuditStore(s3.client(), s3.bucket), None,
                       public_key=None)  # fmt: skip
     prod = factories.envelope(request_id="r-shadowed")
     seed_envelope(s3.client(), s3.bucket, prod)
     assert records.shadow(prod) == (None, None)  # not shadowed
     shadow = shadow_of(prod)
-    _seed_shadow(s3, shadow)
+    seed_shadow(s3.client(), s3.bucket, shadow)
     assert records.shadow(prod) == (shadow, None)
     late = factories.envelope(request_id="r-late", captured_at=factories.FIXED_TIME.replace(hour=23, minute=59))
     late_shadow = shadow_of(late).model_copy(update={"captured_at": late.captured_at + timedelta(minutes=2)})
-    _seed_shadow(s3, late_shadow)  # captured after midnight: indexed under the next day
+    seed_shadow(s3.client(), s3.bucket, late_shadow)  # captured after midnight: indexed under the next day
     assert records.shadow(late) == (late_shadow, None)
     other = factories.envelope(request_id="r-other")
     stray = shadow_of(other).model_copy(
         update={"shadow": ShadowMarker(production_envelope_id="f" * 64, candidate=CANDIDATE)}
     )
-    _seed_shadow(s3, stray)
+    seed_shadow(s3.client(), s3.bucket, stray)
     found, problem = records.shadow(other)
     assert found is None
     assert problem is not None
