@@ -137,6 +137,13 @@ def _day_range(column: str, day: str) -> Any:
     return And(GreaterThanOrEqual(term=column, value=start.isoformat()), LessThan(term=column, value=end.isoformat()))
 
 
+def _only_added(tbl: Any) -> bool:
+    """True when every schema the table had is its current one less some columns (same field ids, names and
+    types): the only evolution we make (`IcebergLake._evolved`), under which a data file reads by column name."""
+    current = {f.field_id: (f.name, f.field_type) for f in tbl.schema().fields}
+    return all(current.get(f.field_id) == (f.name, f.field_type) for s in tbl.schemas().values() for f in s.fields)
+
+
 @dataclass(frozen=True)
 class MaintenanceReport:
     partitions_compacted: int = 0
@@ -278,14 +285,15 @@ class IcebergLake:
     def dataset(self, name: str, day: str | None = None) -> ds.Dataset:
         """The table's current data files (of one partition day) as a lazy Arrow dataset, so DuckDB reads only
         the columns and files a query needs. Without ``date``: the query views add it. Exact while the tables
-        have no delete files (PyIceberg writes none: appends, and overwrites that rewrite whole files) and one
-        schema; otherwise, or without a filesystem, the scan in memory (`scan`, its ``date`` dropped)."""
+        have no delete files (PyIceberg writes none: appends, and overwrites that rewrite whole files) and every
+        earlier schema is the current one less some columns (`_only_added`: a file read by name, a column it
+        lacks as NULL); otherwise, or without a filesystem, the scan in memory (`scan`, its ``date`` dropped)."""
         arrow, _, when = ICEBERG_TABLES[name]
         tbl = self.table(name)
         _guard(f"refresh {name}", tbl.refresh)
         kwargs: dict[str, Any] = {"row_filter": _day_range(when, day)} if day else {}
         tasks = _guard(f"plan {name}", lambda: list(tbl.scan(**kwargs).plan_files()))
-        if self.fs is None or len(tbl.schemas()) > 1 or any(t.delete_files for t in tasks):
+        if self.fs is None or not _only_added(tbl) or any(t.delete_files for t in tasks):
             return ds.dataset(self.scan(name, day).drop_columns(["date"]))
         paths = [t.file.file_path.split("://", 1)[-1] for t in tasks]
         if not paths:
