@@ -288,3 +288,7 @@ async def test_a_table_from_before_the_shadow_columns_gets_them_and_shadows_are_
     await again.flush()
     assert ice.counts() == (2, 2)  # production rows only: the old one and prod
     assert ice.counts("shadows") == (1, 1)
+    report = ice.lake().maintain("envelopes", retention_floor=timedelta(days=1))  # the old file and the new one
+    assert (report.partitions_compacted, report.files_after) == (1, 1)
+    after = run_query(ice.lake(), "SELECT request_id, shadow, shadow_candidate FROM all_envelopes ORDER BY 1, 2").rows
+    assert after == rows
