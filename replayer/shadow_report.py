@@ -42,7 +42,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from replayer.compare import compare
+from replayer.compare import Comparison, compare
 from replayer.errors import EnvelopeNotFoundError, GateInputError
 from replayer.gate import short_text
 from replayer.settings import Thresholds
@@ -50,7 +50,15 @@ from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput, Envelope, FieldDiff, ReplayedOutput, ReproLevel, diff_fingerprints
 from schemas.layout import capture_day
 
-__all__ = ["SHADOW_REPORT_VERSION", "ShadowPair", "ShadowReport", "load_pairs", "render_shadow", "shadow_gate"]
+__all__ = [
+    "SHADOW_REPORT_VERSION",
+    "ShadowPair",
+    "ShadowReport",
+    "compare_shadow",
+    "load_pairs",
+    "render_shadow",
+    "shadow_gate",
+]
 
 SHADOW_REPORT_VERSION: Final = "reprolane.shadow-gate/1"
 SimilarityFn = Callable[[str, str], float]
@@ -192,9 +200,19 @@ def _spread(values: Sequence[float]) -> Spread:
                   min=ordered[0], max=ordered[-1])  # fmt: skip
 
 
-def _pair(production: Envelope, shadow: Envelope, level: ReproLevel | None, thresholds: Thresholds,
-          similarity: SimilarityFn) -> ShadowPair:  # fmt: skip
-    assert isinstance(production.outcome, CapturedOutput)
+def compare_shadow(
+    production: Envelope,
+    shadow: Envelope,
+    thresholds: Thresholds,
+    level: ReproLevel | None = None,
+    similarity: SimilarityFn | None = None,
+) -> tuple[ShadowPair, Comparison | None]:
+    """One pair judged as the report judges it, and the comparison itself (its fork's top-k, for the console;
+    None when the candidate answered an error). `production` must have an output (`shadow_gate` keeps only
+    those; the sidecar shadows no other). Without `similarity` none is computed (a page view cannot load the
+    embedding model): the semantic level is then held by token-identical outputs only."""
+    if not isinstance(production.outcome, CapturedOutput):
+        raise GateInputError(f"{production.request_id}: production answered an error, there is nothing to compare")
     recorded = production.outcome.choices[0]
     judged = level or production.target_level
     common = {
@@ -208,14 +226,14 @@ def _pair(production: Envelope, shadow: Envelope, level: ReproLevel | None, thre
     }
     if isinstance(shadow.outcome, CapturedError):
         message = f"{shadow.outcome.error_type}: {shadow.outcome.message}"[:300]
-        return ShadowPair(**common, target_met=False, verdict="candidate_error", candidate_error=message)
+        return ShadowPair(**common, target_met=False, verdict="candidate_error", candidate_error=message), None
     cand = shadow.outcome.choices[0]
-    sim = similarity(recorded.text, cand.text)
+    sim = similarity(recorded.text, cand.text) if similarity is not None else None
     replayed = ReplayedOutput(token_ids=cand.token_ids, text=cand.text, logprobs=cand.logprobs,
                               finish_reason=cand.finish_reason)  # fmt: skip
     result = compare(recorded, replayed, thresholds, judged, semantic_similarity=sim)
     first = result.first_divergence
-    return ShadowPair(
+    pair = ShadowPair(
         **common,
         target_met=result.target_met,
         verdict=result.verdict,
@@ -229,6 +247,7 @@ def _pair(production: Envelope, shadow: Envelope, level: ReproLevel | None, thre
         candidate_finish=cand.finish_reason,
         candidate_text=cand.text,
     )
+    return pair, result
 
 
 def _tv_distance(a: Counter[str], b: Counter[str]) -> float | None:
@@ -261,7 +280,7 @@ def shadow_gate(
                              + (f" ({len(unpaired)} unpaired)" if unpaired else ""))  # fmt: skip
     # one similarity bar: a pair judged at the semantic level holds it at min_similarity, like the distribution
     th = (thresholds or Thresholds()).model_copy(update={"semantic_min_similarity": min_similarity})
-    results = [_pair(p, s, level, th, similarity) for p, s in judged]
+    results = [compare_shadow(p, s, th, level, similarity)[0] for p, s in judged]
     answered = [r for r in results if r.candidate_error is None]
     errors = len(results) - len(answered)
     passed = sum(r.target_met for r in results)

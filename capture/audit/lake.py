@@ -5,16 +5,18 @@ The lake bucket must not be under Object Lock: compaction deletes the small file
 
 Compaction (`Lake.compact`), per partition with more than one file: read every file, keep the first copy per
 id (``envelope_id`` / ``result_id``, earliest ``archived_at``), write one ``part-<uuid>.parquet``, *then*
-delete the files it read. A crash between the write and the deletes leaves duplicates, never a loss: the query
-views deduplicate, and the next compaction merges them. A query that lists a file just before compaction
-deletes it fails with a read error and can simply be run again.
+delete the files it read. A file written before a column was added is read with that column NULL
+(`capture.audit.lake_schema.conform`), so the merged file has the current schema. A crash between the write
+and the deletes leaves duplicates, never a loss: the query views deduplicate, and the next compaction merges
+them. A query that lists a file just before compaction deletes it fails with a read error and can simply be
+run again.
 
 Index rebuild (`Lake.rebuild_index`): if the request-id index objects of the audit bucket are lost, the lake's
-envelopes table still knows, per request id, the newest envelope and its S3 key; the index objects are written
-back byte for byte as the capture sink writes them (``{"captured_at","envelope_id","key","tenant"}``), and the
-workflow index with them. The lake is not evidence: a row is written back only when the record it names agrees
-with it, only missing objects are written, and with ``overwrite`` invalid ones replaced; a valid entry never is
-(`capture.audit.index.repair_entry`).
+envelopes table still knows, per request id, the newest production envelope (never a shadow: it shares the
+request id) and its S3 key; the index objects are written back byte for byte as the capture sink writes them
+(``{"captured_at","envelope_id","key","tenant"}``), and the workflow index with them. The lake is not evidence:
+a row is written back only when the record it names agrees with it, only missing objects are written, and with
+``overwrite`` invalid ones replaced; a valid entry never is (`capture.audit.index.repair_entry`).
 
 Every pyarrow / botocore error becomes `LakeError`.
 """
@@ -34,7 +36,7 @@ import pyarrow.parquet as pq
 
 from capture.audit.errors import LakeError
 from capture.audit.index import RepairReport, repair_entry
-from capture.audit.lake_schema import DEDUPE_KEY, PARTITIONING, SCHEMAS
+from capture.audit.lake_schema import DEDUPE_KEY, PARTITIONING, SCHEMAS, conform
 from schemas import layout
 from schemas.layout import (
     LAKE_PREFIX,
@@ -181,7 +183,7 @@ class Lake:
             if len(part.paths) < min_files:
                 continue
             pieces = [
-                _arrow(f"read {p}", lambda p=p: pq.read_table(p, filesystem=self.fs)).cast(SCHEMAS[table])  # type: ignore[misc]
+                conform(_arrow(f"read {p}", lambda p=p: pq.read_table(p, filesystem=self.fs)), SCHEMAS[table])  # type: ignore[misc]
                 for p in part.paths
             ]
             merged = pa.concat_tables(pieces)
@@ -207,10 +209,10 @@ class Lake:
         con = duckdb.connect()
         try:
             con.register("envelopes", self.dataset("envelopes", day))
-            rel = con.sql(
+            rel = con.sql(  # a shadow has its production request's id but never its index entries
                 "SELECT request_id, envelope_id, s3_key, tenant, captured_at, workflow_id, workflow_step "
-                "FROM envelopes QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY captured_at DESC, "
-                "archived_at) = 1 ORDER BY request_id"
+                "FROM envelopes WHERE shadow IS NOT TRUE QUALIFY row_number() OVER (PARTITION BY request_id "
+                "ORDER BY captured_at DESC, archived_at) = 1 ORDER BY request_id"
             )
             columns = rel.columns
             for values in rel.fetchall():

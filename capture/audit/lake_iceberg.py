@@ -6,7 +6,9 @@ evolution; the catalog (SeaweedFS's in the local stack, any Iceberg REST catalog
 
 Tables in namespace ``iceberg_namespace``, each partitioned ``day(<time>)``, ``identity(tenant)``:
 
-- ``envelopes``: `capture.audit.lake_schema.ENVELOPES` plus ``tenant`` (partition time: ``captured_at``);
+- ``envelopes``: `capture.audit.lake_schema.ENVELOPES` plus ``tenant`` (partition time: ``captured_at``); a
+  table created before the shadow columns were added gets them on open (`IcebergLake._evolved`: an Iceberg
+  schema update; its older data files read them as NULL);
 - ``divergences``: `DIVERGENCES` plus ``tenant`` (``replayed_at``);
 - ``replays``: one row per replay result (`REPLAYS`, ``replayed_at``); its S3 key is joined in the query view.
 
@@ -46,7 +48,7 @@ import pyarrow.fs as pafs
 
 from capture.audit.errors import LakeError
 from capture.audit.lake import lake_filesystem
-from capture.audit.lake_schema import DEDUPE_KEY, DIVERGENCES, ENVELOPES
+from capture.audit.lake_schema import DEDUPE_KEY, DIVERGENCES, ENVELOPES, conform
 
 if TYPE_CHECKING:
     from capture.audit.lake_settings import LakeSettings
@@ -135,6 +137,13 @@ def _day_range(column: str, day: str) -> Any:
     return And(GreaterThanOrEqual(term=column, value=start.isoformat()), LessThan(term=column, value=end.isoformat()))
 
 
+def _only_added(tbl: Any) -> bool:
+    """True when every schema the table had is its current one less some columns (same field ids, names and
+    types): the only evolution we make (`IcebergLake._evolved`), under which a data file reads by column name."""
+    current = {f.field_id: (f.name, f.field_type) for f in tbl.schema().fields}
+    return all(current.get(f.field_id) == (f.name, f.field_type) for s in tbl.schemas().values() for f in s.fields)
+
+
 @dataclass(frozen=True)
 class MaintenanceReport:
     partitions_compacted: int = 0
@@ -178,7 +187,7 @@ class IcebergLake:
 
         ident = f"{self.namespace}.{name}"
         try:
-            return self.catalog.load_table(ident)
+            return self._evolved(name, self.catalog.load_table(ident))
         except NoSuchTableError:
             pass
         try:
@@ -192,7 +201,26 @@ class IcebergLake:
                 ident, schema=schema, partition_spec=_spec(schema, when), properties=TABLE_PROPERTIES
             )
         except TableAlreadyExistsError:
-            return self.catalog.load_table(ident)
+            return self._evolved(name, self.catalog.load_table(ident))
+
+    def _evolved(self, name: str, tbl: Any) -> Any:
+        """`tbl` with every column of our schema: one created before a column was added (the ``shadow`` ones)
+        gets it appended (an Iceberg schema update, by name; old data files read it as NULL). A concurrent
+        archiver adding the same columns makes ours fail: reload, and the columns are there."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        arrow = ICEBERG_TABLES[name][0]
+        have = {f.name for f in tbl.schema().fields}
+        if all(n in have for n in arrow.names):
+            return tbl
+        try:
+            with tbl.update_schema() as update:
+                update.union_by_name(arrow)
+        except CommitFailedException:
+            log.info("iceberg lake: %s: a concurrent schema update won; reloading", name)
+        tbl = self.catalog.load_table(f"{self.namespace}.{name}")
+        log.info("iceberg lake: %s: added columns %s", name, [n for n in arrow.names if n not in have])
+        return tbl
 
     # -- write -----------------------------------------------------------------------------------------------
 
@@ -206,8 +234,8 @@ class IcebergLake:
         from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
         arrow, key, _ = ICEBERG_TABLES[name]
-        rows = rows.select(arrow.names).cast(arrow)
         tbl = self.table(name)
+        rows = conform(rows, arrow).select([f.name for f in tbl.schema().fields])  # the table's column order
         for attempt in range(MAX_COMMIT_ATTEMPTS):
             _guard(f"refresh {name}", tbl.refresh)
             fresh = rows.filter(pc.invert(pc.is_in(rows[key], value_set=self._existing(name, tbl, rows))))
@@ -251,20 +279,21 @@ class IcebergLake:
         _guard(f"refresh {name}", tbl.refresh)
         kwargs: dict[str, Any] = {"row_filter": _day_range(when, day)} if day else {}
         data = _guard(f"scan {name}", lambda: tbl.scan(**kwargs).to_arrow())
-        data = data.cast(arrow) if data.num_rows else arrow.empty_table()
+        data = conform(data, arrow) if data.num_rows else arrow.empty_table()  # an evolved table: another order
         return data.append_column("date", pc.strftime(data[when], format="%Y-%m-%d"))
 
     def dataset(self, name: str, day: str | None = None) -> ds.Dataset:
         """The table's current data files (of one partition day) as a lazy Arrow dataset, so DuckDB reads only
         the columns and files a query needs. Without ``date``: the query views add it. Exact while the tables
-        have no delete files (PyIceberg writes none: appends, and overwrites that rewrite whole files) and one
-        schema; otherwise, or without a filesystem, the scan in memory (`scan`, its ``date`` dropped)."""
+        have no delete files (PyIceberg writes none: appends, and overwrites that rewrite whole files) and every
+        earlier schema is the current one less some columns (`_only_added`: a file read by name, a column it
+        lacks as NULL); otherwise, or without a filesystem, the scan in memory (`scan`, its ``date`` dropped)."""
         arrow, _, when = ICEBERG_TABLES[name]
         tbl = self.table(name)
         _guard(f"refresh {name}", tbl.refresh)
         kwargs: dict[str, Any] = {"row_filter": _day_range(when, day)} if day else {}
         tasks = _guard(f"plan {name}", lambda: list(tbl.scan(**kwargs).plan_files()))
-        if self.fs is None or len(tbl.schemas()) > 1 or any(t.delete_files for t in tasks):
+        if self.fs is None or not _only_added(tbl) or any(t.delete_files for t in tasks):
             return ds.dataset(self.scan(name, day).drop_columns(["date"]))
         paths = [t.file.file_path.split("://", 1)[-1] for t in tasks]
         if not paths:
@@ -306,7 +335,7 @@ class IcebergLake:
                 continue
             day = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(days=int(days))).strftime("%Y-%m-%d")
             where = And(_day_range(when, day), EqualTo(term="tenant", value=tenant))
-            data = tbl.scan(row_filter=where).to_arrow().cast(arrow)
+            data = conform(tbl.scan(row_filter=where).to_arrow(), arrow).select([f.name for f in tbl.schema().fields])
             tbl.overwrite(data, overwrite_filter=where)  # one snapshot: delete the partition's files, write one
             report = MaintenanceReport(
                 report.partitions_compacted + 1, report.files_before + count, report.files_after + 1

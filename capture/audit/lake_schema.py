@@ -8,6 +8,11 @@ the partition columns ``date`` and ``tenant`` are in the path only, never inside
   row (``sealed`` true, ids, key id, capture time, workflow, S3 key): the lake never holds what the ciphertext
   hides, not even the model or runtime. ``prompts`` counts the prompts of a completions request that sent several;
   the ``prompt_*`` and ``output_*`` columns describe the first prompt and choice 0 (the rest are in the envelope).
+  A *shadow* envelope (a candidate's answer to a sampled production request, `schemas.envelope.ShadowMarker`)
+  has the production envelope's ``request_id``; ``shadow`` is true on its row, ``shadow_production_envelope_id``
+  names the production envelope it pairs with and ``shadow_candidate`` the candidate's base URL. ``shadow`` is
+  NULL on a sealed row (the marker is inside the ciphertext) and in files written before the column existed
+  (a dataset read fills a missing column with NULL): NULL reads as "not a shadow".
 - ``divergences``: one row per `schemas.DivergenceEvent` (partition date = replay day). The recorded
   envelope's runtime is joined in SQL (``envelope_id``).
 - ``replays`` is a view, not a table (see `capture.audit.query`): result id and S3 key, from divergences joined
@@ -92,8 +97,14 @@ ENVELOPES: Final = pa.schema(
         ("sidecar_id", pa.string()),
         ("s3_key", pa.string()),
         ("archived_at", TS),
+        # last, so older files' columns keep their positions (schema evolution: `conform`)
+        ("shadow", pa.bool_()),
+        ("shadow_production_envelope_id", pa.string()),
+        ("shadow_candidate", pa.string()),
     ]
 )
+#: Columns added after the first files were written: absent from those files, NULL when read.
+ADDED_COLUMNS: Final = ("shadow", "shadow_production_envelope_id", "shadow_candidate")
 
 DIVERGENCES: Final = pa.schema(
     [
@@ -130,6 +141,16 @@ DIVERGENCES: Final = pa.schema(
 )
 
 SCHEMAS: Final = {"envelopes": ENVELOPES, "divergences": DIVERGENCES}
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` in `schema`'s column order and types, a column it lacks (a file written before the column was
+    added) filled with NULL; a column `schema` does not have is dropped."""
+    if table.column_names == schema.names:
+        return table.cast(schema)
+    have = set(table.column_names)
+    columns = [table[f.name] if f.name in have else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
 
 
 def day(at: datetime) -> str:
@@ -176,6 +197,10 @@ def envelope_row(envelope: Envelope, archived_at: datetime, envelope_id: str | N
         row[f"rt_{name}"] = getattr(envelope.runtime, name)
     if envelope.workflow is not None:
         row.update(workflow_id=envelope.workflow.workflow_id, workflow_step=envelope.workflow.step)
+    row["shadow"] = envelope.shadow is not None
+    if envelope.shadow is not None:
+        row.update(shadow_production_envelope_id=envelope.shadow.production_envelope_id,
+                   shadow_candidate=envelope.shadow.candidate)  # fmt: skip
     if envelope.sampling is not None:
         s = envelope.sampling
         row.update(
@@ -207,7 +232,7 @@ def envelope_row(envelope: Envelope, archived_at: datetime, envelope_id: str | N
 
 
 def sealed_row(sealed: SealedEnvelope, archived_at: datetime) -> dict[str, Any]:
-    """The metadata-only row of a sealed envelope: nothing that the ciphertext hides."""
+    """The metadata-only row of a sealed envelope: nothing that the ciphertext hides (``shadow`` stays NULL)."""
     row = _blank(ENVELOPES)
     row.update(
         request_id=sealed.request_id,

@@ -13,11 +13,22 @@ read by pyarrow, outside DuckDB's file system, so the views keep working.
 
 Views (every query sees these names):
 
-- ``envelopes``: one row per envelope id (at-least-once copies collapsed: the first archived copy wins);
+- ``envelopes``: one row per *production* envelope id (at-least-once copies collapsed: the first archived copy
+  wins); a shadow envelope (``shadow`` true: a candidate's answer to a sampled production request, same
+  request id) is not in it, so counts per request or per runtime mean what they meant before shadowing;
+- ``shadows``: one row per shadow envelope id (``shadow_candidate``, ``shadow_production_envelope_id``);
+- ``shadow_pairs``: one row per shadow with the production envelope it names: both runtimes, outcomes,
+  lengths, finish reasons and texts, ``token_identical`` and ``first_divergence_position`` (the first index
+  where the choice-0 token ids differ; NULL when identical or not comparable) and ``paired`` (false: the
+  production envelope is not in the lake, yet or at all). The full per-pair judgement (levels, logprobs,
+  semantic similarity) is ``reprolane gate --shadow``'s;
+- ``all_envelopes``: production and shadow envelopes, one row per envelope id;
 - ``divergences``: one row per replay result id;
 - ``replays``: result id, envelope, lane, verdict and the replay result's S3 key (needs the envelope's
   capture day, so ``s3_key`` is NULL for a result whose envelope is not in the lake);
-- ``envelopes_raw`` / ``divergences_raw``: the files as written, duplicates included.
+- ``envelopes_raw`` / ``divergences_raw``: the files as written, duplicates (and shadows) included.
+
+A file written before the shadow columns existed reads them as NULL, and NULL is "not a shadow".
 
 Over the Iceberg lake (`capture.audit.lake_iceberg`) the same views are built from PyIceberg scans registered
 as Arrow tables (DuckDB's iceberg extension is a download too); the ``*_raw`` views equal the others there.
@@ -56,8 +67,34 @@ from schemas.layout import replay_key_sql
 
 TABLE_VIEWS = """
 CREATE VIEW {t}_raw AS SELECT * FROM {t}_single UNION ALL SELECT * FROM {t}_multi;
-CREATE VIEW {t} AS SELECT * FROM {t}_single UNION ALL (SELECT * FROM {t}_multi
+CREATE VIEW {view} AS SELECT * FROM {t}_single UNION ALL (SELECT * FROM {t}_multi
     QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY archived_at) = 1);
+"""
+#: The deduplicated view of each table (``envelopes`` is then production's part of ``all_envelopes``).
+DEDUPED_VIEW = {"envelopes": "all_envelopes", "divergences": "divergences"}
+#: Over ``all_envelopes``, in both lakes: production, shadows, and the pairs (module docstring).
+SHADOW_VIEWS = """
+CREATE VIEW envelopes AS SELECT * FROM all_envelopes WHERE shadow IS NOT TRUE;
+CREATE VIEW shadows AS SELECT * FROM all_envelopes WHERE shadow;
+CREATE VIEW shadow_pairs AS
+    SELECT s.request_id, s.tenant, s.date, s.shadow_candidate AS candidate,
+           s.shadow_production_envelope_id AS production_envelope_id, s.envelope_id AS shadow_envelope_id,
+           p.envelope_id IS NOT NULL AS paired, p.captured_at AS production_captured_at,
+           s.captured_at AS shadow_captured_at, p.model,
+           p.runtime_sha256 AS production_runtime_sha256, s.runtime_sha256 AS candidate_runtime_sha256,
+           p.outcome_kind AS production_outcome, s.outcome_kind AS candidate_outcome,
+           s.error_type AS candidate_error_type,
+           p.output_len AS production_len, s.output_len AS candidate_len,
+           p.finish_reason AS production_finish, s.finish_reason AS candidate_finish,
+           CASE WHEN p.output_token_ids IS NULL OR s.output_token_ids IS NULL THEN NULL
+                ELSE p.output_token_ids = s.output_token_ids END AS token_identical,
+           CASE WHEN p.output_token_ids IS NULL OR s.output_token_ids IS NULL
+                     OR p.output_token_ids = s.output_token_ids THEN NULL
+                ELSE list_filter(range(greatest(len(p.output_token_ids), len(s.output_token_ids))),
+                                 lambda i: p.output_token_ids[i + 1] IS DISTINCT FROM s.output_token_ids[i + 1])[1]
+           END AS first_divergence_position,
+           p.output_text AS production_text, s.output_text AS candidate_text
+    FROM shadows s LEFT JOIN envelopes p ON p.envelope_id = s.shadow_production_envelope_id;
 """
 VIEWS = f"""
 CREATE VIEW replays AS
@@ -93,10 +130,11 @@ class QueryResult:
 #: ``date`` as the Hive lake has it: the UTC day of the partition time, ``YYYY-MM-DD`` (no time zone extension).
 _DAY = "CAST(CAST(make_timestamp(epoch_us({c})) AS DATE) AS VARCHAR)"
 ICEBERG_VIEWS = f"""
-CREATE VIEW envelopes AS SELECT *, {_DAY.format(c="captured_at")} AS date FROM envelopes_table;
+CREATE VIEW all_envelopes AS SELECT *, {_DAY.format(c="captured_at")} AS date FROM envelopes_table;
+{SHADOW_VIEWS}
 CREATE VIEW divergences AS SELECT *, {_DAY.format(c="replayed_at")} AS date FROM divergences_table;
 CREATE VIEW replays_dated AS SELECT *, {_DAY.format(c="replayed_at")} AS date FROM replays_table;
-CREATE VIEW envelopes_raw AS SELECT * FROM envelopes;
+CREATE VIEW envelopes_raw AS SELECT * FROM all_envelopes;
 CREATE VIEW divergences_raw AS SELECT * FROM divergences;
 CREATE VIEW replays AS
     SELECT r.result_id, r.envelope_id, r.request_id, r.tenant, r.lane, r.lane_fingerprint_sha256, r.verdict,
@@ -130,7 +168,8 @@ def connect(lake: Lake | IcebergLake, day: str | None = None) -> Any:
         single, multi = lake.split_datasets(table, day)
         con.register(f"{table}_single", single)
         con.register(f"{table}_multi", multi)
-        con.execute(TABLE_VIEWS.format(t=table, key=DEDUPE_KEY[table]))
+        con.execute(TABLE_VIEWS.format(t=table, view=DEDUPED_VIEW[table], key=DEDUPE_KEY[table]))
+    con.execute(SHADOW_VIEWS)
     con.execute(VIEWS)
     for statement in LOCKDOWN:
         con.execute(statement)

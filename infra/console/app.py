@@ -5,7 +5,7 @@ can forbid inline scripts; plotly.js and the console's own script come from the 
 
     GET  /login, POST /login, POST /logout         an operator key opens a server-side session (`sessions`)
     GET  /search                                   search by ids, tenant, time range, verdict, runtime
-    GET  /requests/{id}                            one request, its replays, its Merkle inclusion, its hold
+    GET  /requests/{id}                            one request: replays, shadow pair, Merkle inclusion, legal hold
     POST /requests/{id}/hold                       place or lift its legal hold (hold-admin)
     POST /requests/{id}/replay                     a signed on-demand replay request (`replay_now`)
     GET  /requests/{id}/evidence                   its evidence bundle (`capture.audit.evidence`), a zip
@@ -21,7 +21,7 @@ log (`access`) before the answer is sent; when that write fails the answer is 50
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
@@ -43,10 +43,11 @@ from infra.console import charts, forms
 from infra.console.operators import SESSION_ROLE, Operator, OperatorKeys
 from infra.console.records import READ_ERRORS, NotVisible, Records
 from infra.console.replay_now import ReplayPublisher
-from infra.console.request_view import recorded_choice, replay_view
+from infra.console.request_view import recorded_choice, replay_view, shadow_view
 from infra.console.sessions import LOGIN_CSRF_COOKIE, SESSION_COOKIE, Session, SessionStore, new_token, same_token
 from infra.console.tokens import TokenDecoder, decoder_for
 from infra.errors import InfraError
+from replayer.settings import Thresholds
 from schemas import Envelope
 from schemas.access_log import ACTION_ROLES, OperatorAction
 
@@ -86,6 +87,8 @@ class Console:
     replay: ReplayPublisher | None = None
     search_limit: int = 200
     decoder: TokenDecoder | None = None
+    #: How a shadow pair is judged: the replayer's thresholds (``REPROLANE_REPLAYER_THRESHOLD_*``).
+    thresholds: Thresholds = field(default_factory=Thresholds)
 
     def keys(self) -> OperatorKeys | None:
         """The key store as it is now (read per login and per request, so a revoked key ends its sessions)."""
@@ -273,14 +276,21 @@ def build_console_app(console: Console) -> Starlette:
         prompt_text = env.prompt.text if env.prompt is not None else None
         if prompt_text is None and env.prompt is not None and decoder is not None:
             prompt_text = decoder.decode(env.prompt.token_ids)
-        views = [replay_view(env, r, decoder.spell if decoder else None) for r in record.results]
+        spell = decoder.spell if decoder else None
+        views = [replay_view(env, r, spell) for r in record.results]
         plots = [charts.logprob_diff_chart(v.positions, v.logprob_diffs, v.fork) for v in views]
+        shadow = shadow_view(env, record.shadow, console.thresholds, spell) if record.shadow is not None else None
+        shadow_plot = (
+            charts.logprob_diff_chart(shadow.positions, shadow.logprob_diffs, shadow.fork)
+            if shadow is not None and shadow.positions
+            else None
+        )
         return page(
             request, "request.html", session, record=record, env=env, prompt_text=prompt_text,
             decoded=decoder is not None and (env.prompt is None or env.prompt.text is None),
             choice=recorded_choice(record.envelope), replays=list(zip(views, plots, strict=True)),
             may_hold=session.operator.may("hold-admin"), replay_enabled=console.replay is not None,
-            evidence=console.records.signer, notice=notice,
+            evidence=console.records.signer, notice=notice, shadow=shadow, shadow_plot=shadow_plot,
         )  # fmt: skip
 
     async def show_request(request: Request) -> Response:

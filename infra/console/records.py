@@ -1,6 +1,6 @@
 """What the console reads, and from where: one reader per source, none of them copied.
 
-- envelopes, the indexes (request id, client request id, workflow) and replay results: the replayer's
+- envelopes, the indexes (request id, client request id, workflow, shadow) and replay results: the replayer's
   `replayer.store.EnvelopeStore` (it checks every index entry against the envelope it points at, and opens
   sealed envelopes with their tenant's key when a KEK is configured);
 - searches over many records and the overview's aggregates: the audit lake through
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from replayer.gate import GateReport
 from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayResult
 from schemas.errors import ContractError
-from schemas.layout import envelope_key
+from schemas.layout import capture_day, envelope_key, shadow_index_key
 from schemas.note import key_fingerprint
 
 #: Verdicts that count as "the tokens held" in the divergence rate (the lake's own example query says the same).
@@ -113,6 +113,10 @@ class RequestRecord:
     results: list[ReplayResult]
     inclusion: Inclusion
     hold: Hold
+    #: The candidate's shadow of this request (`capture.shadow`), when one was recorded and pairs with it.
+    shadow: Envelope | None = None
+    #: Why a shadow that was found is not shown (another tenant's, not this envelope's, does not read).
+    shadow_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,28 @@ class Records:
             envelope = _visible(self.store.get_by_request_id(request_id), scope)
         except EnvelopeNotFoundError as exc:
             raise NotVisible(request_id) from exc
-        return RequestRecord(envelope, self.store.results(envelope), self.inclusion(request_id), self.hold(envelope))
+        shadow, problem = self.shadow(envelope)
+        return RequestRecord(envelope, self.store.results(envelope), self.inclusion(request_id), self.hold(envelope),
+                             shadow, problem)  # fmt: skip
+
+    def shadow(self, envelope: Envelope) -> tuple[Envelope | None, str | None]:
+        """The shadow of `envelope` (its own index entry, `schemas.layout.shadow_index_key`, of the capture day or
+        the next: a shadow is captured after its production answer), if any, and why one found is not shown. A
+        shadow is shown only when it names this very envelope and is of its tenant."""
+        day = envelope.captured_at.astimezone(UTC)
+        for at in (day, day + timedelta(days=1)):
+            key = shadow_index_key(capture_day(at), envelope.request_id)
+            try:
+                shadow = self.store.get_shadow(key, envelope.request_id)
+            except EnvelopeNotFoundError:
+                continue
+            except READ_ERRORS as exc:
+                return None, f"the shadow does not read: {str(exc).splitlines()[0]}"
+            assert shadow.shadow is not None  # get_shadow refuses a production envelope
+            if shadow.tenant != envelope.tenant or shadow.shadow.production_envelope_id != envelope.envelope_id():
+                return None, "a shadow is indexed under this request id, but it names another production envelope"
+            return shadow, None
+        return None, None
 
     def envelope(self, request_id: str, scope: str | None) -> Envelope:
         try:

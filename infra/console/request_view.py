@@ -10,6 +10,10 @@ capture kept as an id only is spelled with the recorded tokenizer when the calle
 The logprob difference per token is the recorded minus the replayed logprob of the token each side chose; from
 the fork on the two sides chose different tokens, so the plot marks the fork and the values after it compare
 different tokens (the chart says so).
+
+A shadow pair (`shadow_view`: production's answer and a candidate's, `capture.shadow`) is read the same way,
+production in the recorded place and the candidate in the replayed one; the comparison is the shadow report's
+(`replayer.shadow_report.compare_shadow`), never a second one written here.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schemas import Choice, Envelope, ReplayResult, StepLogprobs, TopCandidate
-from schemas.replay import StepCandidates
+from replayer.settings import Thresholds
+from replayer.shadow_report import ShadowPair, compare_shadow
+from schemas import Choice, Envelope, FieldDiff, ReplayResult, StepLogprobs, TopCandidate, diff_fingerprints
+from schemas.replay import FirstDivergence, StepCandidates
 
 Spell = Callable[[int], str]
 """Token id -> its text, with the tokenizer the envelope was recorded with."""
@@ -93,14 +99,23 @@ def _common_prefix(a: str, b: str) -> int:
 
 def cut_at_fork(recorded: Choice, result: ReplayResult, spell: Spell | None = None) -> tuple[TextCut, TextCut] | None:
     """Both texts cut at the fork, or None when the replay did not fork."""
-    first = result.event.first_divergence
+    return _cut(recorded, result.event.first_divergence, result.replayed.logprobs, result.replayed.text, spell)
+
+
+def _cut(
+    recorded: Choice,
+    first: FirstDivergence | None,
+    other_steps: tuple[StepLogprobs, ...] | None,
+    other_text: str,
+    spell: Spell | None,
+) -> tuple[TextCut, TextCut] | None:
     if first is None:
         return None
     fork = first.position
-    rec_tokens, rep_tokens = _token_texts(recorded.logprobs, spell), _token_texts(result.replayed.logprobs, spell)
+    rec_tokens, rep_tokens = _token_texts(recorded.logprobs, spell), _token_texts(other_steps, spell)
     if rec_tokens is not None and rep_tokens is not None:
         return _cut_tokens(rec_tokens, fork), _cut_tokens(rep_tokens, fork)
-    rec, rep = recorded.text, result.replayed.text
+    rec, rep = recorded.text, other_text
     n = _common_prefix(rec, rep)
     return TextCut(rec[:n], rec[n : n + 1], rec[n + 1 :]), TextCut(rep[:n], rep[n : n + 1], rep[n + 1 :])
 
@@ -147,20 +162,31 @@ def top_table(title: str, step: StepCandidates, spell: Spell | None = None) -> T
 
 def logprob_diffs(recorded: Choice, result: ReplayResult) -> tuple[list[int], list[float]]:
     """Per generated position: recorded minus replayed logprob of each side's chosen token (common length)."""
-    rec, rep = recorded.logprobs or (), result.replayed.logprobs or ()
+    return _diffs(recorded.logprobs, result.replayed.logprobs)
+
+
+def _diffs(
+    recorded: tuple[StepLogprobs, ...] | None, other: tuple[StepLogprobs, ...] | None
+) -> tuple[list[int], list[float]]:
+    rec, rep = recorded or (), other or ()
     n = min(len(rec), len(rep))
     return list(range(n)), [rec[i].logprob - rep[i].logprob for i in range(n)]
+
+
+def _fork_tables(first: FirstDivergence | None, spell: Spell | None) -> list[TopTable]:
+    tables = []
+    if first is not None:
+        if first.before is not None:
+            tables.append(top_table("the step before the fork", first.before, spell))
+        tables.append(top_table("at the fork", first.at, spell))
+    return tables
 
 
 def replay_view(envelope: Envelope, result: ReplayResult, spell: Spell | None = None) -> ReplayView:
     """`spell`: token id -> text with the tokenizer the envelope was recorded with (None: ids only)."""
     recorded = recorded_choice(envelope)
     first = result.event.first_divergence
-    tables = []
-    if first is not None:
-        if first.before is not None:
-            tables.append(top_table("the step before the fork", first.before, spell))
-        tables.append(top_table("at the fork", first.at, spell))
+    tables = _fork_tables(first, spell)
     cuts = cut_at_fork(recorded, result, spell) if recorded is not None else None
     positions, diffs = logprob_diffs(recorded, result) if recorded is not None else ([], [])
     return ReplayView(
@@ -168,6 +194,52 @@ def replay_view(envelope: Envelope, result: ReplayResult, spell: Spell | None = 
         cuts[0] if cuts else None,
         cuts[1] if cuts else None,
         tables,
+        positions,
+        diffs,
+        first.position if first is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class ShadowView:
+    """A production answer and its candidate's shadow (`capture.shadow`), compared as the shadow report compares
+    them (`replayer.shadow_report.compare_shadow`, i.e. `replayer.compare`): here "recorded" is production and
+    "replayed" is the candidate."""
+
+    shadow: Envelope
+    candidate: str
+    pair: ShadowPair
+    runtime_diffs: tuple[FieldDiff, ...]
+    production: TextCut | None
+    candidate_cut: TextCut | None
+    tables: list[TopTable]
+    positions: list[int]
+    logprob_diffs: list[float]
+    fork: int | None
+
+
+def shadow_view(
+    production: Envelope, shadow: Envelope, thresholds: Thresholds, spell: Spell | None = None
+) -> ShadowView | None:
+    """The pair's view, judged at production's target level without semantic similarity (a page view does not
+    load the embedding model: ``reprolane gate --shadow`` computes it); None when production has no output to
+    compare (the sidecar shadows none of those)."""
+    recorded = recorded_choice(production)
+    if production.outcome.kind != "output" or recorded is None or shadow.shadow is None:
+        return None
+    pair, comparison = compare_shadow(production, shadow, thresholds)
+    first = comparison.first_divergence if comparison is not None else None
+    cand = recorded_choice(shadow) if shadow.outcome.kind == "output" else None
+    cuts = _cut(recorded, first, cand.logprobs, cand.text, spell) if cand is not None else None
+    positions, diffs = _diffs(recorded.logprobs, cand.logprobs) if cand is not None else ([], [])
+    return ShadowView(
+        shadow,
+        shadow.shadow.candidate,
+        pair,
+        diff_fingerprints(production.runtime, shadow.runtime, include_unknown=True),
+        cuts[0] if cuts else None,
+        cuts[1] if cuts else None,
+        _fork_tables(first, spell),
         positions,
         diffs,
         first.position if first is not None else None,

@@ -42,7 +42,15 @@ from schemas import (
     TopCandidate,
     WorkflowRef,
 )
-from schemas.layout import data_key_key, envelope_key, index_body, request_index_key, workflow_index_key
+from schemas.layout import (
+    capture_day,
+    data_key_key,
+    envelope_key,
+    index_body,
+    request_index_key,
+    shadow_index_key,
+    workflow_index_key,
+)
 from schemas.replay_auth import sign_replay_request
 from schemas.sealed import new_data_key, seal_envelope, wrap_key
 from tests import factories
@@ -140,6 +148,16 @@ def seed_envelope(client: S3Client, bucket: str, envelope: Envelope) -> str:
         wf_key = workflow_index_key(envelope.workflow.workflow_id, envelope.workflow.step, envelope.request_id)
         client.put_object(Bucket=bucket, Key=wf_key, Body=index)
     return key
+
+
+def seed_shadow(client: S3Client, bucket: str, shadow: Envelope) -> None:
+    """Write a shadow envelope and its own index object (`schemas.layout.shadow_index_key`) as the capture side
+    does."""
+    key = envelope_key(shadow.envelope_id(), shadow.tenant, shadow.captured_at)
+    client.put_object(Bucket=bucket, Key=key, Body=shadow.canonical())
+    index = index_body(shadow.envelope_id(), key, shadow.tenant, shadow.captured_at)
+    client.put_object(Bucket=bucket, Key=shadow_index_key(capture_day(shadow.captured_at), shadow.request_id),
+                      Body=index)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,8 @@ from replayer.errors import GateInputError
 from replayer.shadow_report import load_pairs, shadow_gate
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput, Choice, Envelope, ShadowMarker
-from schemas.layout import capture_day, envelope_key, index_body, shadow_index_key
 from tests.infra.known_good_support import MemoryHistory
-from tests.replayer.support import S3Target, make_envelope, moto_s3, seed_envelope
+from tests.replayer.support import S3Target, make_envelope, moto_s3, seed_envelope, seed_shadow
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 CAND = "http://127.0.0.1:9/candidate"
@@ -93,15 +92,6 @@ def test_no_pair_is_no_verdict() -> None:
         gate([])
 
 
-def _seed_shadow(s3: S3Target, shadow: Envelope) -> None:
-    client = s3.client()
-    key = envelope_key(shadow.envelope_id(), shadow.tenant, shadow.captured_at)
-    client.put_object(Bucket=s3.bucket, Key=key, Body=shadow.canonical())
-    index = index_body(shadow.envelope_id(), key, shadow.tenant, shadow.captured_at)
-    client.put_object(Bucket=s3.bucket, Key=shadow_index_key(capture_day(shadow.captured_at), shadow.request_id),
-                      Body=index)  # fmt: skip
-
-
 @pytest.fixture
 def s3() -> Iterator[S3Target]:
     with moto_s3() as target:
@@ -113,9 +103,9 @@ def test_pairs_are_read_from_the_bucket_within_the_window(s3: S3Target) -> None:
     for p in prods:
         seed_envelope(s3.client(), s3.bucket, p)
     for p in prods[:2]:
-        _seed_shadow(s3, shadow_of(p))
+        seed_shadow(s3.client(), s3.bucket, shadow_of(p))
     orphan = production(9)  # a shadow whose production envelope never arrived
-    _seed_shadow(s3, shadow_of(orphan))
+    seed_shadow(s3.client(), s3.bucket, shadow_of(orphan))
     store = EnvelopeStore(s3.client(), s3.bucket)
     pairs, unpaired = load_pairs(store, NOW - timedelta(hours=1), NOW)
     assert sorted(p.request_id for p, _ in pairs) == sorted(p.request_id for p in prods[:2])
@@ -127,8 +117,8 @@ def test_gate_shadow_through_the_cli(s3: S3Target, tmp_path: Path) -> None:
     prods = [production(i) for i in range(3)]
     for p in prods:
         seed_envelope(s3.client(), s3.bucket, p)
-    _seed_shadow(s3, shadow_of(prods[0]))
-    _seed_shadow(s3, shadow_of(prods[1], ids=(504, 7, 2), text="Lyon."))
+    seed_shadow(s3.client(), s3.bucket, shadow_of(prods[0]))
+    seed_shadow(s3.client(), s3.bucket, shadow_of(prods[1], ids=(504, 7, 2), text="Lyon."))
     app = build_app({"gate": build_gate_app(store_factory=lambda s: EnvelopeStore(s3.client(), s3.bucket),
                                             similarity=sim, history_factory=lambda s: MemoryHistory())})  # fmt: skip
     report = tmp_path / "shadow.json"

@@ -11,7 +11,8 @@ loopback ports, in-memory Tansu) through `infra.stack.LocalStack`, and takes it 
 - two ``reprolane archiver serve`` processes in one group, one SIGKILLed after a flush wrote and before it
   committed its offsets: the survivor re-reads what the victim wrote, and the table holds every envelope once
   (in the files, not only in a view: there is no deduplicating view over Iceberg);
-- maintenance: compaction leaves one file per partition and the same rows; snapshot expiry spares the floor.
+- maintenance: compaction leaves one file per partition and the same rows; snapshot expiry spares the floor;
+- a table created before the shadow columns existed gets them when the lake opens it; shadows are told apart.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import pyarrow as pa
 import pytest
 
 from capture.audit.archiver import Archiver
-from capture.audit.lake_iceberg import ICEBERG_TABLES, IcebergLake
-from capture.audit.lake_schema import envelope_row
+from capture.audit.lake_iceberg import ICEBERG_TABLES, TABLE_PROPERTIES, IcebergLake, _only_added, _spec
+from capture.audit.lake_schema import ADDED_COLUMNS, envelope_row
 from capture.audit.lake_settings import LakeSettings
 from capture.audit.query import run_query
 from infra.stack import LocalStack
@@ -43,6 +44,7 @@ from tests.capture.audit.test_archiver_faults_stack import (
     produce,
     until,
 )
+from tests.capture.audit.test_lake_shadow import CANDIDATE, shadow_of
 from tests.capture.audit.test_lake_stack import event_for
 from tests.factories import envelope
 
@@ -242,3 +244,51 @@ def test_compaction_and_snapshot_expiry_keep_every_row_and_the_floor(ice: Ice) -
     assert gone.snapshots_expired == snapshots - 1
     assert ice.counts() == (3, 3)
     assert len(list(tbl.scan().plan_files())) == 1
+
+
+async def test_a_table_from_before_the_shadow_columns_gets_them_and_shadows_are_told_apart(ice: Ice) -> None:
+    """An envelopes table created with the schema of before the shadow columns (one row in it) is evolved when
+    the lake opens it; its old row reads as production, a shadow lands with its marker, the views pair it."""
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    arrow = ICEBERG_TABLES["envelopes"][0]
+    before = pa.schema([f for f in arrow if f.name not in ADDED_COLUMNS])
+    catalog = ice.lake().catalog
+    catalog.create_namespace(ice.settings().iceberg_namespace)
+    schema = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(before))
+    spec = _spec(schema, "captured_at")
+    ident = f"{ice.settings().iceberg_namespace}.envelopes"
+    old_table = catalog.create_table(ident, schema=schema, partition_spec=spec, properties=TABLE_PROPERTIES)
+    old = envelope(request_id=f"old-{ice.suffix}", tenant=ice.tenant, workflow=None)
+    old_row = {**envelope_row(old, datetime.now(UTC)), "tenant": ice.tenant}
+    old_table.append(pa.Table.from_pylist([{k: old_row[k] for k in before.names}], schema=before))
+
+    prod = envelope(request_id=f"p-{ice.suffix}", tenant=ice.tenant, workflow=None)
+    shadow = shadow_of(prod)
+    lake = ice.lake()  # a new archiver process: it opens the old table
+    archiver = Archiver(ice.settings(), lake)
+    for env in (prod, shadow):
+        assert archiver.add(ice.settings().envelope_topic, env.canonical())
+    await archiver.flush()
+    assert set(ADDED_COLUMNS) <= {f.name for f in lake.table("envelopes").schema().fields}
+    lake = ice.lake()
+    assert len(lake.table("envelopes").schemas()) == 2
+    assert _only_added(lake.table("envelopes"))  # so the views read the data files lazily, old ones included
+    rows = run_query(lake, "SELECT request_id, shadow, shadow_candidate FROM all_envelopes ORDER BY 1, 2").rows
+    assert rows == [(old.request_id, None, None), (prod.request_id, False, None), (prod.request_id, True, CANDIDATE)]
+    assert run_query(lake, "SELECT request_id FROM envelopes ORDER BY 1").rows == [
+        (old.request_id,),
+        (prod.request_id,),
+    ]
+    pairs = run_query(lake, "SELECT request_id, paired, production_envelope_id, shadow_envelope_id FROM shadow_pairs")
+    assert pairs.rows == [(prod.request_id, True, prod.envelope_id(), shadow.envelope_id())]
+    again = Archiver(ice.settings(), ice.lake())  # redelivered after the evolution: still once
+    assert again.add(ice.settings().envelope_topic, shadow.canonical())
+    await again.flush()
+    assert ice.counts() == (2, 2)  # production rows only: the old one and prod
+    assert ice.counts("shadows") == (1, 1)
+    report = ice.lake().maintain("envelopes", retention_floor=timedelta(days=1))  # the old file and the new one
+    assert (report.partitions_compacted, report.files_after) == (1, 1)
+    after = run_query(ice.lake(), "SELECT request_id, shadow, shadow_candidate FROM all_envelopes ORDER BY 1, 2").rows
+    assert after == rows

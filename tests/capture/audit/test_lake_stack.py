@@ -28,6 +28,7 @@ from schemas import DivergenceEvent, Envelope, FirstDivergence, StepCandidates, 
 from schemas.layout import envelope_key, index_body, request_index_key, workflow_index_key
 from tests.capture.audit.conftest import AuditStack, eventually
 from tests.capture.audit.support import access_records, operator_keys
+from tests.capture.audit.test_lake_shadow import CANDIDATE, RT_F32, shadow_of
 from tests.factories import envelope, runtime
 
 pytestmark = pytest.mark.stack
@@ -110,10 +111,12 @@ async def test_archiver_writes_parquet_and_duckdb_answers_the_audit_questions(au
         for rid, at, rt, model, _v, _p in CASES
     ]
     events = [event_for(env, v, p) for env, (_r, _a, _rt, _m, v, p) in zip(envs, CASES, strict=True)]
+    shadow = shadow_of(envs[0])  # the candidate's answer to r0: same request id, a float32 runtime
     await a.produce(a.envelope_topic, [e.canonical() for e in envs] + [envs[2].canonical(), b"not json"])
+    await a.produce(a.envelope_topic, [shadow.canonical()])
     await a.produce(a.divergence_topic, [e.model_dump_json().encode() for e in events])
-    archiver = await archive(a, 14, consumed=16)
-    assert archiver.stats.rows_written == 14  # the redelivered envelope inside the same flush: written once
+    archiver = await archive(a, 15, consumed=17)
+    assert archiver.stats.rows_written == 15  # the redelivered envelope inside the same flush: written once
     assert archiver.stats.skipped == 1
     # at-least-once across flushes: an envelope and an event delivered again later. The group resumes after the
     # committed offsets (only what was written was committed), so it reads exactly these two.
@@ -129,7 +132,9 @@ async def test_archiver_writes_parquet_and_duckdb_answers_the_audit_questions(au
         p.startswith(f"{a.bucket}/{a.prefix}/envelopes/date=2026-07-14/tenant={tenant}/part-") for p in parts[0].paths
     )
     files = [pq.read_table(p, filesystem=lake.fs) for p in parts[0].paths]
-    assert sum(t.num_rows for t in files) == 5  # r0..r3, and the later copy of r2 in a file of its own
+    assert sum(t.num_rows for t in files) == 6  # r0..r3, r0's shadow, and the later copy of r2 in a file of its own
+    marked = [(r["request_id"], r["shadow_candidate"]) for t in files for r in t.to_pylist() if r["shadow"]]
+    assert marked == [(envs[0].request_id, CANDIDATE)]
     assert len(files) >= 2
     assert all(len(set(t["envelope_id"].to_pylist())) == t.num_rows for t in files)  # each file duplicate-free
 
@@ -144,7 +149,12 @@ async def test_archiver_writes_parquet_and_duckdb_answers_the_audit_questions(au
     assert top.rows == [("m-a", 3, 1), ("m-b", 3, 2), ("m-b", 5, 1), ("m-b", 7, 1)]
     counts = run_query(lake, "SELECT (SELECT count(*) FROM envelopes_raw), (SELECT count(*) FROM envelopes), "
                              "(SELECT count(*) FROM divergences_raw), (SELECT count(*) FROM divergences)")  # fmt: skip
-    assert counts.rows == [(8, 7, 8, 7)]
+    assert counts.rows == [(9, 7, 8, 7)]  # the shadow is in the files, not in the production view
+    pairs = run_query(lake, "SELECT request_id, paired, production_envelope_id, shadow_envelope_id, "
+                            "token_identical, candidate_runtime_sha256 FROM shadow_pairs")  # fmt: skip
+    assert pairs.rows == [
+        (envs[0].request_id, True, envs[0].envelope_id(), shadow.envelope_id(), True, RT_F32.sha256())
+    ]
     replays = run_query(lake, f"SELECT s3_key FROM replays WHERE request_id = 'r1-{a.suffix}'")
     assert replays.rows == [(f"replays/date=2026-07-14/{envs[1].envelope_id()}/{events[1].result_id()}.json",)]
 
