@@ -43,6 +43,7 @@ from infra.clients.kafka import aiokafka_kwargs, faststream_security
 from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client
 from infra.clients.shutdown import stop_on_signals
 from replayer.errors import StoreError
+from replayer.schedule_store import ScheduleStore
 from replayer.service import ReplayerService
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
@@ -266,13 +267,14 @@ def test_every_conditional_create_reads_already_written_alike(code: str, status:
 
 @pytest.mark.parametrize(("code", "status"), MISSING + NEITHER)
 def test_every_read_reads_missing_alike(code: str, status: int) -> None:
-    """The ledger's and the audit jobs' reads, the keyring's, the replayer's."""
+    """The ledger's and the audit jobs' reads, the keyring's, the replayer's (envelopes and schedules)."""
     client: Any = Refusing(client_error(code, status))
     attempts: list[tuple[Callable[[], bool], type[Exception]]] = [
         (lambda: LedgerStore(client, "b").get("k") is None, LedgerStoreError),
         (lambda: AuditStore(client, "b").current_version("k") is None, AuditStoreError),
         (lambda: Keyring(client, "b", b"\0" * 32).get_key("acme", "k1") is None, KeyringError),
         (lambda: EnvelopeStore(client, "b")._get("k") is None, StoreError),
+        (lambda: ScheduleStore(client, "b")._get("k", 16) is None, StoreError),
     ]
     check_each(attempts, (code, status) in MISSING)
 
