@@ -20,12 +20,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from replayer.compare import compare
 from replayer.matrix.dimensions import BASELINE_CELL, Cell
 from replayer.matrix.execution import CellRun
 from replayer.matrix.inputs import MatrixItem
+from replayer.report import ReportModel
 from replayer.settings import Thresholds
 from schemas import Choice, ReplayedOutput, StepCandidates
 
@@ -34,11 +34,7 @@ BaselineMode = Literal["recorded", "single"]
 LATENCY_KIND = {"single": "per request", "fixed": "per static batch", "all": "whole batch (one call)"}
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RequestOutcome(_Model):
+class RequestOutcome(ReportModel):
     request_id: str
     token_identical: bool
     verdict: str
@@ -53,7 +49,7 @@ class RequestOutcome(_Model):
     cause_detail: str = ""
 
 
-class CellResult(_Model):
+class CellResult(ReportModel):
     name: str
     dimension: str
     description: str
@@ -79,7 +75,7 @@ class CellResult(_Model):
     requests: tuple[RequestOutcome, ...] = ()
 
 
-class MatrixReport(_Model):
+class MatrixReport(ReportModel):
     created_at: datetime
     baseline: BaselineMode
     platform: dict[str, Any]
