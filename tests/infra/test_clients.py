@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
 from botocore.exceptions import ClientError
 from faststream.kafka.security import parse_security
 from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
@@ -39,7 +40,7 @@ from capture.s3_workers import Put, PutOutcome, run_put
 from capture.settings import CaptureSettings
 from infra.buckets import S3Credentials, s3_client
 from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
-from infra.clients.kafka import aiokafka_kwargs, faststream_security
+from infra.clients.kafka import aiokafka_kwargs, faststream_security, start_client, stop_quietly
 from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client
 from infra.clients.shutdown import stop_on_signals
 from replayer.errors import StoreError
@@ -167,6 +168,39 @@ async def test_every_kafka_client_that_asks_for_ssl_gets_a_context(tmp_path: Pat
     builder = service.broker.config.broker_config.builder
     assert builder.keywords["security_protocol"] == "SSL"
     assert isinstance(builder.keywords["ssl_context"], ssl.SSLContext)
+
+
+class _Refused:
+    """A Kafka client whose start the broker refuses; it records whether it was stopped again."""
+
+    def __init__(self, stop_raises: bool = False) -> None:
+        self.stopped = False
+        self.stop_raises = stop_raises
+
+    async def start(self) -> None:
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 9)]")
+
+    async def stop(self) -> None:
+        self.stopped = True
+        if self.stop_raises:
+            raise KafkaConnectionError("gone")
+
+
+async def test_a_client_kafka_refuses_is_stopped_again_and_raises_the_callers_error() -> None:
+    client = _Refused(stop_raises=True)  # a stop that fails too must not hide the start's error
+    with pytest.raises(SinkError, match=r"^kafka x: cannot connect: KafkaConnectionError\("):
+        await start_client(client, what="kafka x: cannot connect", error=SinkError)
+    assert client.stopped
+    await stop_quietly(_Refused(stop_raises=True))  # a close never raises what Kafka says
+
+
+async def test_the_sidecars_producer_that_cannot_connect_is_a_sink_error() -> None:
+    """A real aiokafka producer against a closed port: the sidecar's sink reports it as its own error."""
+    sink = KafkaSink(CaptureSettings(upstream="http://127.0.0.1:9", kafka_bootstrap="127.0.0.1:9"))
+    with pytest.raises(SinkError, match=r"^kafka 127\.0\.0\.1:9: cannot connect: "):
+        await sink._ensure_started()
+    assert sink._producer is None
+    await sink.close()
 
 
 # ------------------------------------------------------------------------------------------------- S3 policies
