@@ -37,14 +37,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from replayer.compare import Comparison, compare
+from replayer.compare import compare
 from replayer.lanes.batch_engine import EngineConfig, Platform
 from replayer.matrix.dimensions import Cell, Schedule
 from replayer.matrix.execution import CellJob, CellRun, run_jobs
 from replayer.matrix.inputs import MatrixItem, item_from_envelope
+from replayer.matrix.results import comparison_fields
 from replayer.report import ReportModel
 from replayer.settings import Thresholds
-from schemas import DivergenceEvent, Envelope, FieldDiff, ReplayResult, StepCandidates, diff_fingerprints
+from schemas import Envelope, FieldDiff, ReplayResult, StepCandidates, diff_fingerprints
 
 DEFAULT_WINDOW_S: Final = 5.0
 VARIATIONS: Final = ("alone", "batch", "dtype", "lane.transformers", "engine.version", "schedule")
@@ -180,23 +181,6 @@ def plan_variations(
     return out
 
 
-def _compared(c: Comparison | DivergenceEvent) -> dict[str, Any]:
-    """What a variation reports of its comparison with the recorded output, alike whether the lane's output was
-    compared here (`replayer.compare.Comparison`) or by the schedule replay that ran it (its divergence event)."""
-    fd = c.first_divergence
-    return {
-        "verdict": c.verdict,
-        "first_divergence": fd.position if fd else None,
-        "recorded_length": c.recorded_length,
-        "replayed_length": c.replayed_length,
-        "max_abs_logprob_diff": c.max_abs_logprob_diff,
-        "max_rel_logprob_diff": c.max_rel_logprob_diff,
-        "before_fork": fd.before if fd else None,
-        "at_fork": fd.at if fd else None,
-        "cause_detail": c.cause_detail,
-    }
-
-
 def judge(
     variation: Variation, run: CellRun | None, target: MatrixItem, envelope: Envelope, th: Thresholds
 ) -> VariationOutcome:
@@ -218,7 +202,9 @@ def judge(
     cmp = compare(target.recorded, out, th, "token", fingerprint_diffs=diffs)
     return VariationOutcome(
         **head,
-        **_compared(cmp),
+        **comparison_fields(cmp),
+        recorded_length=cmp.recorded_length,
+        replayed_length=cmp.replayed_length,
         status="ran",
         reproduced="token" in cmp.levels_held,
         fingerprint_diffs=tuple(diffs),
@@ -239,7 +225,9 @@ def schedule_outcome(answer: ReplayResult | str) -> VariationOutcome:
     ev = answer.event
     return VariationOutcome(
         **head,
-        **_compared(ev),
+        **comparison_fields(ev),
+        recorded_length=ev.recorded_length,
+        replayed_length=ev.replayed_length,
         status="ran",
         reproduced="token" in ev.levels_held and ev.schedule_reproduced is True,
         fingerprint_diffs=ev.fingerprint_diffs,
