@@ -19,7 +19,6 @@ it to the dead-letter topic (`KafkaSink.dead_letter`). Every other failure is a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from capture.errors import RecordsRefused, SinkError
 from capture.outgoing import Outgoing
 from capture.quarantine import Refusal
-from infra.clients.kafka import aiokafka_kwargs, kafka_errors
+from infra.clients.kafka import aiokafka_kwargs, kafka_errors, start_client, stop_quietly
 from schemas.claim_check import claim_check_for
 from schemas.layout import (
     CLAIM_CHECK_BYTES,
@@ -109,13 +108,11 @@ class KafkaSink:
         from aiokafka import AIOKafkaProducer
 
         if self._producer is None:
-            producer = AIOKafkaProducer(**self._producer_kwargs())
-            try:
-                await producer.start()
-            except kafka_errors() as exc:
-                await _quiet_stop(producer)
-                raise SinkError(f"kafka {self._settings.kafka_bootstrap}: cannot connect: {exc!r}") from exc
-            self._producer = producer
+            self._producer = await start_client(
+                AIOKafkaProducer(**self._producer_kwargs()),
+                what=f"kafka {self._settings.kafka_bootstrap}: cannot connect",
+                error=SinkError,
+            )
         return self._producer
 
     async def publish(self, batch: Sequence[Outgoing]) -> None:
@@ -184,9 +181,4 @@ class KafkaSink:
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            await _quiet_stop(producer)
-
-
-async def _quiet_stop(producer: Any) -> None:
-    with contextlib.suppress(*kafka_errors()):
-        await producer.stop()
+            await stop_quietly(producer)

@@ -37,13 +37,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from replayer.errors import NotReplayableError
 from replayer.golden import GoldenSet
 from replayer.lanes.base import Lane
 from replayer.replay import replay_envelope
-from replayer.report import fingerprint_diff_lines
+from replayer.report import ReportModel, fingerprint_diff_lines
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, EnvironmentFingerprint, FieldDiff, ReplayResult, ReproLevel, diff_environments
 from schemas.known_good import KnownGoodEnvironment
@@ -55,11 +55,7 @@ ReplayFn = Callable[[Envelope, Lane, ReplayerSettings], ReplayResult]
 _WORST_SHOWN = 5
 
 
-class _Report(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class EnvelopeVerdict(_Report):
+class EnvelopeVerdict(ReportModel):
     """One golden envelope replayed on the candidate (or the reason it could not be)."""
 
     request_id: str
@@ -81,7 +77,7 @@ class EnvelopeVerdict(_Report):
     replayed_text: str | None = None
 
 
-class GateReport(_Report):
+class GateReport(ReportModel):
     schema_version: Literal["reprolane.gate/1"] = GATE_REPORT_VERSION
     mode: Literal["replay"] = "replay"
     golden: str

@@ -7,7 +7,9 @@ texts with the fork marked ``⟦…⟧``; the largest logprob differences; the c
 
 For a workflow (`render_workflow`): one line per step, then the first step whose target did not hold.
 
-`fingerprint_diff_lines` is shared with the release gate's summary (`replayer.gate.render_gate`).
+`fingerprint_diff_lines` is shared with the release gate's summary (`replayer.gate.render_gate`), and
+`ReportModel` is the base of every JSON document the replayer writes or reads for itself (the gates' and the
+matrix's reports, the vendor gate's cases and assertions).
 
 Pure: takes contract records, returns text. Token text is shown as a JSON string so whitespace is visible.
 """
@@ -18,6 +20,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict
+
 from schemas import (
     CapturedOutput,
     Envelope,
@@ -27,6 +31,14 @@ from schemas import (
     StepLogprobs,
     TopCandidate,
 )
+
+
+class ReportModel(BaseModel):
+    """Frozen and strict about unknown fields, as the contract's `schemas.Record`, but not a contract record: a
+    report's schema is its own ``schema_version``, and its statistics may be NaN."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
 
 FORK_OPEN = "⟦"
 FORK_CLOSE = "⟧"

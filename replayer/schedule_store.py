@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError
 
-from infra.clients.s3 import S3Policy, error_code, is_missing, make_s3_client
+from infra.clients.s3 import S3Policy, is_missing, make_s3_client, s3_call
 from replayer.errors import ScheduleNotFoundError, StoreError
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, Envelope
@@ -94,12 +94,7 @@ class ScheduleStore:
     # -- S3 ----------------------------------------------------------------------------------------------------
 
     def _s3(self, what: str, key: str, call: Callable[[], _T]) -> _T | None:
-        try:
-            return call()
-        except (ClientError, BotoCoreError) as exc:
-            if is_missing(exc):
-                return None
-            raise StoreError(f"S3 {what} s3://{self.bucket}/{key} failed: {error_code(exc) or exc}") from exc
+        return s3_call(what, f"s3://{self.bucket}/{key}", call, none_if=is_missing, error=StoreError)
 
     def _get(self, key: str, limit: int) -> bytes | None:
         """The object's bytes (None when missing); `StoreError` when it is over `limit` (never read whole)."""

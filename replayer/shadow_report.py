@@ -40,11 +40,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from replayer.compare import Comparison, compare
 from replayer.errors import EnvelopeNotFoundError, GateInputError
 from replayer.gate import short_text
+from replayer.report import ReportModel
 from replayer.settings import Thresholds
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput, Envelope, FieldDiff, ReplayedOutput, ReproLevel, diff_fingerprints
@@ -66,11 +67,7 @@ _WORST_SHOWN = 5
 _MAX_DAYS = 31
 
 
-class _Report(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ShadowPair(_Report):
+class ShadowPair(ReportModel):
     """One production envelope and its candidate's shadow, compared."""
 
     request_id: str
@@ -94,7 +91,7 @@ class ShadowPair(_Report):
     candidate_text: str | None = None
 
 
-class Spread(_Report):
+class Spread(ReportModel):
     """A distribution in a few numbers (None when it has no values)."""
 
     n: int
@@ -106,7 +103,7 @@ class Spread(_Report):
     max: float | None = None
 
 
-class ShadowReport(_Report):
+class ShadowReport(ReportModel):
     schema_version: Literal["reprolane.shadow-gate/1"] = SHADOW_REPORT_VERSION
     mode: Literal["shadow"] = "shadow"
     since: datetime

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError
 
-from infra.clients.s3 import S3Policy, error_code, is_already_written, is_missing, make_s3_client
+from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client, s3_call
 from replayer.errors import EnvelopeNotFoundError, NotReplayableError, StoreError
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, Envelope, ReplayResult, decode_envelope, decode_replay_result, envelope_bytes
@@ -70,7 +69,6 @@ from schemas.sealed import (
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-_T = TypeVar("_T")
 #: How many opened envelopes' data keys the store keeps for sealing their results (a replay needs one at a time).
 SEALING_KEYS_KEPT = 4096
 
@@ -147,23 +145,15 @@ class EnvelopeStore:
 
     # -- raw objects -----------------------------------------------------------------------------------------
 
-    def _s3(self, what: str, where: str, call: Callable[[], _T], *, none_if: Callable[[Exception], bool]) -> _T | None:
-        """`call()`, or None when S3's answer is one `none_if` accepts; any other failure is a `StoreError`."""
-        try:
-            return call()
-        except (ClientError, BotoCoreError) as exc:
-            if none_if(exc):
-                return None
-            raise StoreError(f"S3 {what} {where} failed: {error_code(exc) or exc}") from exc
-
     def _get(self, key: str, bucket: str | None = None) -> bytes | None:
         """The object's bytes, or None when there is no such key."""
         bucket = bucket or self.bucket
-        return self._s3(
+        return s3_call(
             "get",
             f"s3://{bucket}/{key}",
             lambda: self._client.get_object(Bucket=bucket, Key=key)["Body"].read(),
             none_if=is_missing,
+            error=StoreError,
         )
 
     def _list(self, prefix: str) -> list[str]:
@@ -173,7 +163,9 @@ class EnvelopeStore:
                 found.extend(obj["Key"] for obj in page.get("Contents", []) if "Key" in obj)
             return found
 
-        return sorted(self._s3("list", f"s3://{self.bucket}/{prefix}", keys, none_if=lambda _: False) or [])
+        return sorted(
+            s3_call("list", f"s3://{self.bucket}/{prefix}", keys, none_if=lambda _: False, error=StoreError) or []
+        )
 
     def _indexed(self, index_key: str, what: str) -> tuple[IndexEntry, bytes]:
         """The index entry filed at `index_key` and the stored bytes of the object it points at, both unchecked."""
@@ -503,13 +495,14 @@ class EnvelopeStore:
             body = seal_replay_result(
                 result, tenant=tenant_key.tenant, key_id=tenant_key.key_id, data_key=tenant_key.data_key
             ).canonical()
-        written = self._s3(
+        written = s3_call(
             "put",
             f"s3://{self.bucket}/{key}",
             lambda: self._client.put_object(
                 Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*"
             ),
             none_if=is_already_written,
+            error=StoreError,
         )
         return written is not None
 

@@ -33,9 +33,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from replayer.errors import GateInputError
+from replayer.report import ReportModel
 from schemas import ContractError, Envelope, decode_envelope
 
 __all__ = [
@@ -62,11 +63,7 @@ _SEED_FIELDS: Final = ("seed",)
 SimilarityFn = Callable[[str, str], float]
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Assertion(_Record):
+class Assertion(ReportModel):
     """One per-request check on a sample's text. Exactly one field is set."""
 
     contains: str | None = None
@@ -107,7 +104,7 @@ class Assertion(_Record):
         return bool(self.json_valid)
 
 
-class VendorCase(_Record):
+class VendorCase(ReportModel):
     """One golden request for the statistical gate (see module docstring)."""
 
     request_id: str
@@ -119,7 +116,7 @@ class VendorCase(_Record):
     versions: dict[str, str] = Field(default_factory=dict, description="version identifiers seen when recorded")
 
 
-class Sample(_Record):
+class Sample(ReportModel):
     text: str
     versions: dict[str, str] = Field(default_factory=dict)
 
@@ -198,7 +195,7 @@ def load_assertions(path: Path) -> dict[str, tuple[Assertion, ...]]:
     return out
 
 
-class CaseResult(_Record):
+class CaseResult(ReportModel):
     request_id: str
     passed: bool
     samples: int
@@ -217,7 +214,7 @@ class CaseResult(_Record):
     sample_texts: tuple[str, ...]
 
 
-class StatisticalReport(_Record):
+class StatisticalReport(ReportModel):
     schema_version: Literal["reprolane.vendor-gate/1"] = VENDOR_REPORT_VERSION
     mode: Literal["statistical"] = "statistical"
     golden: str

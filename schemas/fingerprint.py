@@ -9,6 +9,7 @@ fingerprint names them explicitly (as vLLM's config hash does for compilation) s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import Field
@@ -49,6 +50,19 @@ class RuntimeFingerprint(Record):
     def sha256(self) -> str:
         """Identity of this environment: any field change changes it."""
         return sha256_hex(canonical_bytes(self))
+
+
+def cpu_model_name_of(cpuinfo: Iterable[str]) -> str | None:
+    """A CPU's ``device_name``: the first "model name" of ``/proc/cpuinfo`` (its lines; the caller reads the file),
+    "" when that line is empty, None when there is none (a caller may then ask the platform).
+
+    The capture side's schedule recorder and the replayer's lanes both record it, and a diff between them is a
+    changed environment: they must spell it alike, so the spelling lives with the field, not in either of them.
+    """
+    for line in cpuinfo:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return None
 
 
 class FieldDiff(Record):

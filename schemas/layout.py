@@ -378,10 +378,9 @@ def known_good_prefix(deployment: str) -> str:
 
 
 def known_good_key(deployment: str, passed_at: datetime, record_id: str) -> str:
-    """One known-good record, written once: its passing time (UTC, to the microsecond, so a listing is in
-    order) and its own sha256."""
-    stamp = passed_at.astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    return f"{known_good_prefix(deployment)}{stamp}-{record_id}.json"
+    """One known-good record, written once: its passing time, so a listing is in order, and its own sha256
+    (`time_ordered_name`)."""
+    return f"{known_good_prefix(deployment)}{time_ordered_name(passed_at, record_id)}"
 
 
 def is_known_good_key(key: str) -> bool:

@@ -33,7 +33,6 @@ copy, and the record itself is still in S3 and on the topic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -48,7 +47,7 @@ from capture.audit.lake import Lake
 from capture.audit.lake_iceberg import ICEBERG_TABLES, IcebergLake
 from capture.audit.lake_schema import DEDUPE_KEY, SCHEMAS, day, divergence_row, envelope_row, sealed_row
 from capture.audit.lake_settings import LakeSettings
-from infra.clients.kafka import aiokafka_kwargs, kafka_errors
+from infra.clients.kafka import aiokafka_kwargs, kafka_errors, start_client, stop_quietly
 from infra.clients.s3 import S3Policy, error_code, is_missing, make_s3_client, s3_errors
 from infra.clients.shutdown import stop_on_signals
 from schemas import ContractError, decode_divergence, decode_envelope, envelope_bytes, sha256_hex
@@ -248,16 +247,10 @@ class Archiver:
                 return None
 
         consumer = self._make_consumer()
-        try:
-            consumer.subscribe(
-                [self.settings.envelope_topic, self.settings.divergence_topic], listener=_FlushOnRevoke()
-            )
-            await consumer.start()
-        except kafka_errors() as exc:
-            with contextlib.suppress(*kafka_errors()):
-                await consumer.stop()
-            raise LakeError(f"archiver: cannot consume from {self.settings.kafka_bootstrap}: {exc!r}") from exc
-        self._consumer = consumer
+        # a new consumer's subscription cannot fail on Kafka's side (aiokafka raises only for one already assigned)
+        consumer.subscribe([self.settings.envelope_topic, self.settings.divergence_topic], listener=_FlushOnRevoke())
+        what = f"archiver: cannot consume from {self.settings.kafka_bootstrap}"
+        self._consumer = await start_client(consumer, what=what, error=LakeError)
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=poll_ms, max_records=self.settings.flush_rows)
@@ -276,8 +269,7 @@ class Archiver:
             await self._flush_and_commit()
         finally:
             self._consumer = None
-            with contextlib.suppress(*kafka_errors()):
-                await consumer.stop()
+            await stop_quietly(consumer)
 
 
 async def run_until_signalled(archiver: Archiver) -> None:

@@ -18,7 +18,6 @@ Every botocore and aiokafka exception is translated here (`capture.s3_workers.ru
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from capture.errors import RecordsRefused, SinkError
 from capture.s3_workers import Put, PutOutcome, PutRefusedError, run_put
-from infra.clients.kafka import aiokafka_kwargs, kafka_errors
+from infra.clients.kafka import aiokafka_kwargs, kafka_errors, start_client, stop_quietly
 from infra.clients.s3 import S3Policy, make_s3_client
 from schemas.layout import (
     HEADER_DLQ_REASON,
@@ -141,13 +140,9 @@ class SegmentProducer:
                 retry_backoff_ms=200,
                 client_id=f"reprolane-{self._settings.shipper_id}",
             )
-            try:
-                await producer.start()
-            except kafka_errors() as exc:
-                with contextlib.suppress(*kafka_errors()):
-                    await producer.stop()
-                raise SinkError(f"kafka {self._settings.kafka_bootstrap}: cannot connect: {exc!r}") from exc
-            self._producer = producer
+            self._producer = await start_client(
+                producer, what=f"kafka {self._settings.kafka_bootstrap}: cannot connect", error=SinkError
+            )
         return self._producer
 
     async def send(self, engine_id: str, seq: int, data: bytes, sha256: str) -> None:
@@ -192,8 +187,7 @@ class SegmentProducer:
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            with contextlib.suppress(*kafka_errors()):
-                await producer.stop()
+            await stop_quietly(producer)
 
 
 __all__ = ["PutRefusedError", "SegmentConflictError", "SegmentProducer", "SegmentStore"]

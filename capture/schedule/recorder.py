@@ -43,7 +43,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from capture.schedule.segments import DEFAULT_ROTATE_BYTES, DEFAULT_ROTATE_SECONDS, SegmentWriter
-from schemas.fingerprint import RuntimeFingerprint
+from schemas.fingerprint import RuntimeFingerprint, cpu_model_name_of
 from schemas.schedule import EngineStart
 from schemas.schedule_delivery import encode_record
 
@@ -77,16 +77,12 @@ def _iso(ts: float) -> str:
 
 
 def _cpu_name() -> str | None:
-    """The CPU's "model name", read as `replayer.lanes.base.cpu_model_name` reads it (the lane's fingerprint must
-    spell it alike); a copy because this package runs inside vLLM and imports only `schemas`."""
+    """The CPU's "model name" (`schemas.fingerprint.cpu_model_name_of`, the spelling the lanes' fingerprint uses)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip() or None
+            return cpu_model_name_of(fh) or None
     except OSError:
-        pass
-    return None
+        return None
 
 
 def engine_start(scheduler: Any, engine_id: str) -> EngineStart:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -44,6 +43,7 @@ from capture.errors import CaptureError, RecordsRefused
 from capture.schedule.destinations import PutRefusedError, SegmentConflictError, SegmentProducer, SegmentStore
 from capture.schedule.shipper_metrics import ShipperMetrics
 from capture.schedule.shipper_settings import ShipperSettings
+from capture.spool.disk_format import lock_exclusively
 from schemas.errors import ContractError
 from schemas.schedule import RequestArrival, ScheduleRecord
 from schemas.schedule_delivery import (
@@ -156,9 +156,8 @@ class Shipper:
         except OSError as exc:
             raise CaptureError(f"shipper: cannot open its lock in {self.settings.quarantine}: {exc}") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock_exclusively(fd)
         except OSError as exc:
-            os.close(fd)
             raise CaptureError(f"shipper: {self.directory} is shipped by another process already ({exc})") from exc
         self._lock_fd = fd
 

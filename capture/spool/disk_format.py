@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import struct
@@ -111,6 +112,17 @@ def open_private(path: Path, flags: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def lock_exclusively(fd: int) -> None:
+    """Take a non-blocking exclusive ``flock`` on `fd`, the LOCK file that makes one process the owner of a
+    directory (the spool's, the schedule shipper's); when another process holds it, `fd` is closed and the
+    `OSError` raised for the caller to translate."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
 
 
 def make_private_dir(directory: Path) -> None:

@@ -10,7 +10,6 @@ with nothing pending and rewrites the ack log without their ranges.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from capture.spool.disk_format import (
     AckLog,
     ScanResult,
     delete_files,
+    lock_exclusively,
     make_private_dir,
     open_private,
     parse_segment_name,
@@ -47,9 +47,8 @@ def recover(segments: SegmentLog) -> int:
     make_private_dir(directory)
     lock_fd = open_private(directory / "LOCK", os.O_RDWR)
     try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock_exclusively(lock_fd)
     except OSError as exc:
-        os.close(lock_fd)
         raise SpoolCorruptError(f"spool {directory} is held by another process: {exc}") from exc
     segments.lock_fd = lock_fd
     pending_bytes = 0

@@ -9,19 +9,34 @@ certificates against ``kafka_ssl_cafile`` (else the system's CAs), with hostname
 
 `faststream_security` is the same translation for FastStream's broker (the replayer), with the same context.
 
-`KAFKA_ERRORS` are the exceptions a Kafka call can raise (aiokafka's and the socket's): each caller translates
-them into its own package's error at its boundary.
+`kafka_errors` are the exceptions a Kafka call can raise (aiokafka's and the socket's): each caller translates
+them into its own package's error at its boundary. `start_client` starts a client or, when the broker refuses,
+stops it again (aiokafka leaves its connections and tasks behind otherwise) and raises the caller's error;
+`stop_quietly` stops one without raising (a close must not fail because the broker is gone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ssl
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from infra.clients.connection import KafkaConnectionFields
 
 if TYPE_CHECKING:
     from faststream.security import BaseSecurity
+
+
+class _Client(Protocol):
+    """What `start_client` needs of an aiokafka producer or consumer."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Client)
 
 SSL_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
@@ -32,6 +47,23 @@ def kafka_errors() -> tuple[type[BaseException], ...]:
     from aiokafka.errors import KafkaError
 
     return (KafkaError, OSError)
+
+
+async def start_client(client: _C, *, what: str, error: Callable[[str], Exception]) -> _C:
+    """``await client.start()`` (an aiokafka producer or consumer), then the client; when the broker refuses,
+    the client is stopped again and ``error("<what>: <the exception>")`` raised, the caller's package error."""
+    try:
+        await client.start()
+    except kafka_errors() as exc:
+        await stop_quietly(client)
+        raise error(f"{what}: {exc!r}") from exc
+    return client
+
+
+async def stop_quietly(client: _Client) -> None:
+    """``await client.stop()``, ignoring what Kafka raises (the broker may be gone: a close must not fail)."""
+    with contextlib.suppress(*kafka_errors()):
+        await client.stop()
 
 
 def ssl_context(fields: KafkaConnectionFields) -> ssl.SSLContext:

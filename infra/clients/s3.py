@@ -20,20 +20,24 @@ found the key already written differ between AWS, SeaweedFS and moto, so they ar
 `is_missing` (``NoSuchKey``, ``NotFound``, and ``404`` from HEAD, which has no body) and `is_already_written`
 (``PreconditionFailed`` / HTTP 412, and ``ConditionalRequestConflict``: a concurrent conditional write of the
 same key, which for the content-addressed and write-once keys we create means the same object is being
-written by someone else). Every caller still translates what is neither into its own package's error.
+written by someone else). Every caller still translates what is neither into its own package's error:
+`s3_call` does that in one place (None for the answers a caller expects, its own error for the rest).
 
 boto3 and botocore are imported inside the functions: a CLI's ``--help`` does not pay for them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from infra.clients.connection import S3ConnectionFields
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+_T = TypeVar("_T")
 
 MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 ALREADY_WRITTEN_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
@@ -121,3 +125,21 @@ def is_missing(exc: BaseException) -> bool:
 def is_already_written(exc: BaseException) -> bool:
     """True when a conditional create (``If-None-Match: *``) found the key already written (module docstring)."""
     return error_code(exc) in ALREADY_WRITTEN_CODES or http_status(exc) == 412
+
+
+def s3_call(
+    what: str,
+    where: str,
+    call: Callable[[], _T],
+    *,
+    none_if: Callable[[BaseException], bool],
+    error: Callable[[str], Exception],
+) -> _T | None:
+    """`call()`, or None when S3's answer is one `none_if` accepts (`is_missing`, `is_already_written`); any other
+    S3 failure is raised as ``error("S3 <what> <where> failed: <code>")``, the caller's own package error."""
+    try:
+        return call()
+    except s3_errors() as exc:
+        if none_if(exc):
+            return None
+        raise error(f"S3 {what} {where} failed: {error_code(exc) or exc}") from exc

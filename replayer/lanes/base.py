@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 from replayer.errors import LaneUnavailableError
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
+from schemas.fingerprint import cpu_model_name_of
 
 DEFAULT_MODEL_SUBDIR = "models/smollm2-135m-instruct"
 
@@ -89,12 +90,10 @@ def cpu_model_name() -> str | None:
     """The CPU's "model name" from /proc/cpuinfo (Linux), else `platform.processor()`, else None."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip() or None
+            name = cpu_model_name_of(fh)
     except OSError:
-        pass
-    return platform.processor() or None
+        name = None
+    return (name or None) if name is not None else (platform.processor() or None)
 
 
 def cublas_version() -> str | None:

@@ -37,13 +37,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from replayer.compare import compare
 from replayer.lanes.batch_engine import EngineConfig, Platform
 from replayer.matrix.dimensions import Cell, Schedule
 from replayer.matrix.execution import CellJob, CellRun, run_jobs
 from replayer.matrix.inputs import MatrixItem, item_from_envelope
+from replayer.matrix.results import comparison_fields
+from replayer.report import ReportModel
 from replayer.settings import Thresholds
 from schemas import Envelope, FieldDiff, ReplayResult, StepCandidates, diff_fingerprints
 
@@ -53,9 +53,7 @@ _DTYPES: Final = ("bfloat16", "float16", "float32")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class VariationOutcome(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class VariationOutcome(ReportModel):
     name: str
     dimension: str
     description: str
@@ -77,9 +75,7 @@ class VariationOutcome(BaseModel):
     replayed_text: str | None = None
 
 
-class Explanation(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class Explanation(ReportModel):
     request_id: str
     envelope_id: str
     recorded_dtype: str
@@ -204,21 +200,14 @@ def judge(
         return VariationOutcome(**head, status="failed", reason=(run.error if run else None) or "no output")
     diffs = diff_fingerprints(envelope.runtime, run.fingerprint) if run and run.fingerprint else ()
     cmp = compare(target.recorded, out, th, "token", fingerprint_diffs=diffs)
-    fd = cmp.first_divergence
     return VariationOutcome(
         **head,
-        status="ran",
-        reproduced="token" in cmp.levels_held,
-        verdict=cmp.verdict,
-        first_divergence=fd.position if fd else None,
+        **comparison_fields(cmp),
         recorded_length=cmp.recorded_length,
         replayed_length=cmp.replayed_length,
-        max_abs_logprob_diff=cmp.max_abs_logprob_diff,
-        max_rel_logprob_diff=cmp.max_rel_logprob_diff,
-        before_fork=fd.before if fd else None,
-        at_fork=fd.at if fd else None,
+        status="ran",
+        reproduced="token" in cmp.levels_held,
         fingerprint_diffs=tuple(diffs),
-        cause_detail=cmp.cause_detail,
         replayed_text=out.text,
     )
 
@@ -234,21 +223,14 @@ def schedule_outcome(answer: ReplayResult | str) -> VariationOutcome:
     if isinstance(answer, str):
         return VariationOutcome(**head, status="skipped", reason=answer)
     ev = answer.event
-    fd = ev.first_divergence
     return VariationOutcome(
         **head,
-        status="ran",
-        reproduced="token" in ev.levels_held and ev.schedule_reproduced is True,
-        verdict=ev.verdict,
-        first_divergence=fd.position if fd else None,
+        **comparison_fields(ev),
         recorded_length=ev.recorded_length,
         replayed_length=ev.replayed_length,
-        max_abs_logprob_diff=ev.max_abs_logprob_diff,
-        max_rel_logprob_diff=ev.max_rel_logprob_diff,
-        before_fork=fd.before if fd else None,
-        at_fork=fd.at if fd else None,
+        status="ran",
+        reproduced="token" in ev.levels_held and ev.schedule_reproduced is True,
         fingerprint_diffs=ev.fingerprint_diffs,
-        cause_detail=ev.cause_detail,
         replayed_text=answer.replayed.text,
     )
 

@@ -20,25 +20,21 @@ from datetime import datetime
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
-from replayer.compare import compare
+from replayer.compare import Comparison, compare
 from replayer.matrix.dimensions import BASELINE_CELL, Cell
 from replayer.matrix.execution import CellRun
 from replayer.matrix.inputs import MatrixItem
+from replayer.report import ReportModel
 from replayer.settings import Thresholds
-from schemas import Choice, ReplayedOutput, StepCandidates
+from schemas import Choice, DivergenceEvent, ReplayedOutput, StepCandidates
 
 Status = Literal["ran", "skipped", "failed"]
 BaselineMode = Literal["recorded", "single"]
 LATENCY_KIND = {"single": "per request", "fixed": "per static batch", "all": "whole batch (one call)"}
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RequestOutcome(_Model):
+class RequestOutcome(ReportModel):
     request_id: str
     token_identical: bool
     verdict: str
@@ -53,7 +49,23 @@ class RequestOutcome(_Model):
     cause_detail: str = ""
 
 
-class CellResult(_Model):
+def comparison_fields(c: Comparison | DivergenceEvent) -> dict[str, Any]:
+    """How a matrix row (`RequestOutcome`, `replayer.matrix.explain.VariationOutcome`) reports a comparison with
+    the recorded output, alike whether it was compared here (`replayer.compare.Comparison`) or by the schedule
+    replay that ran it (its divergence event)."""
+    fd = c.first_divergence
+    return {
+        "verdict": c.verdict,
+        "first_divergence": fd.position if fd else None,
+        "before_fork": fd.before if fd else None,
+        "at_fork": fd.at if fd else None,
+        "max_abs_logprob_diff": c.max_abs_logprob_diff,
+        "max_rel_logprob_diff": c.max_rel_logprob_diff,
+        "cause_detail": c.cause_detail,
+    }
+
+
+class CellResult(ReportModel):
     name: str
     dimension: str
     description: str
@@ -79,7 +91,7 @@ class CellResult(_Model):
     requests: tuple[RequestOutcome, ...] = ()
 
 
-class MatrixReport(_Model):
+class MatrixReport(ReportModel):
     created_at: datetime
     baseline: BaselineMode
     platform: dict[str, Any]
@@ -168,21 +180,14 @@ def evaluate_cell(
         if similarity is not None:
             sim = 1.0 if out.text == recorded.text else similarity(recorded.text, out.text)
         cmp = compare(recorded, out, thresholds, "token", semantic_similarity=sim)
-        fd = cmp.first_divergence
         outcomes.append(
             RequestOutcome(
+                **comparison_fields(cmp),
                 request_id=rid,
                 token_identical="token" in cmp.levels_held,
-                verdict=cmp.verdict,
-                first_divergence=fd.position if fd else None,
-                before_fork=fd.before if fd else None,
-                at_fork=fd.at if fd else None,
-                max_abs_logprob_diff=cmp.max_abs_logprob_diff,
-                max_rel_logprob_diff=cmp.max_rel_logprob_diff,
                 semantic_similarity=sim,
                 latency_ms=run.latency_ms.get(rid, 0.0),
                 generated_tokens=len(out.token_ids),
-                cause_detail=cmp.cause_detail,
             )
         )
     n = len(outcomes)

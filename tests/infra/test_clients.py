@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
 from botocore.exceptions import ClientError
 from faststream.kafka.security import parse_security
 from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
@@ -39,10 +40,11 @@ from capture.s3_workers import Put, PutOutcome, run_put
 from capture.settings import CaptureSettings
 from infra.buckets import S3Credentials, s3_client
 from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
-from infra.clients.kafka import aiokafka_kwargs, faststream_security
+from infra.clients.kafka import aiokafka_kwargs, faststream_security, start_client, stop_quietly
 from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client
 from infra.clients.shutdown import stop_on_signals
 from replayer.errors import StoreError
+from replayer.schedule_store import ScheduleStore
 from replayer.service import ReplayerService
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
@@ -168,6 +170,39 @@ async def test_every_kafka_client_that_asks_for_ssl_gets_a_context(tmp_path: Pat
     assert isinstance(builder.keywords["ssl_context"], ssl.SSLContext)
 
 
+class _Refused:
+    """A Kafka client whose start the broker refuses; it records whether it was stopped again."""
+
+    def __init__(self, stop_raises: bool = False) -> None:
+        self.stopped = False
+        self.stop_raises = stop_raises
+
+    async def start(self) -> None:
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 9)]")
+
+    async def stop(self) -> None:
+        self.stopped = True
+        if self.stop_raises:
+            raise KafkaConnectionError("gone")
+
+
+async def test_a_client_kafka_refuses_is_stopped_again_and_raises_the_callers_error() -> None:
+    client = _Refused(stop_raises=True)  # a stop that fails too must not hide the start's error
+    with pytest.raises(SinkError, match=r"^kafka x: cannot connect: KafkaConnectionError\("):
+        await start_client(client, what="kafka x: cannot connect", error=SinkError)
+    assert client.stopped
+    await stop_quietly(_Refused(stop_raises=True))  # a close never raises what Kafka says
+
+
+async def test_the_sidecars_producer_that_cannot_connect_is_a_sink_error() -> None:
+    """A real aiokafka producer against a closed port: the sidecar's sink reports it as its own error."""
+    sink = KafkaSink(CaptureSettings(upstream="http://127.0.0.1:9", kafka_bootstrap="127.0.0.1:9"))
+    with pytest.raises(SinkError, match=r"^kafka 127\.0\.0\.1:9: cannot connect: "):
+        await sink._ensure_started()
+    assert sink._producer is None
+    await sink.close()
+
+
 # ------------------------------------------------------------------------------------------------- S3 policies
 
 
@@ -266,13 +301,14 @@ def test_every_conditional_create_reads_already_written_alike(code: str, status:
 
 @pytest.mark.parametrize(("code", "status"), MISSING + NEITHER)
 def test_every_read_reads_missing_alike(code: str, status: int) -> None:
-    """The ledger's and the audit jobs' reads, the keyring's, the replayer's."""
+    """The ledger's and the audit jobs' reads, the keyring's, the replayer's (envelopes and schedules)."""
     client: Any = Refusing(client_error(code, status))
     attempts: list[tuple[Callable[[], bool], type[Exception]]] = [
         (lambda: LedgerStore(client, "b").get("k") is None, LedgerStoreError),
         (lambda: AuditStore(client, "b").current_version("k") is None, AuditStoreError),
         (lambda: Keyring(client, "b", b"\0" * 32).get_key("acme", "k1") is None, KeyringError),
         (lambda: EnvelopeStore(client, "b")._get("k") is None, StoreError),
+        (lambda: ScheduleStore(client, "b")._get("k", 16) is None, StoreError),
     ]
     check_each(attempts, (code, status) in MISSING)
 

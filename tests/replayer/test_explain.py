@@ -16,12 +16,15 @@ from replayer.matrix.explain import (
     plan_variations,
     recorded_batch_size,
     render_explanation,
+    schedule_outcome,
     select_companions,
 )
 from replayer.matrix.inputs import item_from_envelope, workload_items
 from replayer.settings import Thresholds
 from schemas import CapturedError, ExecutionContext, ReplayedOutput, Timings
 from tests import factories
+from tests.replayer.support import make_envelope
+from tests.replayer.test_store import replay_result
 
 CPU = Platform(gpu_count=0, cpu_count=2, vllm_version="0.32.0", transformers_version="5.19.0")
 T0 = factories.FIXED_TIME
@@ -187,3 +190,17 @@ def test_exit_code_and_rendering(hits: tuple[str, ...], code: int) -> None:
     assert "engine.version" in text
     assert "skipped" in text
     assert "conclusion: because" in text
+
+
+def test_the_schedule_variation_reports_its_replays_event_as_judge_reports_a_comparison() -> None:
+    env = make_envelope(0)
+    result = replay_result(env.envelope_id(), env.request_id)
+    event = result.event.model_copy(update={"schedule_reproduced": True, "max_abs_logprob_diff": 0.0})
+    ran = schedule_outcome(result.model_copy(update={"event": event}))
+    assert (ran.status, ran.reproduced, ran.verdict, ran.first_divergence) == ("ran", True, "bitwise", None)
+    assert (ran.recorded_length, ran.replayed_length, ran.max_abs_logprob_diff) == (3, 3, 0.0)
+    assert (ran.before_fork, ran.at_fork, ran.replayed_text) == (None, None, "abc")
+    # bitwise tokens alone are not the schedule variation reproducing: its schedule must have been reproduced too
+    assert schedule_outcome(result).reproduced is False
+    skipped = schedule_outcome("no schedule recorded")
+    assert (skipped.status, skipped.reason, skipped.verdict) == ("skipped", "no schedule recorded", None)

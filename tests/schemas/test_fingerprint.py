@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from schemas import diff_fingerprints
+from schemas.fingerprint import cpu_model_name_of
 from tests.factories import runtime
 
 
@@ -28,3 +29,11 @@ def test_vendor_version_is_a_real_change() -> None:
     a = runtime(engine="unknown", vendor_version="model=gpt-x-2026-01-01;openai-version=2020-10-01")
     b = runtime(engine="unknown", vendor_version="model=gpt-x-2026-03-01;openai-version=2020-10-01")
     assert [d.field for d in diff_fingerprints(a, b)] == ["vendor_version"]
+
+
+def test_a_cpu_is_named_by_the_first_model_name_line_of_cpuinfo() -> None:
+    """The recorder and the lanes both spell ``device_name`` this way; a drift would read as a changed CPU."""
+    cpuinfo = ["processor\t: 0\n", "model name\t: AMD EPYC 9554 64-Core Processor\n", "model name\t: other\n"]
+    assert cpu_model_name_of(cpuinfo) == "AMD EPYC 9554 64-Core Processor"
+    assert cpu_model_name_of(["model name\t:   \n"]) == ""  # named, but empty: the caller says "unknown"
+    assert cpu_model_name_of(["processor\t: 0\n", "Hardware\t: BCM2835\n"]) is None  # no line: ask the platform

@@ -67,7 +67,7 @@ def test_keys_sort_by_passing_time() -> None:
     early = known_good_key("d", datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC), "f" * 64)
     late = known_good_key("d", datetime(2026, 1, 2, 3, 4, 5, 7, tzinfo=UTC), "0" * 64)
     assert early < late
-    assert "20260102T030405000006Z" in early
+    assert early == f"environments/deployment=d/known-good/20260102T030405000006Z-{'f' * 64}.json"
 
 
 def test_deployment_names_are_key_safe() -> None:
