@@ -21,7 +21,9 @@ percentiles), every piece in its own process on 127.0.0.1:
   for ``--duration`` s after a 1-s warm-up; latency from each request's scheduled time), in an order rotated
   from round to round. The machine is shared and drifts within minutes, so a figure is a ratio against ``off``
   *of the same round*: per round, p50 and p99 of ``fast`` and ``slow`` over ``off``'s; reported is the median of
-  the rounds' ratios (and their range), beside the pooled percentiles.
+  the rounds' ratios (and their range), beside the pooled percentiles. ``CPU ms/req`` is the sidecar's CPU per
+  request sent, its shadows' work (which runs on the same core, after the answer) included: the figure that
+  contention distorts least, and what shadowing costs the sidecar's core.
 - after the rounds: each sidecar's ``reprolane_capture_shadow_total{outcome}`` (scraped once the shadows have
   settled, or after a wait), then a clean stop and the spool read back: every request answered 200 must have
   its production envelope there; the shadow envelopes in it are counted too.
@@ -106,7 +108,8 @@ def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, An
         for r in rounds:
             for err, n in r[name]["errors"].items():
                 row["errors"][err] = row["errors"].get(err, 0) + n
-        for q in ("p50", "p99"):
+        row["cpu_ms"] = statistics.median(r[name]["cpu_ms"] for r in rounds)
+        for q in ("p50", "p99", "cpu_ms"):
             per_round = [ratio(r[name][q], r["off"][q]) for r in rounds]
             values = [v for v in per_round if v is not None]
             row[f"{q}_ratios"] = values
@@ -185,6 +188,7 @@ def main() -> None:
             for name in order:
                 base, p = sidecars[name]
                 prefix = f"sh-{run_id}-{name}-{k}"
+                cpu0 = bc.cpu_s(p.pid)
                 with bc.timed(f"round {k + 1}/{args.rounds}: {name} x{args.clients} at {args.rate:.0f} req/s"):
                     r = bc.load(
                         base + "/v1/chat/completions",
@@ -199,11 +203,15 @@ def main() -> None:
                 sent[name] += r["done"]
                 lat = r["lat_ms"]
                 cell = {"lat_ms": lat, "p50": bc.pct(lat, 50), "p99": bc.pct(lat, 99), "errors": r["errors"]}
+                bc.wait_idle(p.pid, within_s=5.0)  # a cell's work (its shadows) must not run into the next one
+                cell["cpu_ms"] = bc.cpu_ms_per_request(p.pid, cpu0, r["done"])  # its shadows' work included
                 rounds[-1][name] = cell
-                print(f"   n={len(lat)} p50={cell['p50']:.2f} ms p99={cell['p99']:.2f} ms errors={r['errors']}")
-                bc.wait_idle(p.pid, within_s=5.0)  # a cell's work must not run into the next one
+                print(
+                    f"   n={len(lat)} p50={cell['p50']:.2f} ms p99={cell['p99']:.2f} ms "
+                    f"cpu/req={cell['cpu_ms']:.3f} ms errors={r['errors']}"
+                )
         res["summary"] = summarise(rounds)
-        res["rounds"] = [{n: {q: c[q] for q in ("p50", "p99")} for n, c in r.items()} for r in rounds]
+        res["rounds"] = [{n: {q: c[q] for q in ("p50", "p99", "cpu_ms")} for n, c in r.items()} for r in rounds]
         res["shadows"] = {}
         for name in ("fast", "slow"):
             with bc.timed(f"shadows of {name} settling (at most {args.settle_s:.0f} s)"):
@@ -241,16 +249,16 @@ def render(res: dict[str, Any], *, md: bool) -> list[str]:
         return ("| " + " | ".join(cells) + " |") if md else "  ".join(f"{c:>14}" for c in cells)
 
     out = [f"`bench_shadow.py {res['args']}`".replace(" `", "`") if md else f"args: {res['args']}", ""]
-    head = ["sidecar", "measured", "errors", "p50 ms", "p99 ms", "p50 / off", "p99 / off", "sent / spooled", "lost"]
-    out.append(row([*head, "shadows"]))
+    head = ["sidecar", "measured", "errors", "p50 ms", "p99 ms", "p50 / off", "p99 / off", "CPU ms/req", "/ off"]
+    out.append(row([*head, "sent / spooled", "lost", "shadows"]))
     if md:
-        out.append(row(["---"] * 10))
+        out.append(row(["---"] * 12))
     for name in TARGETS:
         s, sp = res["summary"][name], res["spool"][name]
         sh = res["shadows"].get(name)
         shadows = "-" if sh is None else ", ".join(f"{k} {v:.0f}" for k, v in sh.items())
         shadows += "" if sh is None else f"; spooled {sp['shadow_envelopes']}"
-        spans = {q: s[f"{q}_ratios"] if name != "off" else [] for q in ("p50", "p99")}
+        spans = {q: s[f"{q}_ratios"] if name != "off" else [] for q in ("p50", "p99", "cpu_ms")}
         lo_hi = {q: f" ({min(v):.3f}-{max(v):.3f})" if v else "" for q, v in spans.items()}
         out.append(
             row(
@@ -262,6 +270,8 @@ def render(res: dict[str, Any], *, md: bool) -> list[str]:
                     fmt(s["p99"]),
                     fmt(s["p50_ratio"], "{:.3f}") + lo_hi["p50"],
                     fmt(s["p99_ratio"], "{:.3f}") + lo_hi["p99"],
+                    fmt(s["cpu_ms"], "{:.3f}"),
+                    fmt(s["cpu_ms_ratio"], "{:.3f}") + lo_hi["cpu_ms"],
                     f"{sp['sent']} / {sp['production_envelopes']}",
                     str(sp["lost"]),
                     shadows,
@@ -271,7 +281,8 @@ def render(res: dict[str, Any], *, md: bool) -> list[str]:
     out.append("")
     out.append(
         "ratios: per round, the sidecar's percentile over off's in the same round; median over rounds (min-max);"
-        " p50/p99 ms pooled over the rounds; sent / spooled: requests sent (warm-up included) / production"
+        " p50/p99 ms pooled over the rounds; CPU ms/req: the sidecar's user + system CPU per request sent, its"
+        " shadows' work included (median over rounds); sent / spooled: requests sent (warm-up included) / production"
         " envelopes in the spool; lost: measured requests answered 200 without one; shadows: counted by outcome"
         " (reprolane_capture_shadow_total) at the scrape, spooled: shadow envelopes in the spool after the stop"
     )
