@@ -95,7 +95,8 @@ def ratio(a: float, b: float) -> float | None:
 
 
 def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per target: pooled p50/p99, and the median (min, max) over rounds of p50/p99 over ``off``'s that round."""
+    """Per target: pooled p50/p99, the median CPU ms/req, and per round p50/p99/CPU over ``off``'s that round
+    (their median and the list)."""
     out: dict[str, dict[str, Any]] = {}
     for name in TARGETS:
         lat = [x for r in rounds for x in r[name]["lat_ms"]]
