@@ -9,10 +9,10 @@
 Every piece runs in its own process on 127.0.0.1: a fast OpenAI-shaped upstream (raw asyncio + httptools +
 uvloop, vLLM 0.32's response shapes: ``prompt_token_ids``, ``token_ids``, logprobs when asked, spelled as vLLM
 spells them under ``return_tokens_as_token_ids`` and with full-precision values, ``system_fingerprint``,
-``/version``), the sidecar started through the real CLI (``reprolane capture serve``)
-once per mode with a real spool on disk and no sinks, LiteLLM's proxy from its own venv (created on demand,
-skipped with a printed reason when it cannot be installed), and a load generator (aiohttp, N clients sending
-back to back for a fixed time, the first second dropped as warm-up).
+``/version``; ``/v1/completions`` too, for bench_shadow.py's shadow candidates), the sidecar started through the
+real CLI (``reprolane capture serve``) once per mode with a real spool on disk and no sinks, LiteLLM's proxy from
+its own venv (created on demand, skipped with a printed reason when it cannot be installed), and a load generator
+(aiohttp, N clients sending back to back for a fixed time, the first second dropped as warm-up).
 
 Phases, all in one run:
 
@@ -151,8 +151,41 @@ def _answer(body: dict[str, Any]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def run_upstream(port: int) -> None:
-    """A raw asyncio HTTP/1.1 server (keep-alive, Content-Length bodies): ~0.1 ms of its own per request."""
+def _completion_answer(body: dict[str, Any]) -> bytes:
+    """A ``/v1/completions`` answer with token ids and top-k logprobs spelled ``token_id:N``: what the shadow
+    sender (`capture.shadow`) asks a candidate for, so bench_shadow.py's candidates answer it in full."""
+    k = int(body.get("logprobs") or 0)
+    logprobs = {
+        "tokens": [f"token_id:{t}" for t in OUTPUT_IDS],
+        "token_logprobs": [_logprob(j, 0) for j in range(len(OUTPUT_IDS))],
+        "top_logprobs": [{f"token_id:{t + a}": _logprob(j, a) for a in range(k)} for j, t in enumerate(OUTPUT_IDS)],
+        "text_offset": list(itertools.accumulate((len(t) for t in OUTPUT_TEXT), initial=0))[:-1],
+    }
+    doc = {
+        "id": "cmpl-bench",
+        "object": "text_completion",
+        "created": 1764400000,
+        "model": body.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "text": "".join(OUTPUT_TEXT),
+                "logprobs": logprobs if k else None,
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "token_ids": OUTPUT_IDS,
+                "prompt_token_ids": body.get("prompt") if body.get("return_token_ids") else None,
+            }
+        ],
+        "system_fingerprint": "vllm-0.32.0-a7512781",
+        "usage": {"prompt_tokens": len(body.get("prompt") or ()), "total_tokens": 35, "completion_tokens": 16},
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def run_upstream(port: int, completions_delay_s: float = 0.0) -> None:
+    """A raw asyncio HTTP/1.1 server (keep-alive, Content-Length bodies): ~0.1 ms of its own per request.
+    ``/v1/completions`` answers after `completions_delay_s` (a slow shadow candidate; the rest stays fast)."""
     import httptools
     import uvloop
 
@@ -176,6 +209,8 @@ def run_upstream(port: int) -> None:
             if key not in cache:
                 cache[key] = _answer(body)
             return b"200 OK", cache[key]
+        if path == b"/v1/completions":
+            return b"200 OK", _completion_answer(json.loads(raw))
         return b"404 Not Found", b'{"error":{"message":"not found","type":"NotFound","param":null,"code":404}}'
 
     class Conn(asyncio.Protocol):
@@ -201,10 +236,20 @@ def run_upstream(port: int) -> None:
             self.body.append(body)
 
         def on_message_complete(self) -> None:
-            status, out = respond(self.url.split(b"?", 1)[0], b"".join(self.body))
+            path = self.url.split(b"?", 1)[0]
+            status, out = respond(path, b"".join(self.body))
             head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % (status, len(out))
-            self.transport.write(head + out)
-            if not self.parser.should_keep_alive():
+            keep_alive = self.parser.should_keep_alive()
+            if completions_delay_s and path == b"/v1/completions":
+                asyncio.get_running_loop().call_later(completions_delay_s, self.reply, head + out, keep_alive)
+            else:
+                self.reply(head + out, keep_alive)
+
+        def reply(self, data: bytes, keep_alive: bool) -> None:
+            if self.transport.is_closing():  # the caller gave up (a shadow past its timeout)
+                return
+            self.transport.write(data)
+            if not keep_alive:
                 self.transport.close()
 
     async def main() -> None:
@@ -395,9 +440,13 @@ class Procs:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, cmd: list[str], env: dict[str, str] | None = None, *, cores: set[int] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start `cmd` as `name`, pinned to `cores` (default: the upstream's for "upstream", else the proxies')."""
         log = (self.logs / f"{name}.log").open("wb")
-        cores = PROXY_CORES if name != "upstream" else CLIENT_CORES
+        if cores is None:
+            cores = PROXY_CORES if name != "upstream" else CLIENT_CORES
         proc = subprocess.Popen(
             cmd,
             stdout=log,
@@ -1157,7 +1206,7 @@ if __name__ == "__main__":
         sys.path.insert(0, str(ROOT))
         run_forwarder(sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "_upstream":
-        run_upstream(int(sys.argv[2]))
+        run_upstream(int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
     elif len(sys.argv) > 1 and sys.argv[1] == "_sidecar_null":
         sys.path.insert(0, str(ROOT))
         run_sidecar_null_sink(sys.argv[2:])

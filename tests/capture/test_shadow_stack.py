@@ -4,7 +4,8 @@ stack's vLLM (bfloat16), a private float32 vLLM as the candidate, the spool -> K
 One story, in order (the candidate is one private vLLM, slowed and then killed at the end):
 
 1. the same greedy prompts through a sidecar without shadowing and one with every request shadowed: the client's
-   answers are the same (latencies are printed, not asserted: BENCHMARKS.md holds figures);
+   answers are the same (latencies are printed, not asserted: benchmarks/bench_shadow.py measures them, with and
+   without shadowing side by side, and BENCHMARKS.md holds its figures);
 2. every shadowed request gets a paired shadow envelope in S3 (same request id, the candidate's runtime, the
    production envelope's id), and ``reprolane gate --shadow`` over that window fails, naming the dtype change and
    the requests that diverged;
@@ -155,6 +156,7 @@ async def test_shadow_traffic_on_the_real_stack(
               for _, rid, _ in run] for run in (without, with_shadow)]  # fmt: skip
     # figures, not assertions: on this 2-core machine the candidate vLLM competes with production for the CPU,
     # so the client's wait grows with it; what the sidecar itself adds (added_ms) is what shadowing must not move
+    # (the client's latency with and without shadowing, side by side in rounds: benchmarks/bench_shadow.py)
     print(
         f"\nclient wait, median s: without shadow {statistics.median(w for *_, w in without):.3f}, "
         f"with shadow {statistics.median(w for *_, w in with_shadow):.3f}; sidecar added, median ms: "
