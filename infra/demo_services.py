@@ -187,6 +187,9 @@ def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Pa
         "REPROLANE_REPLAYER_SESSION_TIMEOUT_MS": "2000",  # Tansu: fast group joins (shared/STACK.md §4)
         "REPROLANE_REPLAYER_HEARTBEAT_INTERVAL_MS": "500",
         "REPROLANE_REPLAYER_RETRY_BACKOFF_S": "0.5",
+        # the stack's vLLM server keeps one core for its API process, so its engine runs cores - 1 threads: the
+        # replayer's first engine fixes its process's count, and its schedule lanes must match production's
+        "REPROLANE_REPLAYER_VLLM_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1)),
     }
     args = [
         "replayer", "serve", "--lane", "vllm", "--flagged-only", "--group-id", group_id,

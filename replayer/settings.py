@@ -43,12 +43,14 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
     served_model_name: str = "smollm2-135m-instruct"
     dtype: str = "bfloat16"
     remote_url: str | None = Field(default=None, description="base URL for the remote lane")
-    num_threads: int = Field(
-        default=1,
+    num_threads: int = Field(default=1, ge=1, description="torch threads of the transformers lane")
+    vllm_num_threads: int | None = Field(
+        default=None,
         ge=1,
-        description="torch threads of the transformers lane and of the vllm lane on the CPU (a CPU matmul's "
-        "reduction order can depend on it; a vLLM server's engine on 2 cores runs 1). The first vLLM engine of a "
-        "process fixes it for the process, so a schedule lane whose production engine ran another count refuses",
+        description="torch threads of the vllm lane on the CPU; None: vLLM's own choice. Set it to production's "
+        "engine count (a vLLM server on N cores runs N - 1) in a replayer that also runs schedule lanes: the "
+        "first vLLM engine of a process fixes the count for the process, and a schedule lane whose production "
+        "engine ran another count refuses (a CPU kernel's split of the work can depend on it)",
     )
     semantic: bool = Field(default=False, description="compute semantic similarity (all-MiniLM-L6-v2)")
     thresholds: Thresholds = Field(default_factory=Thresholds)

@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import GenRequest, quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.engine_thread import EngineThread
 from replayer.lanes.schedule_engine import (
     read_log,
     sampling_params,
@@ -165,6 +166,18 @@ class ScheduleLane:
     name = "schedule"
 
     def __init__(self, settings: ReplayerSettings, engine: EngineStart, *, refuse_on_mismatch: bool = True) -> None:
+        self._thread = EngineThread("schedule-lane")  # the engine is built and stepped on it (engine_thread)
+        try:
+            self._thread.call(self._start, settings, engine)
+        except BaseException:
+            self._thread.close()
+            raise
+        self.refusals = numeric_differences(engine.runtime, self._fingerprint)
+        if self.refusals and refuse_on_mismatch:
+            self.close()
+            raise NotReplayableError("the schedule lane's runtime differs in numerics: " + "; ".join(self.refusals))
+
+    def _start(self, settings: ReplayerSettings, engine: EngineStart) -> None:
         model_dir = resolve_model_dir(settings)
         self._log_dir = Path(tempfile.mkdtemp(prefix="reprolane-schedule-lane-"))
         self.engine_start = engine
@@ -172,7 +185,7 @@ class ScheduleLane:
         if threads:  # production's torch thread count: a CPU matmul's reduction order depends on it
             with quiet_imports():
                 import torch
-            torch.set_num_threads(threads)  # before vLLM's worker turns set_num_threads into a no-op
+            torch.set_num_threads(threads)  # on this engine's thread; a no-op once another engine started
         self._engine, self._recorder = start_recording_engine(
             model_dir,
             self._log_dir,
@@ -209,10 +222,6 @@ class ScheduleLane:
         if own is not None and own.runtime is not None and own.runtime.num_threads is not None:
             # torch's thread count as the engine's scheduler saw it, not this process's before the engine started
             self._fingerprint = self._fingerprint.model_copy(update={"num_threads": own.runtime.num_threads})
-        self.refusals = numeric_differences(engine.runtime, self._fingerprint)
-        if self.refusals and refuse_on_mismatch:
-            self.close()
-            raise NotReplayableError("the schedule lane's runtime differs in numerics: " + "; ".join(self.refusals))
 
     def fingerprint(self) -> RuntimeFingerprint:
         return self._fingerprint
@@ -232,7 +241,7 @@ class ScheduleLane:
         except (KeyError, ValueError) as exc:
             raise NotReplayableError(str(exc)) from exc
         plan = plan_replay(log, target, max_model_len=self.engine_start.max_model_len)
-        return self._run(log, plan, {target: request})
+        return self._thread.call(self._run, log, plan, {target: request})
 
     def replay_window(self, log: ScheduleLog, requests: Mapping[str, GenRequest], target: str) -> ScheduleReplay:
         """Replay every request of ``target``'s window with its real content (``requests`` by engine request id;
@@ -241,7 +250,7 @@ class ScheduleLane:
         missing = [p.arrival.engine_request_id for p in plan.requests if p.arrival.engine_request_id not in requests]
         if missing:
             raise NotReplayableError(f"window replay needs every request of the window; missing: {missing}")
-        return self._run(log, plan, dict(requests), until_all=True)
+        return self._thread.call(self._run, log, plan, dict(requests), until_all=True)
 
     def _run(
         self, log: ScheduleLog, plan: ReplayPlan, real: dict[str, GenRequest], *, until_all: bool = False
@@ -357,6 +366,7 @@ class ScheduleLane:
         recorder = getattr(self, "_recorder", None)
         engine = getattr(self, "_engine", None)
         if engine is not None:
-            release_engine(engine)
+            self._thread.call(release_engine, engine)
         if recorder is not None:
             recorder.writer.close()
+        self._thread.close()

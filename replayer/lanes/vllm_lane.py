@@ -27,6 +27,7 @@ from typing import Any, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import GenRequest, quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.engine_thread import EngineThread
 from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, StepLogprobs, TopCandidate
@@ -123,11 +124,20 @@ def _batch_invariant_active() -> bool:
 
 
 class VllmLane:
-    """vLLM in this process, one sequence at a time. Thread-safe: replays are serialised by a lock."""
+    """vLLM in this process, one sequence at a time. Thread-safe: replays are serialised by a lock, and the
+    engine is built and run on its own thread (`replayer.lanes.engine_thread`)."""
 
     name = "vllm"
 
     def __init__(self, settings: ReplayerSettings) -> None:
+        self._thread = EngineThread("vllm-lane")
+        try:
+            self._thread.call(self._start, settings)
+        except BaseException:
+            self._thread.close()
+            raise
+
+    def _start(self, settings: ReplayerSettings) -> None:
         model_dir = resolve_model_dir(settings)
         try:
             with quiet_imports():
@@ -136,8 +146,8 @@ class VllmLane:
             raise LaneUnavailableError(f"the vllm lane needs the lanes extra (torch): {exc}") from exc
         on_gpu = bool(torch.cuda.is_available())
         _prepare_environment(on_gpu)
-        if not on_gpu:  # before vLLM's CPU worker binds its threads and turns set_num_threads into a no-op
-            torch.set_num_threads(settings.num_threads)
+        if not on_gpu and settings.vllm_num_threads:  # before vLLM's CPU worker turns set_num_threads into a no-op
+            torch.set_num_threads(settings.vllm_num_threads)
         try:
             with quiet_imports():
                 import vllm
@@ -160,7 +170,7 @@ class VllmLane:
         self._lock = threading.Lock()
         self._closed = False
         if on_gpu and not _batch_invariant_active():
-            self.close()
+            release_engine(self._llm.llm_engine)  # on this engine thread already: not through close()
             raise LaneUnavailableError(
                 "VLLM_BATCH_INVARIANT is not in effect (vLLM was imported before the lane set it?); refusing to "
                 "replay on a GPU path that is not batch-invariant"
@@ -198,12 +208,11 @@ class VllmLane:
             params = SamplingParams(**sampling_kwargs(request))
         except (TypeError, ValueError) as exc:
             raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         with self._lock:
             if self._closed:
                 raise LaneUnavailableError("the vllm lane is closed")
-            outputs = self._llm.generate(
-                [TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))], params, use_tqdm=False
-            )
+            outputs = self._thread.call(self._llm.generate, [prompt], params, use_tqdm=False)
         return output_from_vllm(outputs[0].outputs[0])
 
     def close(self) -> None:
@@ -213,4 +222,5 @@ class VllmLane:
             self._closed = True
             llm = self._llm
             del self._llm
-        release_engine(llm.llm_engine)
+        self._thread.call(release_engine, llm.llm_engine)
+        self._thread.close()

@@ -14,6 +14,7 @@ One engine per lane for the whole module (an engine start is the slow part of a 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.stack
 MESSAGES = [{"role": "user", "content": "Name three primary colors and explain why."}]
 MAX_TOKENS = 12
 TOP_K = 5
+GREEDY_TOP_K = SamplingContract(temperature=0.0, seed_scope="none", logprobs=TOP_K)
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,18 @@ def test_vllm_lane_replays_itself_bitwise(recorded: Envelope, vllm_lane: Lane) -
     first = replay_envelope(recorded, vllm_lane, ReplayerSettings()).replayed
     again = replay_envelope(recorded, vllm_lane, ReplayerSettings()).replayed
     assert first == again
+
+
+def test_vllm_lane_replays_alike_from_any_thread(recorded: Envelope, vllm_lane: Lane) -> None:
+    """The service replays in asyncio's worker threads, whichever is free; OpenMP's thread count is per thread,
+    and an engine stepped from a thread other than the one it was built on aborts in vLLM's CPU attention."""
+    assert recorded.prompt is not None
+    long_prompt = (recorded.prompt.token_ids * 40)[:700]  # long enough for the attention kernel to split work
+    request = GenRequest(long_prompt, GREEDY_TOP_K, max_tokens=4, top_k_logprobs=TOP_K)
+    here = vllm_lane.replay(request)
+    with ThreadPoolExecutor(2) as pool:
+        there = [pool.submit(vllm_lane.replay, request) for _ in range(2)]
+        assert [f.result() for f in there] == [here, here]
 
 
 def test_vllm_lane_seeded_sampling_replays_exactly(recorded: Envelope, vllm_lane: Lane) -> None:
