@@ -28,6 +28,8 @@ with it. Blocking (boto3): async callers use ``asyncio.to_thread``.
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -57,6 +59,10 @@ _T = TypeVar("_T")
 MAX_ENTRIES: Final = 256
 #: Segments one window may read (each at most `MAX_SEGMENT_BYTES`).
 DEFAULT_MAX_SEGMENTS: Final = 1024
+#: Stored bytes of the shipped segments a store keeps decoded (least recently used out first): a window reads its
+#: engine's log from the first segment, a shipped segment never changes (written once), so each replay of the same
+#: engine reads again only what was shipped since.
+DEFAULT_CACHE_BYTES: Final = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -79,10 +85,23 @@ class ScheduleWindow:
 class ScheduleStore:
     """Reads schedule segments and their index from the audit bucket (blocking; see module docstring)."""
 
-    def __init__(self, client: S3Client, bucket: str, *, max_segments: int = DEFAULT_MAX_SEGMENTS) -> None:
+    def __init__(
+        self,
+        client: S3Client,
+        bucket: str,
+        *,
+        max_segments: int = DEFAULT_MAX_SEGMENTS,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> None:
         self._client = client
         self.bucket = bucket
         self.max_segments = max_segments
+        self.cache_bytes = cache_bytes
+        #: (engine id, seq) -> (sha256 of the stored bytes, their size, the checked records); see DEFAULT_CACHE_BYTES
+        self._cache: OrderedDict[tuple[str, int], tuple[str, int, tuple[ScheduleRecord, ...]]] = OrderedDict()
+        self._cached = 0
+        self._cache_lock = threading.Lock()
+        self.segments_read = 0  # GETs of segments, cached ones not counted
 
     @classmethod
     def from_settings(cls, settings: ReplayerSettings) -> ScheduleStore:
@@ -117,12 +136,46 @@ class ScheduleStore:
 
         return sorted(self._s3("list", prefix, keys) or [])
 
-    def segment(self, engine_id: str, seq: int) -> tuple[bytes, tuple[ScheduleRecord, ...]] | None:
-        """One shipped segment's bytes and records, checked (`StoreError` when they are not a segment of
-        `engine_id`); None when it is not there."""
+    def segment(self, engine_id: str, seq: int) -> tuple[ScheduleRecord, ...] | None:
+        """One shipped segment's records, checked (`StoreError` when they are not a segment of `engine_id`); None
+        when it is not there."""
+        found = self._load(engine_id, seq)
+        return None if found is None else found[1]
+
+    def _load(
+        self, engine_id: str, seq: int, *, entry: ScheduleIndexEntry | None = None
+    ) -> tuple[str, tuple[ScheduleRecord, ...]] | None:
+        """The segment's sha256 and checked records, from the cache or S3 (then kept); with the index `entry` that
+        names it, its sha256 must be the entry's (checked before the bytes are decoded)."""
+        with self._cache_lock:
+            hit = self._cache.get((engine_id, seq))
+            if hit is not None:
+                self._cache.move_to_end((engine_id, seq))
         key = schedule_segment_key(engine_id, seq)
+        if hit is not None:
+            sha256, records = hit[0], hit[2]
+            self._check_sha256(entry, key, sha256)
+            return sha256, records
         data = self._get(key, MAX_SEGMENT_BYTES)
-        return None if data is None else (data, self._decode(key, data, engine_id))
+        if data is None:
+            return None
+        self.segments_read += 1
+        sha256 = hashlib.sha256(data).hexdigest()
+        self._check_sha256(entry, key, sha256)
+        records = self._decode(key, data, engine_id)
+        with self._cache_lock:
+            if (engine_id, seq) not in self._cache and len(data) <= self.cache_bytes:
+                self._cache[(engine_id, seq)] = (sha256, len(data), records)
+                self._cached += len(data)
+                while self._cached > self.cache_bytes:
+                    _, (_, size, _) = self._cache.popitem(last=False)
+                    self._cached -= size
+        return sha256, records
+
+    @staticmethod
+    def _check_sha256(entry: ScheduleIndexEntry | None, key: str, sha256: str) -> None:
+        if entry is not None and sha256 != entry.segment_sha256:
+            raise StoreError(f"the schedule index of {entry.external_request_id} does not match {key} (sha256)")
 
     def _decode(self, key: str, data: bytes, engine_id: str) -> tuple[ScheduleRecord, ...]:
         try:
@@ -172,12 +225,10 @@ class ScheduleStore:
     def _arrival(self, entry: ScheduleIndexEntry) -> tuple[RequestArrival, tuple[ScheduleRecord, ...]]:
         """The arrival an entry indexes, from the segment it names, checked against the entry's sha256."""
         where = schedule_segment_key(entry.engine_id, entry.segment)
-        data = self._get(where, MAX_SEGMENT_BYTES)
-        if data is None:
+        found = self._load(entry.engine_id, entry.segment, entry=entry)
+        if found is None:
             raise StoreError(f"the schedule index of {entry.external_request_id} names {where}, which is missing")
-        if hashlib.sha256(data).hexdigest() != entry.segment_sha256:
-            raise StoreError(f"the schedule index of {entry.external_request_id} does not match {where} (sha256)")
-        records = self._decode(where, data, entry.engine_id)
+        records = found[1]
         for record in records:
             if isinstance(record, RequestArrival) and entry.matches_arrival(record):
                 return record, records
@@ -206,8 +257,8 @@ class ScheduleStore:
                 gap = f"segment {first - 1} of engine {engine_id} is not there (the window starts later)"
                 break
             first -= 1
-            segments[first] = found[1]
-            reached_back = self._first_step(found[1]) < start_step
+            segments[first] = found
+            reached_back = self._first_step(found) < start_step
         reached_back = reached_back or first == 0
         targets = {a.engine_request_id for a in arrivals}
         last = max(segments)
@@ -217,7 +268,7 @@ class ScheduleStore:
                 if found is None:
                     gap = gap or f"segment {seq} of engine {engine_id} is not there"
                     break
-                segments[seq] = found[1]
+                segments[seq] = found
         unfinished = targets - self._finished(segments.values())
         while unfinished and gap is None and len(segments) < self.max_segments:
             found = self.segment(engine_id, last + 1)
@@ -225,8 +276,8 @@ class ScheduleStore:
                 gap = f"the log ends at segment {last} of engine {engine_id} before the request finished"
                 break
             last += 1
-            segments[last] = found[1]
-            unfinished -= self._finished([found[1]])
+            segments[last] = found
+            unfinished -= self._finished([found])
         if unfinished and gap is None:
             gap = f"the request did not finish within {self.max_segments} segments"
         return ScheduleWindow(
@@ -256,8 +307,7 @@ class ScheduleStore:
     def _engine(self, engine_id: str, segments: dict[int, tuple[ScheduleRecord, ...]]) -> EngineStart | None:
         records = segments.get(0)
         if records is None:
-            found = self.segment(engine_id, 0)
-            records = found[1] if found is not None else ()
+            records = self.segment(engine_id, 0) or ()
         start = records[0] if records else None
         return start if isinstance(start, EngineStart) else None
 

@@ -81,6 +81,12 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
         "(the recorder rotates segments every 2 s, the shipper polls twice a second) before the envelope is "
         "replayed one request at a time",
     )
+    schedule_max_steps: int = Field(
+        default=4096,
+        ge=1,
+        description="the most recorded steps one schedule replay may run (its window and the prefix-cache "
+        "providers' busy periods); an envelope that needs more is replayed one request at a time",
+    )
     metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")
     metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -39,7 +39,7 @@ from replayer.lanes.schedule_engine import (
     start_recording_engine,
     steps_from,
 )
-from replayer.lanes.schedule_plan import FillerPlan, ReplayPlan, check_target, plan_replay
+from replayer.lanes.schedule_plan import FillerPlan, ReplayPlan, WindowTooLongError, check_target, plan_replay
 from replayer.lanes.vllm_lane import output_from_vllm, release_engine
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint
@@ -140,11 +140,12 @@ def _shape(step: ScheduleStep, ids: Mapping[str, str] | None = None) -> tuple[tu
 
 
 def compare_steps(
-    recorded: ScheduleLog, start: int, end: int, replayed: list[ScheduleStep], to_production: Mapping[str, str]
+    recorded: ScheduleLog, steps: Sequence[int], replayed: list[ScheduleStep], to_production: Mapping[str, str]
 ) -> tuple[int, StepMismatch | None]:
-    """Compare recorded steps ``start..end`` with the replay's steps (in order; ids mapped to production's)."""
+    """Compare the recorded steps numbered ``steps`` with the replay's steps (in order; ids mapped to
+    production's)."""
     compared = 0
-    for offset, number in enumerate(range(start, end + 1)):
+    for offset, number in enumerate(steps):
         rec = recorded.steps.get(number)
         if rec is None:
             return compared, StepMismatch(number, (), (), "the recorded log has no such step")
@@ -181,6 +182,7 @@ class ScheduleLane:
         model_dir = resolve_model_dir(settings)
         self._log_dir = Path(tempfile.mkdtemp(prefix="reprolane-schedule-lane-"))
         self.engine_start = engine
+        self.max_steps = settings.schedule_max_steps  # the most recorded steps one replay runs
         threads = engine.runtime.num_threads if engine.runtime is not None else None
         if threads:  # production's torch thread count: a CPU matmul's reduction order depends on it
             with quiet_imports():
@@ -240,17 +242,24 @@ class ScheduleLane:
             check_target(log, target, len(request.prompt_token_ids))
         except (KeyError, ValueError) as exc:
             raise NotReplayableError(str(exc)) from exc
-        plan = plan_replay(log, target, max_model_len=self.engine_start.max_model_len)
+        plan = self._plan(log, target)
         return self._thread.call(self._run, log, plan, {target: request})
 
     def replay_window(self, log: ScheduleLog, requests: Mapping[str, GenRequest], target: str) -> ScheduleReplay:
         """Replay every request of ``target``'s window with its real content (``requests`` by engine request id;
         one that is missing is refused); all outputs are returned in `ScheduleReplay.outputs`."""
-        plan = plan_replay(log, target, max_model_len=self.engine_start.max_model_len)
+        plan = self._plan(log, target)
         missing = [p.arrival.engine_request_id for p in plan.requests if p.arrival.engine_request_id not in requests]
         if missing:
             raise NotReplayableError(f"window replay needs every request of the window; missing: {missing}")
         return self._thread.call(self._run, log, plan, dict(requests), until_all=True)
+
+    def _plan(self, log: ScheduleLog, target: str) -> ReplayPlan:
+        """The target's plan; refused when it would run more than ``schedule_max_steps`` recorded steps."""
+        try:
+            return plan_replay(log, target, max_model_len=self.engine_start.max_model_len, max_steps=self.max_steps)
+        except WindowTooLongError as exc:
+            raise NotReplayableError(f"{exc} (schedule_max_steps)") from exc
 
     def _run(
         self, log: ScheduleLog, plan: ReplayPlan, real: dict[str, GenRequest], *, until_all: bool = False
@@ -302,7 +311,8 @@ class ScheduleLane:
                 if not self._engine.has_unfinished_requests():
                     if not pending:
                         break
-                    # production was idle here: the next arrival is due at the step that comes next
+                    # production was idle here, or ran busy periods the plan leaves out (they provided nothing):
+                    # the next arrival is due at the step that comes next
                     first_step -= pending[0].arrival.step - plan.start_step - rel
                     continue
                 for out in self._engine.step():
@@ -315,7 +325,7 @@ class ScheduleLane:
                         target_done = target_done or prod_id == target_id
             self._drain()
             replayed = steps_from(read_log(self._recorder), log_first)
-        steps_compared, mismatch = compare_steps(log, plan.start_step, plan.end_step, replayed, to_production)
+        steps_compared, mismatch = compare_steps(log, plan.steps, replayed, to_production)
         results = {rid: output_from_vllm(o) for rid, o in outputs.items() if rid in real}
         return ScheduleReplay(
             output=results.get(target_id),

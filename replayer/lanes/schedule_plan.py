@@ -3,9 +3,14 @@
 - **The window.** vLLM keeps a persistent batch whose row order depends on which requests came and went before,
   so a replay cannot start in the middle of a burst: it starts at the first step of the *busy period* holding
   the target's arrival (a step before which every earlier request had finished, so the engine was empty, as a
-  freshly reset replay engine is). When a request of the window read prefix-cache blocks that a request before
-  the window computed, the window starts earlier, at that provider's busy period (repeatedly), so that the
-  replay computes those blocks too. It ends at the target's last step: nothing later can change the target.
+  freshly reset replay engine is). It ends at the target's last step: nothing later can change the target.
+- **The providers' busy periods.** When a request of the window read prefix-cache blocks that a request of an
+  earlier busy period computed, that provider's busy period is replayed first (and, the same way, the periods
+  whose blocks *it* read), so that the replay computes those blocks in the shapes production computed them in.
+  Only those periods: an empty engine carries nothing from one busy period to the next but its prefix cache, so
+  the busy periods in between, which provided nothing, cannot change a number of the target (`ReplayPlan.periods`).
+  A long-running server's shared chat-template prefix, computed once at its start, costs one more period, not
+  the whole history since.
 - **The fillers.** Every other request of the window is replayed as a filler with its recorded prompt length and
   output length (``min_tokens = max_tokens``, ``ignore_eos``), arriving before the same step. Its content is
   random token ids, except for blocks the log says were prefix-cache hits: those copy the provider's blocks *as
@@ -18,12 +23,17 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from schemas.schedule import RequestArrival
 from schemas.schedule_log import ScheduleLog
 
 UNKNOWN_PROVIDER = "?"
+
+
+class WindowTooLongError(ValueError):
+    """The replay would run more recorded steps than its caller allows (``plan_replay(max_steps=...)``)."""
 
 
 @dataclass(frozen=True)
@@ -45,29 +55,53 @@ class ReplayPlan:
     end_step: int
     requests: list[FillerPlan] = field(default_factory=list)  # in arrival order, the target included
     notes: list[str] = field(default_factory=list)
+    #: the recorded steps replayed, as (first, last) of each busy period in order; the last one ends at `end_step`
+    periods: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def steps(self) -> list[int]:
+        """The recorded step numbers the replay runs, in order (what its own steps are compared with)."""
+        periods = self.periods or ((self.start_step, self.end_step),)
+        return [n for first, last in periods for n in range(first, last + 1)]
 
 
-def busy_period_start(log: ScheduleLog, step: int) -> int:
-    """The first step of the busy period containing ``step``: the latest step ``s <= step`` before which every
-    request that arrived earlier had finished (its id in a ``finished`` list of a step ``< s``)."""
-    numbers = sorted(n for n in log.steps if n <= step)
-    if not numbers:
-        return step
-    arrived_before: dict[int, set[str]] = {}
+def busy_period_starts(log: ScheduleLog) -> list[int]:
+    """The first step of every busy period of the log, in order: each step ``s`` before which every request that
+    arrived earlier had finished (its id in a ``finished`` list of a step ``< s``). One pass over the log."""
+    if not log.steps:
+        return []
+    numbers = sorted(log.steps)
+    arrived_at: dict[int, set[str]] = {}
     for a in log.arrivals.values():
-        arrived_before.setdefault(a.step, set()).add(a.engine_request_id)
+        arrived_at.setdefault(a.step, set()).add(a.engine_request_id)
     finished: set[str] = set()  # finished in a step before n
     live: set[str] = set()
-    start = numbers[0]
+    starts: list[int] = []
     for n in range(numbers[0], numbers[-1] + 1):
         live -= finished
         if not live:
-            start = n
-        live |= arrived_before.get(n, set()) - finished
+            starts.append(n)
+        live |= arrived_at.get(n, set()) - finished
         step_rec = log.steps.get(n)
         if step_rec is not None:
             finished.update(step_rec.finished)
-    return start
+    return starts
+
+
+class _Periods:
+    """The log's busy periods, looked up by step: the bounds of the one holding a step."""
+
+    def __init__(self, log: ScheduleLog) -> None:
+        self.starts = busy_period_starts(log)
+        self.last_step = max(log.steps) if log.steps else 0
+
+    def bounds(self, step: int) -> tuple[int, int]:
+        """(first, last) step of the busy period holding ``step``; ``(step, step)`` before the log's first step."""
+        index = bisect_right(self.starts, step) - 1
+        if index < 0:
+            return step, step
+        last = self.starts[index + 1] - 1 if index + 1 < len(self.starts) else self.last_step
+        return self.starts[index], last
 
 
 def _hit_providers(arrival: RequestArrival) -> list[str]:
@@ -77,30 +111,44 @@ def _hit_providers(arrival: RequestArrival) -> list[str]:
     return out
 
 
-def plan_replay(log: ScheduleLog, target: str, *, max_model_len: int | None = None) -> ReplayPlan:
-    """The window and the fillers that replay ``target`` (an engine request id of the log)."""
+def plan_replay(
+    log: ScheduleLog, target: str, *, max_model_len: int | None = None, max_steps: int | None = None
+) -> ReplayPlan:
+    """The window and the fillers that replay ``target`` (an engine request id of the log);
+    `WindowTooLongError` when they would run more than ``max_steps`` recorded steps."""
     shape = log.requests.get(target)
     if shape is None:
         raise KeyError(f"request {target} is not in the schedule log")
     if not shape.steps:
         raise KeyError(f"request {target} was never scheduled in the log")
     end = shape.steps[-1]
-    start = busy_period_start(log, shape.arrival.step)
+    periods = _Periods(log)
+    start = periods.bounds(shape.arrival.step)[0]
     notes: list[str] = []
-    while True:
-        window = [a for a in log.arrivals.values() if start <= a.step <= end]
-        earliest = start
-        for a in window:
+    included = {start: (start, end)}  # first step of a busy period -> the recorded steps of it replayed
+    todo = [start]
+    while todo:
+        low, high = included[todo.pop()]
+        for a in log.arrivals.values():
+            if not low <= a.step <= high:
+                continue
             for provider in set(_hit_providers(a)):
                 prov = log.arrivals.get(provider)
                 if prov is None:
                     continue
-                if prov.step < earliest:
-                    earliest = busy_period_start(log, prov.step)
-        if earliest >= start:
-            break
-        start = earliest
-    window = [a for a in log.arrivals.values() if start <= a.step <= end]
+                bounds = periods.bounds(prov.step)
+                if bounds[0] not in included:
+                    included[bounds[0]] = bounds
+                    todo.append(bounds[0])
+    spans = tuple(included[first] for first in sorted(included))
+    start = spans[0][0]
+    replayed_steps = sum(high - low + 1 for low, high in spans)
+    if max_steps is not None and replayed_steps > max_steps:
+        raise WindowTooLongError(
+            f"the schedule replay of {target} would run {replayed_steps} recorded steps in {len(spans)} busy "
+            f"period(s), over the limit of {max_steps}"
+        )
+    window = [a for a in log.arrivals.values() if any(low <= a.step <= high for low, high in spans)]
     in_window = {a.engine_request_id for a in window}
     hits = {a.engine_request_id: _hit_providers(a) for a in window}
     for a in window:
@@ -133,7 +181,7 @@ def plan_replay(log: ScheduleLog, target: str, *, max_model_len: int | None = No
                 target_prefix=forced.get(rid, 0),
             )
         )
-    return ReplayPlan(target=target, start_step=start, end_step=end, requests=plans, notes=notes)
+    return ReplayPlan(target=target, start_step=start, end_step=end, requests=plans, notes=notes, periods=spans)
 
 
 def check_target(log: ScheduleLog, target: str, num_prompt_tokens: int) -> None:

@@ -19,6 +19,7 @@ from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
 from replayer.lanes.schedule_engine import StepDriver
 from replayer.lanes.schedule_lane import ScheduleLane, ScheduleReplay
+from replayer.lanes.schedule_plan import plan_replay
 from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
@@ -166,6 +167,31 @@ def test_prefix_cache_hits_replay_bitwise_where_the_log_covers_them(prod: StepDr
     result = lane.replay_target(cut, runs[1][0], reqs[1])
     assert any("outside the log" in n for n in result.notes)
     assert not result.schedule_reproduced
+
+
+def test_busy_periods_between_a_provider_and_its_readers_are_not_replayed(prod: StepDriver, lane: ScheduleLane) -> None:
+    """(g) a long-running server: one request computes a shared system prompt, unrelated busy periods follow,
+    then requests that read the prompt from the cache. Each reader's replay runs the provider's period and its
+    own, not the ones between, and is bitwise with its schedule reproduced."""
+    system = LONG_SYSTEM.replace("precisely", "briefly")  # a prefix no other test of the module computes
+    provider = gen(render_chat(model_dir(), [PROMPTS[0]], system=system)[0])
+    prod.run([(0, provider)])
+    for prompt in render_chat(model_dir(), PROMPTS[1:4]):  # three busy periods that share nothing with the readers
+        prod.run([(0, gen(prompt))])
+    readers = [gen(p) for p in render_chat(model_dir(), PROMPTS[4:6], system=system)]
+    runs = prod.run([(0, readers[0]), (2, readers[1])])
+    log = prod.log()
+    for rid, _ in runs:
+        plan = plan_replay(log, rid)
+        assert len(plan.periods) == 2, plan.periods  # the provider's and the readers'
+        assert plan.end_step - plan.start_step + 1 > len(plan.steps)  # the periods between are left out
+    assert replay_all(lane, log, runs, readers) == len(readers)
+    limit, lane.max_steps = lane.max_steps, len(plan_replay(log, runs[0][0]).steps) - 1
+    try:  # a replay that would run more steps than allowed is refused (the service then replays one at a time)
+        with pytest.raises(NotReplayableError, match="schedule_max_steps"):
+            lane.replay_target(log, runs[0][0], readers[0])
+    finally:
+        lane.max_steps = limit
 
 
 def test_an_altered_log_names_the_first_mismatching_step(prod: StepDriver, lane: ScheduleLane) -> None:

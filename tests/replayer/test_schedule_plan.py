@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from replayer.lanes.schedule_lane import compare_steps, moe_markers, numeric_differences
-from replayer.lanes.schedule_plan import busy_period_start, check_target, plan_replay
+from replayer.lanes.schedule_plan import WindowTooLongError, busy_period_starts, check_target, plan_replay
 from schemas import RuntimeFingerprint
 from schemas.schedule_log import ScheduleLog
 from tests.schemas.test_schedule_log import arrival, engine, step
@@ -34,10 +34,8 @@ def burst_log() -> ScheduleLog:
 
 
 def test_a_busy_period_starts_where_every_earlier_request_had_finished() -> None:
-    log = burst_log()
-    assert busy_period_start(log, 2) == 0
-    assert busy_period_start(log, 3) == 3
-    assert busy_period_start(log, 5) == 3
+    assert busy_period_starts(burst_log()) == [0, 3]
+    assert busy_period_starts(long_running_log(3)) == [0, 3, 6, 9, 12, 16]
 
 
 def test_the_window_reaches_back_to_a_prefix_cache_provider() -> None:
@@ -50,6 +48,52 @@ def test_the_window_reaches_back_to_a_prefix_cache_provider() -> None:
     assert by_id["c"].hit_blocks == ("a",)
     assert by_id["a"].target_prefix == 0
     assert plan.notes == []
+
+
+def long_running_log(unrelated: int) -> ScheduleLog:
+    """A server that ran ``unrelated`` busy periods between the one that computed a prefix (a) and the one that
+    read it (b with c reading a's block, then d reading c's blocks in the period after)."""
+    records: list[object] = [engine(), arrival("a", 0, 20)]
+    records += [step(0, [("a", 0, 20)]), step(1, [("a", 20, 1)]), step(2, [("a", 21, 1)], finished=("a",))]
+    for i in range(unrelated):
+        n, rid = 3 + 3 * i, f"x{i}"
+        records += [arrival(rid, n, 8), step(n, [(rid, 0, 8)]), step(n + 1, [(rid, 8, 1)])]
+        records.append(step(n + 2, [(rid, 9, 1)], finished=(rid,)))
+    n = 3 + 3 * unrelated
+    records += [arrival("b", n, 5), step(n, [("b", 0, 5)]), arrival("c", n + 1, 40, cached=(("a", 1),))]
+    records += [step(n + 1, [("b", 5, 1), ("c", 16, 24)]), step(n + 2, [("b", 6, 1), ("c", 40, 1)], finished=("b",))]
+    records += [step(n + 3, [("c", 41, 1)], finished=("c",)), arrival("d", n + 4, 40, cached=(("c", 2),))]
+    records += [step(n + 4, [("d", 32, 8)]), step(n + 5, [("d", 40, 1)], finished=("d",))]
+    return ScheduleLog.from_records(records)  # type: ignore[arg-type]
+
+
+def test_busy_periods_that_provided_nothing_are_left_out() -> None:
+    """On a long-running server, the window is the target's busy period and the periods that computed what it
+    read from the prefix cache: not every period in between (they would make a replay's cost grow with uptime)."""
+    plan = plan_replay(long_running_log(100), "c")
+    assert plan.periods == ((0, 2), (303, 306))
+    assert plan.steps == [0, 1, 2, 303, 304, 305, 306]
+    assert [p.arrival.engine_request_id for p in plan.requests] == ["a", "b", "c"]
+    assert plan.start_step == 0
+    assert plan.end_step == 306
+    assert plan.notes == []
+
+
+def test_providers_are_followed_period_by_period() -> None:
+    """d read c's blocks, c read a's: d's plan replays a's, c's and d's periods, and no unrelated one."""
+    plan = plan_replay(long_running_log(5), "d")
+    assert plan.periods == ((0, 2), (18, 21), (22, 23))
+    assert [p.arrival.engine_request_id for p in plan.requests] == ["a", "b", "c", "d"]
+    by_id = {p.arrival.engine_request_id: p for p in plan.requests}
+    assert by_id["c"].target_prefix == 32  # d's two cached blocks are c's: c carries d's first 32 tokens
+    assert by_id["a"].target_prefix == 16  # and c's block 0 was a's
+
+
+def test_a_window_over_the_step_limit_is_refused() -> None:
+    log = long_running_log(100)
+    assert len(plan_replay(log, "c", max_steps=7).steps) == 7
+    with pytest.raises(WindowTooLongError, match="would run 7 recorded steps in 2 busy period"):
+        plan_replay(log, "c", max_steps=6)
 
 
 def test_a_filler_that_provided_the_targets_prefix_carries_it() -> None:
@@ -75,14 +119,14 @@ def test_compare_steps_maps_ids_and_names_the_first_difference() -> None:
         for n, shape in enumerate([[("b", 0, 5)], [("b", 5, 1), ("c", 16, 24)]])
     ]
     ids = {"r-b": "b", "r-c": "c"}
-    assert compare_steps(log, 3, 4, replayed, ids) == (2, None)
+    assert compare_steps(log, range(3, 5), replayed, ids) == (2, None)
     wrong = [replayed[0], step(1, [("r-b", 5, 1), ("r-c", 0, 40)])]
-    compared, mismatch = compare_steps(log, 3, 4, wrong, ids)
+    compared, mismatch = compare_steps(log, range(3, 5), wrong, ids)
     assert compared == 1
     assert mismatch is not None
     assert mismatch.step == 4
     assert mismatch.replayed == (("b", 5, 1), ("c", 0, 40))
-    _, short = compare_steps(log, 3, 5, replayed, ids)
+    _, short = compare_steps(log, range(3, 6), replayed, ids)
     assert short is not None
     assert short.reason == "the replay ended before this step"
 

@@ -170,10 +170,11 @@ async def test_forged_index_entries_are_refused(s3: Any, bucket: str, tmp_path: 
         store.records_for(envelope("rl-a"))
     s3.delete_object(Bucket=bucket, Key=schedule_index_key("chatcmpl-rl-a", "chatcmpl-rl-a-ffffffff"))
 
-    # the entry is fine but the segment it names was replaced (the entry's sha256 no longer holds)
+    # the entry is fine but the segment it names was replaced (the entry's sha256 no longer holds): a store that
+    # reads it now refuses it (one that checked the segment before keeps the bytes it checked: test_segment_cache)
     s3.put_object(Bucket=bucket, Key=schedule_segment_key("eng-1", b.segment), Body=b"\n")
     with pytest.raises(StoreError, match="sha256"):
-        store.records_for(envelope("rl-b"))
+        ScheduleStore(s3, bucket).records_for(envelope("rl-b"))
 
     # garbage and oversized entries
     forge("rl-x", "chatcmpl-rl-x-0", b"{not json")
@@ -213,3 +214,23 @@ async def test_an_arrival_before_a_segment_boundary_is_in_the_window(s3: Any, bu
     arrivals = [r.engine_request_id for r in window.records if isinstance(r, RequestArrival)]
     assert arrivals == [companion, target]
     assert window.first_segment == 0
+
+
+async def test_segment_cache(s3: Any, bucket: str, tmp_path: Path) -> None:
+    """Every window reads its engine's log from the first segment: a store reads each shipped segment once, keeps
+    the checked records within its byte budget, and answers them even if the object is replaced later."""
+    _, segments, _ = _swapped_log()
+    await _ship(s3, bucket, tmp_path, segments)
+    store = ScheduleStore(s3, bucket)
+    first = store.records_for(envelope("rl-b"), before_steps=1 << 40)
+    read = store.segments_read
+    assert read >= 2
+    again = store.records_for(envelope("rl-b"), before_steps=1 << 40)
+    assert again == first
+    assert store.segments_read == read  # nothing read twice
+    for seq in range(first.first_segment, first.last_segment + 1):
+        s3.put_object(Bucket=bucket, Key=schedule_segment_key("eng-1", seq), Body=b"\n")
+    assert store.records_for(envelope("rl-b"), before_steps=1 << 40) == first  # the bytes it checked
+    small = ScheduleStore(s3, bucket, cache_bytes=0)
+    with pytest.raises(StoreError):
+        small.records_for(envelope("rl-b"), before_steps=1 << 40)
