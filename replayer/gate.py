@@ -78,6 +78,10 @@ class EnvelopeVerdict(ReportModel):
 
 
 class GateReport(ReportModel):
+    """The replay gate's verdict, as ``--report`` writes it for CI: both environments with their sha256 and the
+    fields that changed, one `EnvelopeVerdict` per golden envelope, the totals, and the deployment's known-good
+    record (a pass) or rollback target (a fail)."""
+
     schema_version: Literal["reprolane.gate/1"] = GATE_REPORT_VERSION
     mode: Literal["replay"] = "replay"
     golden: str
