@@ -173,6 +173,7 @@ def run_gate(
         "level_override": level,
         "min_pass_rate": min_pass_rate,
         "excluded": golden.excluded,
+        "started_at": started,
     }
     if not changed and not always_replay:
         return GateReport(
@@ -185,7 +186,6 @@ def run_gate(
             not_replayable=0,
             pass_rate=None,
             gate_passed=True,
-            started_at=started,
             finished_at=now(),
         )
     needs_semantic = level == "semantic" or any(e.target_level == "semantic" for e in golden.envelopes)
@@ -232,7 +232,6 @@ def run_gate(
         pass_rate=rate,
         gate_passed=rate >= min_pass_rate,
         results=tuple(verdicts),
-        started_at=started,
         finished_at=now(),
     )
 
