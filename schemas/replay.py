@@ -110,8 +110,8 @@ class DivergenceEvent(Record):
     )
     max_abs_logprob_diff: float | None = Field(
         default=None,
-        description="largest chosen-token logprob difference over the common prefix and the fork step (None without "
-        "logprobs on both sides)",
+        description="largest chosen-token logprob difference over the common prefix and the fork step (None when "
+        "either side has no logprobs, or the window holds no pair of them)",
     )
     max_rel_logprob_diff: float | None = Field(
         default=None, description="the same, relative to the larger of the two magnitudes (floored: `replayer.compare`)"
