@@ -78,6 +78,10 @@ class EnvelopeVerdict(ReportModel):
 
 
 class GateReport(ReportModel):
+    """The replay gate's verdict, as ``--report`` writes it for CI: both environments with their sha256 and the
+    fields that changed, one `EnvelopeVerdict` per golden envelope, the totals, and the deployment's known-good
+    record (a pass) or rollback target (a fail)."""
+
     schema_version: Literal["reprolane.gate/1"] = GATE_REPORT_VERSION
     mode: Literal["replay"] = "replay"
     golden: str
@@ -169,6 +173,7 @@ def run_gate(
         "level_override": level,
         "min_pass_rate": min_pass_rate,
         "excluded": golden.excluded,
+        "started_at": started,
     }
     if not changed and not always_replay:
         return GateReport(
@@ -181,7 +186,6 @@ def run_gate(
             not_replayable=0,
             pass_rate=None,
             gate_passed=True,
-            started_at=started,
             finished_at=now(),
         )
     needs_semantic = level == "semantic" or any(e.target_level == "semantic" for e in golden.envelopes)
@@ -228,7 +232,6 @@ def run_gate(
         pass_rate=rate,
         gate_passed=rate >= min_pass_rate,
         results=tuple(verdicts),
-        started_at=started,
         finished_at=now(),
     )
 

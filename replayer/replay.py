@@ -56,6 +56,12 @@ __all__ = ["EXTRA_TOKENS", "replay_budget", "replay_envelope", "server_view"]
 EXTRA_TOKENS: Final = 16
 #: Endpoints whose answers list the first k entries of a step's logprob dict (see the module docstring).
 FIRST_K_ENDPOINTS: Final = frozenset({"chat.completions", "responses"})
+#: The members of a comparison (`replayer.compare.Comparison`) that are the divergence event's own, under the same
+#: names; the event's ``target_met`` and ``cause_detail`` are the comparison's with this envelope's notes applied.
+_FROM_COMPARISON: Final = (
+    *("verdict", "levels_held", "first_divergence", "max_abs_logprob_diff", "max_rel_logprob_diff"),
+    *("token_match_rate", "recorded_length", "replayed_length", "length_diff", "semantic_similarity", "cause_hint"),
+)
 
 
 def _utcnow() -> datetime:
@@ -164,19 +170,9 @@ def replay_envelope(
         lane_fingerprint=lane_fp,
         lane_fingerprint_sha256=lane_fp.sha256(),
         fingerprint_diffs=diffs,
-        verdict=result.verdict,
-        levels_held=result.levels_held,
+        **{name: getattr(result, name) for name in _FROM_COMPARISON},
         target_level=envelope.target_level,
         target_met=target_met,
-        first_divergence=result.first_divergence,
-        max_abs_logprob_diff=result.max_abs_logprob_diff,
-        max_rel_logprob_diff=result.max_rel_logprob_diff,
-        token_match_rate=result.token_match_rate,
-        recorded_length=result.recorded_length,
-        replayed_length=result.replayed_length,
-        length_diff=result.length_diff,
-        semantic_similarity=similarity,
-        cause_hint=result.cause_hint,
         cause_detail=detail,
         tenant=envelope.tenant,
         workflow_id=workflow.workflow_id if workflow is not None else None,

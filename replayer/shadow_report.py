@@ -104,6 +104,10 @@ class Spread(ReportModel):
 
 
 class ShadowReport(ReportModel):
+    """The shadow gate's verdict on one window, as ``--report`` writes it: ``since`` and ``until`` bound the shadows'
+    capture times (both included), ``rule`` is the rule applied, in words, and ``failures`` names each part of it
+    that failed, with its figures."""
+
     schema_version: Literal["reprolane.shadow-gate/1"] = SHADOW_REPORT_VERSION
     mode: Literal["shadow"] = "shadow"
     since: datetime

@@ -215,10 +215,13 @@ class CaseResult(ReportModel):
 
 
 class StatisticalReport(ReportModel):
+    """The statistical gate's verdict, as ``--report`` writes it: one `CaseResult` per golden case (its samples'
+    similarities, assertion checks and version identifiers) and the totals."""
+
     schema_version: Literal["reprolane.vendor-gate/1"] = VENDOR_REPORT_VERSION
     mode: Literal["statistical"] = "statistical"
     golden: str
-    candidate: str
+    candidate: str = Field(description="the endpoint sampled (--upstream)")
     samples_per_case: int
     min_similarity: float
     min_assertion_rate: float

@@ -96,17 +96,32 @@ class DivergenceEvent(Record):
     lane_fingerprint: RuntimeFingerprint
     lane_fingerprint_sha256: Sha256
     fingerprint_diffs: tuple[FieldDiff, ...] = ()
-    verdict: Verdict
-    levels_held: tuple[ReproLevel, ...]
-    target_level: ReproLevel
-    target_met: bool
-    first_divergence: FirstDivergence | None = None
-    max_abs_logprob_diff: float | None = None
-    max_rel_logprob_diff: float | None = None
-    token_match_rate: float = Field(ge=0.0, le=1.0)
+    verdict: Verdict = Field(description="the strictest level that held, or 'diverged' when none did")
+    levels_held: tuple[ReproLevel, ...] = Field(
+        description="every level that held, strictest first (token and numeric are not ordered: a set, not a rank)"
+    )
+    target_level: ReproLevel = Field(description="the level the envelope declared")
+    target_met: bool = Field(
+        description="target_level is among levels_held, unless the recorded sample drew from the worker's global RNG "
+        "state, which no replay restores"
+    )
+    first_divergence: FirstDivergence | None = Field(
+        default=None, description="where the token ids part (or the shorter output ends); None when they are identical"
+    )
+    max_abs_logprob_diff: float | None = Field(
+        default=None,
+        description="largest chosen-token logprob difference over the common prefix and the fork step (None when "
+        "either side has no logprobs, or the window holds no pair of them)",
+    )
+    max_rel_logprob_diff: float | None = Field(
+        default=None, description="the same, relative to the larger of the two magnitudes (floored: `replayer.compare`)"
+    )
+    token_match_rate: float = Field(
+        ge=0.0, le=1.0, description="positions with the same token id / the longer output's length"
+    )
     recorded_length: int = Field(ge=0)
     replayed_length: int = Field(ge=0)
-    length_diff: int
+    length_diff: int = Field(description="replayed_length - recorded_length")
     semantic_similarity: float | None = None
     cause_hint: CauseHint
     cause_detail: str = ""

@@ -54,10 +54,14 @@ class EngineStart(Record):
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     scheduling_policy: str
-    seed: int | None = None
-    long_prefill_token_threshold: int | None = None
-    async_scheduling: bool | None = None
-    enforce_eager: bool | None = None
+    seed: int | None = Field(default=None, description="the engine's --seed (None: it had none)")
+    long_prefill_token_threshold: int | None = Field(
+        default=None, description="vLLM's --long-prefill-token-threshold (None: 0, no threshold)"
+    )
+    async_scheduling: bool | None = Field(default=None, description="vLLM's --async-scheduling (None: not recorded)")
+    enforce_eager: bool | None = Field(
+        default=None, description="vLLM's --enforce-eager: no CUDA graphs (None: not recorded)"
+    )
     runtime: RuntimeFingerprint | None = Field(
         default=None, description="the engine's numerics-relevant environment, as the replay lanes fingerprint theirs"
     )

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from replayer.compare import Comparison, compare
 from replayer.matrix.dimensions import BASELINE_CELL, Cell
@@ -35,16 +36,20 @@ LATENCY_KIND = {"single": "per request", "fixed": "per static batch", "all": "wh
 
 
 class RequestOutcome(ReportModel):
+    """One request of a cell, compared with its baseline (the recorded output, or the ``batch.single`` cell's)."""
+
     request_id: str
-    token_identical: bool
+    token_identical: bool = Field(description="the same token ids as the baseline")
     verdict: str
-    first_divergence: int | None = None
-    before_fork: StepCandidates | None = None
-    at_fork: StepCandidates | None = None
+    first_divergence: int | None = Field(default=None, description="index of the first token that differs (the fork)")
+    before_fork: StepCandidates | None = Field(
+        default=None, description="both sides' top-k at the step before the fork"
+    )
+    at_fork: StepCandidates | None = Field(default=None, description="both sides' top-k at the fork")
     max_abs_logprob_diff: float | None = None
     max_rel_logprob_diff: float | None = None
     semantic_similarity: float | None = None
-    latency_ms: float
+    latency_ms: float = Field(description="its own call's, or its batch's: see the cell's latency_kind")
     generated_tokens: int
     cause_detail: str = ""
 
@@ -77,14 +82,14 @@ class CellResult(ReportModel):
     n: int = 0
     n_identical: int = 0
     token_identical_rate: float | None = None
-    divergence_positions: tuple[int, ...] = ()
-    max_abs_logprob_diff: float | None = None
+    divergence_positions: tuple[int, ...] = Field(default=(), description="each diverged request's first_divergence")
+    max_abs_logprob_diff: float | None = Field(default=None, description="the largest over its requests")
     max_rel_logprob_diff: float | None = None
-    semantic_mean: float | None = None
-    tokens_per_s: float | None = None
+    semantic_mean: float | None = Field(default=None, description="mean similarity over its requests (with --semantic)")
+    tokens_per_s: float | None = Field(default=None, description="generated tokens / the cell's wall time")
     p95_latency_ms: float | None = None
     latency_kind: str | None = None
-    peak_rss_mb: float | None = None
+    peak_rss_mb: float | None = Field(default=None, description="peak RSS of the engine's process during the cell")
     wall_s: float | None = None
     fingerprint: dict[str, Any] | None = None
     order: tuple[str, ...] = ()
