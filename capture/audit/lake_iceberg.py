@@ -139,9 +139,15 @@ def _only_added(tbl: Any) -> bool:
 
 @dataclass(frozen=True)
 class MaintenanceReport:
+    """What one `IcebergLake.maintain` did to one table (no row is added or dropped by either step)."""
+
+    #: Partitions rewritten as one data file (those with at least ``min_files`` files).
     partitions_compacted: int = 0
+    #: Data files those partitions had before compaction.
     files_before: int = 0
+    #: Data files they have after it: one each.
     files_after: int = 0
+    #: Snapshots expired (older than the cutoff, never the current one): time travel to them is gone.
     snapshots_expired: int = 0
 
 
