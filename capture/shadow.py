@@ -137,33 +137,27 @@ class ShadowTraffic:
 
     def __init__(
         self,
+        settings: CaptureSettings,
         *,
         candidate: Upstream,
         runtime: RuntimeProbe,
-        rate: float,
         metrics: CaptureMetrics,
         spool: SpoolLike,
-        spool_max_bytes: int,
-        spool_share: float,
-        queue_size: int,
-        concurrency: int,
-        timeout_s: float,
-        model: str | None,
-        top_k: int,
-        sidecar_id: str,
     ) -> None:
+        """`settings`: the sidecar's (its ``shadow_*`` fields, the spool's bound, the audited top-k, the sidecar
+        id); `candidate` and `runtime`: the candidate server and its runtime probe (`build_shadow` makes both)."""
         self.candidate = candidate
         self.runtime = runtime
-        self.rate = rate
+        self.rate = settings.shadow_sample
         self.metrics = metrics
         self.spool = spool
-        self._spool_limit = spool_max_bytes * spool_share
-        self.timeout_s = timeout_s
-        self.model = model
-        self.top_k = top_k
-        self.sidecar_id = sidecar_id
-        self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=queue_size)
-        self._concurrency = concurrency
+        self._spool_limit = settings.spool_max_bytes * settings.shadow_spool_share
+        self.timeout_s = settings.shadow_timeout_s
+        self.model = settings.shadow_model
+        self.top_k = max(settings.audit_top_logprobs, 1)
+        self.sidecar_id = settings.sidecar_id
+        self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=settings.shadow_queue)
+        self._concurrency = settings.shadow_concurrency
         self._workers: list[asyncio.Task[None]] = []
         self._counted: dict[str, Any] = {}
         self.in_flight = 0
@@ -303,17 +297,9 @@ def build_shadow(settings: CaptureSettings, *, spool: SpoolLike, metrics: Captur
     if settings.shadow_upstream is None or settings.shadow_sample <= 0.0:
         return None
     return ShadowTraffic(
+        settings,
         candidate=Upstream(settings.shadow_upstream, timeout_s=settings.shadow_timeout_s),
         runtime=RuntimeProbe(load_runtime_file(settings.shadow_runtime_path)),
-        rate=settings.shadow_sample,
         metrics=metrics,
         spool=spool,
-        spool_max_bytes=settings.spool_max_bytes,
-        spool_share=settings.shadow_spool_share,
-        queue_size=settings.shadow_queue,
-        concurrency=settings.shadow_concurrency,
-        timeout_s=settings.shadow_timeout_s,
-        model=settings.shadow_model,
-        top_k=max(settings.audit_top_logprobs, 1),
-        sidecar_id=settings.sidecar_id,
     )

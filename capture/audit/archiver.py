@@ -60,11 +60,22 @@ log = logging.getLogger("reprolane.archiver")
 
 @dataclass
 class ArchiverStats:
+    """What one archiver did since it was made (counts only grow)."""
+
+    #: Messages taken from Kafka (`Archiver.add` calls), archivable or not.
     consumed: int = 0
+    #: Rows flushed to the lake, one per distinct id of a flush (a message redelivered within one flush is
+    #: buffered once); on an Iceberg lake, before its anti-join dropped those already in the table.
     rows_written: int = 0
+    #: Parquet lake: files written (one per partition of a flush); Iceberg lake: table commits (a flush with
+    #: divergence events commits to ``divergences`` and ``replays``).
     files_written: int = 0
+    #: Messages that were not archivable (empty, or no envelope, sealed envelope or divergence event): logged
+    #: and passed over, so their offsets are committed like the rest.
     skipped: int = 0
+    #: Flushes that wrote at least one row.
     flushes: int = 0
+    #: Offset commits Kafka refused after their rows were written (a redelivery of those rows collapses).
     commit_failures: int = 0
     duplicates_dropped: int = 0  # Iceberg lake: rows already in the table (a redelivery another flush wrote)
 

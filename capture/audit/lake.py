@@ -82,10 +82,17 @@ class PartitionFiles:
 
 @dataclass(frozen=True)
 class CompactionReport:
+    """What one `Lake.compact` did, summed over the partitions it merged."""
+
+    #: Partitions merged (those with at least ``min_files`` files).
     partitions: int = 0
+    #: Their files, read and then deleted.
     files_read: int = 0
+    #: Files written in their place: one per partition merged.
     files_written: int = 0
+    #: Rows in the files read, at-least-once copies included.
     rows_in: int = 0
+    #: Rows written: the first copy per id (`dedupe`), so ``rows_in - rows_out`` copies were dropped.
     rows_out: int = 0
 
 

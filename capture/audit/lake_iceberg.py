@@ -57,20 +57,13 @@ log = logging.getLogger("reprolane.lake.iceberg")
 _T = TypeVar("_T")
 
 TENANT: Final = pa.field("tenant", pa.string())
-REPLAYS: Final = pa.schema(
-    [
-        ("result_id", pa.string()),
-        ("envelope_id", pa.string()),
-        ("request_id", pa.string()),
-        ("lane", pa.string()),
-        ("lane_fingerprint_sha256", pa.string()),
-        ("verdict", pa.string()),
-        ("target_met", pa.bool_()),
-        ("replayed_at", pa.timestamp("us", tz="UTC")),
-        ("archived_at", pa.timestamp("us", tz="UTC")),
-        TENANT,
-    ]
-)
+#: The replays table's columns, in its order: the archiver writes each divergence row there too (projected), so
+#: every column is typed as `DIVERGENCES` types it.
+REPLAY_COLUMNS: Final = (
+    "result_id", "envelope_id", "request_id", "lane", "lane_fingerprint_sha256", "verdict", "target_met",
+    "replayed_at", "archived_at",
+)  # fmt: skip
+REPLAYS: Final = pa.schema([*(DIVERGENCES.field(name) for name in REPLAY_COLUMNS), TENANT])
 #: Arrow schema, id column, partition time column of each Iceberg table.
 ICEBERG_TABLES: Final = {
     "envelopes": (ENVELOPES.append(TENANT), DEDUPE_KEY["envelopes"], "captured_at"),
@@ -146,9 +139,15 @@ def _only_added(tbl: Any) -> bool:
 
 @dataclass(frozen=True)
 class MaintenanceReport:
+    """What one `IcebergLake.maintain` did to one table (no row is added or dropped by either step)."""
+
+    #: Partitions rewritten as one data file (those with at least ``min_files`` files).
     partitions_compacted: int = 0
+    #: Data files those partitions had before compaction.
     files_before: int = 0
+    #: Data files they have after it: one each.
     files_after: int = 0
+    #: Snapshots expired (older than the cutoff, never the current one): time travel to them is gone.
     snapshots_expired: int = 0
 
 
