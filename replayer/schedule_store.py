@@ -27,14 +27,15 @@ with it. Blocking (boto3): async callers use ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
 from botocore.exceptions import BotoCoreError
+from cachetools import LRUCache
 
 from infra.clients.s3 import S3Policy, is_missing, make_s3_client, s3_call
 from replayer.errors import ScheduleNotFoundError, StoreError
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 #: Index entries one request may have (one per child of ``n``); more under one id is not the shipper's doing.
 MAX_ENTRIES: Final = 256
-#: Segments one window may read (each at most `MAX_SEGMENT_BYTES`).
 DEFAULT_MAX_SEGMENTS: Final = 1024
 #: Stored bytes of the shipped segments a store keeps decoded (least recently used out first): a window reads its
 #: engine's log from the first segment, a shipped segment never changes (written once), so each replay of the same
@@ -82,25 +82,29 @@ class ScheduleWindow:
         return tuple(r for r in self.records if isinstance(r, ScheduleStep))
 
 
+class _Checked(NamedTuple):
+    """A shipped segment as the store checked it."""
+
+    sha256: str  # of the stored bytes
+    size: int  # of the stored bytes: what it costs the cache
+    records: tuple[ScheduleRecord, ...]
+
+
+def _stored_size(checked: _Checked) -> int:
+    return checked.size
+
+
 class ScheduleStore:
     """Reads schedule segments and their index from the audit bucket (blocking; see module docstring)."""
 
-    def __init__(
-        self,
-        client: S3Client,
-        bucket: str,
-        *,
-        max_segments: int = DEFAULT_MAX_SEGMENTS,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
-    ) -> None:
+    #: Segments one window may read (each at most `MAX_SEGMENT_BYTES`).
+    max_segments: int = DEFAULT_MAX_SEGMENTS
+
+    def __init__(self, client: S3Client, bucket: str, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self._client = client
         self.bucket = bucket
-        self.max_segments = max_segments
-        self.cache_bytes = cache_bytes
-        #: (engine id, seq) -> (sha256 of the stored bytes, their size, the checked records); see DEFAULT_CACHE_BYTES
-        self._cache: OrderedDict[tuple[str, int], tuple[str, int, tuple[ScheduleRecord, ...]]] = OrderedDict()
-        self._cached = 0
-        self._cache_lock = threading.Lock()
+        self._cache: LRUCache[tuple[str, int], _Checked] = LRUCache(cache_bytes, getsizeof=_stored_size)
+        self._cache_lock = threading.Lock()  # the replayer's worker threads share one store
         self.segments_read = 0  # GETs of segments, cached ones not counted
 
     @classmethod
@@ -147,15 +151,12 @@ class ScheduleStore:
     ) -> tuple[str, tuple[ScheduleRecord, ...]] | None:
         """The segment's sha256 and checked records, from the cache or S3 (then kept); with the index `entry` that
         names it, its sha256 must be the entry's (checked before the bytes are decoded)."""
+        key = schedule_segment_key(engine_id, seq)
         with self._cache_lock:
             hit = self._cache.get((engine_id, seq))
-            if hit is not None:
-                self._cache.move_to_end((engine_id, seq))
-        key = schedule_segment_key(engine_id, seq)
         if hit is not None:
-            sha256, records = hit[0], hit[2]
-            self._check_sha256(entry, key, sha256)
-            return sha256, records
+            self._check_sha256(entry, key, hit.sha256)
+            return hit.sha256, hit.records
         data = self._get(key, MAX_SEGMENT_BYTES)
         if data is None:
             return None
@@ -163,13 +164,8 @@ class ScheduleStore:
         sha256 = hashlib.sha256(data).hexdigest()
         self._check_sha256(entry, key, sha256)
         records = self._decode(key, data, engine_id)
-        with self._cache_lock:
-            if (engine_id, seq) not in self._cache and len(data) <= self.cache_bytes:
-                self._cache[(engine_id, seq)] = (sha256, len(data), records)
-                self._cached += len(data)
-                while self._cached > self.cache_bytes:
-                    _, (_, size, _) = self._cache.popitem(last=False)
-                    self._cached -= size
+        with self._cache_lock, contextlib.suppress(ValueError):  # ValueError: larger than the whole cache
+            self._cache[(engine_id, seq)] = _Checked(sha256, len(data), records)
         return sha256, records
 
     @staticmethod
