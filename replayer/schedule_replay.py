@@ -1,11 +1,12 @@
 """One envelope replayed inside the batches it ran in: its schedule window on the schedule lane.
 
-`replayer.schedule_store.ScheduleStore.records_for` gives the window of the production engine's log around the
-envelope's request; this module turns it into the lane's `schemas.schedule_log.ScheduleLog`, replays choice 0 of
-the envelope as the target (`replayer.lanes.schedule_lane.ScheduleLane.replay_target`: fillers of the recorded
-shapes stand in for every companion) and compares it with the capture exactly as every other lane's replay is
-compared (`replayer.replay.replay_envelope`), so a schedule replay's event is the same contract with two more
-fields: whether every replayed step had the recorded shapes, and the first step that did not.
+`replayer.schedule_window.read_window` gives the part of the production engine's log the envelope's replay needs
+(its busy period and the prefix-cache providers' periods); this module turns it into the lane's
+`schemas.schedule_log.ScheduleLog`, replays choice 0 of the envelope as the target
+(`replayer.lanes.schedule_lane.ScheduleLane.replay_target`: fillers of the recorded shapes stand in for every
+companion) and compares it with the capture exactly as every other lane's replay is compared
+(`replayer.replay.replay_envelope`), so a schedule replay's event is the same contract with two more fields:
+whether every replayed step had the recorded shapes, and the first step that did not.
 
 A window that is not complete (a segment not shipped yet, a finish the log does not reach) is not replayed here:
 `NotReplayableError` says what the log lacks, and the caller falls back to the one-at-a-time lane. The service
@@ -39,7 +40,7 @@ def window_log(window: ScheduleWindow) -> ScheduleLog:
     """The lane's view of a window: the engine's settings, then its arrivals and steps in log order."""
     if window.engine is None:
         raise NotReplayableError("the schedule window has no engine record (segment 0 of the engine is missing)")
-    return ScheduleLog.from_records([window.engine, *window.records])
+    return ScheduleLog.from_records([window.engine, *window.records], covered=window.ranges)
 
 
 class _TargetOnSchedule:
@@ -102,9 +103,6 @@ def replay_on_schedule(
 
 #: How often a schedule not shipped yet is looked for again (within ``schedule_wait_s`` of the capture).
 SCHEDULE_POLL_S: Final = 0.5
-#: How far before the target's arrival a window reaches: far enough to start at the engine's first step of a
-#: busy period, so the requests that computed the target's cached prefix are replayed too.
-WINDOW_BEFORE_STEPS: Final = 1 << 40
 
 
 class ScheduleReplayer:
@@ -123,9 +121,11 @@ class ScheduleReplayer:
         *,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Callable[[float], None] = time.sleep,
+        read: Callable[[ScheduleStore, Envelope], ScheduleWindow] | None = None,
     ) -> None:
         self.settings = settings
         self._store = store
+        self._read = read  # None: `replayer.schedule_window.read_window`
         self._lane_factory = lane_factory
         self._lanes: dict[str, ScheduleLane] = {}
         self._refused: dict[str, NotReplayableError] = {}
@@ -135,9 +135,13 @@ class ScheduleReplayer:
         """The envelope's window, looked for again while it is not shipped yet (not found, or the log ends before
         the request finished) and the capture is younger than ``schedule_wait_s``."""
         deadline = envelope.captured_at + timedelta(seconds=self.settings.schedule_wait_s)
+        if self._read is None:
+            from replayer.schedule_window import read_window
+
+            self._read = read_window
         while True:
             try:
-                window = store.records_for(envelope, before_steps=WINDOW_BEFORE_STEPS)
+                window = self._read(store, envelope)
             except ScheduleNotFoundError:
                 if self._now() >= deadline:
                     raise

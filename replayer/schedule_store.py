@@ -49,6 +49,7 @@ from schemas.schedule_delivery import (
     ScheduleIndexEntry,
     decode_index_entry,
     decode_segment,
+    external_request_id,
     external_request_id_for,
 )
 
@@ -74,8 +75,10 @@ class ScheduleWindow:
     records: tuple[ScheduleRecord, ...]
     first_segment: int
     last_segment: int
-    complete: bool  # every target request's finish is in `records`, and the window reaches back `before_steps`
+    complete: bool  # every target request's finish is in `records`, and the window reaches back as far as asked
     gap: str | None = None  # what the log lacks when not complete
+    #: the step ranges `records` hold (`replayer.schedule_window`); None: one range, from the first to the last
+    ranges: tuple[tuple[int, int], ...] | None = None
 
     @property
     def steps(self) -> tuple[ScheduleStep, ...]:
@@ -197,20 +200,7 @@ class ScheduleStore:
             raise ScheduleNotFoundError(f"no schedule is indexed under {expected} (not shipped yet, or not recorded)")
         if len(keys) > MAX_ENTRIES:
             raise StoreError(f"over {MAX_ENTRIES} schedule index entries under {schedule_index_prefix(expected)}")
-        entries = []
-        for key in keys:
-            body = self._get(key, MAX_INDEX_ENTRY_BYTES)
-            if body is None:
-                continue
-            try:
-                entry = decode_index_entry(body)
-            except ContractError as exc:
-                raise StoreError(f"schedule index s3://{self.bucket}/{key} is malformed: {exc}") from exc
-            if key != schedule_index_key(entry.external_request_id, entry.engine_request_id) or (
-                entry.external_request_id != expected
-            ):
-                raise StoreError(f"schedule index s3://{self.bucket}/{key} is not filed under its own ids")
-            entries.append(entry)
+        entries = [entry for key in keys if (entry := self._entry(key, expected)) is not None]
         if len({e.engine_id for e in entries}) > 1:
             engines = sorted({e.engine_id for e in entries})
             raise StoreError(f"schedule index of {expected} names several engines: {engines}")
@@ -218,7 +208,33 @@ class ScheduleStore:
             raise ScheduleNotFoundError(f"no schedule is indexed under {expected}")
         return entries
 
-    def _arrival(self, entry: ScheduleIndexEntry) -> tuple[RequestArrival, tuple[ScheduleRecord, ...]]:
+    def _entry(self, key: str, external_request_id: str) -> ScheduleIndexEntry | None:
+        """The index entry at `key`, which must be filed under its own ids and `external_request_id`."""
+        body = self._get(key, MAX_INDEX_ENTRY_BYTES)
+        if body is None:
+            return None
+        try:
+            entry = decode_index_entry(body)
+        except ContractError as exc:
+            raise StoreError(f"schedule index s3://{self.bucket}/{key} is malformed: {exc}") from exc
+        if key != schedule_index_key(entry.external_request_id, entry.engine_request_id) or (
+            entry.external_request_id != external_request_id
+        ):
+            raise StoreError(f"schedule index s3://{self.bucket}/{key} is not filed under its own ids")
+        return entry
+
+    def provider_entry(self, engine_id: str, engine_request_id: str) -> ScheduleIndexEntry | None:
+        """The index entry of one engine request of `engine_id`, found by its own ids; None when it is not indexed
+        (a request some other client than the sidecar sent the engine, or one whose id the recorder had to cut)."""
+        external = external_request_id(engine_request_id)
+        entry = self._entry(schedule_index_key(external, engine_request_id), external)
+        if entry is not None and entry.engine_id != engine_id:
+            raise StoreError(
+                f"the schedule index of {engine_request_id} names engine {entry.engine_id}, not {engine_id}"
+            )
+        return entry
+
+    def indexed_arrival(self, entry: ScheduleIndexEntry) -> tuple[RequestArrival, tuple[ScheduleRecord, ...]]:
         """The arrival an entry indexes, from the segment it names, checked against the entry's sha256."""
         where = schedule_segment_key(entry.engine_id, entry.segment)
         found = self._load(entry.engine_id, entry.segment, entry=entry)
@@ -238,7 +254,7 @@ class ScheduleStore:
         arrivals: list[RequestArrival] = []
         segments: dict[int, tuple[ScheduleRecord, ...]] = {}
         for entry in entries:
-            arrival, records = self._arrival(entry)
+            arrival, records = self.indexed_arrival(entry)
             arrivals.append(arrival)
             segments[entry.segment] = records
         start_step = max(min(a.step for a in arrivals) - before_steps, 0)

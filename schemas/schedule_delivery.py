@@ -101,6 +101,16 @@ def is_engine_id(value: str) -> bool:
     return _ENGINE_ID.fullmatch(value) is not None
 
 
+#: vLLM's engine request id is the external id plus ``-`` and 8 random hex characters.
+_ENGINE_SUFFIX_RE: Final = re.compile(r"-[0-9a-f]{8}$")
+
+
+def external_request_id(engine_request_id: str) -> str:
+    """The id the engine was given (``chatcmpl-<X-Request-Id>`` from the OpenAI server), without vLLM's suffix:
+    what an arrival is indexed under."""
+    return _ENGINE_SUFFIX_RE.sub("", engine_request_id)
+
+
 def external_request_id_for(endpoint: str, request_id: str) -> str:
     """The external id vLLM's OpenAI server gives the engine request of a captured request sent with
     ``X-Request-Id: <request_id>`` (choice 0's: a completions request's first prompt)."""

@@ -8,6 +8,11 @@ every line). This module indexes the decoded records; it is pure.
 the steps by number. It also says what a replay cannot trust (`ScheduleLog.problems`): a missing step number, or
 a request whose computed-token count does not continue from its previous step (a recorder that dropped a step, or
 a log that was altered, shows up there even when the step numbers were rewritten).
+
+A log need not hold every step of the engine: `ScheduleLog.covered` names the step ranges it holds (a replay's
+window: the target's busy period and the busy periods that computed what it read from the prefix cache), and the
+steps between ranges are not missing. Its busy periods (`ScheduleLog.busy_period_starts`) are the stretches
+between two moments the engine was empty; each covered range starts at one.
 """
 
 from __future__ import annotations
@@ -40,9 +45,16 @@ class ScheduleLog:
     arrivals: dict[str, RequestArrival]
     steps: dict[int, ScheduleStep]
     requests: dict[str, RequestShape]
+    #: the (first, last) step ranges the log holds, in order, each starting a busy period; None: one range, from
+    #: its first step to its last
+    covered: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
-    def from_records(cls, records: Iterable[EngineStart | RequestArrival | ScheduleStep]) -> ScheduleLog:
+    def from_records(
+        cls,
+        records: Iterable[EngineStart | RequestArrival | ScheduleStep],
+        covered: tuple[tuple[int, int], ...] | None = None,
+    ) -> ScheduleLog:
         """Index the records of one engine (segments concatenated in sequence order); mixed engines are refused."""
         engine: EngineStart | None = None
         arrivals: dict[str, RequestArrival] = {}
@@ -69,7 +81,45 @@ class ScheduleLog:
                 shape = requests.get(rid)
                 if shape is not None and shape.finished_at is None:
                     shape.finished_at = number
-        return cls(engine=engine, arrivals=arrivals, steps=steps, requests=requests)
+        return cls(engine=engine, arrivals=arrivals, steps=steps, requests=requests, covered=covered)
+
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """The step ranges the log holds (`covered`, or its first to its last step)."""
+        if self.covered is not None:
+            return self.covered
+        return ((min(self.steps), max(self.steps)),) if self.steps else ()
+
+    def busy_period_starts(self, *, first_is_start: bool = True) -> list[int]:
+        """The first step of every busy period the log shows, in order: a step ``s`` before which every request
+        that arrived earlier had finished (its id in a ``finished`` list of a step ``< s``). A request the log
+        names without its arrival (it arrived before the log's first step) counts as running from there.
+
+        ``first_is_start``: the first step of each range starts a period (a log read from the engine's start, or
+        ranges chosen to start at one); False for a stretch read from the middle of a log, whose first step says
+        nothing of what ran before it."""
+        arrived_at: dict[int, set[str]] = {}
+        for a in self.arrivals.values():
+            arrived_at.setdefault(a.step, set()).add(a.engine_request_id)
+        starts: list[int] = []
+        for low, high in self.ranges():
+            named = {
+                rid
+                for n in range(low, high + 1)
+                if (step := self.steps.get(n)) is not None
+                for rid in (*(s.engine_request_id for s in step.scheduled), *step.finished, *step.preempted)
+            }
+            early = {rid for rid in named if rid not in self.arrivals or self.arrivals[rid].step < low}
+            live = early
+            finished: set[str] = set()  # in a step before n
+            for n in range(low, high + 1):
+                live -= finished
+                if not live and (n > low or first_is_start):
+                    starts.append(n)
+                live |= arrived_at.get(n, set()) - finished
+                step = self.steps.get(n)
+                if step is not None:
+                    finished.update(step.finished)
+        return starts
 
     def by_external_id(self, external_id: str) -> RequestArrival | None:
         """The arrival whose external id is exactly ``external_id`` (the join is
@@ -102,8 +152,7 @@ class ScheduleLog:
         if self.engine is None:
             found.append("no engine record (the log does not start at the engine's first segment)")
         if self.steps:
-            lo, hi = min(self.steps), max(self.steps)
-            missing = sorted(set(range(lo, hi + 1)) - set(self.steps))
+            missing = sorted({n for lo, hi in self.ranges() for n in range(lo, hi + 1)} - set(self.steps))
             if missing:
                 found.append(f"steps missing from the log: {_ranges(missing)}")
         progress: dict[str, int] = {}

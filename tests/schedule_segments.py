@@ -55,7 +55,14 @@ class FakeEngine:
     def __post_init__(self) -> None:
         self.records.append(engine_start(self.engine_id))
 
-    def request(self, external_id: str, prompt_tokens: int = 8, output_tokens: int = 3) -> str:
+    def request(
+        self,
+        external_id: str,
+        prompt_tokens: int = 8,
+        output_tokens: int = 3,
+        cached_from: tuple[tuple[str, int], ...] | None = None,
+    ) -> str:
+        """``cached_from``: (engine request id, blocks) whose prefix-cache blocks this request reads."""
         engine_rid = f"{external_id}-{os.urandom(4).hex()}"
         self.records.append(
             RequestArrival(
@@ -65,6 +72,7 @@ class FakeEngine:
                 external_request_id=external_id,
                 num_prompt_tokens=prompt_tokens,
                 max_tokens=output_tokens,
+                cached_from=cached_from,
             )
         )
         self.running[engine_rid] = [0, prompt_tokens, output_tokens]

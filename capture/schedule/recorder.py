@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import time
 import uuid
 from datetime import UTC, datetime
@@ -45,14 +44,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from capture.schedule.segments import DEFAULT_ROTATE_BYTES, DEFAULT_ROTATE_SECONDS, SegmentWriter
 from schemas.fingerprint import RuntimeFingerprint, cpu_model_name_of
 from schemas.schedule import EngineStart
-from schemas.schedule_delivery import encode_record
+from schemas.schedule_delivery import encode_record, external_request_id
 
 logger = logging.getLogger(__name__)
 
 ENV_DIR: Final = "REPROLANE_SCHEDULE_DIR"
 ENV_SEGMENT_SECONDS: Final = "REPROLANE_SCHEDULE_SEGMENT_SECONDS"
-#: vLLM's engine request id is the external id plus ``-`` and 8 random hex characters.
-_SUFFIX_RE: Final = re.compile(r"-[0-9a-f]{8}$")
 UNKNOWN_PROVIDER: Final = "?"
 #: `schemas.schedule.EngineRequestId`'s bound.
 MAX_ID: Final = 256
@@ -64,11 +61,6 @@ def bounded_id(rid: str) -> str:
     if len(rid) <= MAX_ID:
         return rid
     return rid[: MAX_ID - 17] + "#" + hashlib.sha256(rid.encode("utf-8", "replace")).hexdigest()[:16]
-
-
-def external_request_id(engine_request_id: str) -> str:
-    """The id the engine was given (``chatcmpl-<X-Request-Id>`` from the OpenAI server), without vLLM's suffix."""
-    return _SUFFIX_RE.sub("", engine_request_id)
 
 
 def _iso(ts: float) -> str:

@@ -65,43 +65,21 @@ class ReplayPlan:
         return [n for first, last in periods for n in range(first, last + 1)]
 
 
-def busy_period_starts(log: ScheduleLog) -> list[int]:
-    """The first step of every busy period of the log, in order: each step ``s`` before which every request that
-    arrived earlier had finished (its id in a ``finished`` list of a step ``< s``). One pass over the log."""
-    if not log.steps:
-        return []
-    numbers = sorted(log.steps)
-    arrived_at: dict[int, set[str]] = {}
-    for a in log.arrivals.values():
-        arrived_at.setdefault(a.step, set()).add(a.engine_request_id)
-    finished: set[str] = set()  # finished in a step before n
-    live: set[str] = set()
-    starts: list[int] = []
-    for n in range(numbers[0], numbers[-1] + 1):
-        live -= finished
-        if not live:
-            starts.append(n)
-        live |= arrived_at.get(n, set()) - finished
-        step_rec = log.steps.get(n)
-        if step_rec is not None:
-            finished.update(step_rec.finished)
-    return starts
-
-
 class _Periods:
     """The log's busy periods, looked up by step: the bounds of the one holding a step."""
 
     def __init__(self, log: ScheduleLog) -> None:
-        self.starts = busy_period_starts(log)
-        self.last_step = max(log.steps) if log.steps else 0
+        self.starts = log.busy_period_starts()
+        self.numbers = sorted(log.steps)
 
     def bounds(self, step: int) -> tuple[int, int]:
         """(first, last) step of the busy period holding ``step``; ``(step, step)`` before the log's first step."""
         index = bisect_right(self.starts, step) - 1
         if index < 0:
             return step, step
-        last = self.starts[index + 1] - 1 if index + 1 < len(self.starts) else self.last_step
-        return self.starts[index], last
+        if index + 1 < len(self.starts):  # the last step the log holds before the next period (ranges may skip)
+            return self.starts[index], self.numbers[bisect_right(self.numbers, self.starts[index + 1] - 1) - 1]
+        return self.starts[index], self.numbers[-1]
 
 
 def _hit_providers(arrival: RequestArrival) -> list[str]:

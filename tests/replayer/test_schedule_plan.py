@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from replayer.lanes.schedule_lane import compare_steps, moe_markers, numeric_differences
-from replayer.lanes.schedule_plan import WindowTooLongError, busy_period_starts, check_target, plan_replay
+from replayer.lanes.schedule_plan import WindowTooLongError, check_target, plan_replay
 from schemas import RuntimeFingerprint
 from schemas.schedule_log import ScheduleLog
 from tests.schemas.test_schedule_log import arrival, engine, step
@@ -34,8 +34,8 @@ def burst_log() -> ScheduleLog:
 
 
 def test_a_busy_period_starts_where_every_earlier_request_had_finished() -> None:
-    assert busy_period_starts(burst_log()) == [0, 3]
-    assert busy_period_starts(long_running_log(3)) == [0, 3, 6, 9, 12, 16]
+    assert burst_log().busy_period_starts() == [0, 3]
+    assert long_running_log(3).busy_period_starts() == [0, 3, 6, 9, 12, 16]
 
 
 def test_the_window_reaches_back_to_a_prefix_cache_provider() -> None:

@@ -68,6 +68,11 @@ class FakeStore:
         return self.windows[envelope.request_id]
 
 
+def read(store: FakeStore, envelope: Envelope) -> ScheduleWindow:
+    """The fake stores answer their windows as they are (`replayer.schedule_window` is tested on moto)."""
+    return store.records_for(envelope)
+
+
 @dataclass
 class FakeScheduleLane:
     """Echoes the recorded output; `mismatch_at` makes the replayed shapes differ from that step on."""
@@ -98,7 +103,7 @@ class FakeScheduleLane:
 
 
 def _replayer(store: FakeStore, lane: FakeScheduleLane) -> ScheduleReplayer:
-    return ScheduleReplayer(SETTINGS, store, lambda settings, engine: lane)  # type: ignore[arg-type, return-value]
+    return ScheduleReplayer(SETTINGS, store, lambda settings, engine: lane, read=read)  # type: ignore[arg-type, return-value]
 
 
 def test_an_envelope_with_a_complete_schedule_replays_on_the_schedule_lane() -> None:
@@ -191,6 +196,7 @@ def test_a_schedule_not_shipped_yet_is_waited_for_until_schedule_wait_s_after_ca
             lambda s, e: lane,
             now=lambda: clock[0],
             sleep=sleep,  # type: ignore[arg-type, return-value]
+            read=read,  # type: ignore[arg-type]
         )
 
     lane = FakeScheduleLane(echo)
@@ -213,7 +219,12 @@ def test_a_lane_that_refused_is_not_started_again_for_every_envelope() -> None:
         started.append(engine.engine_id)
         raise NotReplayableError("the schedule lane's runtime differs in numerics: num_threads: 1 != 2")
 
-    replayer = ScheduleReplayer(SETTINGS, FakeStore({e.request_id: _window(e) for e in envelopes}), refusing)
+    replayer = ScheduleReplayer(
+        SETTINGS,
+        FakeStore({e.request_id: _window(e) for e in envelopes}),  # type: ignore[arg-type]
+        refusing,
+        read=read,  # type: ignore[arg-type]
+    )
     answers = [replayer.replay(e) for e in envelopes]
     assert all("num_threads: 1 != 2" in str(a) for a in answers)
     assert len(started) == 1

@@ -46,6 +46,7 @@ from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.schedule_replay import replay_on_schedule
 from replayer.schedule_store import ScheduleStore, ScheduleWindow
+from replayer.schedule_window import read_window
 from replayer.settings import ReplayerSettings
 from schemas import CapturedOutput, Envelope, ReplayedOutput
 from schemas.schedule import RequestArrival
@@ -60,7 +61,6 @@ MAX_NUM_BATCHED_TOKENS = 256
 #: Measured on the 2-core machine: every schedule reproduced step for step, but some replays keep the chosen-token
 #: logprobs and differ in the top-k alternatives (issue 22 follow-up: tie order or a real numeric difference).
 #: Every window starts at the engine's first step: the prefix cache's history is then part of every replay.
-WHOLE_LOG = 1 << 40
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,8 @@ async def _spooled(spool: FakeSpool, ids: list[str]) -> list[Envelope]:
 
 
 async def _ship_windows(recording_vllm: StackInfo, envelopes: list[Envelope]) -> list[ScheduleWindow]:
-    """Ship until every envelope's window is complete in S3; the windows, read back through the index."""
+    """Ship until every envelope's window is complete in S3; the windows, read back through the index as the
+    service reads them (the target's busy period and its prefix-cache providers')."""
     defaults = stack_defaults(recording_vllm)
     store = ScheduleStore.from_settings(ReplayerSettings(**_fields(defaults, "REPROLANE_REPLAYER_")))
     shipper = Shipper(ShipperSettings(**_fields(defaults, "REPROLANE_SHIPPER_"), retention_days=0))
@@ -204,7 +205,7 @@ async def _ship_windows(recording_vllm: StackInfo, envelopes: list[Envelope]) ->
         while True:
             await shipper.ship_pending()
             try:
-                windows = [store.records_for(e, before_steps=WHOLE_LOG) for e in envelopes]
+                windows = [read_window(store, e) for e in envelopes]  # what the service reads
             except ScheduleNotFoundError:
                 windows = []
             if windows and all(w.complete for w in windows):
@@ -278,7 +279,9 @@ async def test_staggered_long_prompts_with_chunked_prefill_replay_bitwise(
     recording_vllm: StackInfo, capture: dict[str, Any], lane_box: dict[str, ScheduleLane]
 ) -> None:
     spool: FakeSpool = capture["spool"]
-    bodies = [_chat(LONG_TEXT * (4 + i) + "What did the keeper log?", 12) for i in range(3)]
+    bodies = [_chat(LONG_TEXT * (4 + i) + "What did the keeper log?", 12) for i in range(2)]
+    # longer than a step's token budget, and sharing no prefix with the others: prefilled in chunks
+    bodies.append(_chat(LONG_TEXT.replace("A lighthouse keeper", "The harbour master") * 9 + "What did he log?", 12))
     bodies += [_chat(p, 16) for p in DEFAULT_PROMPTS[:3]]
     order = [bodies[0], bodies[3], bodies[1], bodies[4], bodies[2], bodies[5]]
     ids = await _send(capture["app"], order, 0.3)
@@ -292,9 +295,14 @@ async def test_staggered_long_prompts_with_chunked_prefill_replay_bitwise(
         and any(r.num_scheduled_tokens == 1 for r in s.scheduled)
     ]
     assert chunked, "no step mixed a prefill chunk with decodes"
-    prefill_steps = Counter(
-        r.engine_request_id for w in windows[:1] for s in w.steps for r in s.scheduled if r.num_scheduled_tokens > 1
+    prefill_steps = Counter(  # per request of this test (each window holds its target's busy period)
+        (r.engine_request_id, s.step)
+        for w in windows
+        for s in w.steps
+        for r in s.scheduled
+        if r.num_scheduled_tokens > 1
     )
+    prefill_steps = Counter(rid for rid, _ in prefill_steps)
     assert max(prefill_steps.values()) > 1, "no prompt was prefilled in chunks"
     _replay_all(lane_box, envelopes, windows)
 
