@@ -22,7 +22,8 @@ The window: every step and arrival of the target's engine from ``before_steps`` 
 to the step that reports it finished (for ``n > 1``, every child), in log order, plus the engine's settings (the
 first record of its first segment). Where the log does not reach that far (a segment not shipped yet, or not
 recorded) the window says so (`ScheduleWindow.complete`, `ScheduleWindow.gap`); the lane decides what it can do
-with it. Blocking (boto3): async callers use ``asyncio.to_thread``.
+with it. A replay reads less: `replayer.schedule_window.read_window` asks this store for the target's busy period
+and its prefix-cache providers' only. Blocking (boto3): async callers use ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
