@@ -84,13 +84,7 @@ def replay_on_schedule(
     result = replay_envelope(envelope, face, settings, now=now, reply_to=reply_to)
     replay = face.replay_result
     assert replay is not None  # replay_envelope called face.replay or raised
-    detail = (
-        f"schedule lane: {replay.steps_compared} recorded steps replayed with filler companions"
-        if replay.schedule_reproduced
-        else "schedule lane: the recorded schedule was not reproduced"
-        + (f" (first mismatching step {replay.mismatch.step}: {replay.mismatch.reason})" if replay.mismatch else "")
-        + "".join(f"; {n}" for n in replay.notes)
-    )
+    detail = _detail(replay)
     event = result.event.model_copy(
         update={
             "schedule_reproduced": replay.schedule_reproduced,
@@ -99,6 +93,21 @@ def replay_on_schedule(
         }
     )
     return result.model_copy(update={"event": event}), replay
+
+
+def _detail(replay: ScheduleReplay) -> str:
+    """The event's words for a schedule replay: what ran, or why the schedule was not reproduced."""
+    if not replay.schedule_reproduced:
+        mismatch = replay.mismatch
+        return (
+            "schedule lane: the recorded schedule was not reproduced"
+            + (f" (first mismatching step {mismatch.step}: {mismatch.reason})" if mismatch else "")
+            + "".join(f"; {n}" for n in replay.notes)
+        )
+    ran = f"schedule lane: {replay.steps_compared} recorded steps replayed with filler companions"
+    if len(replay.periods) > 1:  # the prefix-cache providers' busy periods ran first
+        ran += " (busy periods " + ", ".join(f"{a}-{b}" for a, b in replay.periods) + ": its cache's, then its own)"
+    return ran
 
 
 #: How often a schedule not shipped yet is looked for again (within ``schedule_wait_s`` of the capture).

@@ -102,6 +102,7 @@ class ScheduleReplay:
     notes: list[str] = field(default_factory=list)
     fillers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # production id -> the filler's prompt
     replay_ids: dict[str, str] = field(default_factory=dict)  # production id -> the replay engine's request id
+    periods: tuple[tuple[int, int], ...] = ()  # the recorded busy periods replayed (`ReplayPlan.periods`)
 
     @property
     def schedule_reproduced(self) -> bool:
@@ -337,6 +338,7 @@ class ScheduleLane:
             notes=notes,
             fillers=fillers,
             replay_ids=to_replay,
+            periods=plan.periods,
         )
 
     def _filler_prompt(

@@ -186,6 +186,7 @@ def test_busy_periods_between_a_provider_and_its_readers_are_not_replayed(prod: 
         assert len(plan.periods) == 2, plan.periods  # the provider's and the readers'
         assert plan.end_step - plan.start_step + 1 > len(plan.steps)  # the periods between are left out
     assert replay_all(lane, log, runs, readers) == len(readers)
+    assert lane.replay_target(log, runs[0][0], readers[0]).periods == plan_replay(log, runs[0][0]).periods
     limit, lane.max_steps = lane.max_steps, len(plan_replay(log, runs[0][0]).steps) - 1
     try:  # a replay that would run more steps than allowed is refused (the service then replays one at a time)
         with pytest.raises(NotReplayableError, match="schedule_max_steps"):

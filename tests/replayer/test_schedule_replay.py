@@ -81,6 +81,7 @@ class FakeScheduleLane:
     mismatch_at: int | None = None
     targets: list[str] = field(default_factory=list)
     closed: bool = False
+    periods: tuple[tuple[int, int], ...] = ()
 
     def fingerprint(self) -> Any:
         return LANE_FINGERPRINT
@@ -95,7 +96,13 @@ class FakeScheduleLane:
             else StepMismatch(step=self.mismatch_at, recorded=(), replayed=(), reason="a filler was scheduled later")
         )
         return ScheduleReplay(
-            output=out, outputs={target: out}, start_step=0, end_step=1, steps_compared=2, mismatch=mismatch
+            output=out,
+            outputs={target: out},
+            start_step=0,
+            end_step=1,
+            steps_compared=2,
+            mismatch=mismatch,
+            periods=self.periods,
         )
 
     def close(self) -> None:
@@ -119,7 +126,19 @@ def test_an_envelope_with_a_complete_schedule_replays_on_the_schedule_lane() -> 
     assert answer.event.schedule_mismatch_step is None
     assert answer.event.verdict == "bitwise"
     assert "schedule lane: 2 recorded steps replayed with filler companions" in answer.event.cause_detail
+    assert "busy periods" not in answer.event.cause_detail
     assert lane.targets == [store.windows[envelope.request_id].arrivals[0].engine_request_id]
+
+
+def test_the_event_names_the_busy_periods_a_replay_ran() -> None:
+    """A replay that ran its prefix-cache provider's busy period first says which recorded steps it ran."""
+    envelope = _scheduled(make_envelope(2))
+    echo = FakeLane()
+    echo.learn(envelope)
+    lane = FakeScheduleLane(echo, periods=((0, 4), (880, 910)))
+    answer = _replayer(FakeStore({envelope.request_id: _window(envelope)}), lane).replay(envelope)
+    assert not isinstance(answer, str), answer
+    assert "(busy periods 0-4, 880-910: its cache's, then its own)" in answer.event.cause_detail
 
 
 def test_a_schedule_not_reproduced_names_the_first_mismatching_step() -> None:
