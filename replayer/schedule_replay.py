@@ -180,18 +180,10 @@ class ScheduleReplayer:
             self._lanes[key] = lane
         return lane
 
-    def replay(
-        self,
-        envelope: Envelope,
-        *,
-        reply_to: str | None = None,
-        stored: Callable[[Envelope, str], ReplayResult | None] | None = None,
-    ) -> ReplayResult | str:
-        """The schedule lane's result, or why it was not used (no schedule, not found, incomplete, refused).
-
-        ``stored(envelope, lane fingerprint sha256)`` is the result store's lookup: a result this schedule lane
-        already stored for the envelope is answered as it is, not replayed again (the service's idempotence key
-        is the lane's fingerprint, and only here is the schedule lane's known)."""
+    def find(self, envelope: Envelope) -> ScheduleWindow | str:
+        """The envelope's window, waited for while it is not shipped yet (`_window`), or why there is none. It
+        touches no lane: the service looks before it takes its lane, so an envelope waiting for its schedule does
+        not hold up the replays behind it."""
         if envelope.schedule is None:
             return "the envelope names no schedule (its upstream did not record one)"
         if self._store is None:
@@ -200,13 +192,34 @@ class ScheduleReplayer:
             self._store = ScheduleStore.from_settings(self.settings)
         try:
             window = self._window(self._store, envelope)
-            if window.engine is None:
-                return "the schedule log has no engine record"
-            lane = self._lane(window.engine)
-            if stored is not None and (found := stored(envelope, lane.fingerprint().sha256())) is not None:
-                return found
-            result, _ = replay_on_schedule(envelope, window, lane, self.settings, reply_to=reply_to)
         except (NotReplayableError, StoreError, LaneUnavailableError) as exc:  # ScheduleNotFoundError included
+            return str(exc)
+        return "the schedule log has no engine record" if window.engine is None else window
+
+    def replay(
+        self,
+        envelope: Envelope,
+        *,
+        reply_to: str | None = None,
+        stored: Callable[[Envelope, str], ReplayResult | None] | None = None,
+        window: ScheduleWindow | str | None = None,
+    ) -> ReplayResult | str:
+        """The schedule lane's result, or why it was not used (no schedule, not found, incomplete, refused).
+
+        ``window``: what `find` answered, when the caller looked already (None: look now). ``stored(envelope,
+        lane fingerprint sha256)`` is the result store's lookup: a result this schedule lane already stored for the
+        envelope is answered as it is, not replayed again (the service's idempotence key is the lane's fingerprint,
+        and only here is the schedule lane's known)."""
+        found = self.find(envelope) if window is None else window
+        if isinstance(found, str):
+            return found
+        try:
+            assert found.engine is not None  # find answers a reason for a window without one
+            lane = self._lane(found.engine)
+            if stored is not None and (done := stored(envelope, lane.fingerprint().sha256())) is not None:
+                return done
+            result, _ = replay_on_schedule(envelope, found, lane, self.settings, reply_to=reply_to)
+        except (NotReplayableError, StoreError, LaneUnavailableError) as exc:
             return str(exc)
         return result
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.errors import KafkaError
 from faststream import AckPolicy
@@ -59,6 +59,9 @@ from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from replayer.telemetry import ReplayTelemetry
+
+if TYPE_CHECKING:
+    from replayer.schedule_store import ScheduleWindow
 from schemas import (
     ContractError,
     DivergenceEvent,
@@ -346,11 +349,12 @@ class ReplayerService:
             return "no replay_request_keys_path is configured: every request is refused"
         return verify_replay_request(request, self._request_keys, window_s=self.settings.replay_request_window_s)
 
-    def _replay(self, envelope: Envelope) -> ReplayResult:
+    def _replay(self, envelope: Envelope, window: ScheduleWindow | str | None = None) -> ReplayResult:
         """On the schedule lane when the envelope names a schedule that is found and complete (issue 22), else
-        one request at a time on the service's lane (its event carries the fingerprint differences)."""
+        one request at a time on the service's lane (its event carries the fingerprint differences). ``window``:
+        what `ScheduleReplayer.find` answered before the lane was taken (None: look now)."""
         if self.schedule is not None and envelope.schedule is not None:
-            answer = self.schedule.replay(envelope, stored=self.store.get_result)
+            answer = self.schedule.replay(envelope, stored=self.store.get_result, window=window)
             if not isinstance(answer, str):
                 return answer
             log.info("replayer: %s: schedule lane not used: %s", envelope.request_id, answer)
@@ -372,10 +376,13 @@ class ReplayerService:
             event = existing.event
             self.metrics.deduplicated.inc()
         else:
+            window = None  # an envelope's schedule is waited for (until shipped) before the lane is taken
+            if self.schedule is not None and envelope.schedule is not None:
+                window = await asyncio.to_thread(self.schedule.find, envelope)
             async with self._lane_lock:
                 started = time.perf_counter()
                 try:
-                    result = await asyncio.to_thread(self._replay, envelope)
+                    result = await asyncio.to_thread(self._replay, envelope, window)
                 except NotReplayableError as exc:
                     self.metrics.not_replayable.inc()
                     log.info("replayer: %s not replayable: %s", envelope.request_id, exc)

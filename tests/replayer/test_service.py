@@ -465,3 +465,40 @@ async def test_an_unexpected_error_is_dead_lettered_not_silently_skipped(s3: S3T
     assert body == env.canonical()
     assert headers[HEADER_DLQ_REASON] == "internal: KeyError: 'a bug'"
     assert h.metrics.value("reprolane_replayer_dead_letters_total", {"reason": "internal"}) == 1
+
+
+async def test_an_envelope_waiting_for_its_schedule_does_not_hold_the_lane(s3: S3Target) -> None:
+    """The service looks for an envelope's schedule (up to ``schedule_wait_s`` while it is not shipped) before it
+    takes its lane: a replay behind it, an auditor's on-demand one say, runs meanwhile."""
+    from schemas.schedule_delivery import ScheduleRef, external_request_id_for
+
+    h = build(s3)
+    plain = make_envelope(41)
+    ref = ScheduleRef(external_request_id=external_request_id_for(plain.endpoint, plain.request_id), recorder="r")
+    waiting = plain.model_copy(update={"schedule": ref})
+    h.lane.learn(waiting)
+    other = greedy(42, h.lane)
+    shipped = threading.Event()
+
+    class NotShippedYet:
+        """A schedule replayer whose window is still on its way (`ScheduleReplayer.find` waiting)."""
+
+        def find(self, envelope: Envelope) -> str:
+            assert shipped.wait(10)
+            return "no schedule is indexed (not shipped yet)"
+
+        def replay(self, envelope: Envelope, *, window: Any = None, **_: Any) -> Any:
+            return self.find(envelope) if window is None else window  # the reason: replayed on the lane
+
+    h.service.schedule = NotShippedYet()  # type: ignore[assignment]
+    async with TestKafkaBroker(h.service.broker):
+        first = asyncio.create_task(h.service.replay_and_publish(waiting))
+        await asyncio.sleep(0.2)
+        try:
+            second = await asyncio.wait_for(h.service.replay_and_publish(other), 5)  # not behind the wait
+            assert not first.done()
+        finally:
+            shipped.set()
+        done = await first
+    assert (done.outcome, second.outcome) == ("replayed", "replayed")
+    assert {e.request_id for e in h.events} == {waiting.request_id, other.request_id}
