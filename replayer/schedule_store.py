@@ -61,9 +61,9 @@ _T = TypeVar("_T")
 #: Index entries one request may have (one per child of ``n``); more under one id is not the shipper's doing.
 MAX_ENTRIES: Final = 256
 DEFAULT_MAX_SEGMENTS: Final = 1024
-#: Stored bytes of the shipped segments a store keeps decoded (least recently used out first): a window reads its
-#: engine's log from the first segment, a shipped segment never changes (written once), so each replay of the same
-#: engine reads again only what was shipped since.
+#: Stored bytes of the shipped segments a store keeps decoded (least recently used out first): a shipped segment
+#: never changes (written once), and the replays of one engine read its provider periods (often the engine's first
+#: segments) and the segments next to their own again and again.
 DEFAULT_CACHE_BYTES: Final = 32 << 20
 
 

@@ -33,14 +33,13 @@ from typing import Final
 from replayer.errors import StoreError
 from replayer.schedule_store import ScheduleStore, ScheduleWindow
 from schemas import Envelope
-from schemas.schedule import EngineStart, RequestArrival, ScheduleRecord, ScheduleStep
+from schemas.schedule import UNKNOWN_PROVIDER, EngineStart, RequestArrival, ScheduleRecord, ScheduleStep
 from schemas.schedule_log import ScheduleLog
 
 __all__ = ["MAX_PERIODS", "read_window"]
 
 #: Busy periods one window may hold: the target's and the providers' followed from it.
 MAX_PERIODS: Final = 64
-UNKNOWN_PROVIDER: Final = "?"
 
 
 class _Gap(Exception):
@@ -128,8 +127,8 @@ class _Reader:
 
 def _finish(log: ScheduleLog, targets: set[str]) -> int | None:
     """The step that finished the last of ``targets``, when the stretch shows every one finishing."""
-    done = {rid: n for n, step in log.steps.items() for rid in step.finished if rid in targets}
-    return max(done.values()) if set(done) == targets else None
+    done = [shape.finished_at if (shape := log.requests.get(rid)) is not None else None for rid in targets]
+    return None if None in done else max(n for n in done if n is not None)
 
 
 def _period_end(log: ScheduleLog, step: int) -> int | None:
@@ -140,7 +139,7 @@ def _period_end(log: ScheduleLog, step: int) -> int | None:
     return max(n for n in log.steps if n < later[0])
 
 
-def _providers(records: tuple[ScheduleRecord, ...] | list[RequestArrival]) -> set[str]:
+def _providers(records: tuple[ScheduleRecord, ...]) -> set[str]:
     return {rid for r in records if isinstance(r, RequestArrival) for rid, _ in r.cached_from or ()}
 
 

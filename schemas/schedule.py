@@ -36,6 +36,10 @@ EngineId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0
 EngineRequestId = Annotated[str, Field(min_length=1, max_length=256)]
 
 
+#: The provider `RequestArrival.cached_from` names for a block the recorder did not see any request compute.
+UNKNOWN_PROVIDER: Final = "?"
+
+
 class EngineStart(Record):
     """One engine instance's schedule-shaping settings (a new instance id on every start)."""
 
@@ -79,7 +83,8 @@ class RequestArrival(Record):
     max_tokens: int | None = Field(default=None, ge=0)
     cached_from: tuple[tuple[EngineRequestId, int], ...] | None = Field(
         default=None,
-        description="prefix-cache hit: (engine request id that computed the blocks, blocks) in block order",
+        description="prefix-cache hit: (engine request id that computed the blocks, blocks) in block order; "
+        '"?" where the recorder did not see the block computed',
     )
 
 

@@ -43,14 +43,13 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from capture.schedule.segments import DEFAULT_ROTATE_BYTES, DEFAULT_ROTATE_SECONDS, SegmentWriter
 from schemas.fingerprint import RuntimeFingerprint, cpu_model_name_of
-from schemas.schedule import EngineStart
+from schemas.schedule import UNKNOWN_PROVIDER, EngineStart
 from schemas.schedule_delivery import encode_record, external_request_id
 
 logger = logging.getLogger(__name__)
 
 ENV_DIR: Final = "REPROLANE_SCHEDULE_DIR"
 ENV_SEGMENT_SECONDS: Final = "REPROLANE_SCHEDULE_SEGMENT_SECONDS"
-UNKNOWN_PROVIDER: Final = "?"
 #: `schemas.schedule.EngineRequestId`'s bound.
 MAX_ID: Final = 256
 

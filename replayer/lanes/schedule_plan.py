@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from schemas.schedule import RequestArrival
 from schemas.schedule_log import ScheduleLog
 
-UNKNOWN_PROVIDER = "?"
-
 
 class WindowTooLongError(ValueError):
     """The replay would run more recorded steps than its caller allows (``plan_replay(max_steps=...)``)."""
