@@ -205,18 +205,7 @@ def run_cli(args: Sequence[str], run_dir: Path, echo: Echo, *, log: Path, timeou
     ``log``: what is echoed is what the command answers.
     """
     env = {**clean_environment(run_dir), "VLLM_LOGGING_LEVEL": "ERROR"}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as err:
-        proc = subprocess.Popen(
-            [*reprolane_argv(), *args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            start_new_session=True,
-            text=True,
-        )
-    ref = ProcessRef(proc.pid, process.start_ticks(proc.pid))
+    ref, proc = process.spawn_piped([*reprolane_argv(), *args], env, log, run_dir)
     deadline = time.monotonic() + timeout_s
     try:
         assert proc.stdout is not None
@@ -228,8 +217,7 @@ def run_cli(args: Sequence[str], run_dir: Path, echo: Echo, *, log: Path, timeou
     except subprocess.TimeoutExpired as exc:
         raise DemoError(f"`reprolane {' '.join(args)}` took longer than {timeout_s:.0f} s") from exc
     finally:
-        if proc.poll() is None:
-            process.stop(ref, 5.0)
+        process.stop(ref, 5.0)  # at once when it has exited; else its group, as for the servers
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()

@@ -20,11 +20,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from infra.errors import ServerStartError, ServerStopError
 
 #: Popen objects of the servers started by this Python process, so they can be reaped (no zombies).
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+_CHILDREN: dict[int, subprocess.Popen[Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,22 @@ def _is_zombie(pid: int) -> bool:
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path) -> ProcessRef:
     """Start ``argv`` in its own session, stdout and stderr appended to ``log_path``."""
+    return _start(argv, env, log_path, cwd, piped=False)[0]
+
+
+def spawn_piped(
+    argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path
+) -> tuple[ProcessRef, subprocess.Popen[str]]:
+    """Like `spawn`, but its stdout is a text pipe the caller reads (stderr is still appended to ``log_path``);
+    the caller closes the pipe and ends with `stop` (it returns at once for a child that has exited)."""
+    ref, proc = _start(argv, env, log_path, cwd, piped=True)
+    return ref, cast("subprocess.Popen[str]", proc)
+
+
+def _start(
+    argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path, *, piped: bool
+) -> tuple[ProcessRef, subprocess.Popen[Any]]:
+    """The one place a process group is started: its own session, stdin closed, output to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(argv)}\n".encode())
@@ -66,14 +83,15 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path
                 env=dict(env),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                stdout=subprocess.PIPE if piped else log,
+                stderr=log if piped else subprocess.STDOUT,
                 start_new_session=True,
+                text=piped,
             )
         except OSError as exc:
             raise ServerStartError(f"cannot execute {argv[0]}: {exc}") from exc
     _CHILDREN[proc.pid] = proc
-    return ProcessRef(pid=proc.pid, start_ticks=start_ticks(proc.pid))
+    return ProcessRef(pid=proc.pid, start_ticks=start_ticks(proc.pid)), proc
 
 
 def is_alive(ref: ProcessRef) -> bool:
