@@ -88,7 +88,7 @@ def replay_on_schedule(
     event = result.event.model_copy(
         update={
             "schedule_reproduced": replay.schedule_reproduced,
-            "schedule_mismatch_step": replay.mismatch.step if replay.mismatch else None,
+            "schedule_mismatch_step": replay.steps.mismatch.step if replay.steps.mismatch else None,
             "cause_detail": "; ".join(x for x in (result.event.cause_detail, detail) if x),
         }
     )
@@ -98,13 +98,13 @@ def replay_on_schedule(
 def _detail(replay: ScheduleReplay) -> str:
     """The event's words for a schedule replay: what ran, or why the schedule was not reproduced."""
     if not replay.schedule_reproduced:
-        mismatch = replay.mismatch
+        mismatch = replay.steps.mismatch
         return (
             "schedule lane: the recorded schedule was not reproduced"
             + (f" (first mismatching step {mismatch.step}: {mismatch.reason})" if mismatch else "")
             + "".join(f"; {n}" for n in replay.notes)
         )
-    ran = f"schedule lane: {replay.steps_compared} recorded steps replayed with filler companions"
+    ran = f"schedule lane: {replay.steps.compared} recorded steps replayed with filler companions"
     if len(replay.periods) > 1:  # the prefix-cache providers' busy periods ran first
         ran += " (busy periods " + ", ".join(f"{a}-{b}" for a, b in replay.periods) + ": its cache's, then its own)"
     return ran

@@ -89,24 +89,29 @@ class StepMismatch:
     reason: str
 
 
+@dataclass(frozen=True)
+class StepCheck:
+    """The replay's steps against the recorded ones (`compare_steps`): how many matched, then the first that did
+    not (None when every recorded step was reproduced)."""
+
+    compared: int
+    mismatch: StepMismatch | None = None
+
+
 @dataclass
 class ScheduleReplay:
     """What a schedule replay gives: the target's output and whether the recorded schedule was reproduced."""
 
     output: ReplayedOutput | None
     outputs: dict[str, ReplayedOutput]
-    start_step: int
-    end_step: int
-    steps_compared: int
-    mismatch: StepMismatch | None
+    steps: StepCheck
     notes: list[str] = field(default_factory=list)
     fillers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # production id -> the filler's prompt
-    replay_ids: dict[str, str] = field(default_factory=dict)  # production id -> the replay engine's request id
     periods: tuple[tuple[int, int], ...] = ()  # the recorded busy periods replayed (`ReplayPlan.periods`)
 
     @property
     def schedule_reproduced(self) -> bool:
-        return self.mismatch is None and not self.notes
+        return self.steps.mismatch is None and not self.notes
 
 
 def numeric_differences(recorded: RuntimeFingerprint | None, replay: RuntimeFingerprint) -> list[str]:
@@ -142,24 +147,24 @@ def _shape(step: ScheduleStep, ids: Mapping[str, str] | None = None) -> tuple[tu
 
 def compare_steps(
     recorded: ScheduleLog, steps: Sequence[int], replayed: list[ScheduleStep], to_production: Mapping[str, str]
-) -> tuple[int, StepMismatch | None]:
+) -> StepCheck:
     """Compare the recorded steps numbered ``steps`` with the replay's steps (in order; ids mapped to
     production's)."""
     compared = 0
     for offset, number in enumerate(steps):
         rec = recorded.steps.get(number)
         if rec is None:
-            return compared, StepMismatch(number, (), (), "the recorded log has no such step")
+            return StepCheck(compared, StepMismatch(number, (), (), "the recorded log has no such step"))
         if offset >= len(replayed):
-            return compared, StepMismatch(number, _shape(rec), (), "the replay ended before this step")
+            return StepCheck(compared, StepMismatch(number, _shape(rec), (), "the replay ended before this step"))
         rep = replayed[offset]
         a, b = _shape(rec), _shape(rep, to_production)
         if a != b:
-            return compared, StepMismatch(number, a, b, "scheduled requests or token counts differ")
+            return StepCheck(compared, StepMismatch(number, a, b, "scheduled requests or token counts differ"))
         if set(rec.preempted) != {to_production.get(r, r) for r in rep.preempted}:
-            return compared, StepMismatch(number, a, b, "preempted requests differ")
+            return StepCheck(compared, StepMismatch(number, a, b, "preempted requests differ"))
         compared += 1
-    return compared, None
+    return StepCheck(compared)
 
 
 class ScheduleLane:
@@ -326,18 +331,13 @@ class ScheduleLane:
                         target_done = target_done or prod_id == target_id
             self._drain()
             replayed = steps_from(read_log(self._recorder), log_first)
-        steps_compared, mismatch = compare_steps(log, plan.steps, replayed, to_production)
         results = {rid: output_from_vllm(o) for rid, o in outputs.items() if rid in real}
         return ScheduleReplay(
             output=results.get(target_id),
             outputs=results,
-            start_step=plan.start_step,
-            end_step=plan.end_step,
-            steps_compared=steps_compared,
-            mismatch=mismatch,
+            steps=compare_steps(log, plan.steps, replayed, to_production),
             notes=notes,
             fillers=fillers,
-            replay_ids=to_replay,
             periods=plan.periods,
         )
 

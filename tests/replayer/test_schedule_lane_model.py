@@ -95,7 +95,7 @@ def replay_all(lane: ScheduleLane, log: ScheduleLog, runs: list[tuple[str, objec
     bitwise = 0
     for (rid, out), req in zip(runs, reqs, strict=True):
         result = lane.replay_target(log, rid, req)
-        assert result.mismatch is None, result.mismatch
+        assert result.steps.mismatch is None, result.steps.mismatch
         assert result.schedule_reproduced, result.notes
         assert_no_foreign_content(result, req, [r for r in reqs if r is not req])
         bitwise += result.output == out
@@ -221,8 +221,8 @@ def test_an_altered_log_names_the_first_mismatching_step(prod: StepDriver, lane:
     )
     log.steps[victim] = altered
     result = lane.replay_target(log, target, reqs[0])
-    assert result.mismatch is not None
-    assert result.mismatch.step == victim
+    assert result.steps.mismatch is not None
+    assert result.steps.mismatch.step == victim
     assert not result.schedule_reproduced
 
 
@@ -246,7 +246,7 @@ def test_window_replay_reproduces_every_request_with_real_content(prod: StepDriv
     log = prod.log()
     by_id = {rid: r for (rid, _), r in zip(runs, reqs, strict=True)}
     result = lane.replay_window(log, by_id, runs[3][0])
-    assert result.mismatch is None
+    assert result.steps.mismatch is None
     assert {rid: result.outputs[rid] for rid, _ in runs} == dict(runs)
 
 

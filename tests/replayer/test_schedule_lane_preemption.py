@@ -59,7 +59,7 @@ def test_preempted_requests_replay_bitwise(prod: StepDriver) -> None:
     try:
         for (rid, out), req in zip(runs, reqs, strict=True):
             result = lane.replay_target(log, rid, req)
-            assert result.mismatch is None, result.mismatch
+            assert result.steps.mismatch is None, result.steps.mismatch
             assert result.schedule_reproduced, result.notes
             assert result.output == out
     finally:

@@ -162,7 +162,7 @@ def test_a_server_request_replays_bitwise_from_the_servers_schedule(server: tupl
         result = lane.replay_target(log, arrival.engine_request_id, request)
     finally:
         lane.close()
-    assert result.mismatch is None, result.mismatch
+    assert result.steps.mismatch is None, result.steps.mismatch
     assert result.schedule_reproduced, result.notes
     assert result.output is not None
     choice = choices[target]

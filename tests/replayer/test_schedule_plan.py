@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from replayer.lanes.schedule_lane import compare_steps, moe_markers, numeric_differences
+from replayer.lanes.schedule_lane import StepCheck, compare_steps, moe_markers, numeric_differences
 from replayer.lanes.schedule_plan import WindowTooLongError, check_target, plan_replay
 from schemas import RuntimeFingerprint
 from schemas.schedule_log import ScheduleLog
@@ -119,14 +119,15 @@ def test_compare_steps_maps_ids_and_names_the_first_difference() -> None:
         for n, shape in enumerate([[("b", 0, 5)], [("b", 5, 1), ("c", 16, 24)]])
     ]
     ids = {"r-b": "b", "r-c": "c"}
-    assert compare_steps(log, range(3, 5), replayed, ids) == (2, None)
+    assert compare_steps(log, range(3, 5), replayed, ids) == StepCheck(2, None)
     wrong = [replayed[0], step(1, [("r-b", 5, 1), ("r-c", 0, 40)])]
-    compared, mismatch = compare_steps(log, range(3, 5), wrong, ids)
-    assert compared == 1
+    check = compare_steps(log, range(3, 5), wrong, ids)
+    mismatch = check.mismatch
+    assert check.compared == 1
     assert mismatch is not None
     assert mismatch.step == 4
     assert mismatch.replayed == (("b", 5, 1), ("c", 0, 40))
-    _, short = compare_steps(log, range(3, 6), replayed, ids)
+    short = compare_steps(log, range(3, 6), replayed, ids).mismatch
     assert short is not None
     assert short.reason == "the replay ended before this step"
 

@@ -14,7 +14,7 @@ import pytest
 
 from replayer.errors import NotReplayableError, ScheduleNotFoundError
 from replayer.lanes.base import GenRequest
-from replayer.lanes.schedule_lane import ScheduleReplay, StepMismatch
+from replayer.lanes.schedule_lane import ScheduleReplay, StepCheck, StepMismatch
 from replayer.matrix.explain import VariationOutcome, conclude, schedule_outcome
 from replayer.schedule_replay import SCHEDULE_POLL_S, ScheduleReplayer
 from replayer.schedule_store import ScheduleWindow
@@ -98,10 +98,7 @@ class FakeScheduleLane:
         return ScheduleReplay(
             output=out,
             outputs={target: out},
-            start_step=0,
-            end_step=1,
-            steps_compared=2,
-            mismatch=mismatch,
+            steps=StepCheck(2, mismatch),
             periods=self.periods,
         )
 

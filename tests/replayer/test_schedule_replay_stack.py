@@ -232,7 +232,7 @@ def _replay_all(box: dict[str, ScheduleLane], envelopes: list[Envelope], windows
         for filler in replay.fillers.values():
             assert all(filler[: len(o)] != o for o in others)
         if not (event.schedule_reproduced and event.verdict == "bitwise"):
-            m = replay.mismatch
+            m = replay.steps.mismatch
             shapes = "" if m is None else f" recorded {m.recorded} replayed {m.replayed}"
             where = _first_top_diff(envelope, result.replayed)
             failures.append(f"{envelope.request_id}: {event.verdict}, {event.cause_detail}{shapes}{where}")
@@ -334,8 +334,8 @@ async def test_an_altered_schedule_names_the_first_mismatching_step(
     result, replay = replay_on_schedule(
         envelope, altered, _lane(lane_box, window), ReplayerSettings(model_dir=model_dir())
     )
-    assert replay.mismatch is not None
-    assert replay.mismatch.step == moved_first
+    assert replay.steps.mismatch is not None
+    assert replay.steps.mismatch.step == moved_first
     assert result.event.schedule_reproduced is False
     assert result.event.schedule_mismatch_step == moved_first
     assert f"first mismatching step {moved_first}" in result.event.cause_detail
