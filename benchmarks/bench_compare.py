@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from replayer.compare import compare_arrays, output_arrays
+from replayer.compare import compare, output_arrays
 from replayer.settings import Thresholds
 from schemas import StepLogprobs, TopCandidate
 
@@ -79,9 +79,9 @@ def main() -> None:
     rec = output_arrays(ids, steps)
     for name, (r_ids, r_steps) in cases.items():
         rep = output_arrays(r_ids, r_steps)
-        med, best = timed(lambda rep=rep: compare_arrays(rec, rep, th, "token"), args.repeat)  # type: ignore[misc]
-        verdict = compare_arrays(rec, rep, th, "token").verdict
-        print(f"  compare_arrays [{name:>19}] -> {verdict:8}: {med:8.3f} ms / {best:8.3f} ms")
+        med, best = timed(lambda rep=rep: compare(rec, rep, th, "token"), args.repeat)  # type: ignore[misc]
+        verdict = compare(rec, rep, th, "token").verdict
+        print(f"  compare, arrays [{name:>19}] -> {verdict:8}: {med:8.3f} ms / {best:8.3f} ms")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Two steps, timed separately (``benchmarks/bench_compare.py``; the figures are in
    logprobs by token id, `candidate_order`) and padded.
    This walks the pydantic tuples (one attribute read per candidate), so it is the cost to watch: it grows with
    steps x k in Python, and dominates the comparison.
-2. `compare_arrays` decides everything with array operations; no Python loop over the sequence length, so it
+2. `compare` decides everything with array operations; no Python loop over the sequence length, so it
    costs a small fraction of the conversion, identical outputs or not (at a fork, most of it is building the two
    `StepCandidates` records).
 
@@ -66,7 +66,6 @@ __all__ = [
     "OutputArrays",
     "candidate_order",
     "compare",
-    "compare_arrays",
     "output_arrays",
 ]
 
@@ -165,26 +164,6 @@ def output_arrays(token_ids: Sequence[int], steps: Sequence[StepLogprobs] | None
             top_ids = np.take_along_axis(top_ids, order, axis=1)
             top_lp = np.take_along_axis(top_lp, order, axis=1)
     return OutputArrays(ids, chosen_lp, top_ids, top_lp, top_n, ids_complete, steps)
-
-
-def compare(
-    recorded: Choice,
-    replayed: ReplayedOutput,
-    thresholds: Thresholds,
-    target_level: ReproLevel,
-    *,
-    fingerprint_diffs: Sequence[FieldDiff] = (),
-    semantic_similarity: float | None = None,
-) -> Comparison:
-    """Convert both outputs (`output_arrays`) and compare them (`compare_arrays`)."""
-    return compare_arrays(
-        output_arrays(recorded.token_ids, recorded.logprobs),
-        output_arrays(replayed.token_ids, replayed.logprobs),
-        thresholds,
-        target_level,
-        fingerprint_diffs=fingerprint_diffs,
-        semantic_similarity=semantic_similarity,
-    )
 
 
 def _string_keys(rec: OutputArrays, rep: OutputArrays) -> tuple[IntArray, IntArray]:
@@ -308,16 +287,19 @@ def _top_equal(rec: OutputArrays, rep: OutputArrays, rk: IntArray, pk: IntArray)
     return bool(np.all(same | ~both))
 
 
-def compare_arrays(
-    rec: OutputArrays,
-    rep: OutputArrays,
+def compare(
+    recorded: Choice | OutputArrays,
+    replayed: ReplayedOutput | OutputArrays,
     thresholds: Thresholds,
     target_level: ReproLevel,
     *,
     fingerprint_diffs: Sequence[FieldDiff] = (),
     semantic_similarity: float | None = None,
 ) -> Comparison:
-    """Judge ``rep`` (replayed) against ``rec`` (recorded): see the module docstring for the rules."""
+    """Judge ``replayed`` against ``recorded``: see the module docstring for the rules. Either side may come as
+    its `OutputArrays` already (converted once, compared many times); otherwise it is converted here."""
+    rec = recorded if isinstance(recorded, OutputArrays) else output_arrays(recorded.token_ids, recorded.logprobs)
+    rep = replayed if isinstance(replayed, OutputArrays) else output_arrays(replayed.token_ids, replayed.logprobs)
     n_rec, n_rep = rec.length, rep.length
     m = min(n_rec, n_rep)
     mismatch = np.flatnonzero(rec.ids[:m] != rep.ids[:m])

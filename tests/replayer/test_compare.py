@@ -272,3 +272,14 @@ def test_equal_logprobs_matched_by_text_are_put_in_text_order_on_both_sides() ->
         top=(TopCandidate(token="B", token_id=7, logprob=-1.1), TopCandidate(token="A", token_id=33, logprob=-1.1)),
     )
     assert compare(rec((recorded,)), rep((replayed,)), TH, "bitwise").verdict == "bitwise"
+
+
+def test_either_side_may_come_as_arrays_already() -> None:
+    """The benchmark converts once and compares many times: the arrays give the same comparison as the outputs."""
+    forked = (BASE[0], step(21, -4.0, (20, -0.02), (22, -7.0)), BASE[2])
+    for replayed in (rep(), rep(forked)):
+        expected = compare(rec(), replayed, TH, "numeric")
+        rec_arrays = output_arrays(rec().token_ids, rec().logprobs)
+        rep_arrays = output_arrays(replayed.token_ids, replayed.logprobs)
+        assert compare(rec_arrays, rep_arrays, TH, "numeric") == expected
+        assert compare(rec(), rep_arrays, TH, "numeric") == expected
