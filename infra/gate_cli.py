@@ -72,7 +72,7 @@ from replayer.golden import (
 )
 from replayer.lanes.base import Lane, resolve_model_dir
 from replayer.settings import ReplayerSettings
-from replayer.shadow_report import load_pairs, render_shadow, shadow_gate
+from replayer.shadow_report import ShadowBars, load_pairs, render_shadow, shadow_gate
 from replayer.store import EnvelopeStore
 from replayer.vendor_client import HttpSampler
 from replayer.vendor_gate import (
@@ -268,7 +268,9 @@ def build_gate_app(
         if ctx.invoked_subcommand is not None:
             return
         if shadow:
-            _shadow(since, until, level, min_pass_rate, min_similarity, max_length_change, max_finish_shift, report)
+            bars = ShadowBars(min_pass_rate=min_pass_rate, min_similarity=min_similarity,
+                              max_length_change=max_length_change, max_finish_shift=max_finish_shift)  # fmt: skip
+            _shadow(since, until, level, bars, report)
         if golden is None:
             raise typer.BadParameter("--golden is required")
         settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)
@@ -315,9 +317,8 @@ def build_gate_app(
         raise typer.Exit(0 if result.gate_passed else 1)
 
     def _shadow(
-        since: str | None, until: str | None, level: str | None, min_pass_rate: float, min_similarity: float,
-        max_length_change: float, max_finish_shift: float, report: Path | None,
-    ) -> NoReturn:  # fmt: skip
+        since: str | None, until: str | None, level: str | None, bars: ShadowBars, report: Path | None
+    ) -> NoReturn:
         if since is None:
             raise typer.BadParameter("--shadow needs --since T (an ISO time, or an age like 30m)")
         now = datetime.now(UTC)
@@ -326,8 +327,7 @@ def build_gate_app(
         pairs, unpaired = load_pairs(store_factory(settings), start, end)
         result = shadow_gate(
             pairs, unpaired, since=start, until=end, similarity=similarity, thresholds=settings.thresholds,
-            level=_level(level), min_pass_rate=min_pass_rate, min_similarity=min_similarity,
-            max_length_change=max_length_change, max_finish_shift=max_finish_shift,
+            level=_level(level), bars=bars,
         )  # fmt: skip
         _write_report(report, result.model_dump_json(indent=2))
         typer.echo(render_shadow(result), nl=False)

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from replayer.compare import Comparison, compare
 from replayer.errors import EnvelopeNotFoundError, GateInputError
@@ -101,6 +101,18 @@ class Spread(ReportModel):
     p90: float | None = None
     min: float | None = None
     max: float | None = None
+
+
+class ShadowBars(BaseModel):
+    """The bars of the rule (see the module docstring), as ``--min-pass-rate`` and the others set them; every
+    report repeats them next to its figures."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_pass_rate: float = 1.0
+    min_similarity: float = 0.8
+    max_length_change: float = 0.25
+    max_finish_shift: float = 0.1
 
 
 class ShadowReport(ReportModel):
@@ -267,20 +279,19 @@ def shadow_gate(
     similarity: SimilarityFn,
     thresholds: Thresholds | None = None,
     level: ReproLevel | None = None,
-    min_pass_rate: float = 1.0,
-    min_similarity: float = 0.8,
-    max_length_change: float = 0.25,
-    max_finish_shift: float = 0.1,
+    bars: ShadowBars | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> ShadowReport:
-    """Judge the pairs (see the module docstring); `GateInputError` when there is none (no verdict)."""
+    """Judge the pairs (see the module docstring) against ``bars`` (`ShadowBars`' defaults when None);
+    `GateInputError` when there is none (no verdict)."""
     started = now()
+    bars = bars or ShadowBars()
     judged = [(p, s) for p, s in pairs if isinstance(p.outcome, CapturedOutput)]
     if not judged:
         raise GateInputError(f"no shadow pair between {since.isoformat()} and {until.isoformat()}"
                              + (f" ({len(unpaired)} unpaired)" if unpaired else ""))  # fmt: skip
     # one similarity bar: a pair judged at the semantic level holds it at min_similarity, like the distribution
-    th = (thresholds or Thresholds()).model_copy(update={"semantic_min_similarity": min_similarity})
+    th = (thresholds or Thresholds()).model_copy(update={"semantic_min_similarity": bars.min_similarity})
     results = [compare_shadow(p, s, th, level, similarity)[0] for p, s in judged]
     answered = [r for r in results if r.candidate_error is None]
     errors = len(results) - len(answered)
@@ -296,20 +307,21 @@ def shadow_gate(
     failures: list[str] = []
     if errors:
         failures.append(f"candidate errors: {errors} of {len(results)} shadow request(s) got no answer")
-    if rate < min_pass_rate:
-        failures.append(f"per request: {passed}/{len(results)} met their level (rate {rate:.3f} < {min_pass_rate:.3f})")
-    if sim_spread.p10 is not None and sim_spread.p10 < min_similarity:
-        failures.append(f"semantic similarity: p10 {sim_spread.p10:.3f} < {min_similarity:.3f}"
+    if rate < bars.min_pass_rate:
+        failures.append(
+            f"per request: {passed}/{len(results)} met their level (rate {rate:.3f} < {bars.min_pass_rate:.3f})"
+        )
+    if sim_spread.p10 is not None and sim_spread.p10 < bars.min_similarity:
+        failures.append(f"semantic similarity: p10 {sim_spread.p10:.3f} < {bars.min_similarity:.3f}"
                         f" (mean {sim_spread.mean:.3f}, min {sim_spread.min:.3f})")  # fmt: skip
-    if change_spread.mean is not None and change_spread.mean > max_length_change:
-        failures.append(f"length: mean relative change {change_spread.mean:.3f} > {max_length_change:.3f}")
-    if shift is not None and shift > max_finish_shift:
-        failures.append(f"finish reasons: total variation {shift:.3f} > {max_finish_shift:.3f}"
+    if change_spread.mean is not None and change_spread.mean > bars.max_length_change:
+        failures.append(f"length: mean relative change {change_spread.mean:.3f} > {bars.max_length_change:.3f}")
+    if shift is not None and shift > bars.max_finish_shift:
+        failures.append(f"finish reasons: total variation {shift:.3f} > {bars.max_finish_shift:.3f}"
                         f" (production {dict(fin_p)}, candidate {dict(fin_c)})")  # fmt: skip
     prod_runtime, cand_runtime = judged[0][0].runtime, judged[0][1].runtime
     return ShadowReport(
-        since=since, until=until, rule=RULE, level_override=level, min_pass_rate=min_pass_rate,
-        min_similarity=min_similarity, max_length_change=max_length_change, max_finish_shift=max_finish_shift,
+        since=since, until=until, rule=RULE, level_override=level, **bars.model_dump(),
         candidates=tuple(sorted({s.shadow.candidate for _, s in judged if s.shadow is not None})),
         changed_fields=diff_fingerprints(prod_runtime, cand_runtime, include_unknown=True),
         pairs=len(results), unpaired=tuple(unpaired), candidate_errors=errors, passed=passed, pass_rate=rate,

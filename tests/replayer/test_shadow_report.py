@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from infra.cli import build_app
 from infra.gate_cli import build_gate_app, parse_when
 from replayer.errors import GateInputError
-from replayer.shadow_report import load_pairs, shadow_gate
+from replayer.shadow_report import ShadowBars, load_pairs, shadow_gate
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput, Choice, Envelope, ShadowMarker
 from tests.infra.known_good_support import MemoryHistory
@@ -83,7 +83,7 @@ def test_a_differing_candidate_fails_with_the_differences_named() -> None:
     diverged = next(r for r in report.results if r.request_id == prods[2].request_id)
     assert (diverged.verdict, diverged.first_divergence, diverged.target_met) == ("diverged", 1, False)
     # at a semantic level with a low similarity bar the same token divergence is accepted
-    lenient = gate(pairs[:3], level="semantic", min_similarity=0.4, max_finish_shift=0.5)
+    lenient = gate(pairs[:3], level="semantic", bars=ShadowBars(min_similarity=0.4, max_finish_shift=0.5))
     assert lenient.gate_passed, lenient.failures
 
 
@@ -129,7 +129,10 @@ def test_gate_shadow_through_the_cli(s3: S3Target, tmp_path: Path) -> None:
     assert (
         "runtime differs from production in: dtype 'bfloat16' → 'float32'" in failed.stdout or "dtype" in failed.stdout
     )
-    assert json.loads(report.read_text())["mode"] == "shadow"
+    written = json.loads(report.read_text())
+    assert written["mode"] == "shadow"
+    bars = ("min_pass_rate", "min_similarity", "max_length_change", "max_finish_shift")
+    assert {k: written[k] for k in bars} == ShadowBars().model_dump()  # the report repeats the bars it applied
     passed = CliRunner().invoke(
         app, ["gate", "--shadow", "--since", "1h", "--level", "semantic", "--min-similarity", "0.4"]
     )
