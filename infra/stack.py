@@ -33,6 +33,7 @@ from infra.ports import allocate_ports, require_free
 from infra.servers import SERVERS
 from infra.state import SERVER_ORDER, STATE_FILE, KafkaStorage, ServerName, ServerRecord, StackInfo, StackState
 from infra.topics import ensure_topics
+from schemas.layout import LAKE_BUCKET
 
 Reporter = Callable[[str], None]
 ServerHealth = Literal["ready", "running", "dead", "stopped"]
@@ -84,7 +85,9 @@ class LocalStack:
             state = self._prepare_state(wanted)
             if "s3" in wanted:
                 state = self._ensure_ready(state, "s3")
-                ensure_buckets(state.url("s3") or "", state.credentials, state.audit_bucket, state.tansu_bucket)
+                ensure_buckets(
+                    state.url("s3") or "", state.credentials, state.audit_bucket, (state.tansu_bucket, LAKE_BUCKET)
+                )
                 if state.servers["s3"].ports.get("iceberg"):  # the Iceberg lake's warehouse
                     ensure_table_bucket(state.url("s3") or "", state.credentials)
             rest = [name for name in SERVER_ORDER if name in wanted and name != "s3"]
