@@ -246,15 +246,6 @@ def open_envelope(sealed: SealedEnvelope, data_key: bytes) -> bytes:
     return plaintext
 
 
-def is_sealed(data: bytes | str) -> bool:
-    """True when `data` is JSON of a sealed record (by its schema version); never raises."""
-    return has_schema_version(data, SEALED_SCHEMA_VERSION)
-
-
-def decode_sealed(data: bytes | str) -> SealedEnvelope:
-    return decode_record(SealedEnvelope, "sealed envelope", data)
-
-
 # -- sealed replay results and redacted divergence events -----------------------------------------------------
 
 
@@ -306,15 +297,6 @@ def open_replay_result(sealed: SealedReplayResult, data_key: bytes) -> ReplayRes
     return result
 
 
-def is_sealed_result(data: bytes | str) -> bool:
-    """True when `data` is JSON of a sealed replay result (by its schema version); never raises."""
-    return has_schema_version(data, SEALED_RESULT_SCHEMA_VERSION)
-
-
-def decode_sealed_result(data: bytes | str) -> SealedReplayResult:
-    return decode_record(SealedReplayResult, "sealed replay result", data)
-
-
 def redact_divergence_event(event: DivergenceEvent) -> DivergenceEvent:
     """The event an encrypted tenant's replay publishes: the fork's position, margins and near-tie flag stay,
     its tokens (chosen ids, top-k ids and text) go. Every other field is numbers, ids and lane metadata."""
@@ -330,3 +312,26 @@ def redact_divergence_event(event: DivergenceEvent) -> DivergenceEvent:
     before = None if first.before is None else bare(first.before)
     redacted = first.model_copy(update={"at": bare(first.at), "before": before})
     return event.model_copy(update={"first_divergence": redacted})
+
+
+# -- stored bytes: which sealed record they hold, decoded -------------------------------------------------------
+
+
+def is_sealed(data: bytes | str) -> bool:
+    """True when `data` is JSON of a sealed envelope (by its schema version); never raises."""
+    return has_schema_version(data, SEALED_SCHEMA_VERSION)
+
+
+def is_sealed_result(data: bytes | str) -> bool:
+    """True when `data` is JSON of a sealed replay result (by its schema version); never raises."""
+    return has_schema_version(data, SEALED_RESULT_SCHEMA_VERSION)
+
+
+def decode_sealed(data: bytes | str) -> SealedEnvelope:
+    """A sealed envelope's record (`ContractError`, naming the field, when it is not one)."""
+    return decode_record(SealedEnvelope, "sealed envelope", data)
+
+
+def decode_sealed_result(data: bytes | str) -> SealedReplayResult:
+    """A sealed replay result's record (`ContractError`, naming the field, when it is not one)."""
+    return decode_record(SealedReplayResult, "sealed replay result", data)
