@@ -97,12 +97,28 @@ class _Reader:
                 return start, end
             self._next(high, "the request finished" if finishing is not None else f"the busy period of {step} ended")
             high += 1
+            # a long period: read ahead by half of what was read forwards, so that the stretch is rebuilt and
+            # checked a logarithmic number of times, reading at most half as many segments again as it needed
+            for _ in range((high - seq) // 2):
+                if not self._ahead(high + 1):
+                    break
+                high += 1
 
     def _next(self, high: int, what: str) -> None:
         try:
             self.load(high + 1)
         except _Gap as exc:
             raise _Gap(f"the log ends at segment {high} of engine {self.engine_id} before {what} ({exc})") from exc
+
+    def _ahead(self, seq: int) -> bool:
+        """Read segment ``seq`` if it is there and the budget allows; False otherwise (`_next` then says why)."""
+        if seq not in self.segments and len(self.segments) >= self.store.max_segments:
+            return False
+        try:
+            self.load(seq)
+        except _Gap:
+            return False
+        return True
 
     def records(self, ranges: dict[int, tuple[int, int]], target: tuple[int, int]) -> tuple[ScheduleRecord, ...]:
         """The records in ``ranges``, in log order; the target's range stops at the record of its last step

@@ -19,6 +19,7 @@ from replayer.schedule_store import ScheduleStore
 from replayer.schedule_window import read_window
 from schemas.layout import schedule_index_key
 from schemas.schedule_delivery import decode_index_entry, external_request_id_for
+from schemas.schedule_log import ScheduleLog
 from tests.moto_s3 import moto_client, moto_server
 from tests.replayer.test_schedule_store import _ship, envelope
 from tests.schedule_segments import FakeEngine
@@ -150,3 +151,42 @@ async def test_an_arrival_whose_segment_closed_before_its_first_step(s3: Any, bu
     assert window.complete, window.gap
     assert window.ranges == ((0, 2),)
     assert [p.arrival.engine_request_id for p in plan_replay(window_log(window), target).requests] == [target]
+
+
+async def test_a_long_providers_period_is_read_ahead_not_rebuilt_per_segment(
+    s3: Any, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider whose busy period spans 60 segments: its end is found by reading ahead, so the stretch is
+    rebuilt and checked a logarithmic number of times, and at most half as many segments again are read."""
+    engine = FakeEngine("eng-1")
+    ids = {"p": engine.request(chat("rl-p"), prompt_tokens=32, output_tokens=120)}
+    segments = []
+    for _ in range(60):  # two steps of p per segment
+        engine.step()
+        engine.step()
+        segments.append(engine.take())
+    engine.run()
+    segments.append(engine.take())
+    ids["t"] = engine.request(chat("rl-t"), prompt_tokens=40, cached_from=((ids["p"], 1),))
+    engine.run()
+    segments.append(engine.take())
+    await _ship(s3, bucket, tmp_path, segments)
+    builds = 0
+    real = ScheduleLog.from_records.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[ScheduleLog], records: Any, **kw: Any) -> ScheduleLog:
+        nonlocal builds
+        builds += 1
+        return real(cls, records, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(ScheduleLog, "from_records", classmethod(counted))
+    store = ScheduleStore(s3, bucket)
+    window = read_window(store, envelope("rl-t"))
+    monkeypatch.undo()
+    assert window.complete, window.gap
+    assert window.ranges is not None
+    assert window.ranges[0][0] == 0
+    assert len(window.ranges) == 2
+    assert plan_replay(window_log(window), ids["t"]).notes == []
+    assert builds < 25  # one per segment read forwards was over 60
+    assert store.segments_read <= len(segments)
