@@ -6,7 +6,9 @@ streamed, in the ``response.completed`` event), and with per-token logprobs when
 ``message.output_text.logprobs`` (``top_logprobs`` alternatives). The sidecar asks for both and takes them back
 out of what the client gets (`strip`). What the endpoint cannot return (`LIMITS`): the alternatives' token ids
 (vLLM spells this endpoint's tokens as text; ``return_tokens_as_token_ids`` is a server flag here, not a request
-field), so an envelope's alternatives carry text and logprob only.
+field), so an envelope's alternatives carry text and logprob only. A streamed answer that ends with a token
+without text (the end-of-sequence token) has no logprob for it in vLLM's events: its steps are one short of its
+token ids, so none are recorded, and the envelope says why (`TEXTLESS_LAST`).
 
 A streamed answer is typed events (``event: response.output_text.delta`` then its ``data``); the answer is read
 whole from the terminal event (``response.completed``, ``.incomplete`` or ``.failed``: the full response object),
@@ -32,6 +34,10 @@ TERMINAL: Final = frozenset({"response.completed", "response.incomplete", "respo
 LIMITS: Final = (
     "logprobs.top.token_id: /v1/responses spells tokens as text (vLLM 0.32 has no per-request "
     "return_tokens_as_token_ids for it): the alternatives hold text and logprob only",
+)
+TEXTLESS_LAST: Final = (
+    "logprobs: vLLM 0.32 streams no logprob for an answer's last token when it has no text (the end-of-sequence "
+    "token): one step short of the token ids, the answer's logprobs are not recorded",
 )
 MULTI_TURN: Final = (
     "prompt and output token ids: the response ran several model turns (tools), recorded only for one turn",
@@ -134,6 +140,8 @@ def _collect_response(collector: OutputCollector, response: dict[str, Any]) -> N
                 add_steps(acc.steps, lp)
     if not logprobs_seen and acc.token_ids:
         acc.logprobs_missing = True
+    elif logprobs_seen and len(acc.steps) == len(acc.token_ids) - 1:
+        collector.limits.update(TEXTLESS_LAST)
 
 
 def _raw_tokens(messages: Any) -> list[list[int]]:

@@ -112,7 +112,9 @@ async def upstream_ids(stack: StackInfo, params: dict[str, Any]) -> dict[str, An
     return doc
 
 
-def check_responses_envelope(env: Envelope, audit: dict[str, Any], text: str, *, k: int, exact: bool) -> None:
+def check_responses_envelope(
+    env: Envelope, audit: dict[str, Any], text: str, *, k: int, exact: bool, max_tokens: int = 8
+) -> None:
     """The envelope against `audit` (a response with token ids and logprobs): its logprobs `exact`ly when the
     client's own answer is `audit`, else closely (the shared stack batches other callers' requests with this
     one's repeat, which moves logprobs in the last digits: STACK.md)."""
@@ -124,7 +126,7 @@ def check_responses_envelope(env: Envelope, audit: dict[str, Any], text: str, *,
     assert env.prompt is not None
     assert env.prompt.source == "upstream"
     assert env.sampling is not None
-    assert env.sampling.max_tokens == 8
+    assert env.sampling.max_tokens == max_tokens
     assert env.sampling.logprobs == k
     steps = audit["output"][0]["content"][0]["logprobs"]
     assert isinstance(env.outcome, CapturedOutput)
@@ -159,30 +161,33 @@ async def test_responses_is_transparent_and_recorded(stack: StackInfo, tmp_path:
     assert env.context.stream is False
 
 
-async def test_responses_stream_is_transparent_and_recorded(stack: StackInfo, tmp_path: Path) -> None:
-    # the client's own logprobs: the envelope holds exactly what it got
-    params = responses_params(stack, include=[responses.LOGPROBS_INCLUDE], top_logprobs=2)
-    ref = direct(stack)
+async def stream_events(client: openai.AsyncOpenAI, params: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """A streamed Responses answer's events (ids and times dropped) and the sidecar's request id header."""
+    raw = await client.responses.with_raw_response.create(**params, stream=True)
+    out = []
+    async for event in raw.parse():
+        doc = event.model_dump()
+        doc.pop("item_id", None)
+        for holder in (doc.get("response"), doc.get("item")):
+            if isinstance(holder, dict):
+                holder.pop("id", None)
+                holder.pop("created_at", None)
+                for item in holder.get("output") or ():
+                    item.pop("id", None)
+        out.append(doc)
+    return out, raw.headers.get("x-reprolane-request-id")
 
-    async def events(client: openai.AsyncOpenAI) -> tuple[list[dict[str, Any]], str | None]:
-        raw = await client.responses.with_raw_response.create(**params, stream=True)
-        out = []
-        async for event in raw.parse():
-            doc = event.model_dump()
-            doc.pop("item_id", None)
-            for holder in (doc.get("response"), doc.get("item")):
-                if isinstance(holder, dict):
-                    holder.pop("id", None)
-                    holder.pop("created_at", None)
-                    for item in holder.get("output") or ():
-                        item.pop("id", None)
-            out.append(doc)
-        return out, raw.headers.get("x-reprolane-request-id")
+
+async def test_responses_stream_is_transparent_and_recorded(stack: StackInfo, tmp_path: Path) -> None:
+    # the client's own logprobs: the envelope holds exactly what it got (cut before the answer's end: see
+    # `test_a_streamed_answer_ending_with_a_textless_token_says_why_it_has_no_logprobs`)
+    params = responses_params(stack, include=[responses.LOGPROBS_INCLUDE], top_logprobs=2, max_output_tokens=CUT)
+    ref = direct(stack)
 
     async with sidecar(stack, tmp_path) as (url, key, spool):
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-        via, rid = await events(client)
-        plain, _ = await events(ref)
+        via, rid = await stream_events(client, params)
+        plain, _ = await stream_events(ref, params)
         completed = (await ref.responses.create(**params, extra_body={"enable_response_messages": True})).model_dump()
         assert rid is not None
         env = await envelope_of(spool, rid)
@@ -200,8 +205,30 @@ async def test_responses_stream_is_transparent_and_recorded(stack: StackInfo, tm
         "input_messages": completed["input_messages"],
         "output_messages": completed["output_messages"],
     }
-    check_responses_envelope(env, audit, text, k=2, exact=True)
+    check_responses_envelope(env, audit, text, k=2, exact=True, max_tokens=CUT)
     assert env.context.stream is True
+
+
+async def test_a_streamed_answer_ending_with_a_textless_token_says_why_it_has_no_logprobs(
+    stack: StackInfo, tmp_path: Path
+) -> None:
+    """vLLM streams no delta, so no logprob, for the end-of-sequence token: the envelope keeps every token id,
+    records no logprobs rather than misaligned ones, and names the limit."""
+    params = responses_params(stack, include=[responses.LOGPROBS_INCLUDE], top_logprobs=2, max_output_tokens=32)
+    async with sidecar(stack, tmp_path) as (url, key, spool):
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+        via, rid = await stream_events(client, params)
+        assert rid is not None
+        env = await envelope_of(spool, rid)
+        await client.close()
+    done = via[-1]["response"]
+    assert done["status"] == "completed"  # the answer ended before the 32 tokens
+    steps = done["output"][0]["content"][0]["logprobs"]
+    _, output, _ = recorded(env)
+    assert len(steps) == len(output) - 1  # what vLLM 0.32 streams: the last (textless) token has no step
+    assert isinstance(env.outcome, CapturedOutput)
+    assert env.outcome.choices[0].logprobs is None
+    assert set(responses.TEXTLESS_LAST) <= set(env.capture_limits)
 
 
 async def chat_reference(stack: StackInfo, max_tokens: int) -> dict[str, Any]:

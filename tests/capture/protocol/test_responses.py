@@ -105,12 +105,25 @@ def test_a_whole_answer_is_recorded_with_ids_and_aligned_logprobs() -> None:
 
 def test_logprobs_that_do_not_align_with_the_ids_are_not_recorded() -> None:
     doc = answer()
-    doc["output_messages"][0]["tokens"] = [*OUT_IDS, 5]
+    doc["output_messages"][0]["tokens"] = [*OUT_IDS, 5, 6]
     c = OutputCollector("responses")
     c.add(doc)
     (choice,) = c.choices_record()
-    assert len(choice.token_ids) == 4
+    assert len(choice.token_ids) == 5
     assert choice.logprobs is None
+    assert not set(responses.TEXTLESS_LAST) & c.limits
+
+
+def test_a_stream_one_step_short_of_its_ids_says_its_last_token_had_no_logprob() -> None:
+    """vLLM's streamed answer ending with the end-of-sequence token (no text, so no delta and no logprob)."""
+    done = answer(status="completed")
+    done["output_messages"][0]["tokens"] = [*OUT_IDS, 2]
+    c = OutputCollector("responses")
+    c.add({"type": "response.completed", "response": done})
+    (choice,) = c.choices_record()
+    assert list(choice.token_ids) == [*OUT_IDS, 2]
+    assert choice.logprobs is None
+    assert set(responses.TEXTLESS_LAST) <= c.limits
 
 
 def test_a_stream_is_read_from_its_terminal_event_and_a_broken_one_keeps_its_text() -> None:
