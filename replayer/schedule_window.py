@@ -111,9 +111,8 @@ class _Reader:
             raise _Gap(f"the log ends at segment {high} of engine {self.engine_id} before {what} ({exc})") from exc
 
     def _ahead(self, seq: int) -> bool:
-        """Read segment ``seq`` if it is there and the budget allows; False otherwise (`_next` then says why)."""
-        if seq not in self.segments and len(self.segments) >= self.store.max_segments:
-            return False
+        """Read segment ``seq`` if it is there and the budget allows (`load`); False otherwise (`_next` then says
+        why)."""
         try:
             self.load(seq)
         except _Gap:
