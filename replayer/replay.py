@@ -14,8 +14,9 @@ Choices made here:
   top-k list seen in the recording, else 0 (chosen-token logprobs only).
 - **Seed scope.** ``per_request`` seeds replay exactly (the lanes pass the seed to a per-request generator).
   ``worker_global`` randomness cannot be replayed token for token: the lane samples without a seed and a
-  sampled (non-greedy) replay of such a request is reported with ``target_met = False`` and a note in
-  ``cause_detail``, whatever the outputs.
+  sampled (non-greedy) replay of such a request is reported with ``target_met = False`` whatever the outputs, and
+  one that differs gets its own cause, ``unseeded_sampling`` (never a forward-pass one), naming the field and the
+  remedy (`UNSEEDED_DETAIL`).
 - **The endpoint's view of the alternatives.** A vLLM server answers a step's alternatives from the engine's
   logprob dict (the sampled token first, then the top-k ranks; k + 1 entries when the sampled token is not among
   them). The chat and responses servers list its first k entries, so a sampled token outside the top-k is listed
@@ -57,10 +58,17 @@ EXTRA_TOKENS: Final = 16
 #: Endpoints whose answers list the first k entries of a step's logprob dict (see the module docstring).
 FIRST_K_ENDPOINTS: Final = frozenset({"chat.completions", "responses"})
 #: The members of a comparison (`replayer.compare.Comparison`) that are the divergence event's own, under the same
-#: names; the event's ``target_met`` and ``cause_detail`` are the comparison's with this envelope's notes applied.
+#: names; the event's ``target_met``, ``cause_hint`` and ``cause_detail`` are the comparison's with this envelope's
+#: notes applied.
 _FROM_COMPARISON: Final = (
     *("verdict", "levels_held", "first_divergence", "max_abs_logprob_diff", "max_rel_logprob_diff"),
-    *("token_match_rate", "recorded_length", "replayed_length", "length_diff", "semantic_similarity", "cause_hint"),
+    *("token_match_rate", "recorded_length", "replayed_length", "length_diff", "semantic_similarity"),
+)
+#: The words of an ``unseeded_sampling`` cause (`schemas.replay.CauseHint`): the field, and the remedy.
+UNSEEDED_DETAIL: Final = (
+    "sampling.seed: the request was sampled without a per-request seed (seed scope worker_global), so its tokens "
+    "came from the worker's global random state, which no replay restores; run the capture sidecar with "
+    "--inject-seed to make sampled requests replayable"
 )
 
 
@@ -149,18 +157,18 @@ def replay_envelope(
         semantic_similarity=similarity,
     )
     notes: list[str] = []
-    target_met = result.target_met
+    target_met, cause_hint, cause_detail = result.target_met, result.cause_hint, result.cause_detail
     if sampling.seed_scope == "worker_global" and not sampling.greedy:
         target_met = False
-        notes.append(
-            "seed scope worker_global: the recorded sample came from the worker's global RNG state, which cannot be "
-            "replayed; the lane sampled without a seed, so no level can be expected to hold"
-        )
+        if cause_hint != "identical":  # nothing fixed the random state: not an input or forward-pass difference
+            cause_hint, cause_detail = "unseeded_sampling", UNSEEDED_DETAIL + "; " + cause_detail
+        else:
+            notes.append(UNSEEDED_DETAIL)
     if sampling.n > 1:
         notes.append(f"n={sampling.n}: only choice 0 was replayed")
     if envelope.more_prompts:
         notes.append(f"{1 + len(envelope.more_prompts)} prompts: only the first prompt's choice 0 was replayed")
-    detail = "; ".join([result.cause_detail, *notes]) if notes else result.cause_detail
+    detail = "; ".join([cause_detail, *notes]) if notes else cause_detail
 
     workflow = envelope.workflow
     event = DivergenceEvent(
@@ -171,6 +179,7 @@ def replay_envelope(
         lane_fingerprint_sha256=lane_fp.sha256(),
         fingerprint_diffs=diffs,
         **{name: getattr(result, name) for name in _FROM_COMPARISON},
+        cause_hint=cause_hint,
         target_level=envelope.target_level,
         target_met=target_met,
         cause_detail=detail,

@@ -32,7 +32,12 @@ CauseHint = Literal[
     "numeric_drift_no_fork",
     "length_only",
     "not_replayable",
+    "unseeded_sampling",
 ]
+"""Why a replay differs, as far as the comparison can tell. ``unseeded_sampling``: the request was sampled without a
+per-request seed (seed scope ``worker_global``), so its tokens came from the worker's global random state, which
+no replay restores: neither the input nor the forward pass is to blame (the capture sidecar's ``--inject-seed``
+makes such requests replayable)."""
 
 
 class ReplayRequest(Record):

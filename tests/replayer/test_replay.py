@@ -115,6 +115,31 @@ def test_worker_global_sample_cannot_meet_its_target() -> None:
     assert ev.verdict == "bitwise"  # the outputs happen to agree ...
     assert not ev.target_met  # ... but a worker-global sample is not replayable evidence
     assert "worker_global" in ev.cause_detail
+    assert ev.cause_hint == "identical"
+
+
+def test_an_unseeded_sample_that_differs_is_blamed_on_its_missing_seed() -> None:
+    """A sampled request without a seed that forks at its first token is not an input or forward-pass difference:
+    its cause is the missing seed, named by field, with the remedy."""
+    env = envelope(sampling=SamplingContract(temperature=0.7, seed_scope="worker_global", logprobs=5))
+    replayed = recorded_as_replayed(
+        token_ids=(9, 9, 2), logprobs=(step(9, -0.01), step(9, -0.1), step(2, -0.0001)), text="other"
+    )
+    ev = replay_envelope(env, ScriptedLane(replayed), ReplayerSettings()).event
+    assert ev.verdict == "diverged"
+    assert ev.first_divergence is not None
+    assert ev.first_divergence.position == 0
+    assert ev.cause_hint == "unseeded_sampling"
+    assert ev.cause_detail.startswith("sampling.seed: ")
+    assert "--inject-seed" in ev.cause_detail
+    assert "forward-pass" not in ev.cause_detail.split(";")[0]
+
+
+def test_a_seeded_sample_that_forks_at_its_first_token_keeps_the_forward_pass_cause() -> None:
+    env = envelope(sampling=SamplingContract(temperature=0.7, seed=3, seed_scope="per_request", logprobs=5))
+    replayed = recorded_as_replayed(token_ids=(9, 9, 2), logprobs=(step(9, -0.01), step(9, -0.1), step(2, -0.0001)))
+    ev = replay_envelope(env, ScriptedLane(replayed, fp=runtime()), ReplayerSettings()).event
+    assert ev.cause_hint == "fork_at_first_token"
 
 
 def test_error_envelope_is_not_replayable() -> None:
