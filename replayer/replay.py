@@ -47,6 +47,7 @@ from schemas import (
     Envelope,
     ReplayedOutput,
     ReplayResult,
+    RuntimeFingerprint,
     SamplingContract,
     diff_fingerprints,
 )
@@ -107,6 +108,21 @@ def replay_budget(sampling: SamplingContract, recorded: Choice) -> tuple[int, in
     return max(1, max_tokens), min(top_k, 20)
 
 
+def _check_constraint_backend(envelope: Envelope, lane_fp: RuntimeFingerprint) -> None:
+    """Refuse a constrained request (structured outputs, a required or named tool choice) on a lane whose
+    structured-output backend or grammar library versions differ from production's: they build the token mask, and
+    a different one can allow different tokens. Unknown on either side is not refused (and not evidence)."""
+    sampling = envelope.sampling
+    if sampling is None or sampling.constraint is None or not sampling.constraint.constrains:
+        return
+    recorded, replay = envelope.runtime.structured_outputs, lane_fp.structured_outputs
+    if recorded is not None and replay is not None and recorded != replay:
+        raise NotReplayableError(
+            f"{envelope.request_id}: runtime.structured_outputs differs ({recorded!r} recorded, {replay!r} on this "
+            f"lane): the token mask of {', '.join(sampling.constraint.named())} may allow other tokens"
+        )
+
+
 def server_view(replayed: ReplayedOutput, endpoint: str, k: int) -> ReplayedOutput:
     """``replayed`` with each step's alternatives cut to what ``endpoint``'s server lists (module docstring)."""
     if replayed.logprobs is None or endpoint not in FIRST_K_ENDPOINTS:
@@ -133,8 +149,11 @@ def replay_envelope(
     prompt_ids, sampling, recorded = _choice0(envelope)
     max_tokens, top_k = replay_budget(sampling, recorded)
     lane_fp = lane.fingerprint()
+    _check_constraint_backend(envelope, lane_fp)
     started = time.perf_counter()
-    replayed = lane.replay(GenRequest(prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k))
+    parser = envelope.runtime.tool_call_parser
+    request = GenRequest(prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k, tool_call_parser=parser)
+    replayed = lane.replay(request)
     replay_ms = (time.perf_counter() - started) * 1e3
     replayed = server_view(replayed, envelope.endpoint, top_k)
 

@@ -64,7 +64,7 @@ from schemas.replay import (
     decode_replay_request,
     decode_replay_result,
 )
-from schemas.sampling import SAMPLING_CONTRACT_VERSION, SamplingContract
+from schemas.sampling import SAMPLING_CONTRACT_VERSION, OutputConstraint, SamplingContract
 
 use_canonical_writer(canonical_envelope)  # `Envelope.canonical` writes with the codec (see `schemas.envelope_codec`)
 use_envelope_reader(envelope_bytes)  # `decode_envelope` reads compact records too (see `schemas.envelope_compact`)
@@ -84,6 +84,7 @@ __all__ = [
     "FieldDiff",
     "FirstDivergence",
     "Outcome",
+    "OutputConstraint",
     "PromptRecord",
     "ReplayRequest",
     "ReplayResult",

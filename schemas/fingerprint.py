@@ -9,8 +9,8 @@ fingerprint names them explicitly (as vLLM's config hash does for compilation) s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 from pydantic import Field
 
@@ -45,6 +45,16 @@ class RuntimeFingerprint(Record):
     max_num_seqs: int | None = Field(default=None, ge=1)
     prefix_caching: bool | None = None
     num_threads: int | None = Field(default=None, ge=1)
+    structured_outputs: str | None = Field(
+        default=None,
+        max_length=512,
+        description="the structured-output backend setting and the versions of the grammar libraries that build its "
+        'token masks, canonical "key=value;..." sorted by key (e.g. "backend=auto;llguidance=1.7.6;xgrammar=0.2.8"): a '
+        "different backend or version can allow different tokens to a constrained request",
+    )
+    tool_call_parser: str | None = Field(
+        default=None, max_length=128, description="the server's --tool-call-parser (None: no tool calls parsed)"
+    )
     sampling_contract_version: str = SAMPLING_CONTRACT_VERSION
 
     def sha256(self) -> str:
@@ -63,6 +73,20 @@ def cpu_model_name_of(cpuinfo: Iterable[str]) -> str | None:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return None
+
+
+#: The grammar libraries vLLM 0.32's structured-output backends build their token masks with (xgrammar, guidance,
+#: outlines), by distribution name: their versions are part of `RuntimeFingerprint.structured_outputs`.
+STRUCTURED_OUTPUT_LIBRARIES: Final = ("xgrammar", "llguidance", "outlines_core")
+
+
+def structured_outputs_of(backend: str, versions: Mapping[str, str | None]) -> str:
+    """A `RuntimeFingerprint.structured_outputs` value: the backend setting (``auto``, ``xgrammar``, ...) and each
+    installed library's version (`versions`: distribution name -> version, None when not installed; the caller
+    reads them), ``key=value;...`` sorted by key. The capture side's stack and the replayer's lanes both write it,
+    and a difference between them is a changed environment, so the spelling lives with the field."""
+    pairs = {"backend": backend, **{name: v for name, v in versions.items() if v is not None}}
+    return ";".join(f"{k}={pairs[k]}" for k in sorted(pairs))
 
 
 class FieldDiff(Record):

@@ -38,8 +38,8 @@ from schemas.errors import ContractError
 from schemas.fingerprint import RuntimeFingerprint
 
 #: 1: first; 2: config.json without the GGUF `quantization_config` (vLLM refused version 1 directories);
-#: 3: ``generation_defaults`` recorded.
-MANIFEST_VERSION: Final = 3
+#: 3: ``generation_defaults`` recorded; 4: the chat template renders tools (``infra.chat_template``).
+MANIFEST_VERSION: Final = 4
 #: The manifest's file name inside the model directory it describes.
 MANIFEST_NAME: Final = "reprolane-manifest.json"
 GENERATION_DEFAULTS_SINCE: Final = 3

@@ -15,8 +15,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from capture.protocol import Endpoint
 from capture.protocol.credentials import is_credential, without_credentials
-from schemas import SamplingContract
+from schemas import OutputConstraint, SamplingContract
 from schemas.canonical import canonical_json
+from schemas.sampling import CONSTRAINT_FIELDS
 
 # vLLM 0.32's own defaults for a request that leaves a field out (ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS);
 # the served model's generation_config.json overrides them unless vLLM runs with --generation-config vllm
@@ -51,7 +52,7 @@ _COMPLETIONS_MAX_TOKENS: Final = 16  # vLLM 0.32's CompletionRequest.max_tokens 
 # Request fields mapped onto the contract, or that do not change which tokens come out.
 _MAPPED: Final = frozenset(
     {*VLLM_DEFAULTS, "max_tokens", "max_completion_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos", "n"}
-    | {"seed", "logit_bias", "logits_processors"}
+    | {"seed", "logit_bias", "logits_processors", *CONSTRAINT_FIELDS}
 )
 _NOT_OUTPUT_AFFECTING: Final = frozenset(
     {"model", "messages", "prompt", "stream", "stream_options", "user", "logprobs", "top_logprobs"}
@@ -95,6 +96,7 @@ def sampling_contract(
         max_tokens = defaults.values.get("max_tokens")
     bias = body.get("logit_bias") or {}
     processors = body.get("logits_processors") or ()
+    constraint = output_constraint(body)
     extra = {
         name: canonical_json(without_credentials(value)).decode("utf-8")
         for name, value in body.items()
@@ -121,10 +123,22 @@ def sampling_contract(
             logprobs=recorded_k,
             logit_bias={str(k): float(v) for k, v in bias.items()},
             logits_processors=tuple(p if isinstance(p, str) else canonical_json(p).decode() for p in processors),
+            constraint=constraint,
             extra=extra,
         )
     except ValidationError as exc:
         raise ValueError(str(exc)) from exc
+
+
+def output_constraint(body: dict[str, Any]) -> OutputConstraint | None:
+    """The request's structured-output and tool fields as data (`schemas.sampling.OutputConstraint`: each field's
+    canonical JSON, credentials left out), or None when it sets none of them."""
+    fields = {
+        name: canonical_json(without_credentials(body[name])).decode("utf-8")
+        for name in CONSTRAINT_FIELDS
+        if body.get(name) is not None
+    }
+    return OutputConstraint(**fields) if fields else None
 
 
 def is_sampled(body: dict[str, Any], defaults: SamplingDefaults) -> bool:

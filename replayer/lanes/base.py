@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 from replayer.errors import LaneUnavailableError
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
-from schemas.fingerprint import cpu_model_name_of
+from schemas.fingerprint import STRUCTURED_OUTPUT_LIBRARIES, cpu_model_name_of, structured_outputs_of
 
 DEFAULT_MODEL_SUBDIR = "models/smollm2-135m-instruct"
 
@@ -43,7 +43,8 @@ class GenRequest:
 
     ``max_tokens`` overrides the contract's (a replay is bounded by the recorded length,
     `replayer.replay.replay_budget`); ``top_k_logprobs`` is how many alternatives each step reports (0: the
-    chosen token's logprob only).
+    chosen token's logprob only); ``tool_call_parser`` is production's (`schemas.RuntimeFingerprint`), which
+    turns offered tools into a constraint (`replayer.lanes.vllm_params.structured_outputs`).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -51,6 +52,7 @@ class GenRequest:
     _: KW_ONLY
     max_tokens: int
     top_k_logprobs: int
+    tool_call_parser: str | None = None
 
 
 @runtime_checkable
@@ -106,6 +108,18 @@ def cublas_version() -> str | None:
     return None
 
 
+def installed_structured_outputs(backend: str = "auto") -> str:
+    """This process's `schemas.RuntimeFingerprint.structured_outputs`: the backend setting of a lane's engine
+    (vLLM's default, ``auto``, picks xgrammar or guidance per request) and the installed grammar libraries."""
+    versions: dict[str, str | None] = {}
+    for dist in STRUCTURED_OUTPUT_LIBRARIES:
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    return structured_outputs_of(backend, versions)
+
+
 def torch_lane_fingerprint(
     torch: Any,
     *,
@@ -114,6 +128,7 @@ def torch_lane_fingerprint(
     dtype: str,
     attention_backend: str | None,
     batch_invariant: bool,
+    structured_outputs: str | None = None,
 ) -> RuntimeFingerprint:
     """The fingerprint of a lane that runs on ``torch`` (the imported module) in this process.
 
@@ -147,6 +162,7 @@ def torch_lane_fingerprint(
         max_num_seqs=1,
         prefix_caching=False,
         num_threads=torch.get_num_threads(),
+        structured_outputs=structured_outputs,
     )
 
 

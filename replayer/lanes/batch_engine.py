@@ -195,7 +195,7 @@ class BatchEngine:
         params = []
         for r in requests:
             try:
-                params.append(SamplingParams(**sampling_kwargs(r)))
+                params.append(SamplingParams(**sampling_kwargs(r, self._llm.get_tokenizer())))
             except (TypeError, ValueError) as exc:
                 raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]

@@ -82,11 +82,12 @@ def steps_from(log: ScheduleLog, first: int) -> list[ScheduleStep]:
     return [log.steps[n] for n in sorted(log.steps) if n >= first]
 
 
-def sampling_params(request: GenRequest) -> Any:
+def sampling_params(request: GenRequest, tokenizer: Any = None) -> Any:
+    """The request's ``vllm.SamplingParams`` (`tokenizer`: the engine's, for a request that offered tools)."""
     from vllm import SamplingParams
 
     try:
-        return SamplingParams(**sampling_kwargs(request))
+        return SamplingParams(**sampling_kwargs(request, tokenizer))
     except (TypeError, ValueError) as exc:
         raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
 
@@ -119,7 +120,9 @@ class StepDriver:
                 req = arrivals[i][1]
                 name = f"prod-{self._n}"
                 ids[i] = self.engine.add_request(
-                    name, TokensPrompt(prompt_token_ids=list(req.prompt_token_ids)), sampling_params(req)
+                    name,
+                    TokensPrompt(prompt_token_ids=list(req.prompt_token_ids)),
+                    sampling_params(req, self.engine.get_tokenizer()),
                 )
                 external[name] = ids[i]
                 self._n += 1

@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import GenRequest, quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.base import (
+    GenRequest,
+    installed_structured_outputs,
+    quiet_imports,
+    resolve_model_dir,
+    torch_lane_fingerprint,
+)
 from replayer.lanes.engine_thread import EngineThread
 from replayer.lanes.schedule_engine import (
     read_log,
@@ -225,6 +231,7 @@ class ScheduleLane:
             dtype=engine.dtype,
             attention_backend=None,
             batch_invariant=False,
+            structured_outputs=installed_structured_outputs(),
         ).model_copy(update={"max_num_seqs": engine.max_num_seqs, "prefix_caching": engine.enable_prefix_caching})
         own = read_log(self._recorder).engine  # the replay engine's own start, measured where production's was
         if own is not None and own.runtime is not None and own.runtime.num_threads is not None:
@@ -296,7 +303,7 @@ class ScheduleLane:
                     rid = item.arrival.engine_request_id
                     if rid in real:
                         prompt = list(real[rid].prompt_token_ids)
-                        params = sampling_params(real[rid])
+                        params = sampling_params(real[rid], self._engine.get_tokenizer())
                     else:
                         prompt = self._filler_prompt(item, tokens, real.get(target_id), len(to_replay))
                         fillers[rid] = tuple(prompt)

@@ -47,6 +47,8 @@ def _unsupported(sampling: SamplingContract) -> list[str]:
     if sampling.logits_processors:
         names.append("logits_processors")
     names.extend(f"extra.{k}" for k in sampling.extra)
+    if sampling.constraint is not None and sampling.constraint.constrains:  # no structured-output backend here
+        names.extend(name.removeprefix("sampling.") for name in sampling.constraint.named())
     return names
 
 

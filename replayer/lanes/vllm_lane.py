@@ -26,7 +26,13 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
-from replayer.lanes.base import GenRequest, quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.base import (
+    GenRequest,
+    installed_structured_outputs,
+    quiet_imports,
+    resolve_model_dir,
+    torch_lane_fingerprint,
+)
 from replayer.lanes.engine_thread import EngineThread
 from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
@@ -182,6 +188,7 @@ class VllmLane:
             dtype=settings.dtype,
             attention_backend=self._attention_backend(),
             batch_invariant=on_gpu,
+            structured_outputs=installed_structured_outputs(),
         )
 
     def _attention_backend(self) -> str | None:
@@ -205,7 +212,7 @@ class VllmLane:
         from vllm.inputs import TokensPrompt
 
         try:
-            params = SamplingParams(**sampling_kwargs(request))
+            params = SamplingParams(**sampling_kwargs(request, self._llm.get_tokenizer()))
         except (TypeError, ValueError) as exc:
             raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))

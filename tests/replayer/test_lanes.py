@@ -67,6 +67,7 @@ def test_vllm_sampling_kwargs_carry_the_whole_contract() -> None:
         "seed": 7,
         "logprobs": 5,
         "logit_bias": {42: -100.0},
+        "structured_outputs": None,
         "bad_words": ["never"],
     }
     greedy = SamplingContract(temperature=0.0, seed_scope="none")
@@ -85,6 +86,100 @@ def test_logits_processors_and_bad_extra_are_not_replayable() -> None:
         completion_body("m", GenRequest((1,), bad_extra, max_tokens=1, top_k_logprobs=0))
     with pytest.raises(NotReplayableError, match="duplicates"):
         sampling_kwargs(GenRequest((), duplicate, max_tokens=1, top_k_logprobs=0))
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+SHAPE = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+
+
+def constrained(**fields: object) -> GenRequest:
+    """A greedy request whose contract holds the output constraint the capture side records from ``fields``."""
+    from capture.protocol.sampling import sampling_contract
+
+    contract = sampling_contract("chat.completions", {"temperature": 0, **fields}, recorded_k=5, seed_injected=False)
+    return GenRequest((1, 2), contract, max_tokens=8, top_k_logprobs=5)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SHAPE}}}, {"json": SHAPE}),
+        ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, {"regex": "[a-z]+"}),
+        ({"structured_outputs": {"choice": ["approve", "deny"]}}, {"choice": ["approve", "deny"]}),
+        ({"structured_outputs": {"grammar": 'root ::= "a" | "b"'}}, {"grammar": 'root ::= "a" | "b"'}),
+    ],
+)
+def test_the_recorded_constraint_becomes_vllms_structured_outputs(
+    fields: dict[str, object], expected: dict[str, object]
+) -> None:
+    """Dropping the constraint from the lane's parameters (or from the contract) fails this test."""
+    params = sampling_kwargs(constrained(**fields))["structured_outputs"]
+    assert params is not None
+    for name, value in expected.items():
+        assert getattr(params, name) == value
+
+
+def test_a_responses_text_format_becomes_vllms_structured_outputs() -> None:
+    from capture.protocol.sampling import sampling_contract
+
+    text = {"format": {"type": "json_schema", "name": "x", "schema": SHAPE}}
+    contract = sampling_contract("responses", {"temperature": 0, "text": text}, recorded_k=5, seed_injected=False)
+    params = sampling_kwargs(GenRequest((1,), contract, max_tokens=4, top_k_logprobs=0))["structured_outputs"]
+    assert params.json == SHAPE
+
+
+def test_a_text_response_format_constrains_nothing() -> None:
+    request = constrained(response_format={"type": "text"})
+    assert request.sampling.constraint is not None
+    assert sampling_kwargs(request)["structured_outputs"] is None
+
+
+def test_tools_need_the_recorded_parser_and_a_tokenizer() -> None:
+    request = constrained(tools=TOOLS, tool_choice="required")
+    with pytest.raises(NotReplayableError, match=r"runtime.tool_call_parser"):
+        sampling_kwargs(request)  # production named no parser: its constraint is unknown
+    named = GenRequest((1, 2), request.sampling, max_tokens=8, top_k_logprobs=5, tool_call_parser="hermes")
+    with pytest.raises(NotReplayableError, match="no tokenizer"):
+        sampling_kwargs(named)
+    with pytest.raises(NotReplayableError, match=r"sampling\.constraint\.tools"):
+        completion_body("m", named)  # /v1/completions takes no tools
+
+
+@pytest.mark.model
+def test_a_required_tool_choice_is_masked_as_the_hermes_parser_masks_it() -> None:
+    """The tool parser the server ran turns the tools into the constraint (vLLM's code, not ours)."""
+    from transformers import AutoTokenizer  # noqa: TID251 - vLLM's tool parser is built on the model's tokenizer
+
+    settings = ReplayerSettings()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(settings))
+    except (OSError, LaneUnavailableError):
+        pytest.skip("no converted model (reprolane model fetch)")
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        request = constrained(tools=TOOLS, tool_choice=choice)
+        named = GenRequest((1, 2), request.sampling, max_tokens=8, top_k_logprobs=5, tool_call_parser="hermes")
+        params = sampling_kwargs(named, tokenizer)["structured_outputs"]
+        assert params is not None, choice
+        assert "get_weather" in (params.structural_tag or json.dumps(params.json)), choice
+    auto = constrained(tools=TOOLS, tool_choice="auto")
+    named = GenRequest((1, 2), auto.sampling, max_tokens=8, top_k_logprobs=5, tool_call_parser="hermes")
+    assert sampling_kwargs(named, tokenizer)["structured_outputs"] is None  # hermes masks nothing under auto
+
+
+def test_completion_body_passes_response_format_and_structured_outputs() -> None:
+    body = completion_body("m", constrained(structured_outputs={"choice": ["a", "b"]}))
+    assert body["structured_outputs"] == {"choice": ["a", "b"]}
+    body = completion_body("m", constrained(response_format={"type": "json_object"}))
+    assert body["response_format"] == {"type": "json_object"}
 
 
 def test_completion_body() -> None:

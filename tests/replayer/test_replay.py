@@ -225,3 +225,19 @@ def test_the_replay_is_compared_on_the_view_the_recorded_endpoint_gave() -> None
     env = envelope(sampling=sampling, outcome=outcome)
     result = replay_envelope(env, ScriptedLane(replayed), ReplayerSettings(), now=lambda: REPLAYED_AT)
     assert result.event.verdict == "bitwise"
+
+
+def test_a_constrained_request_is_refused_on_another_structured_output_backend() -> None:
+    """The grammar library builds the token mask: another backend or version may allow other tokens."""
+    from schemas import OutputConstraint
+
+    constraint = OutputConstraint(structured_outputs='{"choice":["a","b"]}')
+    sampling = SamplingContract(temperature=0.0, seed_scope="none", logprobs=5, constraint=constraint)
+    env = envelope(sampling=sampling, runtime=runtime(structured_outputs="backend=auto;xgrammar=0.2.8"))
+    other = ScriptedLane(recorded_as_replayed(), fp=runtime(structured_outputs="backend=auto;xgrammar=0.2.9"))
+    with pytest.raises(NotReplayableError, match=r"runtime.structured_outputs differs.*sampling.constraint"):
+        replay_envelope(env, other, ReplayerSettings())
+    same = ScriptedLane(recorded_as_replayed(), fp=runtime(structured_outputs="backend=auto;xgrammar=0.2.8"))
+    assert replay_envelope(env, same, ReplayerSettings()).event.verdict == "bitwise"
+    plain = envelope(runtime=runtime(structured_outputs="backend=auto;xgrammar=0.2.8"))
+    assert replay_envelope(plain, other, ReplayerSettings()).event.verdict == "bitwise"  # nothing masked: no refusal

@@ -80,12 +80,15 @@ def test_the_clients_own_logprobs_are_left_as_asked() -> None:
     assert bad.sampling.logprobs is None
 
 
-def test_a_sampled_request_gets_a_seed_and_other_fields_go_to_extra() -> None:
-    p = prepared({"temperature": 0.7, "text": {"format": {"type": "json_object"}}}, seed=True)
+def test_a_sampled_request_gets_a_seed_and_its_text_format_is_its_constraint() -> None:
+    p = prepared({"temperature": 0.7, "text": {"format": {"type": "json_object"}}, "bad_words": ["x"]}, seed=True)
     assert isinstance(p.upstream_body["seed"], int)
     assert p.sampling is not None
     assert (p.sampling.seed_injected, p.sampling.seed_scope) == (True, "per_request")
-    assert set(p.sampling.extra) == {"text"}
+    assert set(p.sampling.extra) == {"bad_words"}
+    assert p.sampling.constraint is not None
+    assert p.sampling.constraint.text == '{"format":{"type":"json_object"}}'
+    assert p.sampling.constraint.constrains
 
 
 def test_a_whole_answer_is_recorded_with_ids_and_aligned_logprobs() -> None:

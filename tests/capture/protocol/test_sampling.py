@@ -33,6 +33,7 @@ def test_sampling_maps_fields_and_keeps_other_output_affecting_ones() -> None:
         "stop": "END",
         "logit_bias": {"42": -100},
         "response_format": {"type": "json_object"},
+        "bad_words": ["never"],
         "user": "someone",
     }
     c = sampling_contract("chat.completions", body, recorded_k=None, seed_injected=False)
@@ -41,7 +42,9 @@ def test_sampling_maps_fields_and_keeps_other_output_affecting_ones() -> None:
     assert c.max_tokens == 9
     assert c.stop == ("END",)
     assert c.logit_bias == {"42": -100.0}
-    assert c.extra == {"response_format": '{"type":"json_object"}'}
+    assert c.extra == {"bad_words": '["never"]'}
+    assert c.constraint is not None
+    assert c.constraint.response_format == '{"type":"json_object"}'
 
 
 def test_invalid_sampling_value_gives_no_contract() -> None:
@@ -112,3 +115,71 @@ def test_max_tokens_left_out_is_recorded_as_vllm_reads_it() -> None:
     assert recorded("chat.completions", {"messages": CHAT["messages"]}) is None
     assert recorded("chat.completions", {"messages": CHAT["messages"]}, model) == 64
     assert recorded("chat.completions", {"messages": CHAT["messages"], "max_completion_tokens": 5}, model) == 5
+
+
+SCHEMA: dict[str, Any] = {"type": "object", "properties": {"label": {"enum": ["approve", "deny"]}}}
+LABEL = '{"properties":{"label":{"enum":["approve","deny"]}},"type":"object"}'
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields", "recorded"),
+    [
+        (
+            "chat.completions",
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},
+            {"response_format": '{"json_schema":{"name":"x","schema":' + LABEL + '},"type":"json_schema"}'},
+        ),
+        (
+            "chat.completions",
+            {"response_format": {"type": "json_object"}},
+            {"response_format": '{"type":"json_object"}'},
+        ),
+        (
+            "chat.completions",
+            {"structured_outputs": {"choice": ["a", "b"]}},
+            {"structured_outputs": '{"choice":["a","b"]}'},
+        ),
+        ("completions", {"structured_outputs": {"regex": "[0-9]+"}}, {"structured_outputs": '{"regex":"[0-9]+"}'}),
+        (
+            "chat.completions",
+            {"tools": TOOLS, "tool_choice": "required"},
+            {
+                "tools": '[{"function":{"name":"lookup","parameters":{"type":"object"}},"type":"function"}]',
+                "tool_choice": '"required"',
+            },
+        ),
+        ("responses", {"text": {"format": {"type": "json_object"}}}, {"text": '{"format":{"type":"json_object"}}'}),
+    ],
+)
+def test_the_output_constraint_is_recorded_as_data(
+    endpoint: sampling.Endpoint, fields: dict[str, Any], recorded: dict[str, str]
+) -> None:
+    """The constraint itself (canonical JSON of the request's field), in its own record, not in ``extra``."""
+    c = sampling_contract(endpoint, {**CHAT, "temperature": 0, **fields}, recorded_k=5, seed_injected=False)
+    assert c.constraint is not None
+    assert c.constraint.model_dump(exclude_none=True) == recorded
+    assert c.constraint.constrains
+    assert c.extra == {}
+
+
+def test_tools_without_a_tool_choice_or_with_none_may_not_constrain() -> None:
+    c = sampling_contract(
+        "chat.completions", {**CHAT, "tools": TOOLS, "tool_choice": "none"}, recorded_k=5, seed_injected=False
+    )
+    assert c.constraint is not None
+    assert not c.constraint.constrains
+    plain = sampling_contract(
+        "chat.completions", {**CHAT, "response_format": {"type": "text"}}, recorded_k=5, seed_injected=False
+    )
+    assert plain.constraint is not None
+    assert not plain.constraint.constrains
+    assert sampling_contract("chat.completions", CHAT, recorded_k=5, seed_injected=False).constraint is None
+
+
+def test_a_credential_inside_a_constraint_is_not_recorded() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}, "api_key": "sk-secret"}]
+    c = sampling_contract("chat.completions", {**CHAT, "tools": tools}, recorded_k=5, seed_injected=False)
+    assert c.constraint is not None
+    assert c.constraint.tools is not None
+    assert "sk-secret" not in c.constraint.tools
