@@ -6,7 +6,7 @@ the ``show`` command.
     reprolane replay request --client-request-id ID --tenant T [same options]   (the newest envelope it names)
     reprolane replay workflow WORKFLOW_ID [--tenant T] [same options]  (steps of several tenants need --tenant)
     reprolane replayer serve [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
-    reprolane show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as stored)
+    reprolane show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as recorded)
 
 ``replay request`` asks a running replayer service when one is running (`replayer.on_demand`: ``--via auto``),
 else loads the lane here and says so on stderr. With ``--json`` a command prints exactly one JSON document on
@@ -180,7 +180,9 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
     def show(
         settings: ReplayerSettings,
         request_id: RequestIdArg = None,
-        as_json: Annotated[bool, typer.Option("--json", help="print the stored envelope JSON itself")] = False,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="print the envelope's canonical JSON (its sha256 is the envelope id)")
+        ] = False,
         client_request_id: ClientIdOpt = None,
         tenant: Annotated[str | None, typer.Option("--tenant", help="the tenant of --client-request-id")] = None,
     ) -> None:
@@ -200,7 +202,7 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
         if record.envelope is None:
             typer.echo(f"reprolane: request {record.request_id} is sealed and cannot be opened here "
                        f"({record.unopened}): printing the sealed record as stored", err=True)  # fmt: skip
-        data = record.data if record.envelope is None or record.sealed is None else record.envelope.canonical()
+        data = record.data if record.canonical is None else record.canonical  # a sealed record is JSON itself
         with machine_output(True) as document:
             document(data.decode("utf-8"))
 
