@@ -10,7 +10,8 @@ the ``show`` command.
 
 ``replay request`` asks a running replayer service when one is running (`replayer.on_demand`: ``--via auto``),
 else loads the lane here and says so on stderr. With ``--json`` a command prints exactly one JSON document on
-stdout and everything else, a lane's engine logs included, on stderr (`replayer.machine_output`).
+stdout and everything else, a lane's engine logs included, on stderr (`replayer.machine_output`); without it the
+replay commands print their text report on stdout the same way, alone.
 
 Settings come from ``REPROLANE_REPLAYER_*`` and are overridden by the options given (`replayer.cli_options`).
 Exit codes of ``replay``: 0 when the target level held (every replayed step, for a workflow), 1 when it did not,
@@ -126,7 +127,7 @@ def build_replay_app(
             envelope = store.get_by_request_id(request_id)
         if not envelope.replayable:
             raise NotReplayableError(f"request {request_id} is not replayable: {not_replayable_reason(envelope)}")
-        with machine_output(as_json) as document:
+        with machine_output(True) as document:  # the report, text or JSON, alone on stdout: a lane's logs on stderr
             result = (
                 None
                 if via == "local"
@@ -153,7 +154,7 @@ def build_replay_app(
         """Replay every recorded step of a workflow in order; report the first step that diverges."""
         envelopes = store_factory(settings).list_workflow(workflow_id, tenant)
         steps: list[WorkflowStep] = []
-        with machine_output(as_json) as document:
+        with machine_output(True) as document:  # as in `request`
             lane = lane_factory(settings)
             try:
                 for envelope in envelopes:

@@ -10,7 +10,9 @@ cannot escape: `test_every_json_command_has_a_run_here` fails until it has an en
 for real (marked ``stack``): the real ``reprolane`` in a process of its own against the session's stack, its
 stdout handed to `json.loads` whole. The lane commands run the in-process vLLM engine (``replay request`` on
 ``--lane vllm``, ``explain``, ``matrix``), whose logging and prints went to stdout before: they must show on
-stderr, and stdout must still parse.
+stderr, and stdout must still parse. Human output is held to the same rule: the text report of ``replay request``
+on that lane is alone on stdout, the engine's log lines on stderr (some 130 of them came first, on stdout: issue
+30).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -152,6 +155,21 @@ def test_a_json_command_prints_one_document_on_stdout(
         assert proc.stdout.rstrip("\n").encode() == recorded.envelope.canonical()  # the stored bytes themselves
     if path in ENGINE_RUNS:
         assert "vllm" in proc.stderr.lower(), "the engine's own logging should be there, on stderr"
+
+
+#: A line of vLLM's log format (``%(levelname)s %(asctime)s [file:line]``, dates as ``%m-%d %H:%M:%S``).
+ENGINE_LOG_LINE = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[")
+
+
+@pytest.mark.stack
+def test_the_text_report_of_a_replay_is_alone_on_stdout(recorded: Recorded, stack: StackInfo) -> None:
+    env = recorded.envelope
+    proc = run_cli(stack, ["replay", "request", env.request_id, "--via", "local", "--lane", "vllm"])
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert proc.stdout.startswith(f"Replay of request {env.request_id} (envelope "), proc.stdout[:3000]
+    assert not [line for line in proc.stdout.splitlines() if ENGINE_LOG_LINE.search(line)], proc.stdout[:3000]
+    assert "chatcmpl-" not in proc.stdout  # user-facing text names request ids, never the engine's own
+    assert ENGINE_LOG_LINE.search(proc.stderr), "the engine's own logging should be there, on stderr"
 
 
 @pytest.mark.stack
