@@ -38,7 +38,9 @@ HOP_BY_HOP = frozenset(
     {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length"}
     | {b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"trailer", b"accept-encoding"}
 )
-_CLIENT_REQUEST_ID: Final = b"x-request-id"
+#: The client's own request id: never forwarded upstream, where the sidecar's id takes its place on every path
+#: (`forward_headers`; `capture.passthrough` for the paths it does not capture).
+CLIENT_REQUEST_ID: Final = b"x-request-id"
 _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
 _JSON_SEP = (",", ":")
 _BODY_UNREAD: Final = frozenset({408, 413})
@@ -256,10 +258,10 @@ def forward_headers(headers: dict[bytes, bytes], request_id: bytes) -> list[tupl
     out = [
         (k, v)
         for k, v in headers.items()
-        if k not in HOP_BY_HOP and not k.startswith(b"x-reprolane-") and k != _CLIENT_REQUEST_ID
+        if k not in HOP_BY_HOP and not k.startswith(b"x-reprolane-") and k != CLIENT_REQUEST_ID
     ]
     out.append((b"accept-encoding", b"identity"))
-    out.append((_CLIENT_REQUEST_ID, request_id))
+    out.append((CLIENT_REQUEST_ID, request_id))
     return out
 
 
@@ -270,7 +272,7 @@ def response_headers(
     ``--enable-request-id-headers``) is the sidecar's id (`forward_headers`): the client gets its own back."""
     out = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _RESPONSE_DROP]
     if client_request_id is not None:
-        out = [(k, client_request_id if k == _CLIENT_REQUEST_ID else v) for k, v in out]
+        out = [(k, client_request_id if k == CLIENT_REQUEST_ID else v) for k, v in out]
     out.append((REQUEST_ID_HEADER, rid))
     return out
 

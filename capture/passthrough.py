@@ -6,9 +6,15 @@ The capture endpoints are ``POST`` on ``/v1/chat/completions``, ``/v1/completion
 paths) goes through `UncapturedPaths`. A read (GET, HEAD, OPTIONS) is forwarded and counted. A write is forwarded,
 counted and logged once per path, or, under ``refuse_uncaptured``, answered 403 unless its path is allowed: a
 sidecar that must record everything it serves then serves nothing it cannot record. The forwarding itself
-(`forward_as_is`) changes nothing but hop-by-hop headers and a redirect that points at upstream's own address; a
-target that is not a plain path (``%2F@host:port/x``, ``//host/x``, ``/..%2F..``) is answered 400 before anything is
-sent (`capture.edge.request_target`, `capture.upstream.Upstream.url`).
+(`forward_as_is`) changes nothing but hop-by-hop headers, the request id and a redirect that points at upstream's
+own address; a target that is not a plain path (``%2F@host:port/x``, ``//host/x``, ``/..%2F..``) is answered 400
+before anything is sent (`capture.edge.request_target`, `capture.upstream.Upstream.url`).
+
+The request id: upstream gets a fresh id of the sidecar's own as ``X-Request-Id``, never the client's, as on the
+captured paths (`capture.edge.forward_headers`, docs/SECURITY.md). vLLM names an engine request after that header
+(``/inference/v1/generate`` generates), so a client's value there could name an engine request after another
+request's id, and the schedule log joins envelopes to engine requests by it. An ``X-Request-Id`` upstream echoes
+is given back to the client as the client sent it. No envelope is recorded, so the id names no record.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from capture import edge
 from capture.edge import ASGIApp, Receive, Scope, Send
 from capture.errors import UpstreamError, UpstreamTimeoutError
 from capture.metrics import CaptureMetrics
+from capture.request_headers import new_request_id
 from capture.settings import CaptureSettings
 from capture.upstream import Upstream
 
@@ -88,13 +95,21 @@ def forward_as_is(upstream: Upstream, max_body_bytes: int, body_timeout_s: float
                 send, bad.status, edge.error_body(bad.message, type_="invalid_request_error", code=bad.status), None
             )
             return
-        fwd = [(k, v) for k, v in scope["headers"] if k not in hop_by_hop and not k.startswith(b"x-reprolane-")]
+        fwd = [
+            (k, v)
+            for k, v in scope["headers"]
+            if k not in hop_by_hop and not k.startswith(b"x-reprolane-") and k != edge.CLIENT_REQUEST_ID
+        ]
         if b"accept-encoding" in headers:
             fwd.append((b"accept-encoding", headers[b"accept-encoding"]))
+        fwd.append((edge.CLIENT_REQUEST_ID, new_request_id().encode("ascii")))
+        client_id = headers.get(edge.CLIENT_REQUEST_ID)
         started = False
         try:
             async with upstream.request(scope["method"], url, body=body, headers=fwd) as resp:
                 out_headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _PASS_DROP]
+                if client_id is not None:  # an echo of the sidecar's id: the client gets its own back
+                    out_headers = [(k, client_id if k == edge.CLIENT_REQUEST_ID else v) for k, v in out_headers]
                 if 300 <= resp.status < 400:
                     out_headers = [
                         (k, _through_sidecar(v, upstream_base, scope, headers) if k == b"location" else v)

@@ -35,6 +35,7 @@ so that what they invoke goes through this same boundary.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -49,6 +50,7 @@ from capture.ledger.errors import LedgerError
 from infra.errors import InfraError
 from infra.stack_env import apply_to_process
 from replayer.errors import ReplayerError
+from replayer.machine_output import engine_logs_to_stderr
 from schemas import ContractError
 
 #: Every command, by the order ``--help`` lists them: name -> (module, attribute, kind). Modules are imported
@@ -147,6 +149,7 @@ class OneLineErrors(TyperGroup):
         **extra: Any,
     ) -> Any:
         apply_to_process()  # a running local stack provides defaults for the services' settings
+        engine_logs_to_stderr(os.environ)  # stdout is the commands' output, never an engine's log
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # typer's vendored click errors all derive from it

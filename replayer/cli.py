@@ -6,11 +6,12 @@ the ``show`` command.
     reprolane replay request --client-request-id ID --tenant T [same options]   (the newest envelope it names)
     reprolane replay workflow WORKFLOW_ID [--tenant T] [same options]  (steps of several tenants need --tenant)
     reprolane replayer serve [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
-    reprolane show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as stored)
+    reprolane show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as recorded)
 
 ``replay request`` asks a running replayer service when one is running (`replayer.on_demand`: ``--via auto``),
 else loads the lane here and says so on stderr. With ``--json`` a command prints exactly one JSON document on
-stdout and everything else, a lane's engine logs included, on stderr (`replayer.machine_output`).
+stdout and everything else, a lane's engine logs included, on stderr (`replayer.machine_output`); without it the
+replay commands print their text report on stdout the same way, alone.
 
 Settings come from ``REPROLANE_REPLAYER_*`` and are overridden by the options given (`replayer.cli_options`).
 Exit codes of ``replay``: 0 when the target level held (every replayed step, for a workflow), 1 when it did not,
@@ -126,7 +127,7 @@ def build_replay_app(
             envelope = store.get_by_request_id(request_id)
         if not envelope.replayable:
             raise NotReplayableError(f"request {request_id} is not replayable: {not_replayable_reason(envelope)}")
-        with machine_output(as_json) as document:
+        with machine_output(True) as document:  # the report, text or JSON, alone on stdout: a lane's logs on stderr
             result = (
                 None
                 if via == "local"
@@ -153,7 +154,7 @@ def build_replay_app(
         """Replay every recorded step of a workflow in order; report the first step that diverges."""
         envelopes = store_factory(settings).list_workflow(workflow_id, tenant)
         steps: list[WorkflowStep] = []
-        with machine_output(as_json) as document:
+        with machine_output(True) as document:  # as in `request`
             lane = lane_factory(settings)
             try:
                 for envelope in envelopes:
@@ -180,7 +181,9 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
     def show(
         settings: ReplayerSettings,
         request_id: RequestIdArg = None,
-        as_json: Annotated[bool, typer.Option("--json", help="print the stored envelope JSON itself")] = False,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="print the envelope's canonical JSON (its sha256 is the envelope id)")
+        ] = False,
         client_request_id: ClientIdOpt = None,
         tenant: Annotated[str | None, typer.Option("--tenant", help="the tenant of --client-request-id")] = None,
     ) -> None:
@@ -200,7 +203,7 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
         if record.envelope is None:
             typer.echo(f"reprolane: request {record.request_id} is sealed and cannot be opened here "
                        f"({record.unopened}): printing the sealed record as stored", err=True)  # fmt: skip
-        data = record.data if record.envelope is None or record.sealed is None else record.envelope.canonical()
+        data = record.data if record.canonical is None else record.canonical  # a sealed record is JSON itself
         with machine_output(True) as document:
             document(data.decode("utf-8"))
 

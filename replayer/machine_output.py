@@ -12,7 +12,14 @@ and hands the command one writer on a duplicate of the original stdout: the only
         document(result_json)         # the one thing on stdout
 
 Without ``--json`` (`enabled` False) nothing moves and the writer is `typer.echo`. Under a test runner whose
-``sys.stdout`` is not a file descriptor (typer's ``CliRunner``), only the Python streams are swapped.
+``sys.stdout`` is not a file descriptor (typer's ``CliRunner``), only the Python streams are swapped. A command
+whose text report is one document too (``replay request``, ``replay workflow``) uses it in text mode as well: a
+person reading the report must not find it under an engine's log.
+
+Engine processes of their own (the matrix's and ``explain``'s cells, vLLM's engine core) do not share this
+process's descriptors' fate once started elsewhere, and vLLM configures its log handler on ``sys.stdout`` at every
+engine start unless ``VLLM_LOGGING_STREAM`` says otherwise. So the command line also calls
+`engine_logs_to_stderr` before any command runs: every engine it starts, here or in a child, logs to stderr.
 """
 
 from __future__ import annotations
@@ -20,12 +27,22 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import TextIO
 
 import typer
 
 Document = Callable[[str], None]
+
+#: vLLM's log stream, read when an engine starts (`vllm.logger`); its default is ``ext://sys.stdout``.
+VLLM_LOGGING_STREAM = "VLLM_LOGGING_STREAM"
+
+
+def engine_logs_to_stderr(environ: MutableMapping[str, str]) -> None:
+    """Point vLLM's log handler at stderr for every engine started from now on, in this process or a child,
+    unless the user chose a stream (`VLLM_LOGGING_STREAM` set) or a logging config of their own
+    (``VLLM_LOGGING_CONFIG_PATH``, which vLLM then applies instead)."""
+    environ.setdefault(VLLM_LOGGING_STREAM, "ext://sys.stderr")
 
 
 def _fileno(stream: TextIO) -> int | None:

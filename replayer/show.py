@@ -7,7 +7,9 @@ It shows who (tenant, client request id, sidecar), when, the workflow step, the 
 sampling contract, the artifact and runtime fingerprints, the prompt (token ids, and text: recorded, or decoded
 from the ids with the recorded tokenizer, `replayer.prompt_text`), the output (text,
 token ids, finish reason, usage) or the error, the batch pressure it ran under. Nothing is summarised away:
-``--json`` prints the stored bytes themselves; this text shows every field that has a value.
+``--json`` prints the canonical JSON the record holds, whichever form S3 keeps it in (JSON as it is, a compact
+record decoded, a sealed one opened: `replayer.store.StoredRecord.canonical`), the bytes whose sha256 is the
+envelope id; this text shows every field that has a value.
 
 A sealed record (an encrypted tenant) that cannot be opened here (no KEK configured, or the tenant's key was
 shredded) is shown by its routing metadata only, and says so.
@@ -26,6 +28,7 @@ from pydantic import BaseModel
 from replayer.prompt_text import DecodedPrompt
 from replayer.store import StoredRecord
 from schemas import CapturedError, CapturedOutput, Choice, Envelope, PromptRecord
+from schemas.envelope_compact import is_compact
 
 
 def _text(value: str | None) -> str:
@@ -141,7 +144,12 @@ def render_record(record: StoredRecord, bucket: str, decoded: DecodedPrompt | No
             else "  workflow   none",
         ]
         return "\n".join(lines) + "\n"
-    how = "sealed, opened with its tenant's data key; the plaintext's" if record.sealed else "its bytes'"
+    if record.sealed:
+        how = "sealed, opened with its tenant's data key; the plaintext's"
+    elif is_compact(record.data):
+        how = "compact, decoded to its canonical JSON, whose"
+    else:
+        how = "its bytes'"
     lines = [
         head,
         f"  stored     {where} ({len(record.data)} bytes; {how} sha256 is the envelope id)",

@@ -81,8 +81,8 @@ class _TenantKey(NamedTuple):
 
 @dataclass(frozen=True)
 class StoredRecord:
-    """One envelope object as S3 holds it: its key, the bytes written (plain canonical JSON, or a sealed record),
-    their content address (the envelope id, checked), and the envelope they hold: None when it is sealed and
+    """One envelope object as S3 holds it: its key, the bytes written (canonical JSON, a compact record or a sealed
+    one), their content address (the envelope id, checked), and the envelope they hold: None when it is sealed and
     cannot be opened here, `unopened` saying why."""
 
     key: str
@@ -91,6 +91,17 @@ class StoredRecord:
     envelope: Envelope | None
     sealed: SealedEnvelope | None = None
     unopened: str | None = None
+
+    @property
+    def canonical(self) -> bytes | None:
+        """The canonical JSON this record holds, whose sha256 is the envelope id: the stored bytes as the one
+        reader decodes them (`schemas.envelope_bytes`: a compact record decoded, JSON as it is), or, for a sealed
+        record that was opened, its envelope's canonical encoding; None when it is sealed and was not opened."""
+        if self.envelope is None:
+            return None
+        if self.sealed is not None:
+            return self.envelope.canonical()
+        return envelope_bytes(self.data)
 
     @property
     def _routing(self) -> Envelope | SealedEnvelope:

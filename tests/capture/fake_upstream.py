@@ -62,7 +62,8 @@ class FakeUpstream:
     detokenize_status: int = 200
     detokenize_in_flight: int = 0
     detokenize_peak: int = 0
-    #: Echo the request's X-Request-Id on streamed answers, as vLLM does with --enable-request-id-headers.
+    #: Echo the request's X-Request-Id on streamed answers and ``/v1/models``, as vLLM does with
+    #: --enable-request-id-headers.
     request_id_headers: bool = False
 
     def app(self) -> Starlette:
@@ -104,6 +105,9 @@ class FakeUpstream:
     async def models(self, request: Request) -> Response:
         await self._note(request)
         headers = {"x-upstream": "yes"}
+        echoed = self.seen[-1].headers.get("x-request-id") if self.request_id_headers else None
+        if echoed:
+            headers["x-request-id"] = echoed
         if self.set_cookie:
             headers["set-cookie"] = self.set_cookie
         return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model"}]}, headers=headers)

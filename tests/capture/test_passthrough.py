@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.capture.fake_upstream import FakeUpstream
 from tests.capture.support import CHAT, MODEL, only, sidecar, upstream_calls
 
 
@@ -60,3 +61,23 @@ async def test_refuse_uncaptured_answers_403_to_writes_it_cannot_record() -> Non
     assert (allowed.status_code, read.status_code, captured.status_code) == (200, 200, 200)
     assert "/inference/v1/generate" not in [s.path for s in upstream.seen]
     assert metrics.value("reprolane_capture_uncaptured_total", {"kind": "refused"}) == 2
+
+
+async def test_upstream_gets_the_sidecars_request_id_never_the_clients() -> None:
+    """docs/SECURITY.md: a client's X-Request-Id never reaches upstream, on a pass-through path either: vLLM names
+    an engine request after it (``/inference/v1/generate``), and a client could name one after another request.
+    Each request gets an id of the sidecar's own; an upstream that echoes it gives the client its own back."""
+    upstream = FakeUpstream(request_id_headers=True)
+    async with sidecar(upstream=upstream) as (client, _, spool, _m):
+        mine = {"X-Request-Id": "rl-chosen-by-the-client"}
+        read = await client.get("/v1/models", headers=mine)
+        write = await client.post("/tokenize", json={"prompt": "hi"}, headers=mine)
+        bare = await client.get("/v1/models")
+    assert (read.status_code, write.status_code, bare.status_code) == (200, 200, 200)
+    seen = [s.headers.get("x-request-id") for s in upstream.seen if s.path in ("/v1/models", "/tokenize")]
+    assert len(seen) == 3
+    assert all(rid is not None and rid.startswith("rl-") and len(rid) == 35 for rid in seen), seen
+    assert len(set(seen)) == 3  # a fresh one each time, not the client's
+    assert read.headers["x-request-id"] == "rl-chosen-by-the-client"  # the echo, given back as the client sent it
+    assert bare.headers["x-request-id"] == seen[2]  # nothing to give back: the id upstream got
+    assert spool.envelopes == []
