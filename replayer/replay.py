@@ -40,6 +40,7 @@ from replayer.compare import compare
 from replayer.errors import NotReplayableError
 from replayer.lanes.base import GenRequest, Lane
 from replayer.settings import ReplayerSettings
+from replayer.tool_calls import fork_in_tool_call
 from schemas import (
     CapturedOutput,
     Choice,
@@ -183,6 +184,8 @@ def replay_envelope(
             cause_hint, cause_detail = "unseeded_sampling", UNSEEDED_DETAIL + "; " + cause_detail
         else:
             notes.append(UNSEEDED_DETAIL)
+    if result.first_divergence is not None and (where := fork_in_tool_call(recorded, result.first_divergence.position)):
+        notes.append(where)
     if sampling.n > 1:
         notes.append(f"n={sampling.n}: only choice 0 was replayed")
     if envelope.more_prompts:

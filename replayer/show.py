@@ -70,6 +70,10 @@ def _choice_lines(choice: Choice, of: int) -> list[str]:
         f"Output choice {choice.index} of {of} ({len(choice.token_ids)} tokens, finish reason "
         f"{choice.finish_reason or 'none'}, {steps} per-step logprobs)",
         f"  text       {_text(choice.text)}",
+        *(
+            f"  tool call  {n}: {call.name}({call.arguments})" + (f"  id {call.id}" if call.id else "")
+            for n, call in enumerate(choice.tool_calls or ())
+        ),
         f"  token ids  {_ids(choice.token_ids)}",
     ]
 

@@ -85,6 +85,15 @@ class StepLogprobs(Record):
     top: tuple[TopCandidate, ...] = ()
 
 
+class ToolCall(Record):
+    """A call the model made, as upstream's tool-call parser read it from the generated tokens (which the choice's
+    ``token_ids`` hold): the function's name and its arguments as upstream gave them (JSON text, not re-encoded)."""
+
+    id: str | None = Field(default=None, max_length=256, description="upstream's call id (random: not replayed)")
+    name: str = Field(max_length=1024)
+    arguments: str = Field(default="", max_length=1 << 20)
+
+
 class Choice(Record):
     index: int = Field(ge=0)
     token_ids: tuple[int, ...]
@@ -92,6 +101,9 @@ class Choice(Record):
     finish_reason: str | None = None
     logprobs: tuple[StepLogprobs, ...] | None = Field(
         default=None, description="per generated token, aligned with token_ids"
+    )
+    tool_calls: tuple[ToolCall, ...] | None = Field(
+        default=None, min_length=1, description="the tool calls upstream parsed from the output (None: none)"
     )
 
 

@@ -19,6 +19,7 @@ from schemas import (
     TopCandidate,
     WorkflowRef,
 )
+from schemas.manifest import MANIFEST_VERSION
 
 FIXED_TIME = datetime(2026, 7, 14, 9, 30, 0, 123456, tzinfo=UTC)
 
@@ -102,7 +103,7 @@ def envelope(**overrides: Any) -> Envelope:
 def manifest_doc(**overrides: Any) -> dict[str, Any]:
     """A model manifest (`schemas.manifest.ModelManifest`) as its JSON file holds it."""
     doc: dict[str, Any] = {
-        "manifest_version": 3,
+        "manifest_version": MANIFEST_VERSION,
         "model_name": "smollm2-135m-instruct",
         "source": {
             "wheel": "w",

@@ -41,6 +41,28 @@ def choice_text(choice: dict[str, Any]) -> Any:
     return part.get("content") if isinstance(part, dict) else None
 
 
+def add_tool_calls(calls: dict[int, dict[str, str]], choice: dict[str, Any]) -> None:
+    """Merge the tool calls of one choice (``message.tool_calls``, or one SSE chunk's ``delta.tool_calls``, whose
+    name and arguments come in pieces by ``index``) into `calls` (index -> id, name, arguments so far)."""
+    part = choice.get("message") or choice.get("delta") or {}
+    items = part.get("tool_calls") if isinstance(part, dict) else None
+    for position, item in enumerate(items if isinstance(items, list) else ()):
+        if not isinstance(item, dict):
+            continue
+        index = item.get("index", position)
+        if type(index) is not int:
+            continue
+        call = calls.setdefault(index, {})
+        if isinstance(item.get("id"), str):
+            call["id"] = item["id"]
+        function = item.get("function")
+        if isinstance(function, dict):
+            for key in ("name", "arguments"):
+                piece = function.get(key)
+                if isinstance(piece, str):
+                    call[key] = call.get(key, "") + piece
+
+
 def add_steps(steps: list[StepRow], lp: dict[str, Any]) -> None:
     """Append the steps of one choice's ``logprobs`` object (all of them, or one SSE chunk's) to `steps`."""
     spellings = SPELLINGS

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from capture.protocol import Endpoint, chat, completions, messages, responses
 from capture.protocol.completions import Echo
 from capture.protocol.token_text import clean_text
-from schemas import Choice, StepLogprobs, TopCandidate
+from schemas import Choice, StepLogprobs, ToolCall, TopCandidate
 from schemas.envelope_codec import StepRow, steps_canonical_text
 
 
@@ -29,6 +29,7 @@ class ChoiceAcc:
     finish_reason: str | None = None
     steps: list[StepRow] = field(default_factory=list)  # token_id set once aligned with token_ids
     logprobs_missing: bool = False
+    tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)  # by call index: id, name, arguments
 
 
 class _EndpointOutput(Protocol):
@@ -129,6 +130,8 @@ class OutputCollector:
         content = protocol.choice_text(choice)
         if isinstance(content, str):
             acc.text.append(clean_text(content))
+        if self.endpoint == "chat.completions":
+            chat.add_tool_calls(acc.tool_calls, choice)
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
             protocol.add_steps(acc.steps, logprobs)
@@ -162,6 +165,7 @@ class OutputCollector:
                 "text": "".join(acc.text),
                 "finish_reason": acc.finish_reason,
                 "logprobs": _steps_data(acc) if logprobs else None,
+                "tool_calls": _tool_calls_data(acc),
             }
             for index, acc in sorted(self.choices.items())
         ]
@@ -195,9 +199,32 @@ class OutputCollector:
                     text="".join(acc.text),
                     finish_reason=acc.finish_reason,
                     logprobs=_steps_record(acc),
+                    tool_calls=_tool_calls_record(acc),
                 )
             )
         return tuple(out)
+
+
+def _tool_calls_data(acc: ChoiceAcc) -> list[dict[str, Any]] | None:
+    """A choice's tool calls as plain data shaped like `schemas.ToolCall`, in call order (None: none)."""
+    if not acc.tool_calls:
+        return None
+    return [
+        {"id": call.get("id"), "name": call.get("name", ""), "arguments": call.get("arguments", "")}
+        for _, call in sorted(acc.tool_calls.items())
+    ]
+
+
+def _tool_calls_record(acc: ChoiceAcc) -> tuple[ToolCall, ...] | None:
+    """`_tool_calls_data` as records; None when one does not validate (an over-long name from upstream): the
+    token ids, which hold the calls, still stand."""
+    data = _tool_calls_data(acc)
+    if data is None:
+        return None
+    try:
+        return tuple(ToolCall(**call) for call in data)
+    except ValidationError:
+        return None
 
 
 def _aligned_steps(acc: ChoiceAcc) -> list[StepRow] | None:

@@ -125,7 +125,13 @@ def _collect_response(collector: OutputCollector, response: dict[str, Any]) -> N
     if len(outputs) == 1:
         acc.token_ids.extend(outputs[0])
     logprobs_seen = False
-    for item in response.get("output") or ():
+    for position, item in enumerate(response.get("output") or ()):
+        if isinstance(item, dict) and item.get("type") == "function_call":
+            call = {key: item[key] for key in ("name", "arguments") if isinstance(item.get(key), str)}
+            if isinstance(item.get("call_id"), str):
+                call["id"] = item["call_id"]
+            acc.tool_calls[position] = call
+            continue
         if not isinstance(item, dict) or item.get("type") != "message":
             continue
         for part in item.get("content") or ():

@@ -221,3 +221,59 @@ def test_spooled_bytes_of_a_clean_answer_take_the_fast_path(monkeypatch: pytest.
     assert data == expected
     assert b'"logprob":-3.5,"rank":2' in data
     assert f'"logprob":{near_zero!r},"token":"a"'.encode() in data
+
+
+CALLS = [
+    {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+    {"id": "call-2", "type": "function", "function": {"name": "lookup_policy", "arguments": '{"number": "1"}'}},
+]
+
+
+def test_tool_calls_are_recorded_from_a_whole_answer_and_from_a_stream_alike() -> None:
+    """The calls upstream parsed, by call index, whether they came whole or in pieces (and through every builder)."""
+    whole = OutputCollector("chat.completions")
+    message = {"content": None, "tool_calls": CALLS}
+    step = _chat_step(11, "<", -0.1, [(12, -2.0)])
+    whole.add({"choices": [{"index": 0, "message": message, "token_ids": [11], "logprobs": {"content": [step]}}]})
+    stream = OutputCollector("chat.completions")
+    for call_index, call in enumerate(CALLS):
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        for piece in (
+            {"id": call["id"], "function": {"name": name, "arguments": ""}},
+            {"function": {"arguments": arguments[:5]}},
+            {"function": {"arguments": arguments[5:]}},
+        ):
+            stream.add({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": call_index, **piece}]}}]})
+    stream.add({"choices": [{"index": 0, "delta": {}, "token_ids": [11], "logprobs": {"content": [step]}}]})
+    for col in (whole, stream):
+        fast, careful = _both(col, None)
+        assert fast == careful
+        assert isinstance(fast, Envelope)
+        (choice,) = fast.outcome.choices  # type: ignore[union-attr]
+        assert [(c.id, c.name, c.arguments) for c in choice.tool_calls or ()] == [
+            ("call-1", "get_weather", '{"city": "Oslo"}'),
+            ("call-2", "lookup_policy", '{"number": "1"}'),
+        ]
+        assert decode_envelope(fast.canonical()) == fast
+
+
+def test_an_invalid_tool_call_keeps_the_output() -> None:
+    """A tool call name past the contract's bound (hostile upstream) is dropped; the token ids still stand."""
+    col = OutputCollector("chat.completions")
+    bad = [{"id": "x", "function": {"name": "n" * 5000, "arguments": "{}"}}]
+    col.add({"choices": [{"index": 0, "message": {"content": None, "tool_calls": bad}, "token_ids": [7]}]})
+    fast, careful = _both(col, None)
+    assert fast == careful
+    assert isinstance(fast, Envelope)
+    (choice,) = fast.outcome.choices  # type: ignore[union-attr]
+    assert choice.token_ids == (7,)
+    assert choice.tool_calls is None
+
+
+def test_a_responses_function_call_is_recorded() -> None:
+    col = OutputCollector("responses")
+    item = {"type": "function_call", "call_id": "fc-1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    col.add({"object": "response", "status": "completed", "output": [item], "model": "m"})
+    (choice,) = col.choices_record()
+    assert choice.tool_calls is not None
+    assert [(c.id, c.name, c.arguments) for c in choice.tool_calls] == [("fc-1", "get_weather", '{"city": "Oslo"}')]

@@ -24,6 +24,7 @@ from capture.app import build_app
 from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
 from infra import servers
+from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.schedule_replay import replay_on_schedule
@@ -95,7 +96,7 @@ TRAFFIC: dict[str, dict[str, Any]] = {
         seed=11,
         response_format={"type": "json_schema", "json_schema": {"name": "claim", "schema": CLAIM_SCHEMA}},
     ),
-    "tool_required": _body("What is the weather in Lisbon?", 32, tools=[WEATHER, POLICY], tool_choice="required"),
+    "tool_required": _body("What is the weather in Lisbon?", 64, tools=[WEATHER, POLICY], tool_choice="required"),
     "tool_named": _body(
         "Look up policy 123456.",
         24,
@@ -111,8 +112,14 @@ TRAFFIC: dict[str, dict[str, Any]] = {
 def sidecar(stack: StackInfo) -> dict[str, Any]:
     """The real sidecar in front of the session stack's vLLM (which records its schedule)."""
     assert stack.vllm_url is not None
-    recorder = servers.RECORDER_NAME
-    settings = CaptureSettings(upstream=stack.vllm_url, spool_max_bytes=1 << 22, schedule_recorder=recorder)
+    env = stack_defaults(stack)  # the stack's runtime file and manifest: what `reprolane capture serve` reads
+    settings = CaptureSettings(
+        upstream=stack.vllm_url,
+        spool_max_bytes=1 << 22,
+        schedule_recorder=servers.RECORDER_NAME,
+        runtime_path=env["REPROLANE_CAPTURE_RUNTIME_PATH"],
+        manifest_path=env["REPROLANE_CAPTURE_MANIFEST_PATH"],
+    )
     spool = FakeSpool()
     return {"app": build_app(settings, spool=spool, metrics=CaptureMetrics()), "spool": spool}
 
@@ -163,6 +170,7 @@ def _check_recorded(name: str, body: dict[str, Any], envelope: Envelope, vllm_ur
         for tool in body["tools"]:
             assert json.dumps(tool["function"]["parameters"]) in prompt, name  # the rendered tools, in the ids
         assert envelope.runtime.tool_call_parser == "hermes"
+    assert envelope.artifacts.chat_template_sha256 is not None  # the template that rendered the tools
     assert envelope.runtime.structured_outputs is not None
     assert "xgrammar=" in envelope.runtime.structured_outputs
 
@@ -177,8 +185,9 @@ async def test_application_traffic_replays_bitwise_against_what_the_client_recei
     envelopes = await _spooled(sidecar["spool"], ids)
     for name, envelope in zip(names, envelopes, strict=True):
         _check_recorded(name, TRAFFIC[name], envelope, stack.vllm_url or "")
-    required = replies[names.index("tool_required")].json()["choices"][0]["message"]
-    assert required["tool_calls"], required  # the stack serves tool calls
+    for name in ("tool_required", "tool_named"):  # the stack serves tool calls, forced by the constraint
+        message = replies[names.index(name)].json()["choices"][0]["message"]
+        assert message.get("tool_calls") or (message["content"] or "").startswith("<tool_call>"), message
 
     windows = await _ship_windows(stack, envelopes)
     if gaps_s == 0.0:

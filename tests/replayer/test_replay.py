@@ -241,3 +241,21 @@ def test_a_constrained_request_is_refused_on_another_structured_output_backend()
     assert replay_envelope(env, same, ReplayerSettings()).event.verdict == "bitwise"
     plain = envelope(runtime=runtime(structured_outputs="backend=auto;xgrammar=0.2.8"))
     assert replay_envelope(plain, other, ReplayerSettings()).event.verdict == "bitwise"  # nothing masked: no refusal
+
+
+def test_a_fork_inside_a_tool_calls_arguments_is_named_in_the_event() -> None:
+    from schemas import Choice, ToolCall
+
+    pieces = ["<tool_call>", '{"name": "f", ', '"arguments": ', '{"a": ', "1", "}}", "</tool_call>"]
+    steps = tuple(StepLogprobs(token_id=100 + i, token=t, logprob=-0.5) for i, t in enumerate(pieces))
+    call = ToolCall(name="f", arguments='{"a": 1}')
+    recorded = Choice(index=0, token_ids=tuple(range(100, 107)), text="", logprobs=steps, tool_calls=(call,))
+    timings = Timings(received_at=FIXED_TIME, upstream_ms=1.0)
+    sampling = SamplingContract(temperature=0.0, seed_scope="none", logprobs=0)
+    env = envelope(outcome=CapturedOutput(choices=(recorded,), timings=timings), sampling=sampling)
+    other = (*steps[:4], StepLogprobs(token_id=7, token="2", logprob=-0.4), *steps[5:])
+    replayed = ReplayedOutput(token_ids=tuple(s.token_id for s in other), text="", logprobs=other)
+    ev = replay_envelope(env, ScriptedLane(replayed, fp=runtime()), ReplayerSettings()).event
+    assert ev.first_divergence is not None
+    assert ev.first_divergence.position == 4
+    assert "the fork is inside the arguments of tool call 0 (f)" in ev.cause_detail
