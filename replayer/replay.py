@@ -53,7 +53,7 @@ from schemas import (
     diff_fingerprints,
 )
 
-__all__ = ["EXTRA_TOKENS", "replay_budget", "replay_envelope", "server_view"]
+__all__ = ["EXTRA_TOKENS", "FROM_COMPARISON", "replay_budget", "replay_envelope", "server_view"]
 
 #: How many tokens past the recorded length a replay may run (bounds cost; still shows length differences).
 EXTRA_TOKENS: Final = 16
@@ -62,7 +62,7 @@ FIRST_K_ENDPOINTS: Final = frozenset({"chat.completions", "responses"})
 #: The members of a comparison (`replayer.compare.Comparison`) that are the divergence event's own, under the same
 #: names; the event's ``target_met``, ``cause_hint`` and ``cause_detail`` are the comparison's with this envelope's
 #: notes applied.
-_FROM_COMPARISON: Final = (
+FROM_COMPARISON: Final = (
     *("verdict", "levels_held", "first_divergence", "max_abs_logprob_diff", "max_rel_logprob_diff"),
     *("token_match_rate", "recorded_length", "replayed_length", "length_diff", "semantic_similarity"),
 )
@@ -141,8 +141,11 @@ def replay_envelope(
     *,
     now: Callable[[], datetime] = _utcnow,
     reply_to: str | None = None,
+    every_choice: bool = False,
 ) -> ReplayResult:
     """Replay choice 0 of ``envelope`` on ``lane`` and compare; raises `NotReplayableError` (says why).
+    ``every_choice``: the lane replays every choice of a request with ``n > 1`` (the schedule lane; its caller
+    compares the others), so the event does not say that only choice 0 was.
 
     A divergence is a result: every replay returns a `ReplayResult` whose event carries the verdict.
     `LaneUnavailableError` (and the lane's own errors) propagate.
@@ -186,7 +189,7 @@ def replay_envelope(
             notes.append(UNSEEDED_DETAIL)
     if result.first_divergence is not None and (where := fork_in_tool_call(recorded, result.first_divergence.position)):
         notes.append(where)
-    if sampling.n > 1:
+    if sampling.n > 1 and not every_choice:
         notes.append(f"n={sampling.n}: only choice 0 was replayed")
     if envelope.more_prompts:
         notes.append(f"{1 + len(envelope.more_prompts)} prompts: only the first prompt's choice 0 was replayed")
@@ -200,7 +203,7 @@ def replay_envelope(
         lane_fingerprint=lane_fp,
         lane_fingerprint_sha256=lane_fp.sha256(),
         fingerprint_diffs=diffs,
-        **{name: getattr(result, name) for name in _FROM_COMPARISON},
+        **{name: getattr(result, name) for name in FROM_COMPARISON},
         cause_hint=cause_hint,
         target_level=envelope.target_level,
         target_met=target_met,

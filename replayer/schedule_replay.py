@@ -16,17 +16,31 @@ shipped, so `ScheduleReplayer` looks again until ``schedule_wait_s`` after the c
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
+from replayer.compare import Comparison, compare
 from replayer.errors import LaneUnavailableError, NotReplayableError, ScheduleNotFoundError, StoreError
 from replayer.lanes.base import GenRequest
-from replayer.replay import replay_envelope
+from replayer.replay import FROM_COMPARISON, replay_budget, replay_envelope, server_view
 from replayer.settings import ReplayerSettings
-from schemas import Envelope, ReplayedOutput, ReplayResult, RuntimeFingerprint
+from schemas import (
+    CapturedOutput,
+    Choice,
+    ChoiceCheck,
+    DivergenceEvent,
+    Envelope,
+    FirstDivergence,
+    ReplayedOutput,
+    ReplayResult,
+    RuntimeFingerprint,
+)
+from schemas.replay import CauseHint, Verdict
 from schemas.schedule import EngineStart
+from schemas.schedule_delivery import choice_index
 from schemas.schedule_log import ScheduleLog
 
 if TYPE_CHECKING:
@@ -44,25 +58,123 @@ def window_log(window: ScheduleWindow) -> ScheduleLog:
 
 
 class _TargetOnSchedule:
-    """The `replayer.lanes.base.Lane` face of one schedule replay, so `replay_envelope` compares it."""
+    """The `replayer.lanes.base.Lane` face of one schedule replay, so `replay_envelope` compares it.
+
+    ``targets``: the engine request of each choice, by choice index (one for ``n = 1``). With several, every
+    choice is replayed in the one run, each with its own seed (vLLM seeds choice ``i`` with the request's seed +
+    ``i``) and length budget (`choice_request`), and `replay` answers choice 0's output."""
 
     name = "schedule"
 
-    def __init__(self, lane: ScheduleLane, log: ScheduleLog, target: str) -> None:
-        self._lane, self._log, self._target = lane, log, target
+    def __init__(self, lane: ScheduleLane, log: ScheduleLog, targets: dict[int, str], envelope: Envelope) -> None:
+        self._lane, self._log, self._targets, self._envelope = lane, log, targets, envelope
         self.replay_result: ScheduleReplay | None = None
 
     def fingerprint(self) -> RuntimeFingerprint:
         return self._lane.fingerprint()
 
     def replay(self, request: GenRequest) -> ReplayedOutput:
-        self.replay_result = self._lane.replay_target(self._log, self._target, request)
-        if self.replay_result.output is None:
-            raise NotReplayableError(f"the schedule replay of {self._target} produced no output")
-        return self.replay_result.output
+        first = self._targets[0]
+        if len(self._targets) == 1:
+            self.replay_result = self._lane.replay_target(self._log, first, request)
+        else:
+            requests = {rid: choice_request(self._envelope, request, i) for i, rid in sorted(self._targets.items())}
+            self.replay_result = self._lane.replay_choices(self._log, requests)
+        output = self.replay_result.outputs.get(first)
+        if output is None:
+            raise NotReplayableError(f"the schedule replay of {first} produced no output")
+        return output
 
     def close(self) -> None:  # the schedule lane outlives one replay
         return None
+
+
+def choice_request(envelope: Envelope, first: GenRequest, index: int) -> GenRequest:
+    """Choice ``index``'s request, from choice 0's: its seed (the request's + ``index``, as vLLM's parallel sampling
+    seeds its children) and its own length budget (`replayer.replay.replay_budget` of its recorded choice)."""
+    if index == 0:
+        return first
+    sampling = first.sampling
+    if sampling.seed is not None:
+        sampling = sampling.model_copy(update={"seed": sampling.seed + index})
+    recorded = _recorded_choice(envelope, index)
+    max_tokens, _ = replay_budget(first.sampling, recorded)
+    return dataclasses.replace(first, sampling=sampling, max_tokens=max_tokens)
+
+
+def _recorded_choice(envelope: Envelope, index: int) -> Choice:
+    outcome = envelope.outcome
+    choices = [c for c in outcome.choices if c.index == index] if isinstance(outcome, CapturedOutput) else []
+    if not choices:
+        raise NotReplayableError(f"{envelope.request_id}: the recorded output has no choice {index}")
+    return choices[0]
+
+
+def _choice_targets(envelope: Envelope, window: ScheduleWindow) -> dict[int, str]:
+    """The engine request of each choice (by index): one per choice of a request with ``n > 1`` (vLLM's
+    ``<i>_`` children), else the first arrival; a window that lacks a choice is refused."""
+    sampling = envelope.sampling
+    n = sampling.n if sampling is not None and not envelope.more_prompts else 1
+    if n == 1:
+        return {0: window.arrivals[0].engine_request_id}
+    targets = {choice_index(a.engine_request_id): a.engine_request_id for a in window.arrivals}
+    missing = [i for i in range(n) if i not in targets]
+    if missing:
+        raise NotReplayableError(f"the schedule log has no engine request for choice(s) {missing} of n={n}")
+    return {i: targets[i] for i in range(n)}
+
+
+def _every_choice(
+    envelope: Envelope,
+    targets: dict[int, str],
+    replay: ScheduleReplay,
+    event: DivergenceEvent,
+    settings: ReplayerSettings,
+) -> dict[str, Any]:
+    """The event's fields for a request whose every choice was replayed: each choice's check (choice 0's is the
+    event's own), the first divergent choice, and the event's comparison fields from the choice that held the
+    fewest levels when that is not choice 0."""
+    sampling = envelope.sampling
+    assert sampling is not None  # replay_envelope refused an envelope without one
+    unseeded = sampling.seed_scope == "worker_global" and not sampling.greedy
+    checks = [
+        _check(0, event.verdict, event.target_met, event.first_divergence, event.token_match_rate, event.cause_hint)
+    ]
+    worst: tuple[int, Comparison] | None = None
+    for index in sorted(targets)[1:]:
+        recorded = _recorded_choice(envelope, index)
+        k = replay_budget(sampling, recorded)[1]
+        replayed = server_view(replay.outputs[targets[index]], envelope.endpoint, k)
+        c = compare(
+            recorded, replayed, settings.thresholds, envelope.target_level, fingerprint_diffs=event.fingerprint_diffs
+        )
+        checks.append(
+            _check(
+                index, c.verdict, c.target_met and not unseeded, c.first_divergence, c.token_match_rate, c.cause_hint
+            )
+        )
+        fewest = len(worst[1].levels_held) if worst is not None else len(event.levels_held)
+        if len(c.levels_held) < fewest:
+            worst = (index, c)
+    fields: dict[str, Any] = {
+        "choices": tuple(checks),
+        "divergent_choice": next((c.index for c in checks if c.verdict != "bitwise"), None),
+        "target_met": all(c.target_met for c in checks),
+    }
+    if worst is not None:
+        index, comparison = worst
+        fields.update({name: getattr(comparison, name) for name in FROM_COMPARISON})
+        fields["cause_detail"] = f"choice {index} of n={sampling.n}: {comparison.cause_detail}"
+    return fields
+
+
+def _check(
+    index: int, verdict: Verdict, met: bool, first: FirstDivergence | None, match: float, hint: CauseHint
+) -> ChoiceCheck:
+    position = first.position if first is not None else None
+    return ChoiceCheck(
+        index=index, verdict=verdict, target_met=met, first_divergence=position, token_match_rate=match, cause_hint=hint
+    )
 
 
 def replay_on_schedule(
@@ -74,24 +186,27 @@ def replay_on_schedule(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     reply_to: str | None = None,
 ) -> tuple[ReplayResult, ScheduleReplay]:
-    """Replay `envelope`'s choice 0 under its recorded schedule; the result's event names the schedule lane and
-    says whether the schedule was reproduced (and the first mismatching step when not)."""
+    """Replay `envelope` under its recorded schedule (every choice of a request with ``n > 1``, each compared with
+    its recorded choice); the result's event names the schedule lane and says whether the schedule was reproduced
+    (and the first mismatching step when not)."""
     if not window.complete:
         raise NotReplayableError(f"the schedule log of {envelope.request_id} is incomplete: {window.gap}")
     log = window_log(window)
-    target = window.arrivals[0].engine_request_id
-    face = _TargetOnSchedule(lane, log, target)
-    result = replay_envelope(envelope, face, settings, now=now, reply_to=reply_to)
+    targets = _choice_targets(envelope, window)
+    face = _TargetOnSchedule(lane, log, targets, envelope)
+    result = replay_envelope(envelope, face, settings, now=now, reply_to=reply_to, every_choice=len(targets) > 1)
     replay = face.replay_result
     assert replay is not None  # replay_envelope called face.replay or raised
+    update: dict[str, Any] = {}
+    if len(targets) > 1:
+        update = _every_choice(envelope, targets, replay, result.event, settings)
     detail = _detail(replay)
-    event = result.event.model_copy(
-        update={
-            "schedule_reproduced": replay.schedule_reproduced,
-            "schedule_mismatch_step": replay.steps.mismatch.step if replay.steps.mismatch else None,
-            "cause_detail": "; ".join(x for x in (result.event.cause_detail, detail) if x),
-        }
-    )
+    update |= {
+        "schedule_reproduced": replay.schedule_reproduced,
+        "schedule_mismatch_step": replay.steps.mismatch.step if replay.steps.mismatch else None,
+        "cause_detail": "; ".join(x for x in (update.get("cause_detail", result.event.cause_detail), detail) if x),
+    }
+    event = result.event.model_copy(update=update)
     return result.model_copy(update={"event": event}), replay
 
 

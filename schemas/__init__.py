@@ -55,6 +55,7 @@ from schemas.errors import ContractError
 from schemas.fingerprint import FieldDiff, RuntimeFingerprint, diff_fingerprints
 from schemas.levels import LEVEL_ORDER, ReproLevel
 from schemas.replay import (
+    ChoiceCheck,
     DivergenceEvent,
     FirstDivergence,
     ReplayedOutput,
@@ -77,6 +78,7 @@ __all__ = [
     "CapturedError",
     "CapturedOutput",
     "Choice",
+    "ChoiceCheck",
     "ContractError",
     "DivergenceEvent",
     "Envelope",

@@ -93,6 +93,18 @@ class FirstDivergence(Record):
     near_tie: bool = Field(description="the recorded top-1/top-2 margin at the fork was below the threshold")
 
 
+class ChoiceCheck(Record):
+    """One choice of a request with ``n > 1`` compared with its replay (every choice is a sequence of its own in the
+    engine's schedule, with its own seed: vLLM seeds choice ``i`` with the request's seed + ``i``)."""
+
+    index: int = Field(ge=0)
+    verdict: Verdict
+    target_met: bool
+    first_divergence: int | None = Field(default=None, ge=0, description="the first differing token's position")
+    token_match_rate: float = Field(ge=0.0, le=1.0)
+    cause_hint: CauseHint
+
+
 class DivergenceEvent(Record):
     schema_version: Literal["reprolane.replay/1"] = REPLAY_SCHEMA_VERSION
     request_id: RequestId
@@ -142,6 +154,15 @@ class DivergenceEvent(Record):
     )
     schedule_mismatch_step: int | None = Field(
         default=None, description="schedule lane only: the first recorded step whose replayed shapes differ"
+    )
+    choices: tuple[ChoiceCheck, ...] | None = Field(
+        default=None,
+        min_length=2,
+        description="a request with n > 1 whose every choice was replayed: each choice's comparison, by index (the "
+        "event's own verdict and divergence are then those of the choice that held the fewest levels)",
+    )
+    divergent_choice: int | None = Field(
+        default=None, ge=0, description="the first choice (by index) whose replay is not bitwise (None: none, or n = 1)"
     )
 
     def result_id(self) -> str:

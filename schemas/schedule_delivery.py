@@ -103,12 +103,23 @@ def is_engine_id(value: str) -> bool:
 
 #: vLLM's engine request id is the external id plus ``-`` and 8 random hex characters.
 _ENGINE_SUFFIX_RE: Final = re.compile(r"-[0-9a-f]{8}$")
+#: A request with ``n > 1`` runs as one engine request per choice, named ``<index>_<parent's engine id>`` (vLLM
+#: 0.32's ``ParentRequest.get_child_info``).
+_CHILD_PREFIX_RE: Final = re.compile(r"^([0-9]{1,3})_")
 
 
 def external_request_id(engine_request_id: str) -> str:
-    """The id the engine was given (``chatcmpl-<X-Request-Id>`` from the OpenAI server), without vLLM's suffix:
-    what an arrival is indexed under."""
-    return _ENGINE_SUFFIX_RE.sub("", engine_request_id)
+    """The id the engine was given (``chatcmpl-<X-Request-Id>`` from the OpenAI server), without vLLM's suffix
+    and without a choice's ``<index>_`` prefix: what an arrival is indexed under (every choice of a request with
+    ``n > 1`` under its request's id)."""
+    return _ENGINE_SUFFIX_RE.sub("", _CHILD_PREFIX_RE.sub("", engine_request_id, count=1))
+
+
+def choice_index(engine_request_id: str) -> int:
+    """The choice an engine request computes: ``i`` for vLLM's ``<i>_...`` child of a request with ``n > 1``, else
+    0 (a request with ``n = 1`` is its own only choice)."""
+    match = _CHILD_PREFIX_RE.match(engine_request_id)
+    return int(match.group(1)) if match else 0
 
 
 def external_request_id_for(endpoint: str, request_id: str) -> str:

@@ -258,6 +258,24 @@ class ScheduleLane:
         plan = self._plan(log, target)
         return self._thread.call(self._run, log, plan, {target: request})
 
+    def replay_choices(self, log: ScheduleLog, requests: Mapping[str, GenRequest]) -> ScheduleReplay:
+        """Replay every choice of a request with ``n > 1`` (``requests``: each choice's engine request id in ``log``
+        and its request, the first choice first) with fillers for every other request of their window; the outputs
+        are in `ScheduleReplay.outputs` by engine request id, the first choice's also as ``output``."""
+        if self.moe:
+            raise NotReplayableError(
+                "mixture-of-experts model (" + ", ".join(self.moe) + "): expert routing depends on the companions' "
+                "content, so filler companions cannot reproduce the batch; use window replay with real content"
+            )
+        ids = list(requests)
+        try:
+            for rid in ids:
+                check_target(log, rid, len(requests[rid].prompt_token_ids))
+        except (KeyError, ValueError) as exc:
+            raise NotReplayableError(str(exc)) from exc
+        plan = self._plan(log, ids[0], also=tuple(ids[1:]))
+        return self._thread.call(self._run, log, plan, dict(requests))
+
     def replay_window(self, log: ScheduleLog, requests: Mapping[str, GenRequest], target: str) -> ScheduleReplay:
         """Replay every request of ``target``'s window with its real content (``requests`` by engine request id;
         one that is missing is refused); all outputs are returned in `ScheduleReplay.outputs`."""
@@ -267,10 +285,13 @@ class ScheduleLane:
             raise NotReplayableError(f"window replay needs every request of the window; missing: {missing}")
         return self._thread.call(self._run, log, plan, dict(requests), until_all=True)
 
-    def _plan(self, log: ScheduleLog, target: str) -> ReplayPlan:
-        """The target's plan; refused when it would run more than ``schedule_max_steps`` recorded steps."""
+    def _plan(self, log: ScheduleLog, target: str, also: tuple[str, ...] = ()) -> ReplayPlan:
+        """The target's plan (`plan_replay`); refused when it would run more than ``schedule_max_steps`` recorded
+        steps."""
         try:
-            return plan_replay(log, target, max_model_len=self.engine_start.max_model_len, max_steps=self.max_steps)
+            return plan_replay(
+                log, target, max_model_len=self.engine_start.max_model_len, max_steps=self.max_steps, also=also
+            )
         except WindowTooLongError as exc:
             raise NotReplayableError(f"{exc} (schedule_max_steps)") from exc
 
@@ -295,7 +316,7 @@ class ScheduleLane:
             outputs: dict[str, Any] = {}
             pending = list(plan.requests)
             target_id = plan.target
-            target_done = False
+            waiting = set(real)  # the real requests not finished yet: the replay runs until none is
             while True:
                 rel = int(self._recorder.step) - first_step
                 while pending and pending[0].arrival.step - plan.start_step <= rel:
@@ -319,7 +340,7 @@ class ScheduleLane:
                     by_name[name] = rid
                     to_replay[rid] = new_id
                     tokens[rid] = list(prompt)
-                if target_done and not until_all:
+                if not waiting and not until_all:
                     break
                 if not self._engine.has_unfinished_requests():
                     if not pending:
@@ -335,7 +356,7 @@ class ScheduleLane:
                     tokens[prod_id] = list(out.prompt_token_ids or []) + list(out.outputs[0].token_ids)
                     if out.finished:
                         outputs[prod_id] = out.outputs[0]
-                        target_done = target_done or prod_id == target_id
+                        waiting.discard(prod_id)
             self._drain()
             replayed = steps_from(read_log(self._recorder), log_first)
         results = {rid: output_from_vllm(o) for rid, o in outputs.items() if rid in real}

@@ -88,16 +88,26 @@ def _hit_providers(arrival: RequestArrival) -> list[str]:
 
 
 def plan_replay(
-    log: ScheduleLog, target: str, *, max_model_len: int | None = None, max_steps: int | None = None
+    log: ScheduleLog,
+    target: str,
+    *,
+    max_model_len: int | None = None,
+    max_steps: int | None = None,
+    also: tuple[str, ...] = (),
 ) -> ReplayPlan:
-    """The window and the fillers that replay ``target`` (an engine request id of the log);
-    `WindowTooLongError` when they would run more than ``max_steps`` recorded steps."""
-    shape = log.requests.get(target)
-    if shape is None:
-        raise KeyError(f"request {target} is not in the schedule log")
-    if not shape.steps:
-        raise KeyError(f"request {target} was never scheduled in the log")
-    end = shape.steps[-1]
+    """The window and the fillers that replay ``target`` (an engine request id of the log) and ``also`` (the other
+    choices of a request with ``n > 1``: the window ends at the last of them); `WindowTooLongError` when they would
+    run more than ``max_steps`` recorded steps."""
+    ends = []
+    for rid in (target, *also):
+        shape = log.requests.get(rid)
+        if shape is None:
+            raise KeyError(f"request {rid} is not in the schedule log")
+        if not shape.steps:
+            raise KeyError(f"request {rid} was never scheduled in the log")
+        ends.append(shape.steps[-1])
+    shape = log.requests[target]
+    end = max(ends)
     periods = _Periods(log)
     start = periods.bounds(shape.arrival.step)[0]
     notes: list[str] = []
@@ -142,7 +152,7 @@ def plan_replay(
         length = log.output_length(rid)
         if length is None:
             last = log.requests[rid].steps
-            if rid != target:
+            if rid != target and rid not in also:
                 computed, scheduled = log.scheduled_in(last[-1])[rid] if last else (0, 0)
                 length = max(computed + scheduled - a.num_prompt_tokens + 2, 1)
                 if max_model_len is not None:
