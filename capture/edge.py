@@ -4,7 +4,8 @@
 What a client sends is bounded here before anything else reads it: a body's size (413) and the time it may
 take to arrive (408), a request's nesting depth (`decode_request`, 400), the request target forwarded upstream
 (`request_target`, 400), and what of a path may reach the log (`loggable`). The connection itself (heads on a
-deadline, concurrency) is bounded by the server, `capture.http_server`.
+deadline, connections per address and in all, requests in progress) is bounded by the server,
+`capture.http_server`.
 
 Raw ASGI rather than Starlette request/response objects: the capture hot path must stay well under a
 millisecond, and a streamed answer needs direct control of ``send`` and of the ``receive`` channel (a client
