@@ -68,6 +68,8 @@ async def half_open(port: int, source: str, n: int, deadline: float, pacer: Pace
     """Hold a connection that sends part of a head (one in four sends nothing); reopen it when it is closed."""
     while time.monotonic() < deadline:
         await pacer.turn()
+        if time.monotonic() >= deadline:  # a turn reserved before the deadline came after it
+            return
         pair = await _open(port, source, seen)
         if pair is None:
             await asyncio.sleep(0.1)
