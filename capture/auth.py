@@ -138,6 +138,24 @@ class Authenticator:
             raise Unauthenticated("incorrect API key provided")
         return Caller(tenant=entry.tenant, key_id=entry.key_id, roles=entry.roles, credential_header=header)
 
+    def vouches_for(self, headers: dict[bytes, bytes], client: Sequence[Any] | None) -> bool:
+        """Whether a request head proves who sent it: a valid API key of the key file (``keys``,
+        ``anonymous-allowed``), a trusted proxy's address (``trusted-proxy``); never under ``off``. The server
+        serves such a connection first (`capture.connection_limits`); whether the request may do what it asks
+        (its roles, its tenant header) is still `authenticate`'s and the app's to say."""
+        if self.mode == "off":
+            return False
+        if self.mode == "trusted-proxy":
+            return client is not None and self.trusted_peer(str(client[0]))
+        try:
+            return self.authenticate(headers, client).key_id is not None
+        except Unauthenticated:
+            return False
+
+    def trusted_peer(self, host: str) -> bool:
+        """Whether `host` is in a trusted proxy network (``trusted-proxy`` mode only; False in any other)."""
+        return self.mode == "trusted-proxy" and self._trusted_peer(host)
+
     def _check(self, key: str) -> KeyEntry | None:
         return find_key(self._keys, API_KEYS, key)
 

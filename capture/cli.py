@@ -86,7 +86,7 @@ def serve(settings: CaptureSettings) -> None:
     else:
         log.warning("no --kafka-bootstrap and no --s3-endpoint: envelopes stay in the spool %s", settings.spool_dir)
     app = build_app(settings, spool=spool, metrics=metrics, publisher=publisher)
-    config = uvicorn_config(app, settings)
+    config = uvicorn_config(app, settings, app.state.proxy.auth)  # the app's own judge of keys serves keyed first
     tune_gc()
     uvicorn.Server(config).run()  # run(), not asyncio.run(serve()): only run() applies loop="auto" (uvloop)
 

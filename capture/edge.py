@@ -4,7 +4,8 @@
 What a client sends is bounded here before anything else reads it: a body's size (413) and the time it may
 take to arrive (408), a request's nesting depth (`decode_request`, 400), the request target forwarded upstream
 (`request_target`, 400), and what of a path may reach the log (`loggable`). The connection itself (heads on a
-deadline, concurrency) is bounded by the server, `capture.http_server`.
+deadline, connections per address and in all, requests in progress) is bounded by the server,
+`capture.http_server`.
 
 Raw ASGI rather than Starlette request/response objects: the capture hot path must stay well under a
 millisecond, and a streamed answer needs direct control of ``send`` and of the ``receive`` channel (a client
@@ -167,21 +168,29 @@ def error_body(message: str, *, type_: str, code: int | str | None, param: str |
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
-async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int, timeout_s: float) -> bytes:
+async def read_body(
+    headers: dict[bytes, bytes], receive: Receive, limit: int, timeout_s: float, min_rate: float
+) -> bytes:
     """The whole request body; `BadRequest` 413 past `limit` (a declared length is checked before reading), 408
-    when it has not arrived whole within `timeout_s` (a client that sends a byte now and then holds no request
-    of the sidecar's for longer than that)."""
+    when it has not arrived whole in time: `timeout_s`, plus a second for every `min_rate` bytes received so far.
+    A client that sends a byte now and then holds no request of the sidecar's much past `timeout_s`, whoever it
+    is (a caller with a valid key too), and a large body on an honest link earns the time it needs (at most
+    ``limit / min_rate`` more)."""
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadRequest(413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+    loop = asyncio.get_running_loop()
+    start = loop.time() + timeout_s
     try:
-        async with asyncio.timeout(timeout_s):
-            return await _read_whole(receive, limit)
+        async with asyncio.timeout_at(start) as deadline:
+            return await _read_whole(receive, limit, lambda size: deadline.reschedule(start + size / min_rate))
     except TimeoutError:
-        raise BadRequest(408, f"the request body did not arrive within {timeout_s:g} s") from None
+        raise BadRequest(
+            408, f"the request body did not arrive within {timeout_s:g} s plus a second per {min_rate:g} bytes"
+        ) from None
 
 
-async def _read_whole(receive: Receive, limit: int) -> bytes:
+async def _read_whole(receive: Receive, limit: int, received: Callable[[int], None]) -> bytes:
     parts: list[bytes] = []
     size = 0
     while True:
@@ -195,6 +204,7 @@ async def _read_whole(receive: Receive, limit: int) -> bytes:
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+        received(size)
 
 
 # What a forwarded target may hold unescaped: RFC 3986's pchar and "/", plus "%" so that the escapes a client

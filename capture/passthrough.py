@@ -42,7 +42,9 @@ class UncapturedPaths:
     def __init__(self, settings: CaptureSettings, *, upstream: Upstream, metrics: CaptureMetrics) -> None:
         self._refuse = settings.refuse_uncaptured
         self._allowed = frozenset(settings.uncaptured_allowed)
-        self._forward = forward_as_is(upstream, settings.max_body_bytes, settings.request_body_timeout_s)
+        self._forward = forward_as_is(
+            upstream, settings.max_body_bytes, settings.request_body_timeout_s, settings.request_body_min_rate
+        )
         self._seen = edge.RecentIds(capacity=256)  # write paths already logged
         self._counted = {kind: metrics.uncaptured_total.labels(kind) for kind in ("read", "write", "refused")}
 
@@ -74,7 +76,7 @@ class UncapturedPaths:
         await self._forward(scope, receive, send)
 
 
-def forward_as_is(upstream: Upstream, max_body_bytes: int, body_timeout_s: float) -> ASGIApp:
+def forward_as_is(upstream: Upstream, max_body_bytes: int, body_timeout_s: float, body_min_rate: float) -> ASGIApp:
     """Any other path: forwarded as it is, answered as upstream answers (no envelope); a redirect to upstream's
     own address is pointed back at the sidecar (`_through_sidecar`)."""
 
@@ -89,7 +91,7 @@ def forward_as_is(upstream: Upstream, max_body_bytes: int, body_timeout_s: float
             except ValueError as exc:
                 raise edge.BadRequest(400, str(exc)) from None
             edge.refuse_unsendable(scope["headers"])
-            body = await edge.read_body(headers, receive, max_body_bytes, body_timeout_s)
+            body = await edge.read_body(headers, receive, max_body_bytes, body_timeout_s, body_min_rate)
         except edge.BadRequest as bad:
             await edge.send_json(
                 send, bad.status, edge.error_body(bad.message, type_="invalid_request_error", code=bad.status), None

@@ -207,7 +207,10 @@ class CaptureProxy:
         try:
             read_reprolane_headers(ctx, headers, self.policy, caller)
             refuse_unsendable(headers.items())
-            body = await read_body(headers, receive, self.settings.max_body_bytes, self.settings.request_body_timeout_s)
+            bounds = self.settings
+            body = await read_body(
+                headers, receive, bounds.max_body_bytes, bounds.request_body_timeout_s, bounds.request_body_min_rate
+            )
             ctx.body_sha256 = hashlib.sha256(body).hexdigest()
             try:
                 parsed, encode = decode_request(body)

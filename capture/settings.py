@@ -157,13 +157,34 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         description="uvicorn's HTTP parser, pinned so the dev install and the image parse request targets alike",
     )
     max_concurrency: int = Field(
-        default=2048, ge=1, description="open connections or requests in progress at once; above it: 503"
+        default=2048, ge=1, description="requests in progress at once; a request above it gets 503"
+    )
+    max_connections: int = Field(
+        default=4096,
+        ge=1,
+        description="open connections at once; a newcomer closes the oldest that has presented no valid key, or "
+        "gets 503 when every one has (capture/connection_limits.py)",
+    )
+    max_anonymous_per_address: int = Field(
+        default=256,
+        ge=1,
+        description="open connections of one client address (IPv6: its /64) that have presented no valid key; a "
+        "newcomer past it closes that address's oldest (trusted proxies are not capped)",
     )
     request_head_timeout_s: float = Field(
-        default=30.0, gt=0, description="a connection that has not sent a whole request head within this is closed"
+        default=5.0, gt=0, description="a connection that has not sent a whole request head within this is closed"
     )
     request_body_timeout_s: float = Field(
-        default=60.0, gt=0, description="a request whose body has not arrived whole within this gets 408"
+        default=10.0,
+        gt=0,
+        description="a request body must arrive within this plus a second per request_body_min_rate bytes received; "
+        "else 408",
+    )
+    request_body_min_rate: int = Field(
+        default=64 * 1024,
+        ge=1,
+        description="bytes per second a request body earns its time at, after request_body_timeout_s (a body "
+        "trickled slower is cut)",
     )
 
     # --- who may call (capture/auth.py): the tenant and the right to flag come from the caller's credential

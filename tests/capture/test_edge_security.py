@@ -170,13 +170,14 @@ async def test_a_body_that_does_not_arrive_is_a_408_in_openai_format(tmp_path: P
 async def test_requests_beyond_the_concurrency_bound_get_503(tmp_path: Path) -> None:
     body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "slow"}]})
     slow = f"{CHAT_HEAD}Content-Length: {len(body)}\r\n\r\n{body}".encode()
-    async with real_sidecar(tmp_path, max_concurrency="3") as (sidecar, _):
+    async with real_sidecar(tmp_path, max_concurrency="2") as (sidecar, _):
         held = [await asyncio.open_connection(HOST, sidecar.port) for _ in range(2)]
         for _, writer in held:
             writer.write(slow)  # upstream takes 5 s over these
         await asyncio.sleep(0.5)
-        status, _, _ = await exchange(sidecar.port, slow + b"")
+        status, _, refused = await exchange(sidecar.port, slow + b"")
         assert status == 503
+        assert json.loads(refused)["error"]["type"] == "service_unavailable"  # OpenAI's format, not uvicorn's text
         for _, writer in held:
             writer.close()  # the client hangs up: the sidecar cancels upstream and frees the slots
         for _ in range(50):
