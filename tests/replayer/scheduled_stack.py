@@ -64,7 +64,7 @@ async def record_scheduled(
     assert stack.vllm_url is not None
     schedule_dir(stack)
     settings = CaptureSettings(
-        upstream=stack.vllm_url, spool_max_bytes=1 << 22, schedule_recorder=servers.RECORDER_NAME
+        upstream=stack.vllm_url, spool_max_bytes=1 << 22, schedule_recorder=servers.RECORDER_NAME, auth_mode="off"
     )
     spool = FakeSpool()
     app = build_app(settings, spool=spool, metrics=CaptureMetrics())
