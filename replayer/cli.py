@@ -1,15 +1,19 @@
 """The replayer's command line: the typer sub-apps `infra.cli` registers as ``replay`` and ``replayer``, and
 the ``show`` command.
 
-    reprolane replay request REQUEST_ID [--lane vllm|remote|transformers] [--via auto|service|local] [--json]
-                             [--timeout S] [--group-id G] [--kafka-bootstrap HOST:PORT] [--s3-endpoint URL ...]
+    reprolane replay request REQUEST_ID [--lane schedule|vllm|remote|transformers] [--via auto|service|local]
+                             [--json] [--timeout S] [--group-id G] [--kafka-bootstrap HOST:PORT] [--s3-endpoint URL ...]
     reprolane replay request --client-request-id ID --tenant T [same options]   (the newest envelope it names)
     reprolane replay workflow WORKFLOW_ID [--tenant T] [same options]  (steps of several tenants need --tenant)
     reprolane replayer serve [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
     reprolane show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as recorded)
 
-``replay request`` asks a running replayer service when one is running (`replayer.on_demand`: ``--via auto``),
-else loads the lane here and says so on stderr. With ``--json`` a command prints exactly one JSON document on
+``replay request`` and ``replay workflow`` ask a running replayer service when one is running
+(`replayer.on_demand`: ``--via auto``), else replay here and say why in one line on stderr. Wherever a request is
+replayed, its lane is chosen the one way (`replayer.lane_choice`: the schedule lane when its schedule is there,
+unless ``--lane`` names one) and its result is stored where the console and evidence bundles read results (a
+result stored already on that lane is the answer), so the same request gets the same verdict from every entry
+point. With ``--json`` a command prints exactly one JSON document on
 stdout and everything else, a lane's engine logs included, on stderr (`replayer.machine_output`); without it the
 replay commands print their text report on stdout the same way, alone.
 
@@ -32,8 +36,8 @@ from typing import Annotated, Any
 import typer
 
 from replayer.cli_options import S3_OPTIONS, LaneFactory, StoreFactory, make_lane, settings_options
-from replayer.errors import NotReplayableError
-from replayer.lanes.base import Lane
+from replayer.errors import NotReplayableError, StoreError
+from replayer.lane_choice import ASKABLE, SCHEDULE_LANE, LaneChoice, keep
 from replayer.machine_output import machine_output
 from replayer.on_demand import DEFAULT_SERVICE_TIMEOUT_S, VIAS, replay_via_service
 from replayer.prompt_text import decode_prompts
@@ -44,8 +48,9 @@ from replayer.show import render_record
 from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayResult
 
-#: The settings options of ``replay request`` and ``replay workflow``.
-REPLAY_OPTIONS = ("lane", *S3_OPTIONS, "model_dir", "remote_url")
+#: The settings options of ``replay request`` and ``replay workflow`` (their ``--lane`` is their own: it may name
+#: the schedule lane, which is no setting).
+REPLAY_OPTIONS = (*S3_OPTIONS, "model_dir", "remote_url")
 
 RequestIdArg = Annotated[str | None, typer.Argument(help="the request id the sidecar recorded")]
 ClientIdOpt = Annotated[
@@ -63,32 +68,65 @@ ViaOpt = Annotated[
 ServiceTimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0.1, help="seconds to wait for the replayer service's answer")
 ]
+LaneOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lane",
+        help="schedule | vllm | remote | transformers (default: the schedule lane when the request's schedule is "
+        "there, else the one-at-a-time lane of the settings)",
+    ),
+]
 
 
-def _replay(envelope: Envelope, lane: Lane, settings: ReplayerSettings) -> ReplayResult:
-    from replayer.replay import replay_envelope
-
-    return replay_envelope(envelope, lane, settings)
+def _say(line: str) -> None:
+    typer.echo(line, err=True)
 
 
-def _replay_scheduled(
-    envelope: Envelope, settings: ReplayerSettings, say: Callable[[str], None]
-) -> ReplayResult | None:
-    """The schedule lane's replay when the envelope names a schedule that is found and complete (issue 22); None
-    (after `say`-ing why, when it named one) for the one-at-a-time lane."""
-    if envelope.schedule is None:
-        return None
-    from replayer.schedule_replay import ScheduleReplayer
+def _asked(settings: ReplayerSettings, lane: str | None) -> tuple[ReplayerSettings, str | None]:
+    """The settings and the lane asked for by ``--lane`` (None: the choice's own); a one-at-a-time lane's name
+    becomes the settings' lane."""
+    if lane is None or lane == SCHEDULE_LANE:
+        return settings, lane
+    if lane not in ASKABLE:
+        raise typer.BadParameter(f"--lane must be one of {', '.join(ASKABLE)}, not {lane!r}")
+    return settings.model_copy(update={"lane": lane}), lane
 
-    replayer = ScheduleReplayer(settings)
-    try:
-        answer = replayer.replay(envelope)
-    finally:
-        replayer.close()
-    if isinstance(answer, str):
-        say(f"reprolane: schedule lane not used: {answer}; replaying one request at a time on lane {settings.lane}")
-        return None
-    return answer
+
+class _Replays:
+    """One command's replays: the running service asked (``--via``), else a `LaneChoice` made here on first need,
+    its lanes kept for the command's next envelopes; a result replayed here is stored (`keep`)."""
+
+    def __init__(self, settings: ReplayerSettings, store: EnvelopeStore, lane_factory: LaneFactory,
+                 lane: str | None, via: str, timeout_s: float) -> None:  # fmt: skip
+        if via not in VIAS:
+            raise typer.BadParameter(f"--via must be one of {', '.join(VIAS)}, not {via!r}")
+        self.settings, self.store, self.lane, self.via, self.timeout_s = settings, store, lane, via, timeout_s
+        self._lane_factory = lane_factory
+        self._choice: LaneChoice | None = None
+
+    def replay(self, envelope: Envelope) -> ReplayResult:
+        if self.via != "local":
+            args = (envelope, self.store, self.settings, self.via, self.timeout_s, _say)
+            result = replay_via_service(*args, lane=self.lane)
+            if result is not None:
+                return result
+            self.via = "local"  # --via auto, and the service failed: said once, the next envelopes replay here
+        if self._choice is None:
+            from replayer.schedule_replay import ScheduleReplayer
+
+            make = self._lane_factory
+            self._choice = LaneChoice(self.settings, lambda: make(self.settings), ScheduleReplayer(self.settings),
+                                      say=lambda line: _say(f"reprolane: {line}"))  # fmt: skip
+        replayed = self._choice.replay(envelope, lane=self.lane, stored=self.store.get_result)
+        try:
+            return keep(self.store, envelope, replayed)[0]
+        except StoreError as exc:
+            _say(f"reprolane: the result is not stored, so the console and evidence will not show it: {exc}")
+            return replayed.result
+
+    def close(self) -> None:
+        if self._choice is not None:
+            self._choice.close()
 
 
 def build_replay_app(
@@ -104,6 +142,7 @@ def build_replay_app(
     def request(
         settings: ReplayerSettings,
         request_id: RequestIdArg = None,
+        lane: LaneOpt = None,
         as_json: JsonOpt = False,
         client_request_id: ClientIdOpt = None,
         tenant: TenantOpt = None,
@@ -112,13 +151,13 @@ def build_replay_app(
     ) -> None:
         """Replay one recorded request and print what diverged (exit 0: target held, 1: not, 2: no verdict).
 
-        With a replayer service running (its lane loaded) the service replays it, in seconds; without one
-        (``--via auto``, the default) a lane is loaded here, which takes a while, and stderr says so."""
-        if via not in VIAS:
-            raise typer.BadParameter(f"--via must be one of {', '.join(VIAS)}, not {via!r}")
+        With a replayer service running (its lanes loaded) the service replays it, in seconds; without one
+        (``--via auto``, the default) a lane is loaded here, which takes a while, and stderr says why."""
+        settings, asked = _asked(settings, lane)
         if (request_id is None) == (client_request_id is None) or (client_request_id is None) != (tenant is None):
             raise typer.BadParameter("give REQUEST_ID, or --client-request-id with --tenant")
         store = store_factory(settings)
+        replays = _Replays(settings, store, lane_factory, asked, via, timeout_s)
         if client_request_id is not None and tenant is not None:
             envelope = store.find_by_client_request_id(tenant, client_request_id)[-1]
             request_id = envelope.request_id
@@ -128,42 +167,40 @@ def build_replay_app(
         if not envelope.replayable:
             raise NotReplayableError(f"request {request_id} is not replayable: {not_replayable_reason(envelope)}")
         with machine_output(True) as document:  # the report, text or JSON, alone on stdout: a lane's logs on stderr
-            result = (
-                None
-                if via == "local"
-                else replay_via_service(
-                    envelope, store, settings, via, timeout_s, lambda line: typer.echo(line, err=True)
-                )
-            )
-            if result is None:
-                result = _replay_scheduled(envelope, settings, lambda line: typer.echo(line, err=True))
-            if result is None:
-                lane = lane_factory(settings)
-                try:
-                    result = _replay(envelope, lane, settings)
-                finally:
-                    lane.close()
+            try:
+                result = replays.replay(envelope)
+            finally:
+                replays.close()
             document(result.model_dump_json(indent=2) if as_json else render_request(envelope, result).rstrip("\n"))
         raise typer.Exit(0 if result.event.target_met else 1)
 
     @app.command("workflow")
-    @settings_options(*REPLAY_OPTIONS)
+    @settings_options(*REPLAY_OPTIONS, "kafka_bootstrap", "group_id")
     def workflow(
-        workflow_id: WorkflowIdArg, settings: ReplayerSettings, as_json: JsonOpt = False, tenant: TenantOpt = None
+        workflow_id: WorkflowIdArg,
+        settings: ReplayerSettings,
+        lane: LaneOpt = None,
+        as_json: JsonOpt = False,
+        tenant: TenantOpt = None,
+        via: ViaOpt = "auto",
+        timeout_s: ServiceTimeoutOpt = DEFAULT_SERVICE_TIMEOUT_S,
     ) -> None:
-        """Replay every recorded step of a workflow in order; report the first step that diverges."""
-        envelopes = store_factory(settings).list_workflow(workflow_id, tenant)
+        """Replay every recorded step of a workflow in order; report the first step that diverges. Each step is
+        replayed as ``replay request`` replays it (the service asked, the same lane chosen, the result stored)."""
+        settings, asked = _asked(settings, lane)
+        store = store_factory(settings)
+        replays = _Replays(settings, store, lane_factory, asked, via, timeout_s)
+        envelopes = store.list_workflow(workflow_id, tenant)
         steps: list[WorkflowStep] = []
         with machine_output(True) as document:  # as in `request`
-            lane = lane_factory(settings)
             try:
                 for envelope in envelopes:
                     if not envelope.replayable:
                         steps.append(WorkflowStep(envelope, None, not_replayable_reason(envelope)))
                         continue
-                    steps.append(WorkflowStep(envelope, _replay(envelope, lane, settings)))
+                    steps.append(WorkflowStep(envelope, replays.replay(envelope)))
             finally:
-                lane.close()
+                replays.close()
             first = first_diverging(steps)
             if as_json:
                 document(json.dumps(_workflow_json(workflow_id, steps, first), indent=2, ensure_ascii=False))

@@ -27,6 +27,7 @@ from typing import Annotated, Any
 
 import typer
 
+from replayer.lane_choice import ONE_AT_A_TIME
 from replayer.lanes.base import Lane
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
@@ -35,7 +36,7 @@ LaneFactory = Callable[[ReplayerSettings], Lane]
 StoreFactory = Callable[[ReplayerSettings], EnvelopeStore]
 Command = Callable[..., None]
 
-LANES = ("vllm", "remote", "transformers")
+LANES = ONE_AT_A_TIME  # the lanes a service or a settings object runs; a command may also ask for `schedule`
 
 #: Each settings option, under the `ReplayerSettings` field it sets (None: not given, the environment decides).
 OPTIONS: dict[str, Any] = {

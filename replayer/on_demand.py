@@ -5,11 +5,12 @@ A lane takes tens of seconds to load (a vLLM engine, a model), a short replay a 
 client side of that topic, used by ``reprolane replay request``:
 
 1. **Is one running?** (`live_service`) The service publishes a `schemas.replay.ReplayerHeartbeat` (its group,
-   lane and lane fingerprint) every few seconds, and a last one marked ``stopping`` when it stops; the client
-   reads the newest records of the heartbeat topic and takes the service of its group (``settings.group_id``)
-   for running when its newest heartbeat is not ``stopping`` and younger than a few intervals (a crash shows as
-   silence). The service beats only once its lane is loaded, and the heartbeat names the lane, so a client that
-   wants another lane does not ask. Kafka's own answer, the members of the service's replay-request consumer
+   and every lane it answers with: its one-at-a-time lane and each schedule lane it has built, with their
+   fingerprints) every few seconds, and a last one marked ``stopping`` when it stops; the client reads the newest
+   records of the heartbeat topic and takes the service of its group (``settings.group_id``) for running when its
+   newest heartbeat is not ``stopping`` and younger than a few intervals (a crash shows as silence). The service
+   beats only once its lane is loaded, and the heartbeat names its one-at-a-time lane, so a client that wants
+   another one-at-a-time lane does not ask. Kafka's own answer, the members of the service's replay-request consumer
    group, was the first choice (no extra topic), but Tansu, the local stack's broker, keeps a departed member in
    the group's description indefinitely, so a stopped service looked alive; and an S3 heartbeat object would be
    a write every few seconds into a bucket whose objects are locked for years.
@@ -23,8 +24,12 @@ client side of that topic, used by ``reprolane replay request``:
    topics are read from their end as it was *before* the request was sent, so the answer cannot be missed.
    The event (redacted for an encrypted tenant) then names the stored result, which the caller reads from S3
    (`replayer.store.EnvelopeStore.get_result`, opening a sealed one): Kafka says when, S3 holds what. The
-   event must be about this envelope and name the lane fingerprint of the heartbeat, so a forged answer on the
-   divergence topic can at most point at this envelope's write-once result on the service's own lane. Polling
+   event must be about this envelope, on the lane asked for, and name a lane fingerprint the service advertises
+   (`accept`), so a forged answer on the divergence topic can at most point at this envelope's write-once result
+   on one of the service's own lanes. The service chooses the lane as every entry point does
+   (`replayer.lane_choice`), so its answer is often on a schedule lane it built for this very request: it beats
+   at once when it builds one, before it answers, and a fingerprint the heartbeat read before asking did not
+   name is looked for in a heartbeat read again, once. Polling
    S3 alone was the alternative (the heartbeat's lane fingerprint gives the result's key), but a poll cannot
    tell a refusal from a slow replay, and costs a request to S3 each time.
 
@@ -44,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors
 from replayer.errors import ServiceReplayError
+from replayer.lane_choice import SCHEDULE_LANE
 from replayer.request_keys import load_replay_request_keys
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, DivergenceEvent, ReplayRequest, decode_divergence, decode_replay_request
@@ -223,17 +229,33 @@ def _answer(record: Any, reply_to: str, *, is_dead_letter: bool) -> DivergenceEv
     raise ServiceReplayError(f"the replayer service refused the request: {text[:500]}")
 
 
-async def _live_then_ask(settings: ReplayerSettings, request_id: str, timeout_s: float) -> DivergenceEvent:
+def accept(beat: ReplayerHeartbeat, event: DivergenceEvent, lane: str | None) -> str | None:
+    """Why `event` is not an answer of the service of `beat` on `lane` (None: it is): the result read next is
+    the one stored under the event's lane fingerprint, so that fingerprint must be one the service advertises."""
+    if lane is not None and event.lane != lane:
+        return f"the answer is on lane {event.lane}, not {lane}"
+    if not beat.answers_with(event.lane_fingerprint_sha256):
+        return (f"the answer names lane fingerprint {event.lane_fingerprint_sha256[:12]}…, which the running "
+                f"service does not advertise ({beat.lane_names()})")  # fmt: skip
+    return None
+
+
+async def _live_then_ask(
+    settings: ReplayerSettings, request_id: str, lane: str | None, timeout_s: float
+) -> DivergenceEvent:
     beat = await live_service(settings)
     if beat is None:
         raise ServiceReplayError(f"no replayer service is running (no recent heartbeat of group {settings.group_id} "
                                  f"on {settings.service_heartbeat_topic})")  # fmt: skip
-    if beat.lane != settings.lane:
-        raise ServiceReplayError(f"the running replayer service serves lane {beat.lane}, not {settings.lane}")
-    event = await ask_service(settings, request_id, lane=settings.lane, timeout_s=timeout_s)
-    if event.lane_fingerprint_sha256 != beat.lane_fingerprint_sha256:  # the result read next is that lane's
-        raise ServiceReplayError(f"the answer names lane fingerprint {event.lane_fingerprint_sha256[:12]}…, not "
-                                 f"the running service's {beat.lane_fingerprint_sha256[:12]}…")  # fmt: skip
+    if lane is not None and lane != SCHEDULE_LANE and beat.lane != lane:
+        raise ServiceReplayError(f"the running replayer service's one-at-a-time lane is {beat.lane}, not {lane}")
+    event = await ask_service(settings, request_id, lane=lane, timeout_s=timeout_s)
+    refused = accept(beat, event, lane)
+    if refused is not None and not beat.answers_with(event.lane_fingerprint_sha256):
+        again = await live_service(settings)  # a schedule lane built for this answer is in a newer heartbeat
+        refused = refused if again is None else accept(again, event, lane)
+    if refused is not None:
+        raise ServiceReplayError(refused)
     return event
 
 
@@ -255,13 +277,16 @@ def replay_via_service(
     via: str,
     timeout_s: float,
     say: Callable[[str], None],
+    *,
+    lane: str | None = None,
 ) -> ReplayResult | None:
-    """The running service's result for `envelope` on ``settings.lane``, read from S3 once it answered; None
-    (after `say`-ing why) when ``via`` is ``auto`` and the service is absent or failed: the caller loads a lane.
-    With ``via`` ``service`` a failure is a `ServiceReplayError`."""
+    """The running service's result for `envelope` on `lane` (None: the lane it chooses, as every entry point
+    does), read from S3 once it answered; None (after `say`-ing why, in one line) when ``via`` is ``auto`` and
+    the service is absent or failed: the caller replays here. With ``via`` ``service`` a failure is a
+    `ServiceReplayError`."""
     started = time.perf_counter()
     try:
-        event = _run(lambda: _live_then_ask(settings, envelope.request_id, timeout_s))
+        event = _run(lambda: _live_then_ask(settings, envelope.request_id, lane, timeout_s))
         if event.envelope_id != envelope.envelope_id():
             raise ServiceReplayError(f"the answer is about envelope {event.envelope_id[:12]}…, not this request's")
         result = store.get_result(envelope, event.lane_fingerprint_sha256)
@@ -270,7 +295,9 @@ def replay_via_service(
     except ServiceReplayError as exc:
         if via == "service":
             raise
-        say(f"reprolane: {exc}; replaying on a {settings.lane} lane loaded here instead (it takes a while to load)")
+        reason = " ".join(str(exc).split())  # one line, whatever the service's reason held
+        say(f"reprolane: not asking the replayer service ({reason}); replaying here instead, on a lane loaded "
+            "here (it takes a while to load)")  # fmt: skip
         return None
     say(f"reprolane: replayed by the running replayer service on lane {event.lane} "
         f"({(time.perf_counter() - started) * 1000:.0f} ms round trip)")  # fmt: skip

@@ -252,6 +252,7 @@ class ScheduleReplayer:
         self._read = read  # None: `replayer.schedule_window.read_window`
         self._lane_factory = lane_factory
         self._lanes: dict[str, ScheduleLane] = {}
+        self._fingerprints: dict[str, str] = {}  # the lanes' fingerprints' sha256, read by another thread (`lanes`)
         self._refused: dict[str, NotReplayableError] = {}
         self._now, self._sleep = now, sleep
 
@@ -292,8 +293,14 @@ class ScheduleReplayer:
             except NotReplayableError as exc:
                 self._refused[key] = exc
                 raise
+            self._fingerprints[key] = lane.fingerprint().sha256()
             self._lanes[key] = lane
         return lane
+
+    def lanes(self) -> tuple[str, ...]:
+        """The fingerprints' sha256 of the schedule lanes built so far, oldest first (what the service advertises
+        in its heartbeat); safe to call from another thread while a replay runs."""
+        return tuple(self._fingerprints.copy().values())
 
     def find(self, envelope: Envelope) -> ScheduleWindow | str:
         """The envelope's window, waited for while it is not shipped yet (`_window`), or why there is none. It
@@ -342,3 +349,4 @@ class ScheduleReplayer:
         for lane in self._lanes.values():
             lane.close()
         self._lanes.clear()
+        self._fingerprints.clear()

@@ -6,9 +6,11 @@ Per envelope message (consumer group ``settings.group_id``, one message at a tim
    are not JSON or not a valid envelope go to the dead-letter topic with the reason
    (headers ``reprolane-dlq-reason``, ``reprolane-dlq-source`` = ``topic/partition/offset``), then commit;
 2. select (`replayer.selection`): not selected -> commit and skip; not replayable -> count, commit, skip;
-3. if S3 already holds the result for (envelope id, lane fingerprint), take its event (a redelivery: nothing is
-   replayed or counted again); otherwise replay on the lane in a worker thread (one replay at a time per
-   process), store the result (first write wins) and count it;
+3. choose the lane as every replay entry point does (`replayer.lane_choice`: the schedule lane when the
+   envelope's schedule is there, else the one-at-a-time lane); if S3 already holds the result for (envelope id,
+   that lane's fingerprint), take its event (a redelivery: nothing is replayed or counted again); otherwise
+   replay in a worker thread (one replay at a time per process), store the result (first write wins) and count
+   it;
 4. publish the `DivergenceEvent` (every verdict, ``bitwise`` included) keyed by request id;
 5. only then commit the offset.
 
@@ -17,17 +19,20 @@ nothing is counted twice (the event may be published twice, always with the same
 or broker error rewinds the consumer to the message (after ``settings.retry_backoff_s``) instead of skipping it.
 
 On-demand replays: a `schemas.ReplayRequest` on ``settings.replay_request_topic`` names a request id; the envelope
-is looked up through the S3 request-id index and replayed regardless of selection, with ``reply_to`` echoed in
-the event. An unknown request id, or a lane this process does not serve, goes to the dead-letter topic. With
+is looked up through the S3 request-id index and replayed regardless of selection, on the lane it asks for
+(None: the same choice as the stream's; ``schedule``; or the service's one-at-a-time lane), with ``reply_to``
+echoed in the event. An unknown request id, or a lane this process does not serve, goes to the dead-letter topic. With
 ``settings.replay_requests="signed"`` (the default) a request is acted on only when signed by a key of
 ``settings.replay_request_keys_path`` that has the ``replay`` role, within ``settings.replay_request_window_s``
 (`schemas.replay_auth`); anything else is dead-lettered as ``unauthorised`` and nothing is replayed. No keys file
 means every request is refused; ``"open"`` (local development only) acts on any request.
 
 Service heartbeats (not Kafka's consumer heartbeats): from start to stop the service publishes a
-`schemas.replay.ReplayerHeartbeat` (its group, lane and lane fingerprint) on ``settings.service_heartbeat_topic``
-every ``settings.service_heartbeat_interval_s``, and one marked ``stopping`` when it stops, so ``reprolane replay
-request`` knows whether to ask it (`replayer.on_demand`).
+`schemas.replay.ReplayerHeartbeat` (its group, and every lane it answers with: the one-at-a-time lane and each
+schedule lane built so far, with their fingerprints) on ``settings.service_heartbeat_topic`` every
+``settings.service_heartbeat_interval_s``, at once when it has built a new schedule lane (before the answer that
+lane gave is published, so a client that reads the heartbeat again finds it), and one marked ``stopping`` when it
+stops, so ``reprolane replay request`` knows whether to ask it and whose answers to take (`replayer.on_demand`).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiokafka.errors import KafkaError
 from faststream import AckPolicy
@@ -50,24 +55,20 @@ from faststream.kafka.annotations import KafkaMessage
 from infra.clients.kafka import faststream_security
 from infra.clients.shutdown import stop_on_signals
 from replayer.errors import EnvelopeNotFoundError, LaneUnavailableError, NotReplayableError, StoreError
+from replayer.lane_choice import LaneChoice, Replayed, keep
 from replayer.lanes.base import Lane
 from replayer.metrics import ReplayerMetrics
-from replayer.replay import replay_envelope
 from replayer.request_keys import load_replay_request_keys
 from replayer.schedule_replay import ScheduleReplayer
 from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from replayer.telemetry import ReplayTelemetry
-
-if TYPE_CHECKING:
-    from replayer.schedule_store import ScheduleWindow
 from schemas import (
     ContractError,
     DivergenceEvent,
     Envelope,
     ReplayRequest,
-    ReplayResult,
     decode_envelope,
     decode_replay_request,
 )
@@ -80,7 +81,7 @@ from schemas.layout import (
     HEADER_SCHEMA,
     MAX_MESSAGE_BYTES,
 )
-from schemas.replay import ReplayerHeartbeat
+from schemas.replay import AdvertisedLane, ReplayerHeartbeat
 from schemas.replay_auth import ReplayRequestKey, verify_replay_request
 from schemas.sealed import is_sealed, redact_divergence_event
 
@@ -146,11 +147,13 @@ class ReplayerService:
     ) -> None:
         self.settings = settings
         self.lane = lane
-        self.schedule = schedule
         self.store = store
         self.metrics = metrics if metrics is not None else ReplayerMetrics()
         self.telemetry = ReplayTelemetry.from_settings(settings, self.metrics.registry)  # off unless configured
         self.lane_fingerprint_sha256 = lane.fingerprint().sha256()
+        self.choice = LaneChoice(settings, lambda: lane, schedule)
+        self.choice.one_at_a_time()  # it is made already: advertised from the first heartbeat
+        self._advertised: list[tuple[str, str]] = []
         self._lane_lock = asyncio.Lock()
         keys_path = settings.replay_request_keys_path
         signed = settings.replay_requests == "signed"
@@ -174,6 +177,15 @@ class ReplayerService:
             fetch_max_wait_ms=REQUEST_FETCH_WAIT_MS,
             **common,
         )(self._on_replay_request)
+
+    @property
+    def schedule(self) -> ScheduleReplayer | None:
+        """The schedule lanes' replayer (`LaneChoice.schedule`: the one choice of lane, tests swap it here)."""
+        return self.choice.schedule
+
+    @schedule.setter
+    def schedule(self, schedule: ScheduleReplayer | None) -> None:
+        self.choice.schedule = schedule
 
     def _make_broker(self) -> KafkaBroker:
         return KafkaBroker(
@@ -207,6 +219,7 @@ class ReplayerService:
     async def _heartbeat(self, *, stopping: bool = False) -> None:
         """Say on the heartbeat topic that this service serves on-demand requests (`replayer.on_demand` reads it);
         a failure is logged: the next beat may pass, and clients fall back to a lane of their own meanwhile."""
+        self._advertised = self.choice.lanes()
         beat = ReplayerHeartbeat(
             group_id=self.settings.group_id,
             lane=self.lane.name,
@@ -214,6 +227,7 @@ class ReplayerService:
             at=datetime.now(UTC),
             interval_s=self.settings.service_heartbeat_interval_s,
             stopping=stopping,
+            lanes=tuple(AdvertisedLane(name=name, fingerprint_sha256=fp) for name, fp in self._advertised),
         )
         try:
             await self.broker.publish(
@@ -327,8 +341,9 @@ class ReplayerService:
         refused = self._refusal(request)
         if refused is not None:
             raise _DeadLetter("unauthorised", f"unauthorised: {refused}")
-        if request.lane is not None and request.lane != self.lane.name:
-            raise _DeadLetter("wrong_lane", f"wrong_lane: lane {request.lane!r} is not served here ({self.lane.name})")
+        wrong = self.choice.refusal(request.lane)
+        if wrong is not None:
+            raise _DeadLetter("wrong_lane", f"wrong_lane: {wrong}")
         try:
             envelope = await asyncio.to_thread(self.store.get_by_request_id, request.request_id)
         except EnvelopeNotFoundError as exc:
@@ -339,7 +354,7 @@ class ReplayerService:
         if not envelope.replayable:
             self.metrics.not_replayable.inc()
             raise _DeadLetter("not_replayable", f"not_replayable: {not_replayable_reason(envelope)}")
-        return await self.replay_and_publish(envelope, on_demand=True, reply_to=request.reply_to)
+        return await self.replay_and_publish(envelope, on_demand=True, reply_to=request.reply_to, lane=request.lane)
 
     def _refusal(self, request: ReplayRequest) -> str | None:
         """Why this process must not act on `request` (None: it may); never contains a secret."""
@@ -349,40 +364,30 @@ class ReplayerService:
             return "no replay_request_keys_path is configured: every request is refused"
         return verify_replay_request(request, self._request_keys, window_s=self.settings.replay_request_window_s)
 
-    def _replay(self, envelope: Envelope, window: ScheduleWindow | str | None = None) -> ReplayResult:
-        """On the schedule lane when the envelope names a schedule that is found and complete (issue 22), else
-        one request at a time on the service's lane (its event carries the fingerprint differences). ``window``:
-        what `ScheduleReplayer.find` answered before the lane was taken (None: look now)."""
-        if self.schedule is not None and envelope.schedule is not None:
-            answer = self.schedule.replay(envelope, stored=self.store.get_result, window=window)
-            if not isinstance(answer, str):
-                return answer
-            log.info("replayer: %s: schedule lane not used: %s", envelope.request_id, answer)
-        return replay_envelope(envelope, self.lane, self.settings)
-
     async def replay_and_publish(
-        self, envelope: Envelope, *, on_demand: bool = False, reply_to: str | None = None
+        self, envelope: Envelope, *, on_demand: bool = False, reply_to: str | None = None, lane: str | None = None
     ) -> Handled:
-        """Steps 3 and 4 of the module docstring: idempotent by (envelope id, lane fingerprint).
+        """Steps 3 and 4 of the module docstring: the lane chosen by `LaneChoice` (``lane``: the one asked for, None:
+        its choice), idempotent by (envelope id, that lane's fingerprint).
 
         On demand, a not-replayable envelope is dead-lettered (the requester is waiting for an answer);
         from the envelope stream it is only counted.
         """
-        fp = self.lane_fingerprint_sha256
         began = datetime.now(UTC)
-        existing = await asyncio.to_thread(self.store.get_result, envelope, fp)
-        outcome = "deduplicated"
-        if existing is not None:
-            event = existing.event
-            self.metrics.deduplicated.inc()
-        else:
-            window = None  # an envelope's schedule is waited for (until shipped) before the lane is taken
-            if self.schedule is not None and envelope.schedule is not None:
-                window = await asyncio.to_thread(self.schedule.find, envelope)
+        # an envelope's schedule is waited for (until shipped) before the lane is taken
+        window = await asyncio.to_thread(self.choice.look, envelope, lane)
+        replayed: Replayed | None = None
+        if (window is None or isinstance(window, str)) and lane in (None, self.lane.name):  # one at a time
+            existing = await asyncio.to_thread(self.store.get_result, envelope, self.lane_fingerprint_sha256)
+            replayed = None if existing is None else Replayed(existing, stored=True)  # a redelivery: no lane wait
+        seconds = 0.0
+        if replayed is None:
             async with self._lane_lock:
                 started = time.perf_counter()
                 try:
-                    result = await asyncio.to_thread(self._replay, envelope, window)
+                    replayed = await asyncio.to_thread(
+                        self.choice.replay, envelope, lane=lane, window=window, stored=self.store.get_result
+                    )
                 except NotReplayableError as exc:
                     self.metrics.not_replayable.inc()
                     log.info("replayer: %s not replayable: %s", envelope.request_id, exc)
@@ -394,15 +399,16 @@ class ReplayerService:
                 except Exception as exc:  # a lane bug on this input: park it, keep consuming
                     raise _DeadLetter("replay_failed", f"replay_failed: {type(exc).__name__}: {exc}") from exc
                 seconds = time.perf_counter() - started
-            stored = result.model_copy(update={"event": result.event.model_copy(update={"reply_to": None})})
-            if await asyncio.to_thread(self.store.put_result, envelope, stored):
-                event = stored.event
-                outcome = "replayed"
-                self.metrics.observe_replay(event, seconds, envelope.runtime.sha256())
-            else:  # another replayer stored it first: theirs is the result
-                winner = await asyncio.to_thread(self.store.get_result, envelope, stored.event.lane_fingerprint_sha256)
-                event = winner.event if winner is not None else stored.event
-                self.metrics.deduplicated.inc()
+        if self.choice.lanes() != self._advertised:  # a schedule lane was built: say so before it answers
+            await self._heartbeat()
+        result, wrote = await asyncio.to_thread(keep, self.store, envelope, replayed)
+        event = result.event
+        if wrote:
+            outcome = "replayed"
+            self.metrics.observe_replay(event, seconds, envelope.runtime.sha256())
+        else:  # stored before (a redelivery), or another replayer stored it first: that result stands
+            outcome = "deduplicated"
+            self.metrics.deduplicated.inc()
         if reply_to is not None:
             event = event.model_copy(update={"reply_to": reply_to})
         if self.store.is_encrypted(envelope):  # no token of an encrypted tenant on Kafka: it is in the sealed result

@@ -45,18 +45,34 @@ class ReplayRequest(Record):
 
     schema_version: Literal["reprolane.replay/1"] = REPLAY_SCHEMA_VERSION
     request_id: RequestId
-    lane: str | None = Field(default=None, description="lane name; None = the service's default lane")
+    lane: str | None = Field(
+        default=None,
+        description="the lane asked for: 'schedule' or the service's one-at-a-time lane; None: the service chooses "
+        "as every replay entry point does (the schedule lane when the envelope's schedule is there)",
+    )
     reply_to: str | None = Field(default=None, description="correlation id echoed in the event")
     requested_at: datetime | None = Field(default=None, description="when it was signed; bounds its life")
     key_id: str | None = Field(default=None, description="the key that signed it (`schemas.replay_auth`)")
     signature: str | None = Field(default=None, description="hex HMAC-SHA256 over the rest of the request")
 
 
+class AdvertisedLane(Record):
+    """A lane a running replayer service answers with: its name and runtime fingerprint's sha256."""
+
+    name: str = Field(min_length=1, max_length=64)
+    fingerprint_sha256: Sha256
+
+
 class ReplayerHeartbeat(Record):
     """A running replayer service says it consumes on-demand requests (the heartbeat topic, keyed by its group).
 
     Sent when it starts, every ``interval_s`` while it runs, and once with ``stopping`` when it stops cleanly; a
-    client takes the service for absent when the newest heartbeat of its group is older than a few intervals."""
+    client takes the service for absent when the newest heartbeat of its group is older than a few intervals.
+
+    ``lane`` and ``lane_fingerprint_sha256`` name its one-at-a-time lane; ``lanes`` every lane it answers with,
+    that one and each schedule lane it has built (one per production engine's settings), so a client can tell an
+    answer of the service's from a forged one. None, not an empty tuple, when absent: the canonical encoding
+    leaves None out, so a heartbeat of a service that predates the field keeps its identity."""
 
     schema_version: Literal["reprolane.replay/1"] = REPLAY_SCHEMA_VERSION
     group_id: str = Field(min_length=1, max_length=255, description="the service's envelope consumer group")
@@ -65,6 +81,17 @@ class ReplayerHeartbeat(Record):
     at: datetime
     interval_s: float = Field(gt=0.0, le=3600.0)
     stopping: bool = False
+    lanes: tuple[AdvertisedLane, ...] | None = Field(default=None, max_length=64)
+
+    def answers_with(self, lane_fingerprint_sha256: str) -> bool:
+        """Whether this service says it answers with the lane of that fingerprint."""
+        advertised = {self.lane_fingerprint_sha256, *(lane.fingerprint_sha256 for lane in self.lanes or ())}
+        return lane_fingerprint_sha256 in advertised
+
+    def lane_names(self) -> str:
+        """The lanes it advertises, for a message: ``vllm 1a2b3c4d5e6f, schedule 9f8e7d6c5b4a``."""
+        lanes = self.lanes or (AdvertisedLane(name=self.lane, fingerprint_sha256=self.lane_fingerprint_sha256),)
+        return ", ".join(f"{lane.name} {lane.fingerprint_sha256[:12]}" for lane in lanes)
 
 
 class ReplayedOutput(Record):

@@ -18,8 +18,8 @@ from typing import Annotated
 
 import typer
 
-from replayer.cli_options import S3_OPTIONS, settings_options
-from replayer.errors import EnvelopeNotFoundError, NotReplayableError
+from replayer.cli_options import S3_OPTIONS, make_lane, settings_options
+from replayer.errors import EnvelopeNotFoundError, NotReplayableError, StoreError
 from replayer.machine_output import machine_output
 from replayer.matrix.dimensions import parse_dimensions, plan_cells
 from replayer.matrix.explain import DEFAULT_WINDOW_S, VARIATIONS, explain, render_explanation
@@ -187,6 +187,28 @@ def _find(envelopes: list[Envelope], request_id: str) -> Envelope:
     raise EnvelopeNotFoundError(f"no envelope with request id {request_id!r} in the file")
 
 
+def _on_schedule(target: Envelope, settings: ReplayerSettings, store: EnvelopeStore | None) -> ReplayResult | str:
+    """The ``schedule`` variation: the target on the schedule lane as every replay entry point has it
+    (`replayer.lane_choice`), the result stored there already being the answer and a fresh one stored, so
+    ``explain`` and ``replay request`` say the same verdict; or why it could not run."""
+    from replayer.lane_choice import SCHEDULE_LANE, LaneChoice, keep
+    from replayer.schedule_replay import ScheduleReplayer
+
+    choice = LaneChoice(settings, lambda: make_lane(settings), ScheduleReplayer(settings))
+    try:
+        replayed = choice.replay(target, lane=SCHEDULE_LANE, stored=None if store is None else store.get_result)
+    except NotReplayableError as exc:
+        return str(exc)
+    finally:
+        choice.close()
+    if store is None:
+        return replayed.result
+    try:
+        return keep(store, target, replayed)[0]
+    except StoreError:  # the explanation stands without it; the console will not show this replay
+        return replayed.result
+
+
 @settings_options(*MATRIX_OPTIONS)
 def explain_command(
     request_id: Annotated[str, typer.Argument(help="the recorded request id to explain")],
@@ -202,6 +224,7 @@ def explain_command(
 ) -> None:
     """Re-replay one diverged request under targeted variations and name the one that reproduces the capture."""
     extra_notes: list[str] = []
+    store: EnvelopeStore | None = None
     if envelopes is not None:
         candidates = read_envelopes_jsonl(envelopes)
         target = _find(candidates, request_id)
@@ -237,13 +260,7 @@ def explain_command(
     with machine_output(as_json) as document:
         schedule: ReplayResult | str | None = None
         if target.schedule is not None and (only is None or "schedule" in only):
-            from replayer.schedule_replay import ScheduleReplayer
-
-            replayer = ScheduleReplayer(settings)
-            try:
-                schedule = replayer.replay(target)
-            finally:
-                replayer.close()
+            schedule = _on_schedule(target, settings, store)
         try:
             result = explain(
                 target, candidates, model_dir=mdir, platform=probe_platform(), padding_factory=padding,

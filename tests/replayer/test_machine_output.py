@@ -99,6 +99,12 @@ TEXT_REPLAY = textwrap.dedent(
         def get_by_request_id(self, request_id):
             return envelope
 
+        def get_result(self, envelope, lane_fingerprint_sha256):
+            return None
+
+        def put_result(self, envelope, result):
+            return True
+
     def start_lane(settings):
         from vllm.config.logging import LoggingConfig
         from vllm.logger import configure_logging, init_logger

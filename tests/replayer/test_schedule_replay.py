@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from replayer.errors import NotReplayableError, ScheduleNotFoundError
+from replayer.lane_choice import LaneChoice
 from replayer.lanes.base import GenRequest
 from replayer.lanes.schedule_lane import ScheduleReplay, StepCheck, StepMismatch
 from replayer.matrix.explain import VariationOutcome, conclude, schedule_outcome
 from replayer.schedule_replay import SCHEDULE_POLL_S, ScheduleReplayer
 from replayer.schedule_store import ScheduleWindow
-from replayer.service import ReplayerService
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, ReplayedOutput
 from schemas.schedule import EngineStart, RequestArrival
@@ -165,19 +165,28 @@ def test_no_schedule_not_found_or_incomplete_say_why() -> None:
     assert store.asked == [missing.request_id, partial.request_id]
 
 
-def test_the_service_falls_back_to_its_lane_when_the_schedule_lane_is_not_used() -> None:
+def test_the_lane_choice_falls_back_to_its_lane_when_the_schedule_lane_is_not_used() -> None:
+    """`LaneChoice`, the one choice of every entry point (the service, the CLI, explain): the schedule lane when
+    the schedule is there, else the one-at-a-time lane; ``schedule`` asked for without one is no verdict."""
     scheduled = _scheduled(make_envelope(6))
     missing = _scheduled(make_envelope(7))
     echo = FakeLane()
     echo.learn(scheduled)
     echo.learn(missing)
-    service: Any = object.__new__(ReplayerService)  # only the lane choice: no broker, a store of no results
-    service.settings, service.lane, service.store = SETTINGS, echo, NoResults()
-    service.schedule = _replayer(FakeStore({scheduled.request_id: _window(scheduled)}), FakeScheduleLane(echo))
-    assert service._replay(scheduled).event.lane == "schedule"
-    fallback = service._replay(missing).event
+    said: list[str] = []
+    schedule = _replayer(FakeStore({scheduled.request_id: _window(scheduled)}), FakeScheduleLane(echo))
+    choice = LaneChoice(SETTINGS, lambda: echo, schedule, say=said.append)
+    assert choice.replay(scheduled).result.event.lane == "schedule"
+    assert choice.lanes() == [("schedule", echo.fingerprint().sha256())]  # the one-at-a-time lane not made yet
+    fallback = choice.replay(missing).result.event
     assert fallback.lane == "fake"
     assert fallback.schedule_reproduced is None
+    (line,) = said
+    assert line.startswith(f"schedule lane not used for {missing.request_id}: ")
+    with pytest.raises(NotReplayableError, match=f"the schedule lane cannot replay {missing.request_id}: "):
+        choice.replay(missing, lane="schedule")
+    with pytest.raises(NotReplayableError, match="lane 'remote' is not served here"):
+        choice.replay(scheduled, lane="remote")
 
 
 @dataclass
@@ -244,11 +253,6 @@ def test_a_lane_that_refused_is_not_started_again_for_every_envelope() -> None:
     answers = [replayer.replay(e) for e in envelopes]
     assert all("num_threads: 1 != 2" in str(a) for a in answers)
     assert len(started) == 1
-
-
-class NoResults:
-    def get_result(self, envelope: Envelope, lane_fingerprint_sha256: str) -> None:
-        return None
 
 
 def test_a_result_the_schedule_lane_already_stored_is_answered_not_replayed_again() -> None:

@@ -490,6 +490,9 @@ async def test_an_envelope_waiting_for_its_schedule_does_not_hold_the_lane(s3: S
         def replay(self, envelope: Envelope, *, window: Any = None, **_: Any) -> Any:
             return self.find(envelope) if window is None else window  # the reason: replayed on the lane
 
+        def lanes(self) -> tuple[str, ...]:
+            return ()  # none built
+
     h.service.schedule = NotShippedYet()  # type: ignore[assignment]
     async with TestKafkaBroker(h.service.broker):
         first = asyncio.create_task(h.service.replay_and_publish(waiting))

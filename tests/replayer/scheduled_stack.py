@@ -1,0 +1,123 @@
+"""Envelopes that name their engine schedule, recorded on the session stack, their schedule shipped to its S3.
+
+The stack's vLLM records its schedule (`capture.schedule.recorder`, started by the stack's launcher); the real
+sidecar app (`capture.app.build_app`, a fake spool) sends the requests to it, so each envelope names its engine
+request; the envelopes and their indexes are written to the stack's S3 as the capture side lays them out; the
+real shipper (`capture.schedule.shipper.Shipper`) ships the closed segments, with their per-arrival index entries,
+to the same S3. It ships a *copy* of the segments (the shipper deletes what it shipped): the stack's own directory
+is left as it is for whoever else ships it (a segment shipped twice holds the same bytes: a redelivery).
+
+Used by tests/replayer/test_one_verdict_stack.py and benchmarks/replay_latency.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from capture.app import build_app
+from capture.metrics import CaptureMetrics
+from capture.schedule.shipper import Shipper
+from capture.schedule.shipper_settings import ShipperSettings
+from capture.settings import CaptureSettings
+from infra import servers
+from infra.stack_env import stack_defaults
+from infra.state import StackInfo
+from replayer.errors import ScheduleNotFoundError
+from replayer.schedule_store import ScheduleStore
+from replayer.schedule_window import read_window
+from replayer.settings import ReplayerSettings
+from schemas import Envelope
+from tests.capture.fake_spool import FakeSpool
+from tests.capture.fake_upstream import serve
+from tests.replayer.support import S3Target, seed_envelope
+
+
+def schedule_dir(stack: StackInfo) -> Path:
+    """Where the stack's vLLM writes its schedule; an `AssertionError` when it records none."""
+    directory = stack_defaults(stack).get("REPROLANE_SHIPPER_SCHEDULE_DIR")
+    assert directory is not None, f"the stack's vLLM ({stack.run_dir}) records no schedule: start it with the recorder"
+    return Path(directory)
+
+
+def chat(content: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
+
+
+async def record_scheduled(
+    stack: StackInfo, s3: S3Target, bodies: list[dict[str, Any]], headers: list[dict[str, str]] | None = None
+) -> list[Envelope]:
+    """POST every chat body at once through the real sidecar to the stack's recording vLLM (`headers[i]` with
+    body i), store the envelopes in `s3` as the capture side does; the envelopes, in the bodies' order."""
+    assert stack.vllm_url is not None
+    schedule_dir(stack)
+    settings = CaptureSettings(
+        upstream=stack.vllm_url, spool_max_bytes=1 << 22, schedule_recorder=servers.RECORDER_NAME, auth_mode="off"
+    )
+    spool = FakeSpool()
+    app = build_app(settings, spool=spool, metrics=CaptureMetrics())
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=600.0) as client:
+        replies = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=b, headers=(headers or [{}] * len(bodies))[i])
+              for i, b in enumerate(bodies))
+        )  # fmt: skip
+    assert [r.status_code for r in replies] == [200] * len(bodies), [r.text for r in replies]
+    ids = [r.headers["x-reprolane-request-id"] for r in replies]
+    deadline = time.monotonic() + 60
+    while len(found := {e.request_id: e for e in spool.envelopes if e.request_id in ids}) < len(ids):
+        assert time.monotonic() < deadline, f"{len(found)} of {len(ids)} envelopes spooled"
+        await asyncio.sleep(0.2)
+    envelopes = [found[i] for i in ids]
+    client_s3 = s3.client()
+    for envelope in envelopes:
+        assert envelope.schedule is not None, "the sidecar did not name the envelope's schedule"
+        seed_envelope(client_s3, s3.bucket, envelope)
+    return envelopes
+
+
+async def ship_schedules(stack: StackInfo, settings: ReplayerSettings, envelopes: list[Envelope], work: Path) -> None:
+    """Ship copies of the stack's closed segments until every envelope's schedule window is complete in S3, read
+    back through the index as the replayer reads it."""
+    source = schedule_dir(stack)
+    copies, quarantine = work / "schedules", work / "quarantine"
+    copied: set[Path] = set()
+    defaults = {
+        k.removeprefix("REPROLANE_SHIPPER_").lower(): v
+        for k, v in stack_defaults(stack).items()
+        if k.startswith("REPROLANE_SHIPPER_")
+    }
+    defaults.update(schedule_dir=str(copies), quarantine_dir=str(quarantine), retention_days=0)
+    copies.mkdir(parents=True, exist_ok=True)
+    shipper = Shipper(ShipperSettings(**defaults))
+    store = ScheduleStore.from_settings(settings)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            for segment in sorted(source.glob("*/*.jsonl")):  # closed segments only (a .part is being written)
+                if segment not in copied:
+                    (copies / segment.parent.name).mkdir(exist_ok=True)
+                    shutil.copy2(segment, copies / segment.parent.name / segment.name)
+                    copied.add(segment)
+            await shipper.ship_pending()
+            try:
+                if all(read_window(store, e).complete for e in envelopes):
+                    break
+            except ScheduleNotFoundError:
+                pass
+            assert time.monotonic() < deadline, "the envelopes' schedules were not shipped in 90 s"
+            await asyncio.sleep(0.5)
+    finally:
+        await shipper.close()
+    assert shipper.quarantined == 0
