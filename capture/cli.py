@@ -131,7 +131,10 @@ def serve_command(
     manifest: Annotated[Path | None, typer.Option(help="reprolane-manifest.json of the served model")] = None,
     runtime_file: Annotated[Path | None, typer.Option(help="JSON of runtime fields the sidecar cannot see")] = None,
     audit_top_logprobs: Annotated[int | None, typer.Option(help="top-k logprobs recorded per step")] = None,
-    inject_seed: Annotated[bool | None, typer.Option(help="add a seed to sampled requests without one")] = None,
+    inject_seed: Annotated[
+        bool | None,
+        typer.Option(help="add a seed to sampled requests without one (default: in guaranteed mode only)"),
+    ] = None,
     upstream_generation_config: Annotated[
         str | None, typer.Option(help="upstream vLLM's --generation-config: auto (default) | vllm")
     ] = None,
