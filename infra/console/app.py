@@ -361,7 +361,7 @@ def build_console_app(console: Console) -> Starlette:
         gates = list(reversed(data.gate_runs))
         figures = {
             "rate": charts.divergence_rate_chart(data.by_runtime),
-            "positions": charts.position_histogram(data.positions),
+            "positions": charts.position_histogram(data.positions, data.replays),
             "lag": charts.lag_histogram(data.lags_s),
             "gates": charts.gate_chart(
                 [

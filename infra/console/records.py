@@ -137,6 +137,14 @@ class Overview:
     gate_runs: list[GateReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    @property
+    def replays(self) -> int:
+        return sum(int(r["replays"]) for r in self.by_runtime)
+
+    @property
+    def diverged(self) -> int:
+        return sum(int(r["diverged"]) for r in self.by_runtime)
+
 
 def _visible(envelope: Envelope, scope: str | None) -> Envelope:
     if scope is not None and envelope.tenant != scope:
@@ -161,6 +169,7 @@ LIMIT $limit
 
 BY_RUNTIME_SQL = f"""
 SELECT date_trunc('hour', d.replayed_at) AS hour, e.model, e.runtime_sha256, count(*) AS replays,
+       count(*) FILTER (WHERE d.verdict NOT IN {HELD_VERDICTS}) AS diverged,
        avg(CASE WHEN d.verdict IN {HELD_VERDICTS} THEN 0.0 ELSE 1.0 END) AS divergence_rate
 FROM divergences d JOIN envelopes e USING (envelope_id)
 WHERE $tenant IS NULL OR e.tenant = $tenant
@@ -358,7 +367,7 @@ class Records:
             con = self._lake()
             try:
                 params = {"tenant": scope}
-                cols = ("hour", "model", "runtime_sha256", "replays", "divergence_rate")
+                cols = ("hour", "model", "runtime_sha256", "replays", "diverged", "divergence_rate")
                 by_runtime = [dict(zip(cols, r, strict=True)) for r in con.execute(BY_RUNTIME_SQL, params).fetchall()]
                 positions = [(int(p), int(n)) for p, n in con.execute(POSITIONS_SQL, params).fetchall()]
                 lags = [float(v) for (v,) in con.execute(LAG_SQL, params).fetchall() if v is not None]
