@@ -35,4 +35,4 @@ class ConsoleSettings(BaseSettings):
     gate_reports_dir: Path | None = Field(
         default=None, description="a folder of release-gate reports (gate --report FILE.json) for the overview"
     )
-    search_limit: int = Field(default=200, ge=1, le=5000, description="most rows a search shows")
+    search_limit: int = Field(default=50, ge=1, le=5000, description="rows per page of a search's results")
