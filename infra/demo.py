@@ -437,7 +437,19 @@ class Demo:
         self.echo(f"An auditor proves the record (the audit key's fingerprint: {key.fingerprint}):")
         self.echo(f"  $ {prefix}reprolane verify {rid}")
         log = info.run_dir / "logs" / "demo-auditor.log"
-        out.verify_exit = run_cli(["verify", rid], info.run_dir, self.echo, log=log, timeout_s=120.0, indent="    ")
+        proofs: list[str] = []
+
+        def shown(line: str) -> None:  # one consistency proof per pair of checkpoints of the day: counted here
+            if line.lstrip().startswith("consistent: "):
+                proofs.append(line)
+            else:
+                self.echo(line)
+
+        out.verify_exit = run_cli(["verify", rid], info.run_dir, shown, log=log, timeout_s=120.0, indent="    ")
+        if proofs:
+            self.echo(f"      (and {len(proofs)} consistency proofs between the day's checkpoints, not shown here)")
+        meaning = {0: "verified", 1: "a check FAILED", 2: "no verdict"}.get(out.verify_exit, "?")
+        self.echo(f"  (exit code {out.verify_exit}: {meaning})")
         out.auditor_commands = demo_audit.auditor_commands(rid, key, out.since)
         self.echo("and exports its evidence, checks it offline, and finds the run in the lake:")
         for command in out.auditor_commands[1:]:

@@ -62,6 +62,7 @@ class ConsoleCheckedDemo(Demo):
 
     logged_in: dict[str, int]
     walked: dict[str, Any]
+    downloads: Path
 
     def serve_console(self, console: Service) -> None:
         out = self.outcome
@@ -109,7 +110,7 @@ class ConsoleCheckedDemo(Demo):
                 seen["replays"] = (replays_before, page.locator("article.replay").count())
                 with page.expect_download() as info:
                     page.click("#download-evidence")
-                bundle = self.stack.run_dir / "demo" / info.value.suggested_filename
+                bundle = self.downloads / info.value.suggested_filename
                 info.value.save_as(str(bundle))
                 seen["bundle"] = bundle
             finally:
@@ -122,8 +123,11 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     lines: list[str] = []
     demo = ConsoleCheckedDemo(DemoOptions(run_dir=stack.run_dir, quick=True, timeout_s=300.0, console=True),
                               lines.append)  # fmt: skip
+    demo.downloads = tmp_path / "browser"
+    demo.downloads.mkdir()
     outcome = demo.run()
     text = "\n".join(lines)
+    print(text)  # the demo's output: pytest shows it when an assertion fails
 
     sent_ids = {s.request_id for s in outcome.sent}
     assert len(sent_ids) == 8
@@ -170,7 +174,7 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert f"proved {len(sent_ids)}/{len(sent_ids)} envelopes" in text
     assert outcome.archived == (len(sent_ids), len(outcome.events))
     assert outcome.verify_exit == 0  # `reprolane verify ID`, run by the demo as the auditor types it
-    assert f"verified {outcome.auditor_request_id}" in text
+    assert f"verified request {outcome.auditor_request_id}" in text
     export, check, query = outcome.auditor_commands[1:]
     for command in outcome.auditor_commands[1:]:
         assert command in text  # printed (after REPROLANE_RUN_DIR=... when the stack is not the default one)
@@ -178,7 +182,7 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert exported.returncode == 0, exported.stdout + exported.stderr
     checked = run_printed(check, stack.run_dir, tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert checked.stdout.startswith(f"verified {outcome.auditor_request_id}")
+    assert checked.stdout.startswith(f"verified request {outcome.auditor_request_id}")
     queried = run_printed(query, stack.run_dir, tmp_path)
     assert queried.returncode == 0, queried.stderr
     counted = {t: int(n) for t, n in re.findall(r"^(\S+)\s+(\d+)\s*$", queried.stdout, re.M)}
