@@ -9,7 +9,7 @@ can forbid inline scripts; plotly.js and the console's own script come from the 
     GET  /requests/{id}                            one request: replays, shadow pair, Merkle inclusion, legal hold
     POST /requests/{id}/hold                       place or lift its legal hold (hold-admin): a reason and/or case
                                                    number and a confirmation, then a redirect to the record
-    POST /requests/{id}/replay                     a signed on-demand replay request (`replay_now`)
+    POST /requests/{id}/replay                     "replay now": the replayer service replays it (`replay_now`)
     GET  /requests/{id}/evidence                   its evidence bundle (`capture.audit.evidence`), a zip
     GET  /workflows/{id}                           a workflow's steps, the first divergent one marked
     GET  /overview                                 the charts (`charts`)
@@ -47,11 +47,10 @@ from capture.ledger.errors import KeyFileError, LedgerError
 from infra.console import charts, forms
 from infra.console.operators import SESSION_ROLE, Operator, OperatorKeys
 from infra.console.records import READ_ERRORS, NotVisible, Records
-from infra.console.replay_now import ReplayPublisher
+from infra.console.replay_now import NO_KEY, ReplayNowError, ReplayPublisher
 from infra.console.request_view import recorded_choice, replay_view, shadow_view
 from infra.console.sessions import LOGIN_CSRF_COOKIE, SESSION_COOKIE, Session, SessionStore, new_token, same_token
 from infra.console.tokens import TokenDecoder, decoder_for
-from infra.errors import InfraError
 from replayer.settings import Thresholds
 from schemas import Envelope
 from schemas.access_log import ACTION_ROLES, OperatorAction
@@ -308,7 +307,7 @@ def build_console_app(console: Console) -> Starlette:
             request, "request.html", session, record=record, env=env, prompt_text=prompt_text,
             decoded=decoder is not None and (env.prompt is None or env.prompt.text is None),
             choice=recorded_choice(record.envelope), replays=list(zip(views, plots, strict=True)),
-            may_hold=session.operator.may("hold-admin"), replay_enabled=console.replay is not None,
+            may_hold=session.operator.may("hold-admin"), replay=console.replay, replay_off=NO_KEY,
             evidence=console.records.signer, notice=notice, shadow=shadow, shadow_plot=shadow_plot,
         )  # fmt: skip
 
@@ -341,14 +340,13 @@ def build_console_app(console: Console) -> Starlette:
         session = await run_in_threadpool(console.gate, request, "replay.request", rid)
         await console.check_csrf(request, session, values, "replay.request", rid)
         if console.replay is None:
-            raise Refused(409, "no replay-request key is configured (REPROLANE_CONSOLE_REPLAY_KEY_ID)")
-        await visible_envelope(request, session, "replay.request", rid)
+            raise Refused(409, f"not replayed: {NO_KEY}", session)
+        envelope = await visible_envelope(request, session, "replay.request", rid)
         try:
-            sent = await console.replay.request(rid)
-        except InfraError as exc:
-            return await request_page(request, notice=str(exc))
-        return await request_page(request, notice=f"replay requested (reply_to {sent.reply_to}); the result shows "
-                                                  "here once the replayer has replayed it")  # fmt: skip
+            answer = await run_in_threadpool(console.replay.replay, envelope, console.records.store)
+        except ReplayNowError as exc:
+            return await request_page(request, notice=f"not replayed: {exc}")
+        return await request_page(request, notice=answer)
 
     async def evidence(request: Request) -> Response:
         rid = _request_id(request)

@@ -25,6 +25,7 @@ from infra.console import charts, forms
 from infra.console.app import Console, build_console_app
 from infra.console.operators import Operator, OperatorKeys
 from infra.console.records import Filters, Hold, Inclusion, NotVisible, RequestRecord, Row, SearchPage
+from infra.console.replay_now import ReplayNowError
 from infra.console.request_view import replay_view
 from infra.console.sessions import SessionStore
 from replayer.compare import compare
@@ -182,6 +183,7 @@ class MemoryRecords:
     signer: Any = None
     matches: int = 0  # how many rows a search matches
     asked: list[tuple[int, int]] = field(default_factory=list)  # (page, per_page) of each search
+    store: Any = None  # the envelope store "replay now" reads the result from (`StubReplay` does not)
 
     def _mine(self, request_id: str, scope: str | None) -> Any:
         if request_id != self.env.request_id or (scope is not None and scope != self.env.tenant):
@@ -419,3 +421,55 @@ def test_search_pages_link_to_each_other_and_say_how_many_match(gate: Any) -> No
         assert viewer.get("/search?page=abc").status_code == 400
         assert viewer.get("/search?page=99999999999").status_code == 400
     assert records.asked[-1] == (3, 50)
+
+
+@dataclass
+class StubReplay:
+    """`infra.console.replay_now.ReplayPublisher`'s surface: answers, or says why not (`why`)."""
+
+    why: str | None = None
+    group_id: str = "reprolane-replayer"
+    asked: list[str] = field(default_factory=list)
+
+    def replay(self, envelope: Any, store: Any) -> str:
+        self.asked.append(envelope.request_id)
+        if self.why is not None:
+            raise ReplayNowError(self.why)
+        return "replayed by the replayer service (group g): bitwise on lane schedule, target token met"
+
+
+def reason(page: str, element_id: str) -> str:
+    """The text of the element `element_id` (a reason shown on the page, not in an attribute)."""
+    found = re.search(rf'<p class="[a-z]+" id="{element_id}">(.*?)</p>', page, re.S)
+    assert found is not None, element_id
+    return re.sub(r"<[^>]+>", "", found.group(1))
+
+
+def test_an_action_that_cannot_run_says_why_on_the_page(gate: Any) -> None:
+    """Issue 30: without a replay-request key "replay now" is off and without the audit signing key "download
+    evidence" is off, each with its reason as page text (not a tooltip); with a key, the click says what the
+    replayer service answered, or why it did not."""
+    console, keys, _, records = gate
+    rid = records.env.request_id
+    with TestClient(build_console_app(console), base_url="http://127.0.0.1") as viewer:
+        log_in(viewer, keys["viewer"])
+        page = viewer.get(f"/requests/{rid}").text
+        assert reason(page, "replay-reason").startswith("Replay now is off: this console holds no replay-request key")
+        assert "REPROLANE_CONSOLE_REPLAY_KEYS_PATH" in reason(page, "replay-reason")
+        assert reason(page, "evidence-hint").startswith("Download evidence is off: this console holds no audit")
+        assert re.search(r'<button type="button" id="download-evidence" disabled>', page)
+        assert "title=" not in re.sub(r".*<h2>Actions</h2>", "", page, flags=re.S).split("</section>")[0]
+        refused = viewer.post(f"/requests/{rid}/replay", data={"csrf": csrf_of(page)})
+        assert refused.status_code == 409
+        assert "not replayed: this console holds no replay-request key" in refused.text
+
+        console.replay = StubReplay(why="no replayer service is running (no recent heartbeat of group g on t)")
+        page = viewer.get(f"/requests/{rid}").text
+        assert "waits for its verdict" in reason(page, "replay-reason")
+        answered = viewer.post(f"/requests/{rid}/replay", data={"csrf": csrf_of(page)})
+        assert answered.status_code == 200
+        assert "not replayed: no replayer service is running" in answered.text
+        console.replay = StubReplay()
+        answered = viewer.post(f"/requests/{rid}/replay", data={"csrf": csrf_of(page)})
+        assert "replayed by the replayer service (group g): bitwise" in answered.text
+        assert console.replay.asked == [rid]
