@@ -188,17 +188,28 @@ async def _windows(stack: StackInfo, envelopes: list[Envelope], work: Path) -> l
     return [read_window(store, e) for e in envelopes]
 
 
-@pytest.mark.parametrize("gaps_s", [0.0, 0.4], ids=["at-once", "staggered"])
+@pytest.mark.parametrize(
+    ("names", "gaps_s"),
+    [
+        (list(TRAFFIC), 0.0),  # every kind at once, beside every other kind
+        (["json_schema", "plain", "tool_required", "choice"], 0.4),  # staggered: each joins a running batch
+    ],
+    ids=["at-once", "staggered"],
+)
 async def test_application_traffic_replays_bitwise_against_what_the_client_received(
-    stack: StackInfo, sidecar: dict[str, Any], lane_box: dict[str, ScheduleLane], gaps_s: float, tmp_path: Path
+    stack: StackInfo,
+    sidecar: dict[str, Any],
+    lane_box: dict[str, ScheduleLane],
+    names: list[str],
+    gaps_s: float,
+    tmp_path: Path,
 ) -> None:
-    names = [name for name in TRAFFIC for _ in range(2)]  # each kind twice, beside every other kind
     replies = await _send(sidecar["app"], [TRAFFIC[n] for n in names], gaps_s)
     ids = [r.headers["x-reprolane-request-id"] for r in replies]
     envelopes = await _spooled(sidecar["spool"], ids)
     for name, envelope in zip(names, envelopes, strict=True):
         _check_recorded(name, TRAFFIC[name], envelope, stack.vllm_url or "")
-    for name in ("tool_required", "tool_named"):  # the stack serves tool calls, forced by the constraint
+    for name in {"tool_required", "tool_named"} & set(names):  # the stack serves tool calls, forced by the constraint
         message = replies[names.index(name)].json()["choices"][0]["message"]
         assert message.get("tool_calls") or (message["content"] or "").startswith("<tool_call>"), message
 
