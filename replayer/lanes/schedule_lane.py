@@ -403,6 +403,8 @@ class ScheduleLane:
             if time.monotonic() > deadline:
                 raise NotReplayableError(f"the grammar of {engine_request_id} did not compile in {GRAMMAR_WAIT_S} s")
             time.sleep(0.002)
+        if isinstance(structured.grammar, Exception):  # vLLM would finish the request without a token
+            raise NotReplayableError(f"the grammar of the recorded constraint did not compile: {structured.grammar!r}")
 
     def _drain(self) -> None:
         """Finish (abort) whatever is left and step until the engine is empty, then forget the prefix cache."""
