@@ -19,15 +19,8 @@ from schemas import ArtifactHashes, Envelope
 from schemas.canonical import canonical_bytes
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.support import CHAT, MODEL, sidecar
+from tests.factories import lora_adapter_dir as make_adapter
 from tests.factories import manifest_doc
-
-
-def make_adapter(path: Path, weights: bytes = b"lora weights") -> Path:
-    """A directory shaped like peft's `save_pretrained` output (its bytes do not matter to the sidecar)."""
-    path.mkdir(parents=True)
-    (path / "adapter_config.json").write_text(json.dumps({"r": 8, "target_modules": ["q_proj", "v_proj"]}))
-    (path / "adapter_model.safetensors").write_bytes(weights)
-    return path
 
 
 def expected_sha256(path: Path) -> str:
