@@ -149,7 +149,10 @@ def serve_command(
         list[str] | None, typer.Option(help="an adapter upstream serves, NAME=PATH as its --lora-modules (repeatable)")
     ] = None,
     audit_top_logprobs: Annotated[int | None, typer.Option(help="top-k logprobs recorded per step")] = None,
-    inject_seed: Annotated[bool | None, typer.Option(help="add a seed to sampled requests without one")] = None,
+    inject_seed: Annotated[
+        bool | None,
+        typer.Option(help="add a seed to sampled requests without one (default: in guaranteed mode only)"),
+    ] = None,
     upstream_generation_config: Annotated[
         str | None, typer.Option(help="upstream vLLM's --generation-config: auto (default) | vllm")
     ] = None,

@@ -238,7 +238,7 @@ class CaptureProxy:
             parsed,
             request_id=ctx.request_id,
             audit_k=self.settings.audit_top_logprobs,
-            inject_seed=self.settings.inject_seed,
+            inject_seed=self.settings.injects_seed,
             defaults=self.sampling_defaults,
         )
         ctx.stream = prepared.stream

@@ -35,7 +35,7 @@ from capture.auth import Caller
 from capture.edge import BadRequest
 from capture.policy import ReplayPolicy, header_asks_flag
 from schemas import WorkflowRef
-from schemas.envelope import is_valid_request_id
+from schemas.envelope import SIDECAR_REQUEST_ID_PREFIX, is_valid_request_id
 
 MAX_STEP_DIGITS: Final = 9
 MAX_STEP: Final = 10**MAX_STEP_DIGITS - 1
@@ -47,7 +47,7 @@ _ID_RULE: Final = "must be 1-128 characters of [A-Za-z0-9._:-], starting with a 
 
 def new_request_id() -> str:
     """A fresh request id: ``rl-`` and 128 random bits, as a uuid4's hex, without building a UUID."""
-    return f"rl-{os.urandom(16).hex()}"
+    return f"{SIDECAR_REQUEST_ID_PREFIX}{os.urandom(16).hex()}"
 
 
 def _is_id(value: str) -> bool:

@@ -46,7 +46,10 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         description="the LoRA adapters upstream serves, as upstream vLLM's --lora-modules NAME=PATH: adapter name -> "
         "its directory (read at start); a request naming one records the adapter's sha256 in its artifacts",
     )
-    inject_seed: bool = Field(default=False, description="add a seed to sampled requests that have none")
+    inject_seed: bool | None = Field(
+        default=None,
+        description="add a seed to sampled requests that have none (None: in guaranteed mode only; see `injects_seed`)",
+    )
     upstream_generation_config: Literal["auto", "vllm"] = Field(
         default="auto",
         description="upstream vLLM's --generation-config: auto (its default) takes sampling defaults from the "
@@ -205,6 +208,15 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     trusted_proxies: tuple[str, ...] = Field(
         default=(), description="trusted-proxy mode: the networks (CIDR) whose identity headers are trusted"
     )
+
+    @property
+    def injects_seed(self) -> bool:
+        """Whether a sampled request without a seed gets one (recorded as ``seed_injected``): as set, else in
+        guaranteed mode. A sample drawn from the worker's global random state can never be replayed token for token
+        (seed scope ``worker_global``); an injected per-request seed draws from the same distribution (a fresh random
+        seed per request) and makes the record replayable. A deployment that must not add a field to what its
+        clients send turns it off, and its unseeded samples are then reported as ``unseeded_sampling``."""
+        return self.inject_seed if self.inject_seed is not None else self.mode == "guaranteed"
 
     @field_validator("trusted_proxies")
     @classmethod

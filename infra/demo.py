@@ -5,12 +5,20 @@
    authentication on (a fresh API key per tenant in ``<run dir>/demo/api-keys.json``, 0600);
 3. the replayer service on the in-process vLLM lane (the deterministic lane: one sequence at a time), in a fresh
    consumer group whose offsets are committed at the envelope topic's end first, so it replays exactly this run;
+   it also answers on-demand requests signed with the run's replay-request key (``<run dir>/demo``, 0600), which
+   the console's "replay now" signs with. Beside it what an auditor needs (`infra.demo_audit`): the stack's audit
+   signing key (``<run dir>/audit-signing.pem``, made on the first run, its fingerprint printed), the
+   checkpointer signing with it every few seconds, and an archiver writing this run into the lake (a fresh
+   group started at the topics' ends, as the replayer's);
 4. the bundled workload (`infra.demo_workload`) through the sidecar with the ``openai`` client and those keys;
-5. wait until every flagged envelope has its divergence event (read back from Kafka);
-6. the summary (`infra.demo_summary`) and one replay by request id, run as the auditor would type it;
+5. wait until every flagged envelope has its divergence event (read back from Kafka), every envelope verifies
+   against a signed checkpoint, and the lake holds the run;
+6. the summary (`infra.demo_summary`), one replay by request id and one ``reprolane verify``, run as the auditor
+   would type them, and the commands that export and check its evidence and query the lake;
 7. the auditors' console for the run: a viewer and a hold-admin operator key minted into ``<run dir>/demo``
    (0600, `infra.demo_services.write_console_logins`), and how to start and open the console with them; with
-   ``console=True`` (``reprolane demo --console``) the demo starts it itself and serves it until Ctrl-C.
+   ``console=True`` (``reprolane demo --console``) the demo starts it itself and serves it until Ctrl-C, with the
+   replayer, the archiver and the checkpointer still running, so that "replay now" is answered.
 
 Everything the demo started is stopped at the end, on an error, and on Ctrl-C or SIGTERM (the services run in
 sessions of their own, so the terminal's Ctrl-C reaches only the demo, which stops them by process group). The
@@ -27,21 +35,26 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra import paths
+from infra import demo_audit, paths
 from infra.demo_kafka import Mark, collect, mark, start_group_at
 from infra.demo_services import (
     ConsoleLogins,
+    ReplayKey,
     Service,
     run_cli,
+    start_archiver,
     start_capture,
+    start_checkpointer,
     start_console,
     start_replayer,
     start_schedule_shipper,
     write_console_logins,
     write_demo_keys,
+    write_replay_keys,
 )
 from infra.demo_summary import DemoFacts, auditor_pick, render_summary, worst
 from infra.demo_workload import Sent, count_requests, drive, load_workload, tenants
@@ -84,6 +97,14 @@ class DemoOutcome:
     summary: str = ""
     auditor_request_id: str | None = None
     auditor_exit: int | None = None
+    audit_key: demo_audit.AuditKey | None = None
+    proved: int = 0  # envelopes that verify against a signed checkpoint
+    archived: tuple[int, int] = (0, 0)  # (envelopes, replays) of the run in the lake
+    verify_exit: int | None = None
+    auditor_commands: list[str] = field(default_factory=list)
+    since: str = ""  # when the run's traffic started (UTC, the lake's query)
+    group_id: str = ""
+    replay_key: ReplayKey | None = None
     console_logins: ConsoleLogins | None = None
     console_url: str | None = None
     services: list[Service] = field(default_factory=list)
@@ -150,22 +171,32 @@ def auditor_command(run_dir: Path, request_id: str) -> str:
 CONSOLE_PORT = 8700
 
 
-def console_lines(run_dir: Path, logins: ConsoleLogins, url: str | None, *, stack_stops: bool) -> list[str]:
+def console_lines(run_dir: Path, logins: ConsoleLogins, url: str | None, *, stack_stops: bool,
+                  replayer: tuple[str, ReplayKey] | None = None) -> list[str]:  # fmt: skip
     """How to open the run's console: the URL it serves (`url`, when the demo started it) or the command that
-    starts it, and the key files to log in with."""
+    starts it, and the key files to log in with. `replayer`: the group and the replay-request key of the run's
+    replayer when it keeps running (``--keep``), which the printed command hands to the console for "replay now"
+    (otherwise the page says why it is off)."""
     keys = " or ".join(f"{path} ({role})" for role, path in logins.key_files.items())
     if url is not None:
         return [
             f"The auditors' console serves this run at {url} (Ctrl-C stops it and the demo).",
-            f"  log in with the operator key in {keys}",
+            f"  log in with the operator key in {keys}; 'replay now' asks the run's replayer, still running",
         ]
-    command = f"{_run_dir_prefix(run_dir)}REPROLANE_OPERATOR_KEYS_PATH={logins.keys_path} reprolane console"
+    replay = ""
+    if replayer is not None:
+        group, key = replayer
+        replay = (f"REPROLANE_REPLAYER_GROUP_ID={group} REPROLANE_CONSOLE_REPLAY_KEYS_PATH={key.path} "
+                  f"REPROLANE_CONSOLE_REPLAY_KEY_ID={key.key_id} ")  # fmt: skip
+    command = f"{_run_dir_prefix(run_dir)}REPROLANE_OPERATOR_KEYS_PATH={logins.keys_path} {replay}reprolane console"
     lines = [
         "The auditors' console for this run:",
         f"  $ {command}",
         f"  then open http://127.0.0.1:{CONSOLE_PORT}/ and log in with the operator key in {keys}",
-        "  (or `reprolane demo --console`: the demo starts it and serves it until Ctrl-C)",
+        "  (or `reprolane demo --console`: the demo starts it and serves it until Ctrl-C, 'replay now' included)",
     ]
+    if replayer is None:
+        lines.append("  'replay now' needs the run's replayer, which the demo has stopped: --console or --keep")
     if stack_stops:
         lines.append("  the demo stops the stack it started: `reprolane stack up` first (or --keep)")
     return lines
@@ -205,11 +236,18 @@ class Demo:
             raise DemoError(f"the stack in {info.run_dir} has no vLLM (started with --no-vllm)")
         how = "started" if out.stack_started else "already running, reused"
         echo(f"      stack {how} ({time.monotonic() - t:.1f} s)")
+        out.audit_key = key = demo_audit.ensure_audit_key(info.run_dir)
+        made = "made now" if key.made else "the stack's"
+        echo(f"      audit signing key {key.path} ({made}; public key {key.public_path})")
+        echo(f"      its fingerprint, what verifiers pin: {key.fingerprint}")
 
         marks = asyncio.run(mark(info.kafka_bootstrap, (TOPIC_ENVELOPES, TOPIC_DIVERGENCES)))
-        group_id = f"reprolane-{out.run_id}"
+        out.group_id = group_id = f"reprolane-{out.run_id}"
         asyncio.run(start_group_at(info.kafka_bootstrap, group_id, marks[TOPIC_ENVELOPES]))
-        capture_port, metrics_port = allocate_ports(2)
+        archiver_group = f"reprolane-archiver-{out.run_id}"
+        for topic in (TOPIC_ENVELOPES, TOPIC_DIVERGENCES):  # the archiver writes exactly this run into the lake
+            asyncio.run(start_group_at(info.kafka_bootstrap, archiver_group, marks[topic]))
+        capture_port, metrics_port, checkpointer_port = allocate_ports(3)
         demo_dir = info.run_dir / "demo"
         workload = load_workload(quick=o.quick)
         keys = write_demo_keys(demo_dir / "api-keys.json", tenants(workload))
@@ -236,20 +274,40 @@ class Demo:
             seconds = shipper.wait_ready(60.0)
             echo(f"      schedule shipper up (pid {shipper.ref.pid}, {seconds:.1f} s): vLLM's schedule log, to S3")
 
-        self.step(3, "starting the replayer (in-process vLLM lane, one sequence at a time) ...")
+        self.step(3, "starting the replayer (in-process vLLM lane, one sequence at a time), the checkpointer, the "
+                     "archiver ...")  # fmt: skip
+        out.replay_key = write_replay_keys(demo_dir / "replay-request-keys.json")
         replayer = start_replayer(
-            info, group_id=group_id, metrics_port=metrics_port, log=info.run_dir / "logs" / "demo-replayer.log"
-        )
+            info, group_id=group_id, metrics_port=metrics_port, log=info.run_dir / "logs" / "demo-replayer.log",
+            replay_key=out.replay_key,
+        )  # fmt: skip
         out.services.append(replayer)
         seconds = replayer.wait_ready(60.0)
         echo(
             f"      up (pid {replayer.ref.pid}, metrics :{metrics_port}, group {group_id}, {seconds:.1f} s);"
             " its lane loads while the traffic flows"
         )
+        checkpointer = start_checkpointer(
+            info, every_s=demo_audit.CHECKPOINT_EVERY_S, metrics_port=checkpointer_port,
+            log=info.run_dir / "logs" / "demo-checkpointer.log",
+        )  # fmt: skip
+        out.services.append(checkpointer)
+        seconds = checkpointer.wait_ready(60.0)
+        echo(f"      checkpointer up (pid {checkpointer.ref.pid}, {seconds:.1f} s): signs a C2SP checkpoint of the"
+             f" Merkle log every {demo_audit.CHECKPOINT_EVERY_S:.0f} s with the audit key")  # fmt: skip
+        archiver = start_archiver(
+            info, group_id=archiver_group, flush_s=demo_audit.ARCHIVER_FLUSH_S,
+            log=info.run_dir / "logs" / "demo-archiver.log",
+        )  # fmt: skip
+        out.services.append(archiver)
+        seconds = archiver.wait_ready(60.0)
+        echo(f"      archiver up (pid {archiver.ref.pid}, group {archiver_group}, {seconds:.1f} s): this run's"
+             " envelopes and replays into the lake")  # fmt: skip
 
         total = count_requests(workload, quick=o.quick)
         self.step(4, f"driving the workload through the sidecar: {total} requests (run id {out.run_id}) ...")
         t = time.monotonic()
+        out.since = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S+00")
         base_url = f"http://127.0.0.1:{capture_port}/v1"
         out.sent = asyncio.run(drive(base_url, info.model_name, out.run_id, workload, keys, quick=o.quick, echo=echo))
         traffic_s = time.monotonic() - t
@@ -260,9 +318,10 @@ class Demo:
         self._read_envelopes(info, store, marks)
         self._read_events(info, marks)
         replay_s = time.monotonic() - t
+        self._wait_for_audit(info, key)
 
         self.step(6, "summary")
-        if not o.keep:  # free the CPU for the auditor's replay below
+        if not o.keep and not o.console:  # free the CPU for the auditor's replay below (the console needs them)
             self._stop_services()
         out.in_s3 = self._count_in_s3(store)
         details = {}
@@ -278,6 +337,7 @@ class Demo:
         echo(out.summary.rstrip("\n"))
         if o.auditor_replay:
             self._auditor_replay(info)
+        self._auditor_proof(info, key)
         self._console(info)
 
     def _read_envelopes(self, info: StackInfo, store: EnvelopeStore, marks: dict[str, Mark]) -> None:
@@ -326,6 +386,21 @@ class Demo:
         if len(found) < len(expected):
             self.echo(f"      no replay for {stall_s:.0f} s: stopped waiting at {len(found)}/{len(expected)} replayed")
 
+    def _wait_for_audit(self, info: StackInfo, key: demo_audit.AuditKey) -> None:
+        """Until every envelope of the run verifies against a signed checkpoint and the lake holds the run (or a
+        minute passed: what was found is printed either way)."""
+        out = self.outcome
+        t = time.monotonic()
+        out.proved = demo_audit.wait_until_proved(demo_audit.audit_store(info), list(out.envelopes), key.public_raw,
+                                                  timeout_s=60.0)  # fmt: skip
+        self.echo(f"      proved {out.proved}/{len(out.envelopes)} envelopes: each verifies against a checkpoint the"
+                  f" checkpointer signed ({time.monotonic() - t:.1f} s)")  # fmt: skip
+        t = time.monotonic()
+        out.archived = demo_audit.wait_until_archived(demo_audit.lake(info), list(out.envelopes), list(out.events),
+                                                      timeout_s=60.0)  # fmt: skip
+        self.echo(f"      archived {out.archived[0]}/{len(out.envelopes)} envelopes and {out.archived[1]}/"
+                  f"{len(out.events)} replays into the lake ({time.monotonic() - t:.1f} s)")  # fmt: skip
+
     def _count_in_s3(self, store: EnvelopeStore) -> int:
         count = 0
         for rid in self.outcome.envelopes:
@@ -351,6 +426,35 @@ class Demo:
         meaning = {0: "target level held", 1: "target level NOT held", 2: "no verdict"}.get(code, "?")
         self.echo(f"  (exit code {code}: {meaning})")
 
+    def _auditor_proof(self, info: StackInfo, key: demo_audit.AuditKey) -> None:
+        """``reprolane verify`` run as the auditor types it, then the commands that check the rest by hand."""
+        out = self.outcome
+        rid = out.auditor_request_id or next(iter(sorted(out.envelopes)), None)
+        if rid is None:
+            return
+        prefix = _run_dir_prefix(info.run_dir)
+        self.echo("")
+        self.echo(f"An auditor proves the record (the audit key's fingerprint: {key.fingerprint}):")
+        self.echo(f"  $ {prefix}reprolane verify {rid}")
+        log = info.run_dir / "logs" / "demo-auditor.log"
+        proofs: list[str] = []
+
+        def shown(line: str) -> None:  # one consistency proof per pair of checkpoints of the day: counted here
+            if line.lstrip().startswith("consistent: "):
+                proofs.append(line)
+            else:
+                self.echo(line)
+
+        out.verify_exit = run_cli(["verify", rid], info.run_dir, shown, log=log, timeout_s=120.0, indent="    ")
+        if proofs:
+            self.echo(f"      (and {len(proofs)} consistency proofs between the day's checkpoints, not shown here)")
+        meaning = {0: "verified", 1: "a check FAILED", 2: "no verdict"}.get(out.verify_exit, "?")
+        self.echo(f"  (exit code {out.verify_exit}: {meaning})")
+        out.auditor_commands = demo_audit.auditor_commands(rid, key, out.since)
+        self.echo("and exports its evidence, checks it offline, and finds the run in the lake:")
+        for command in out.auditor_commands[1:]:
+            self.echo(f"  $ {prefix}{command}")
+
     def _console(self, info: StackInfo) -> None:
         """Mint the run's console logins; start and serve the console when asked (see module docstring)."""
         out = self.outcome
@@ -358,11 +462,13 @@ class Demo:
         self.echo("")
         if not self.options.console:
             stack_stops = out.stack_started and not self.options.keep
-            for line in console_lines(info.run_dir, logins, None, stack_stops=stack_stops):
+            kept = (out.group_id, out.replay_key) if self.options.keep and out.replay_key is not None else None
+            for line in console_lines(info.run_dir, logins, None, stack_stops=stack_stops, replayer=kept):
                 self.echo(line)
             return
         port = CONSOLE_PORT if is_port_free(CONSOLE_PORT) else allocate_ports(1)[0]
-        console = start_console(info, logins, port=port, log=info.run_dir / "logs" / "demo-console.log")
+        console = start_console(info, logins, port=port, log=info.run_dir / "logs" / "demo-console.log",
+                                group_id=out.group_id, replay_key=out.replay_key)  # fmt: skip
         out.services.append(console)
         console.wait_ready(60.0)
         out.console_url = f"http://127.0.0.1:{port}/"

@@ -1,5 +1,6 @@
-"""The processes the demo starts: the capture sidecar, the replayer service, the auditor's CLI call, and (when
-asked) the auditors' console, with the operator keys the demo mints for it.
+"""The processes the demo starts: the capture sidecar, the replayer service, the audit side an auditor needs (the
+checkpointer, the archiver), the auditor's CLI call, and (when asked) the auditors' console, with the operator
+keys and the replay-request key the demo mints for it.
 
 Each runs the real ``reprolane`` command line in a session of its own (`infra.process.spawn`): Ctrl-C in the
 terminal reaches only the demo, which then stops them by process group (SIGTERM, wait, SIGKILL) in its
@@ -9,7 +10,9 @@ whatever the demo's own environment holds: the stack named by ``--run-dir`` wins
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -36,6 +39,8 @@ _SERVICE_PREFIXES = (
     "REPROLANE_SHIPPER_",
     "REPROLANE_CONSOLE_",
     "REPROLANE_OPERATOR_",
+    "REPROLANE_AUDIT_",
+    "REPROLANE_ARCHIVER_",
 )
 #: The operator keys a demo run mints for its console: one per role an auditor logs in with.
 CONSOLE_ROLES = ("viewer", "hold-admin")
@@ -74,6 +79,11 @@ class Service:
         """Poll ``ready_url`` until it answers 200; raise `DemoError` with the log tail on death or timeout."""
         started = time.monotonic()
         while True:
+            if not self.ready_url:  # nothing to ask: up once it has lived through its start-up
+                time.sleep(1.0)
+                if not self.alive():
+                    raise DemoError(f"{self.name} exited during start-up; last lines of {self.log}:\n{self.tail()}")
+                return time.monotonic() - started
             if not self.alive():
                 raise DemoError(f"{self.name} exited during start-up; last lines of {self.log}:\n{self.tail()}")
             try:
@@ -141,13 +151,37 @@ def _write_private(path: Path, text: str) -> None:
         out.write(text)
 
 
-def start_console(info: StackInfo, logins: ConsoleLogins, *, port: int, log: Path) -> Service:
-    """``reprolane console`` on the stack's buckets, accepting the run's operator keys (`write_console_logins`)."""
+@dataclass(frozen=True)
+class ReplayKey:
+    """A replay-request keys file and the id of the key in it that signs."""
+
+    path: Path
+    key_id: str
+
+
+def write_replay_keys(path: Path) -> ReplayKey:
+    """A replay-request keys file (0600, the replayer's format, `replayer.request_keys`) holding one fresh key
+    with the ``replay`` role: the run's replayer accepts it, its console signs "replay now" with it. Fresh every
+    run."""
+    key_id = "demo-console"
+    _write_private(path, json.dumps({key_id: {"secret": secrets.token_hex(32), "roles": ["replay"]}}) + "\n")
+    return ReplayKey(path, key_id)
+
+
+def start_console(info: StackInfo, logins: ConsoleLogins, *, port: int, log: Path, group_id: str | None = None,
+                  replay_key: ReplayKey | None = None) -> Service:  # fmt: skip
+    """``reprolane console`` on the stack's buckets, accepting the run's operator keys (`write_console_logins`);
+    with `replay_key` its "replay now" asks the replayer service of `group_id` (signed with that key)."""
     env = {
         **clean_environment(info.run_dir),
         **stack_defaults(info),
         "REPROLANE_OPERATOR_KEYS_PATH": str(logins.keys_path),
     }
+    if group_id is not None:
+        env["REPROLANE_REPLAYER_GROUP_ID"] = group_id
+    if replay_key is not None:
+        env["REPROLANE_CONSOLE_REPLAY_KEYS_PATH"] = str(replay_key.path)
+        env["REPROLANE_CONSOLE_REPLAY_KEY_ID"] = replay_key.key_id
     args = ["console", "--host", "127.0.0.1", "--port", str(port)]
     return _spawn("console", args, env, log, f"http://127.0.0.1:{port}/healthz", info.run_dir)
 
@@ -178,8 +212,10 @@ def start_schedule_shipper(info: StackInfo, *, metrics_port: int, log: Path) -> 
     return _spawn("schedule shipper", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
 
 
-def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path) -> Service:
-    """``reprolane replayer serve`` on the in-process vLLM lane (fixed schedule), flagged envelopes only."""
+def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path,
+                   replay_key: ReplayKey | None = None) -> Service:  # fmt: skip
+    """``reprolane replayer serve`` on the in-process vLLM lane (fixed schedule), flagged envelopes only; it acts
+    on on-demand replay requests signed with `replay_key` (the console's "replay now")."""
     env = {
         **clean_environment(info.run_dir),
         **stack_defaults(info),
@@ -191,11 +227,36 @@ def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Pa
         # replayer's first engine fixes its process's count, and its schedule lanes must match production's
         "REPROLANE_REPLAYER_VLLM_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1)),
     }
+    if replay_key is not None:
+        env["REPROLANE_REPLAYER_REPLAY_REQUEST_KEYS_PATH"] = str(replay_key.path)
     args = [
         "replayer", "serve", "--lane", "vllm", "--flagged-only", "--group-id", group_id,
         "--metrics-port", str(metrics_port),
     ]  # fmt: skip
     return _spawn("replayer", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
+
+
+def start_checkpointer(info: StackInfo, *, every_s: float, metrics_port: int, log: Path) -> Service:
+    """``reprolane audit checkpointer``: signs a C2SP checkpoint of every day log that grew, every `every_s`
+    seconds, with the stack's audit signing key (``<run dir>/audit-signing.pem``, `infra.stack_env`)."""
+    env = {**clean_environment(info.run_dir), **stack_defaults(info)}
+    args = ["audit", "checkpointer", "--every", str(every_s), "--metrics-port", str(metrics_port)]
+    return _spawn("checkpointer", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
+
+
+def start_archiver(info: StackInfo, *, group_id: str, flush_s: float, log: Path) -> Service:
+    """``reprolane archiver serve`` in consumer group `group_id` (the demo commits its start offsets), writing the
+    lake every `flush_s` seconds. It serves no metrics: up is alive (`Service.ready_url` empty)."""
+    env = {
+        **clean_environment(info.run_dir),
+        **stack_defaults(info),
+        "REPROLANE_ARCHIVER_GROUP_ID": group_id,
+        "REPROLANE_ARCHIVER_AUTO_OFFSET_RESET": "latest",  # the demo commits the group's start offsets itself
+        "REPROLANE_ARCHIVER_FLUSH_SECONDS": str(flush_s),
+        "REPROLANE_ARCHIVER_SESSION_TIMEOUT_MS": "2000",  # Tansu: fast group joins (shared/STACK.md §4)
+        "REPROLANE_ARCHIVER_HEARTBEAT_INTERVAL_MS": "500",
+    }
+    return _spawn("archiver", ["archiver", "serve"], env, log, "", info.run_dir)
 
 
 def run_cli(args: Sequence[str], run_dir: Path, echo: Echo, *, log: Path, timeout_s: float, indent: str = "  ") -> int:

@@ -15,7 +15,7 @@ from infra.demo_workload import Sent
 from schemas import DivergenceEvent, Envelope
 
 VERDICTS = ("bitwise", "token", "numeric", "semantic", "diverged")
-GROUP_ORDER = ("alone", "4 at once", "12 at once", "workflow")
+GROUP_ORDER = ("alone", "4 at once", "12 at once", "workflow", "agent")
 
 
 @dataclass
@@ -90,6 +90,8 @@ def _workflow_rows(sent: Sequence[Sent], events: Mapping[str, DivergenceEvent]) 
         else:
             fd = events[first.request_id].first_divergence
             where = f"first diverging step {first.step}" + (f" (token {fd.position})" if fd is not None else "")
+        calls = [c["function"]["name"] for s in steps for c in s.tool_calls]
+        where += f"; tool calls run: {', '.join(calls)}" if calls else ""
         rows.append(f"    {name:<14} {workflow_id}  {len(steps)} steps  [{verdicts}]  {where}")
     return rows
 

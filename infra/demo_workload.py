@@ -8,6 +8,9 @@ the deterministic lane, which replays one sequence at a time. Every sixth prompt
 
 Workflows (``infra/workload/workflows.json``) are driven live: step k+1's messages are the whole conversation so
 far, step k's actual answer included. The three workflows run side by side, so their steps are batched too.
+Agent workflows (its ``agents``) are tool-calling loops: step 1 offers the tools (`infra.demo_tools`) and forces a
+call (a named function, or ``required``), the demo runs the tool the model asked for and sends its result back as
+a ``tool`` message, and step 2 asks for the answer in words (``tool_choice: none``). They run beside the others.
 
 Each tenant's requests go with that tenant's API key (``api_key=...``: the sidecar records the key's tenant, and
 only keys with the ``flag`` role may flag). Every request carries the demo's own id in ``X-Request-Id``
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
+from infra.demo_tools import TOOLS, definitions, run_tool
 from infra.errors import DemoError
 
 Echo = Callable[[str], None]
@@ -59,10 +63,37 @@ class Workflow:
 
 
 @dataclass(frozen=True)
+class Agent:
+    """A tool-calling agent loop: the task (step 1, with ``tool_choice``: a tool's name or ``required``), then the
+    final question (step 2, after the tool results)."""
+
+    name: str
+    tenant: str
+    system: str
+    tools: tuple[str, ...]
+    task: str
+    tool_choice: str
+    final: str
+
+    def choice(self) -> str | dict[str, Any]:
+        """Step 1's ``tool_choice`` as the API spells it."""
+        if self.tool_choice in ("required", "auto"):
+            return self.tool_choice
+        return {"type": "function", "function": {"name": self.tool_choice}}
+
+
+#: An agent loop's steps: the call, then the answer.
+AGENT_STEPS = 2
+#: A forced call's budget: the call's JSON, whatever the model puts in its arguments (quick demo included).
+AGENT_CALL_TOKENS = 64
+
+
+@dataclass(frozen=True)
 class Workload:
     system: str
     prompts: tuple[Prompt, ...]
     workflows: tuple[Workflow, ...]
+    agents: tuple[Agent, ...] = ()
 
 
 @dataclass
@@ -71,7 +102,7 @@ class Sent:
     the sidecar answers, then the sidecar's (the demo's stays in ``client_request_id``)."""
 
     request_id: str
-    group: str  # "alone", "4 at once", "12 at once", "workflow"
+    group: str  # "alone", "4 at once", "12 at once", "workflow", "agent" (a tool-calling loop)
     tenant: str
     prompt_id: str
     seed: int | None  # a seeded sample (temperature 0.8) when set, greedy otherwise
@@ -83,6 +114,7 @@ class Sent:
     extra: dict[str, str] = field(default_factory=dict)
     client_request_id: str = ""
     workflow_id: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # the calls the answer made (agent steps)
 
     def __post_init__(self) -> None:
         self.client_request_id = self.client_request_id or self.request_id
@@ -104,11 +136,19 @@ def load_workload(*, quick: bool = False) -> Workload:
             Workflow(w["name"], w["tenant"], w["system"], tuple(w["steps"])) for w in workflows_doc["workflows"]
         )
         system = str(prompts_doc["system"])
+        agents = tuple(
+            Agent(a["name"], a["tenant"], a["system"], tuple(a["tools"]), a["task"], a["tool_choice"], a["final"])
+            for a in workflows_doc.get("agents", ())
+        )
     except (KeyError, TypeError) as exc:
         raise DemoError(f"the bundled workload is malformed: missing {exc}") from exc
+    unknown = sorted({t for a in agents for t in a.tools} - set(TOOLS))
+    if unknown:
+        raise DemoError(f"the bundled workload's agents name tools infra/demo_tools.py does not have: {unknown}")
     if quick:
         workflows = (Workflow(workflows[0].name, workflows[0].tenant, workflows[0].system, workflows[0].steps[:2]),)
-    return Workload(system, prompts, workflows)
+        agents = agents[:1]
+    return Workload(system, prompts, workflows, agents)
 
 
 def plan_waves(prompts: tuple[Prompt, ...], *, quick: bool = False) -> list[tuple[int, list[Prompt]]]:
@@ -128,7 +168,7 @@ def group_name(at_once: int) -> str:
 
 def count_requests(workload: Workload, *, quick: bool = False) -> int:
     chats = sum(len(ps) for _, ps in plan_waves(workload.prompts, quick=quick))
-    return chats + sum(len(w.steps) for w in workload.workflows)
+    return chats + sum(len(w.steps) for w in workload.workflows) + AGENT_STEPS * len(workload.agents)
 
 
 class Driver:
@@ -155,15 +195,23 @@ class Driver:
         for client in self.clients.values():
             await client.close()
 
-    async def _chat(self, sent: Sent, messages: list[dict[str, str]], max_tokens: int, headers: dict[str, str]) -> None:
+    async def _chat(
+        self,
+        sent: Sent,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        headers: dict[str, str],
+        **tools: Any,
+    ) -> None:
+        """One chat request (``tools``: the ``tools`` and ``tool_choice`` of an agent step); fills `sent`."""
         from openai import APIStatusError, OpenAIError
 
         client = self.clients.get(sent.tenant)
         if client is None:
             raise DemoError(f"the demo has no API key for tenant {sent.tenant!r}")
-        kwargs: dict[str, Any] = {"temperature": 0.0}
+        kwargs: dict[str, Any] = {"temperature": 0.0, **tools}
         if sent.seed is not None:
-            kwargs = {"temperature": SAMPLED_TEMPERATURE, "seed": sent.seed}
+            kwargs = {"temperature": SAMPLED_TEMPERATURE, "seed": sent.seed, **tools}
         started = time.monotonic()
         try:
             raw = await client.chat.completions.with_raw_response.create(
@@ -174,7 +222,9 @@ class Driver:
                 **kwargs,
             )
             sent.request_id = raw.headers.get(REQUEST_ID_HEADER, sent.request_id)
-            sent.answer = raw.parse().choices[0].message.content or ""
+            message = raw.parse().choices[0].message
+            sent.answer = message.content or ""
+            sent.tool_calls = [call.model_dump(mode="json") for call in message.tool_calls or ()]
         except OpenAIError as exc:
             if isinstance(exc, APIStatusError):
                 sent.request_id = exc.response.headers.get(REQUEST_ID_HEADER, sent.request_id)
@@ -226,20 +276,66 @@ class Driver:
             messages.append({"role": "assistant", "content": sent.answer})
         return out
 
+    async def _agent(self, index: int, agent: Agent) -> list[Sent]:
+        """One agent loop (module docstring): the forced call, the tools run here, then the answer."""
+        workflow_id = f"{self.run_id}-ag{index}"
+        offered = {"tools": definitions(agent.tools)}
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": agent.system},
+            {"role": "user", "content": agent.task},
+        ]
+        out: list[Sent] = []
+        for step, tool_choice in enumerate((agent.choice(), "none"), start=1):
+            sent = Sent(f"{workflow_id}-s{step}", "agent", agent.tenant, f"{agent.name}#{step}", None)
+            sent.workflow, sent.step, sent.workflow_id = agent.name, step, workflow_id
+            headers = {"X-Reprolane-Workflow-Id": workflow_id, "X-Reprolane-Step": str(step), "X-Reprolane-Flag": "1"}
+            budget = AGENT_CALL_TOKENS if step == 1 else self._max_tokens("medium")
+            await self._chat(sent, messages, budget, headers, tool_choice=tool_choice, **offered)
+            out.append(sent)
+            if sent.error or step == AGENT_STEPS:
+                break
+            messages += [*_tool_turn(sent), {"role": "user", "content": agent.final}]
+        return out
+
     async def workflows(self, workload: Workload) -> list[Sent]:
         started = time.monotonic()
-        runs = await asyncio.gather(*(self._workflow(i, w) for i, w in enumerate(workload.workflows, start=1)))
+        runs = await asyncio.gather(
+            *(self._workflow(i, w) for i, w in enumerate(workload.workflows, start=1)),
+            *(self._agent(i, a) for i, a in enumerate(workload.agents, start=1)),
+        )
         out = [s for run in runs for s in run]
+        calls = sum(len(s.tool_calls) for s in out)
         self.echo(
-            f"      {len(workload.workflows)} workflows, {len(out)} steps (each built from the previous answer)"
+            f"      {len(workload.workflows)} workflows and {len(workload.agents)} tool-calling agents,"
+            f" {len(out)} steps (each built from the previous answer; {calls} tool calls run)"
             f" in {time.monotonic() - started:5.1f} s"
         )
         return out
 
 
+def _named(function: dict[str, Any]) -> dict[str, str]:
+    """A call's function part as `run_tool`'s keywords (a missing name or arguments is an empty string)."""
+    return {"name": str(function.get("name") or ""), "arguments": str(function.get("arguments") or "")}
+
+
+def _tool_turn(sent: Sent) -> list[dict[str, Any]]:
+    """The messages a tool-calling step adds to the conversation: the assistant's calls and each tool's result
+    (`infra.demo_tools.run_tool`), or, when no call could be read from the answer (the model ran out of tokens
+    mid-call), the answer as text and a note saying so."""
+    if not sent.tool_calls:
+        note = "The tool call could not be read (no complete call in the answer)."
+        return [{"role": "assistant", "content": sent.answer}, {"role": "user", "content": note}]
+    calls = [{"id": c["id"], "type": "function", "function": c["function"]} for c in sent.tool_calls]
+    results = [
+        {"role": "tool", "tool_call_id": c["id"], "content": run_tool(**_named(c["function"]))} for c in sent.tool_calls
+    ]
+    return [{"role": "assistant", "content": sent.answer or None, "tool_calls": calls}, *results]
+
+
 def tenants(workload: Workload) -> list[str]:
     """Every tenant the workload sends as (each needs an API key)."""
-    return sorted({p.tenant for p in workload.prompts} | {w.tenant for w in workload.workflows})
+    loops = {w.tenant for w in workload.workflows} | {a.tenant for a in workload.agents}
+    return sorted({p.tenant for p in workload.prompts} | loops)
 
 
 async def drive(

@@ -7,6 +7,10 @@ credentials become *defaults* for the ``REPROLANE_CAPTURE_*``, ``REPROLANE_REPLA
 sidecar's ``schedule_recorder`` and the shipper's directory):
 anything already set in the environment, and any flag, still wins.
 
+The operator commands (``reprolane hold``, ``expire``, ...) find the operator keys a demo run minted in the run
+dir (`operator_defaults`: the demo's key store, and its hold-admin's key file as the caller's key) the same way,
+as defaults of this process only (never handed to a service), and only while no key of the caller's own is set.
+
 The S3 secret is handed over as a file, never as a value: the defaults name ``<run-dir>/s3_secret_key`` (0600,
 `infra.state.s3_secret_file`) in ``REPROLANE_*_S3_SECRET_KEY_FILE``, and each service's settings read it
 (`infra.clients.connection`). So neither this process's environment nor any child's (the demo's services, vLLM)
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from infra import paths
@@ -26,6 +30,16 @@ from infra.state import StackInfo, s3_secret_file
 from schemas.manifest import MANIFEST_NAME
 
 AUDIT_SIGNING_KEY_FILE = "audit-signing.pem"
+#: Where a demo run keeps its console's operator keys (`infra.demo_services.write_console_logins` writes them):
+#: the key store and, per role, the file holding that role's key.
+DEMO_DIR = "demo"
+DEMO_OPERATOR_KEYS = "operator-keys.json"
+#: The demo's key the operator commands act with by default: the one that may place legal holds.
+DEMO_OPERATOR_ROLE = "hold-admin"
+
+
+def demo_operator_key_file(run_dir: Path, role: str) -> Path:
+    return run_dir / DEMO_DIR / f"console-{role}.key"
 
 
 def stack_defaults(info: StackInfo) -> dict[str, str]:
@@ -74,13 +88,28 @@ def _schedule_defaults(run_dir: Path) -> dict[str, str]:
     return {"REPROLANE_CAPTURE_SCHEDULE_RECORDER": recorder, "REPROLANE_SHIPPER_SCHEDULE_DIR": directory}
 
 
+def operator_defaults(run_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """After a demo run: its operator key store, and its hold-admin's key file as the caller's key unless the
+    caller set a key or key file of its own (``REPROLANE_OPERATOR_KEY`` would lose to a defaulted file)."""
+    env: dict[str, str] = {}
+    keys = run_dir / DEMO_DIR / DEMO_OPERATOR_KEYS
+    if keys.is_file():
+        env["REPROLANE_OPERATOR_KEYS_PATH"] = str(keys)
+    key_file = demo_operator_key_file(run_dir, DEMO_OPERATOR_ROLE)
+    own = {"REPROLANE_OPERATOR_KEY", "REPROLANE_OPERATOR_KEY_FILE"} & environ.keys()
+    if keys.is_file() and key_file.is_file() and not own:
+        env["REPROLANE_OPERATOR_KEY_FILE"] = str(key_file)
+    return env
+
+
 def apply_stack_defaults(environ: MutableMapping[str, str], run_dir: Path | None = None) -> StackInfo | None:
-    """Set the stack's defaults into `environ` where unset; return the stack found, or None."""
+    """Set the stack's defaults (and a demo run's operator keys, `operator_defaults`) into `environ` where unset;
+    return the stack found, or None."""
     try:
         info = StackInfo.load(paths.run_dir(run_dir))
     except Exception:  # no stack, or a state file from an older layout: no defaults, never an error
         return None
-    for key, value in stack_defaults(info).items():
+    for key, value in {**stack_defaults(info), **operator_defaults(info.run_dir, environ)}.items():
         environ.setdefault(key, value)
     return info
 

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from replayer.cli_options import S3_OPTIONS, LaneFactory, StoreFactory, make_lane, settings_options
-from replayer.errors import NotReplayableError, StoreError
+from replayer.errors import EnvelopeNotFoundError, NotReplayableError, StoreError
 from replayer.lane_choice import ASKABLE, SCHEDULE_LANE, LaneChoice, keep
 from replayer.machine_output import machine_output
 from replayer.on_demand import DEFAULT_SERVICE_TIMEOUT_S, VIAS, replay_via_service
@@ -47,6 +47,7 @@ from replayer.settings import ReplayerSettings
 from replayer.show import render_record
 from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayResult
+from schemas.envelope import SIDECAR_REQUEST_ID_PREFIX, is_sidecar_request_id, is_valid_request_id
 
 #: The settings options of ``replay request`` and ``replay workflow`` (their ``--lane`` is their own: it may name
 #: the schedule lane, which is no setting).
@@ -163,7 +164,7 @@ def build_replay_app(
             request_id = envelope.request_id
         else:
             assert request_id is not None
-            envelope = store.get_by_request_id(request_id)
+            envelope = _by_request_id(request_id, store.get_by_request_id, "replay request")
         if not envelope.replayable:
             raise NotReplayableError(f"request {request_id} is not replayable: {not_replayable_reason(envelope)}")
         with machine_output(True) as document:  # the report, text or JSON, alone on stdout: a lane's logs on stderr
@@ -232,7 +233,7 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
             record = store.read_client_records(tenant, client_request_id)[-1]
         else:
             assert request_id is not None
-            record = store.read_record(request_id)
+            record = _by_request_id(request_id, store.read_record, "show")
         if not as_json:
             decoded = None if record.envelope is None else decode_prompts(record.envelope, settings.model_dir)
             typer.echo(render_record(record, store.bucket, decoded), nl=False)
@@ -245,6 +246,23 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
             document(data.decode("utf-8"))
 
     return show
+
+
+_T = TypeVar("_T")
+
+
+def _by_request_id(request_id: str, read: Callable[[str], _T], command: str) -> _T:
+    """`read(request_id)`; when nothing is indexed under an id that is not of the sidecar's shape (``rl-`` and 32
+    hex digits), the error says it may be the client's own X-Request-Id and how to ask for that."""
+    try:
+        return read(request_id)
+    except EnvelopeNotFoundError as exc:
+        if is_sidecar_request_id(request_id) or not is_valid_request_id(request_id):
+            raise
+        hint = (f"{exc}; {request_id!r} is not an id the sidecar mints ({SIDECAR_REQUEST_ID_PREFIX}<32 hex "
+                f"digits): if it is the client's X-Request-Id, run `reprolane {command} --client-request-id "
+                f"{request_id} --tenant TENANT`")  # fmt: skip
+        raise EnvelopeNotFoundError(hint) from exc
 
 
 def _workflow_json(workflow_id: str, steps: list[WorkflowStep], first: WorkflowStep | None) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -164,12 +165,19 @@ async def ask_service(
     settings: ReplayerSettings, request_id: str, *, lane: str | None, timeout_s: float
 ) -> DivergenceEvent:
     """Ask the running service to replay `request_id` on `lane` and wait for its event (module docstring)."""
+    clients = await _open_clients(settings, timeout_s)
+    try:
+        return await _ask(settings, clients, request_id, lane=lane, timeout_s=timeout_s)
+    finally:
+        await _close_clients(clients)
+
+
+async def _open_clients(settings: ReplayerSettings, timeout_s: float) -> tuple[Any, Any]:
+    """The ask's answer consumer (assigned to the ends of the answer topics) and its request producer, started
+    (apart from the ask, so they start while the liveness check runs: `_live_then_ask`)."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    reply_to = f"cli-{uuid.uuid4().hex}"
-    request = sign(ReplayRequest(request_id=request_id, lane=lane, reply_to=reply_to), settings)
     answers = (settings.divergence_topic, settings.dead_letter_topic)
-    deadline = time.monotonic() + timeout_s
     consumer = AIOKafkaConsumer(
         **aiokafka_kwargs(settings), group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS
     )
@@ -187,26 +195,50 @@ async def ask_service(
         ends = await _with_timeout("asking the replayer service", consumer.end_offsets(partitions), timeout_s)
         for tp, offset in ends.items():
             consumer.seek(tp, offset)
-        await _with_timeout(
-            "sending the replay request",
-            producer.send_and_wait(
-                settings.replay_request_topic, request.model_dump_json().encode("utf-8"), key=request_id.encode()
-            ),
-            timeout_s,
+    except BaseException:
+        await _close_clients((consumer, producer))
+        raise
+    return consumer, producer
+
+
+async def _discard(opened: asyncio.Future[tuple[Any, Any]]) -> None:
+    """Stop clients that are no longer needed (the service is not there): cancel their start, or close them."""
+    opened.cancel()
+    with contextlib.suppress(BaseException):
+        await _close_clients(await opened)
+
+
+async def _close_clients(clients: tuple[Any, Any]) -> None:
+    consumer, producer = clients
+    await producer.stop()
+    await consumer.stop()
+
+
+async def _ask(
+    settings: ReplayerSettings, clients: tuple[Any, Any], request_id: str, *, lane: str | None, timeout_s: float
+) -> DivergenceEvent:
+    """Send the signed request with the open `clients` and wait for the event that answers it."""
+    consumer, producer = clients
+    reply_to = f"cli-{uuid.uuid4().hex}"
+    request = sign(ReplayRequest(request_id=request_id, lane=lane, reply_to=reply_to), settings)
+    deadline = time.monotonic() + timeout_s
+    await _with_timeout(
+        "sending the replay request",
+        producer.send_and_wait(
+            settings.replay_request_topic, request.model_dump_json().encode("utf-8"), key=request_id.encode()
+        ),
+        timeout_s,
+    )
+    while (left := deadline - time.monotonic()) > 0:
+        batch = await _with_timeout(
+            "waiting for the replayer service", consumer.getmany(timeout_ms=int(min(left, 0.2) * 1000)), left + 5
         )
-        while (left := deadline - time.monotonic()) > 0:
-            batch = await _with_timeout(
-                "waiting for the replayer service", consumer.getmany(timeout_ms=int(min(left, 0.2) * 1000)), left + 5
-            )
-            for tp, records in batch.items():
-                for record in records:
-                    answer = _answer(record, reply_to, is_dead_letter=tp.topic == settings.dead_letter_topic)
-                    if answer is not None:
-                        return answer
-        raise ServiceReplayError(f"the replayer service did not answer request {request_id} in {timeout_s:.0f} s")
-    finally:
-        await producer.stop()
-        await consumer.stop()
+        for tp, records in batch.items():
+            for record in records:
+                answer = _answer(record, reply_to, is_dead_letter=tp.topic == settings.dead_letter_topic)
+                if answer is not None:
+                    return answer
+    raise ServiceReplayError(f"the replayer service did not answer request {request_id} in {timeout_s:.0f} s")
 
 
 def _answer(record: Any, reply_to: str, *, is_dead_letter: bool) -> DivergenceEvent | None:
@@ -243,13 +275,23 @@ def accept(beat: ReplayerHeartbeat, event: DivergenceEvent, lane: str | None) ->
 async def _live_then_ask(
     settings: ReplayerSettings, request_id: str, lane: str | None, timeout_s: float
 ) -> DivergenceEvent:
-    beat = await live_service(settings)
-    if beat is None:
-        raise ServiceReplayError(f"no replayer service is running (no recent heartbeat of group {settings.group_id} "
-                                 f"on {settings.service_heartbeat_topic})")  # fmt: skip
-    if lane is not None and lane != SCHEDULE_LANE and beat.lane != lane:
-        raise ServiceReplayError(f"the running replayer service's one-at-a-time lane is {beat.lane}, not {lane}")
-    event = await ask_service(settings, request_id, lane=lane, timeout_s=timeout_s)
+    # the liveness check and the ask's clients start together: each is a Kafka client's start-up and metadata
+    opened = asyncio.ensure_future(_open_clients(settings, timeout_s))
+    try:
+        beat = await live_service(settings)
+        if beat is None:
+            raise ServiceReplayError(f"no replayer service is running (no recent heartbeat of group "
+                                     f"{settings.group_id} on {settings.service_heartbeat_topic})")  # fmt: skip
+        if lane is not None and lane != SCHEDULE_LANE and beat.lane != lane:
+            raise ServiceReplayError(f"the running replayer service's one-at-a-time lane is {beat.lane}, not {lane}")
+    except BaseException:
+        await _discard(opened)
+        raise
+    clients = await opened
+    try:
+        event = await _ask(settings, clients, request_id, lane=lane, timeout_s=timeout_s)
+    finally:
+        await _close_clients(clients)
     refused = accept(beat, event, lane)
     if refused is not None and not beat.answers_with(event.lane_fingerprint_sha256):
         again = await live_service(settings)  # a schedule lane built for this answer is in a newer heartbeat

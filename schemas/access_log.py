@@ -23,6 +23,10 @@ whole days or tenants, and reading the records is a separate grant. The CLI's ga
 
 A key may be scoped to one tenant: it then acts on that tenant's records only.
 
+A legal hold carries what the operator stated for it: a reason (``note``) and/or a case number (``case``); its
+record is also filed under the envelope it holds (`schemas.layout.hold_decision_key`), so a record's page shows
+who placed or lifted its hold, when and why, without reading the whole log.
+
 Pure: no IO; it imports the standard library, pydantic and `schemas` only.
 """
 
@@ -83,6 +87,11 @@ def role_grants(roles: Set[str], needed: str | None) -> bool:
 
 
 _Text = Annotated[str, Field(max_length=1024)]
+#: What an operator states for an action (a legal hold): its reason, one line of printable text.
+MAX_NOTE: Final = 500
+NOTE_PATTERN: Final = r"^[^\x00-\x1f\x7f]*$"
+#: The case or matter number an action is for: an id of the operator's own case system.
+CASE_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9 ._:/#-]{0,63}$"
 
 
 class AccessRecord(Record):
@@ -102,6 +111,12 @@ class AccessRecord(Record):
     )
     result: Literal["allowed", "refused"]
     reason: _Text | None = Field(default=None, description="why it was refused")
+    note: Annotated[str, Field(max_length=MAX_NOTE, pattern=NOTE_PATTERN)] | None = Field(
+        default=None, description="the reason the operator stated for the action (a legal hold)"
+    )
+    case: Annotated[str, Field(pattern=CASE_PATTERN)] | None = Field(
+        default=None, description="the case or matter number the operator named for the action (a legal hold)"
+    )
     peer: Annotated[str, Field(max_length=64)] | None = Field(
         default=None, description="the client's address (the console's requests); None from the CLI"
     )

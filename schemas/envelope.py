@@ -36,6 +36,16 @@ def is_valid_request_id(value: str) -> bool:
     return bool(_ID_RE.match(value))
 
 
+#: The sidecar's own request ids: this prefix and 128 random bits in hex (``capture.request_headers``).
+SIDECAR_REQUEST_ID_PREFIX: Final = "rl-"
+_SIDECAR_ID_RE = re.compile(rf"^{SIDECAR_REQUEST_ID_PREFIX}[0-9a-f]{{32}}$")
+
+
+def is_sidecar_request_id(value: str) -> bool:
+    """Whether `value` has the shape of an id the sidecar mints (a client's X-Request-Id usually has not)."""
+    return bool(_SIDECAR_ID_RE.fullmatch(value))
+
+
 class WorkflowRef(Record):
     """Where a request sits in an agent workflow, so a workflow can be replayed step by step."""
 

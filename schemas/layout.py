@@ -346,6 +346,17 @@ def access_log_key(at: datetime, record_id: str) -> str:
     return f"{access_log_day_prefix(capture_day(at))}{time_ordered_name(at, record_id)}"
 
 
+def hold_decisions_prefix(envelope_id: str) -> str:
+    """The legal-hold decisions on one envelope: copies of their access records (`hold_decision_key`), in time
+    order; under ``audit/access/`` (the operators may write there, write-once) but beside the day folders."""
+    return f"{ACCESS_LOG_PREFIX}holds/envelope={envelope_id}/"
+
+
+def hold_decision_key(envelope_id: str, at: datetime, record_id: str) -> str:
+    """Where a copy of a legal-hold decision's access record is filed under the envelope it holds."""
+    return f"{hold_decisions_prefix(envelope_id)}{time_ordered_name(at, record_id)}"
+
+
 # ------------------------------------------------------------------------------------------- schedules
 
 

@@ -45,8 +45,9 @@ CONSTRAINT_FIELDS: Final = ("response_format", "structured_outputs", "text", "to
 
 class OutputConstraint(Record):
     """What limits which tokens may come out beyond the sampling parameters, as the request stated it: each field is
-    the canonical JSON of the request's own field (the constraint itself, a schema, a regex, a list of choices, a
-    grammar, the tools offered; never a name standing for one).
+    the request's own field as compact JSON in the client's key order (the constraint itself, a schema, a regex, a
+    list of choices, a grammar, the tools offered; never a name standing for one). Not sorted: a JSON schema's
+    property order is the order a grammar makes the model write the properties in.
 
     vLLM applies these as a per-step token mask (its structured outputs): chat's ``response_format``
     (``json_schema``, ``json_object``, ``structural_tag``), its own ``structured_outputs`` (``json``, ``regex``,

@@ -86,6 +86,12 @@ class RequestArrival(Record):
         description="prefix-cache hit: (engine request id that computed the blocks, blocks) in block order; "
         '"?" where the recorder did not see the block computed',
     )
+    structured_output: bool | None = Field(
+        default=None,
+        description="True: a grammar masked the request's tokens (structured outputs), so the scheduler first waited "
+        "for it to compile, in the background, for as many steps as that took: its first scheduled step, not its "
+        "arrival, is when it could first run (None: no grammar)",
+    )
 
 
 class ScheduledRequest(Record):

@@ -14,6 +14,7 @@ stderr and picks the code.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -28,8 +29,8 @@ from capture.audit.retention import expire, hold_entries, resolve
 from capture.audit.settings import AuditSettings
 from capture.audit.store import AuditStore
 from capture.audit.verify import Verdict, verify_range, verify_request
-from schemas.access_log import OperatorAction
-from schemas.layout import ENVELOPES_PREFIX, LOG_PREFIX, partition_value, tenant_envelopes_prefix
+from schemas.access_log import CASE_PATTERN, MAX_NOTE, OperatorAction
+from schemas.layout import ENVELOPES_PREFIX, LOG_PREFIX, envelope_id_of_key, partition_value, tenant_envelopes_prefix
 
 hold_app = typer.Typer(name="hold", no_args_is_help=True, add_completion=False, help="Legal holds.")
 audit_app = typer.Typer(name="audit", no_args_is_help=True, add_completion=False, help="The Merkle log's jobs.")
@@ -96,8 +97,15 @@ TenantOpt = Annotated[
 ]
 
 
-def _hold(some_id: str, on: bool, tenant: str | None, key_file: Path | None) -> None:
-    """Authorise (hold-admin, in the key's tenant scope), then hold exactly one tenant's records of the id."""
+def _hold(some_id: str, on: bool, tenant: str | None, key_file: Path | None, reason: str | None,
+          case: str | None) -> None:  # fmt: skip
+    """Authorise (hold-admin, in the key's tenant scope), then hold exactly one tenant's records of the id; the
+    decision's access record carries the reason and case number and is filed under each envelope it holds."""
+    reason = " ".join(reason.split()) if reason is not None else None  # one line: the record's note is one
+    if reason is not None and not 0 < len(reason) <= MAX_NOTE:
+        raise typer.BadParameter(f"--reason: 1 to {MAX_NOTE} characters")
+    if case is not None and not re.fullmatch(CASE_PATTERN, case):
+        raise typer.BadParameter("--case: up to 64 of [A-Za-z0-9 ._:/#-], starting with a letter or digit")
     store = _store(AuditSettings())
     gate = operator_gate(store, key_file)
     action: OperatorAction = "hold.add" if on else "hold.remove"
@@ -106,7 +114,8 @@ def _hold(some_id: str, on: bool, tenant: str | None, key_file: Path | None) -> 
     tenants = sorted({e.tenant for e in entries})
     if len(tenants) != 1:  # a request id and a workflow id of the same name, of two tenants
         raise typer.BadParameter(f"{some_id!r} names records of tenants {', '.join(tenants)}: pass --tenant")
-    gate.authorise(action, some_id, tenants[0])
+    held = [envelope_id_of_key(e.key) for e in entries]
+    gate.authorise(action, some_id, tenants[0], note=reason, case=case, held_envelopes=held)
     for obj in hold_entries(store, entries, on):
         typer.echo(f"legal hold {'ON ' if on else 'OFF'} {obj.key} (version {obj.version_id})")
 
@@ -118,8 +127,13 @@ def _hold_command(on: bool, doc: str) -> Callable[..., None]:
         some_id: Annotated[str, typer.Argument(metavar="REQUEST_ID|WORKFLOW_ID")],
         tenant: TenantOpt = None,
         operator_key_file: OperatorKeyFileOpt = None,
+        reason: Annotated[
+            str | None,
+            typer.Option("--reason", help="why (kept in the access log; the console shows it on the record's page)"),
+        ] = None,
+        case: Annotated[str | None, typer.Option("--case", help="the case or matter number it is for")] = None,
     ) -> None:
-        _hold(some_id, on, tenant, operator_key_file)
+        _hold(some_id, on, tenant, operator_key_file, reason, case)
 
     command.__doc__ = doc
     return command

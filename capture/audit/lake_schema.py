@@ -12,7 +12,9 @@ the partition columns ``date`` and ``tenant`` are in the path only, never inside
   has the production envelope's ``request_id``; ``shadow`` is true on its row, ``shadow_production_envelope_id``
   names the production envelope it pairs with and ``shadow_candidate`` the candidate's base URL. ``shadow`` is
   NULL on a sealed row (the marker is inside the ciphertext) and in files written before the column existed
-  (a dataset read fills a missing column with NULL): NULL reads as "not a shadow".
+  (a dataset read fills a missing column with NULL): NULL reads as "not a shadow". ``client_request_id`` is
+  the client's own ``X-Request-Id`` (its tenant's label, unique per tenant at best): NULL when the client sent
+  none, on a sealed row (not in the clear metadata) and in files written before the column was added.
 - ``divergences``: one row per `schemas.DivergenceEvent` (partition date = replay day). The recorded
   envelope's runtime is joined in SQL (``envelope_id``).
 - ``replays`` is a view, not a table (see `capture.audit.query`): result id and S3 key, from divergences joined
@@ -101,10 +103,12 @@ ENVELOPES: Final = pa.schema(
         ("shadow", pa.bool_()),
         ("shadow_production_envelope_id", pa.string()),
         ("shadow_candidate", pa.string()),
+        ("client_request_id", pa.string()),
     ]
 )
-#: Columns added after the first files were written: absent from those files, NULL when read.
-ADDED_COLUMNS: Final = ("shadow", "shadow_production_envelope_id", "shadow_candidate")
+#: Columns added after the first files were written, in the order they were added (each appended last): absent
+#: from the files written before, NULL when read (`conform`, the dataset reads, `IcebergLake._evolved`).
+ADDED_COLUMNS: Final = ("shadow", "shadow_production_envelope_id", "shadow_candidate", "client_request_id")
 
 DIVERGENCES: Final = pa.schema(
     [
@@ -174,6 +178,7 @@ def envelope_row(envelope: Envelope, archived_at: datetime, envelope_id: str | N
     row = _blank(ENVELOPES)
     row.update(
         request_id=envelope.request_id,
+        client_request_id=envelope.client_request_id,
         envelope_id=env_id,
         captured_at=envelope.captured_at,
         sealed=False,

@@ -22,7 +22,7 @@ each role's operators an identity that can do that role's calls only (docs/SECUR
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,15 +118,26 @@ class OperatorGate:
             self.authorise(action, target, tenant)  # refuses, and logs the refusal
         return tenant
 
-    def authorise(self, action: OperatorAction, target: str, tenant: str | None) -> Operator:
+    def authorise(
+        self,
+        action: OperatorAction,
+        target: str,
+        tenant: str | None,
+        *,
+        note: str | None = None,
+        case: str | None = None,
+        held_envelopes: Sequence[str] = (),
+    ) -> Operator:
         """`identify`, then the tenant scope: a key scoped to a tenant acts on that tenant only (`tenant` None
-        means every tenant). The decision is logged either way; `AccessDenied` when refused."""
+        means every tenant). The decision is logged either way (with what the operator stated: `note`, `case`;
+        an allowed hold filed under `held_envelopes` too, `AccessLog.record`); `AccessDenied` when refused."""
         op = self.identify(action, target, tenant)
         if op.tenant is not None and tenant != op.tenant:
             asked = "every tenant" if tenant is None else f"tenant {tenant!r}"
             self._refuse(action, target, tenant, f"operator key {op.key_id!r} is scoped to tenant "
                                                  f"{op.tenant!r}, not {asked}", op)  # fmt: skip
-        self._log.record(action, target, operator=op, tenant=tenant)
+        self._log.record(action, target, operator=op, tenant=tenant, note=note, case=case,
+                         held_envelopes=held_envelopes)  # fmt: skip
         return op
 
     # -- the key -----------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ Views (every query sees these names):
   capture day, so ``s3_key`` is NULL for a result whose envelope is not in the lake);
 - ``envelopes_raw`` / ``divergences_raw``: the files as written, duplicates (and shadows) included.
 
-A file written before the shadow columns existed reads them as NULL, and NULL is "not a shadow".
+A file written before the shadow columns existed reads them as NULL, and NULL is "not a shadow"; one written before
+``client_request_id`` existed reads it as NULL too (as does a request whose client sent no ``X-Request-Id``).
 
 Over the Iceberg lake (`capture.audit.lake_iceberg`) the same views are built from PyIceberg scans registered
 as Arrow tables (DuckDB's iceberg extension is a download too); the ``*_raw`` views equal the others there.

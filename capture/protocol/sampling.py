@@ -9,6 +9,7 @@ credentials (`capture.protocol.credentials`) are never recorded, at any depth.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final, Literal
 
 from pydantic import TypeAdapter, ValidationError
@@ -131,10 +132,13 @@ def sampling_contract(
 
 
 def output_constraint(body: dict[str, Any]) -> OutputConstraint | None:
-    """The request's structured-output and tool fields as data (`schemas.sampling.OutputConstraint`: each field's
-    canonical JSON, credentials left out), or None when it sets none of them."""
+    """The request's structured-output and tool fields as data (`schemas.sampling.OutputConstraint`: each field as
+    compact JSON in the client's own key order, credentials left out), or None when it sets none of them.
+
+    Not sorted as canonical JSON is: a JSON schema's property order is the order a grammar backend makes the model
+    write the properties in, so sorting the keys would record another constraint."""
     fields = {
-        name: canonical_json(without_credentials(body[name])).decode("utf-8")
+        name: json.dumps(without_credentials(body[name]), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         for name in CONSTRAINT_FIELDS
         if body.get(name) is not None
     }

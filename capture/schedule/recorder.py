@@ -158,6 +158,8 @@ class ScheduleRecorder:
             "num_prompt_tokens": int(request.num_prompt_tokens),
             "max_tokens": int(request.max_tokens),
         }
+        if getattr(request, "use_structured_output", False):  # waits for its grammar: `RequestArrival`
+            self._pending[rid]["structured_output"] = True
 
     def _arrived(self, rid: str, hit_blocks: list[int]) -> None:
         arrival = self._pending.pop(rid, None)

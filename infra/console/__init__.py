@@ -15,5 +15,6 @@ docs/ARCHITECTURE.md).
   `capture.audit.evidence`);
 - `forms`: what the browser sends, parsed at the edge; `request_view`: a replay as an auditor reads it;
 - `charts`: plotly figures, drawn by the plotly.js that the ``plotly`` package ships;
-- `replay_now`: a signed on-demand replay request; `app`: routes and the gate; `cli`: ``reprolane console``.
+- `replay_now`: "replay now", a signed request the running replayer service answers;
+- `app`: routes and the gate; `cli`: ``reprolane console``.
 """

@@ -3,29 +3,34 @@
 Pages (server-rendered, Jinja2 with autoescaping; no script of the page is inline, so the Content-Security-Policy
 can forbid inline scripts; plotly.js and the console's own script come from the console itself):
 
-    GET  /login, POST /login, POST /logout         an operator key opens a server-side session (`sessions`)
+    GET  /login, POST /login, POST /logout         an operator key opens a server-side session (`sessions`); the
+                                                   login returns to the page that sent the browser to it
     GET  /search                                   search by ids, tenant, time range, verdict, runtime
     GET  /requests/{id}                            one request: replays, shadow pair, Merkle inclusion, legal hold
-    POST /requests/{id}/hold                       place or lift its legal hold (hold-admin)
-    POST /requests/{id}/replay                     a signed on-demand replay request (`replay_now`)
+    POST /requests/{id}/hold                       place or lift its legal hold (hold-admin): a reason and/or case
+                                                   number and a confirmation, then a redirect to the record
+    POST /requests/{id}/replay                     "replay now": the replayer service replays it (`replay_now`)
     GET  /requests/{id}/evidence                   its evidence bundle (`capture.audit.evidence`), a zip
     GET  /workflows/{id}                           a workflow's steps, the first divergent one marked
     GET  /overview                                 the charts (`charts`)
 
-The gate (`Console.gate`): no session is a redirect to the login page (a POST: 401); a role the key lacks is
-403; a record of another tenant is 404, the same answer as no record at all; a state-changing form without the
-session's CSRF token is 403. Every one of those refusals, and every allowed action, is written to the access
-log (`access`) before the answer is sent; when that write fails the answer is 503 and nothing is done.
+The gate (`Console.gate`): no session is a redirect to the login page, which returns to the page asked for
+once the key proves itself (``/login?next=``, only ever a page of this console: `forms.next_path`; a POST:
+401); a role the key lacks is 403; a record of another tenant is 404, the same answer as no record at all; a
+state-changing form without the session's CSRF token is 403. Every one of those refusals, and every allowed
+action, is written to the access log (`access`) before the answer is sent; when that write fails the answer is
+503 and nothing is done.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -42,11 +47,10 @@ from capture.ledger.errors import KeyFileError, LedgerError
 from infra.console import charts, forms
 from infra.console.operators import SESSION_ROLE, Operator, OperatorKeys
 from infra.console.records import READ_ERRORS, NotVisible, Records
-from infra.console.replay_now import ReplayPublisher
+from infra.console.replay_now import NO_KEY, ReplayNowError, ReplayPublisher
 from infra.console.request_view import recorded_choice, replay_view, shadow_view
 from infra.console.sessions import LOGIN_CSRF_COOKIE, SESSION_COOKIE, Session, SessionStore, new_token, same_token
 from infra.console.tokens import TokenDecoder, decoder_for
-from infra.errors import InfraError
 from replayer.settings import Thresholds
 from schemas import Envelope
 from schemas.access_log import ACTION_ROLES, OperatorAction
@@ -85,7 +89,7 @@ class Console:
     keys_path: Path | None
     secure_cookie: bool = False
     replay: ReplayPublisher | None = None
-    search_limit: int = 200
+    search_limit: int = 50  # rows per page of results
     decoder: TokenDecoder | None = None
     #: How a shadow pair is judged: the replayer's thresholds (``REPROLANE_REPLAYER_THRESHOLD_*``).
     thresholds: Thresholds = field(default_factory=Thresholds)
@@ -97,9 +101,11 @@ class Console:
         return OperatorKeys.load(self.keys_path, field="REPROLANE_OPERATOR_KEYS_PATH")
 
     def log(self, request: Request, action: OperatorAction, target: str, operator: Operator | None,
-            tenant: str | None = None, refused: str | None = None) -> None:  # fmt: skip
+            tenant: str | None = None, refused: str | None = None, *, note: str | None = None,
+            case: str | None = None, held_envelopes: tuple[str, ...] = ()) -> None:  # fmt: skip
         peer = request.client.host if request.client is not None else None
-        self.access.record(action, target, operator=operator, tenant=tenant, refused=refused, peer=peer)
+        self.access.record(action, target, operator=operator, tenant=tenant, refused=refused, peer=peer, note=note,
+                           case=case, held_envelopes=held_envelopes)  # fmt: skip
 
     def gate(self, request: Request, action: OperatorAction, target: str, tenant: str | None = None) -> Session:
         """The request's live session, if its key is still in the store and has the action's role (see module
@@ -162,8 +168,10 @@ def build_console_app(console: Console) -> Starlette:
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def refused_page(request: Request, exc: Refused) -> Response:
-        if exc.status == 401 and request.method == "GET":
-            return RedirectResponse("/login", status_code=303)
+        if exc.status == 401 and request.method == "GET":  # to the login, which returns here (a deep link kept)
+            here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            back = forms.next_path(here)
+            return RedirectResponse("/login" + (f"?{urlencode({'next': back})}" if back else ""), status_code=303)
         title = "Not found" if exc.status == 404 else "Refused"
         return page(request, "message.html", exc.session, exc.status, title=title, message=str(exc))
 
@@ -186,7 +194,8 @@ def build_console_app(console: Console) -> Starlette:
 
     async def login_form(request: Request) -> Response:
         token = new_token()
-        response = page(request, "login.html", None, login_csrf=token, error=None)
+        back = forms.next_path(request.query_params.get("next"))
+        response = page(request, "login.html", None, login_csrf=token, error=None, next_path=back)
         response.set_cookie(LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict", secure=console.secure_cookie,
                             max_age=3600, path="/login")  # fmt: skip
         return response
@@ -207,11 +216,12 @@ def build_console_app(console: Console) -> Starlette:
         elif not operator.may(SESSION_ROLE):
             why = f"operator key {operator.key_id!r} has no role that grants {SESSION_ROLE!r} (viewer, hold-admin)"
         await run_in_threadpool(console.log, request, "login", "console", operator, None, why)
+        back = forms.next_path(values.get("next"))
         if why is not None:
-            return page(request, "login.html", None, 401, login_csrf=expected, error=why)
+            return page(request, "login.html", None, 401, login_csrf=expected, error=why, next_path=back)
         assert operator is not None
         sid, _ = console.sessions.open(operator)
-        response = RedirectResponse("/search", status_code=303)
+        response = RedirectResponse(back or "/search", status_code=303)
         response.set_cookie(SESSION_COOKIE, sid, httponly=True, samesite="strict", secure=console.secure_cookie,
                             path="/")  # fmt: skip
         response.delete_cookie(LOGIN_CSRF_COOKIE, path="/login")
@@ -230,18 +240,25 @@ def build_console_app(console: Console) -> Starlette:
     async def search(request: Request) -> Response:
         values = dict(request.query_params)
         filters = forms.filters(values)
+        page_no = forms.page(values)
         target = filters.describe()
         session = await run_in_threadpool(console.gate, request, "search", target, filters.tenant)
         scope = session.operator.tenant
-        rows, problem = [], None
-        if not filters.empty():
+        found, problem, searched = None, None, forms.searched(values)
+        if searched:
             await run_in_threadpool(console.log, request, "search", target, session.operator, scope or filters.tenant)
             try:
-                rows = await run_in_threadpool(console.records.search, filters, scope, console.search_limit)
+                found = await run_in_threadpool(console.records.search, filters, scope, page_no, console.search_limit)
             except SEARCH_ERRORS as exc:
                 problem = str(exc)
-        return page(request, "search.html", session, values=values, rows=rows, searched=not filters.empty(),
-                    problem=problem, verdicts=forms.VERDICTS)  # fmt: skip
+        links = {}
+        if found is not None:
+            if found.page > 1:
+                links["prev"] = "/search?" + forms.search_query(values, min(found.page - 1, found.pages))
+            if found.page < found.pages:
+                links["next"] = "/search?" + forms.search_query(values, found.page + 1)
+        return page(request, "search.html", session, values=values, found=found, searched=searched,
+                    unfiltered=filters.empty(), links=links, problem=problem, verdicts=forms.VERDICTS)  # fmt: skip
 
     def _request_id(request: Request) -> str:
         rid = forms.an_id(str(request.path_params["request_id"]), "request id")
@@ -265,6 +282,7 @@ def build_console_app(console: Console) -> Starlette:
 
     async def request_page(request: Request, notice: str | None = None) -> Response:
         rid = _request_id(request)
+        notice = notice or forms.DONE.get(request.query_params.get("done", ""))
         session = await run_in_threadpool(console.gate, request, "view.request", rid)
         try:
             record = await run_in_threadpool(console.records.request, rid, session.operator.tenant)
@@ -289,7 +307,7 @@ def build_console_app(console: Console) -> Starlette:
             request, "request.html", session, record=record, env=env, prompt_text=prompt_text,
             decoded=decoder is not None and (env.prompt is None or env.prompt.text is None),
             choice=recorded_choice(record.envelope), replays=list(zip(views, plots, strict=True)),
-            may_hold=session.operator.may("hold-admin"), replay_enabled=console.replay is not None,
+            may_hold=session.operator.may("hold-admin"), replay=console.replay, replay_off=NO_KEY,
             evidence=console.records.signer, notice=notice, shadow=shadow, shadow_plot=shadow_plot,
         )  # fmt: skip
 
@@ -297,17 +315,24 @@ def build_console_app(console: Console) -> Starlette:
         return await request_page(request)
 
     async def hold(request: Request) -> Response:
+        """Place or lift the legal hold (hold-admin), with a reason and/or case number and a confirmation; then
+        back to the record's page by a redirect (a reload shows the page, it does not post the form again)."""
         rid = _request_id(request)
         values = await read_form(request)
-        on = values.get("action") == "add"
-        action: OperatorAction = "hold.add" if on else "hold.remove"
+        action: OperatorAction = "hold.add" if values.get("action") == "add" else "hold.remove"
         session = await run_in_threadpool(console.gate, request, action, rid)
         await console.check_csrf(request, session, values, action, rid)
-        if values.get("action") not in ("add", "remove"):
-            raise forms.FormError("action: add or remove")
-        envelope = await visible_envelope(request, session, action, rid)
-        await run_in_threadpool(console.records.set_hold, envelope, on)
-        return await request_page(request, notice="legal hold placed" if on else "legal hold lifted")
+        asked = forms.hold_form(values)
+        try:
+            envelope = await run_in_threadpool(console.records.envelope, rid, session.operator.tenant)
+        except NotVisible:
+            await not_visible(request, session, action, rid)
+        await run_in_threadpool(functools.partial(
+            console.log, request, action, rid, session.operator, envelope.tenant, note=asked.reason, case=asked.case,
+            held_envelopes=(envelope.envelope_id(),)))  # fmt: skip
+        await run_in_threadpool(console.records.set_hold, envelope, asked.on)
+        done = "hold-placed" if asked.on else "hold-lifted"
+        return RedirectResponse(f"/requests/{quote(rid)}?done={done}#legal-hold", status_code=303)
 
     async def replay(request: Request) -> Response:
         rid = _request_id(request)
@@ -315,14 +340,13 @@ def build_console_app(console: Console) -> Starlette:
         session = await run_in_threadpool(console.gate, request, "replay.request", rid)
         await console.check_csrf(request, session, values, "replay.request", rid)
         if console.replay is None:
-            raise Refused(409, "no replay-request key is configured (REPROLANE_CONSOLE_REPLAY_KEY_ID)")
-        await visible_envelope(request, session, "replay.request", rid)
+            raise Refused(409, f"not replayed: {NO_KEY}", session)
+        envelope = await visible_envelope(request, session, "replay.request", rid)
         try:
-            sent = await console.replay.request(rid)
-        except InfraError as exc:
-            return await request_page(request, notice=str(exc))
-        return await request_page(request, notice=f"replay requested (reply_to {sent.reply_to}); the result shows "
-                                                  "here once the replayer has replayed it")  # fmt: skip
+            answer = await run_in_threadpool(console.replay.replay, envelope, console.records.store)
+        except ReplayNowError as exc:
+            return await request_page(request, notice=f"not replayed: {exc}")
+        return await request_page(request, notice=answer)
 
     async def evidence(request: Request) -> Response:
         rid = _request_id(request)
@@ -361,7 +385,7 @@ def build_console_app(console: Console) -> Starlette:
         gates = list(reversed(data.gate_runs))
         figures = {
             "rate": charts.divergence_rate_chart(data.by_runtime),
-            "positions": charts.position_histogram(data.positions),
+            "positions": charts.position_histogram(data.positions, data.replays),
             "lag": charts.lag_histogram(data.lags_s),
             "gates": charts.gate_chart(
                 [

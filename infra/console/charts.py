@@ -7,6 +7,11 @@ the pages need no network and no CDN, and nothing is vendored into this reposito
 
 `embed` escapes ``<``, ``>`` and ``&`` as JSON unicode escapes: a token text or a model name that holds
 ``</script>`` cannot end the block (inside JSON those characters only ever occur in strings).
+
+Honest charts: a rate is drawn as a rate (its own axis, in percent, each point labelled with the counts it is
+made of: "0 of 12 diverged"), never beside a bar of volumes on a second axis that outgrows it and reads like an
+alarm; an axis that counts starts at zero; a chart without data says so in words in the middle of the frame
+(`empty`) instead of drawing plotly's default axes around nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +52,23 @@ def _figure(data: list[Any], **layout: Any) -> str:
     return embed(str(fig.to_json()))
 
 
+_NOTE: dict[str, Any] = {
+    "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "font": {"size": 15, "color": "#555"},
+}  # fmt: skip
+
+
+def empty(title: str, note: str) -> str:
+    """A chart with nothing to show: its title and `note` in words, no axes, no traces."""
+    return _figure(
+        [],
+        title=title,
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        annotations=[_NOTE | {"text": note}],
+        height=200,
+    )
+
+
 def logprob_diff_chart(positions: list[int], diffs: list[float], fork: int | None) -> str:
     import plotly.graph_objects as go
 
@@ -63,56 +85,86 @@ def logprob_diff_chart(positions: list[int], diffs: list[float], fork: int | Non
     )
 
 
+RATE_TITLE = "divergence rate per hour, by model and runtime fingerprint (label: diverged of replayed)"
+NO_REPLAYS = "no replays in the lake yet: nothing to chart"
+
+
 def divergence_rate_chart(rows: list[dict[str, Any]]) -> str:
-    """Replays and divergence rate per hour, one line per (model, runtime fingerprint)."""
+    """The divergence rate per hour, one line per (model, runtime fingerprint); each point labelled with the
+    counts it is made of (``diverged`` of ``replays``), so a rate of 0 over 500 replays reads as what it is."""
     import plotly.graph_objects as go
 
+    if not rows:
+        return empty(RATE_TITLE, NO_REPLAYS)
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         series[f"{row['model']} · runtime {str(row['runtime_sha256'] or '?')[:12]}"].append(row)
     data: list[Any] = []
     for name, points in sorted(series.items()):
-        hours = [p["hour"].strftime("%Y-%m-%d %H:00") for p in points]
-        data.append(go.Scatter(x=hours, y=[p["divergence_rate"] for p in points], name=f"rate: {name}",
-                               mode="lines+markers"))  # fmt: skip
-        data.append(go.Bar(x=hours, y=[p["replays"] for p in points], name=f"replays: {name}", yaxis="y2",
-                           opacity=0.35))  # fmt: skip
+        counts = [f"{p['diverged']} of {p['replays']} diverged" for p in points]
+        data.append(
+            go.Scatter(
+                x=[p["hour"].strftime("%Y-%m-%d %H:00") for p in points],
+                y=[p["divergence_rate"] for p in points],
+                name=name,
+                mode="lines+markers+text",
+                text=counts,
+                textposition="top center",
+                marker={"size": 10},
+                hovertemplate="%{x}: %{y:.1%} (%{text})<extra>%{fullData.name}</extra>",
+            )
+        )
     return _figure(
         data,
-        title="divergence rate and replays over time, by model and runtime fingerprint",
+        title=RATE_TITLE,
         xaxis={"type": "category", "title": "hour of the replay (UTC)"},
-        yaxis={"title": "divergence rate", "range": [0, 1]},
-        yaxis2={"title": "replays", "overlaying": "y", "side": "right"},
+        yaxis={"title": "divergence rate", "range": [-0.05, 1.1], "tickformat": ".0%", "zeroline": True},
         legend={"orientation": "h", "y": -0.3},
         height=380,
     )
 
 
-def position_histogram(positions: list[tuple[int, int]]) -> str:
+def position_histogram(positions: list[tuple[int, int]], replays: int) -> str:
+    """How many replays first diverged at each generated token position (`replays`: how many there were in all,
+    for the note when none diverged)."""
     import plotly.graph_objects as go
 
+    title = "first-divergence position"
+    if not positions:
+        note = NO_REPLAYS if replays == 0 else f"no divergences: none of the {replays} replays forked at a token"
+        return empty(title, note)
     return _figure(
         [go.Bar(x=[p for p, _ in positions], y=[n for _, n in positions], marker={"color": "#d95f0e"})],
-        title="first-divergence position",
-        xaxis={"title": "generated token position of the fork", "dtick": 1 if len(positions) <= 40 else None},
-        yaxis={"title": "replays"},
+        title=title,
+        xaxis={
+            "title": "generated token position of the fork",
+            "rangemode": "nonnegative",
+            "dtick": 1 if max(p for p, _ in positions) <= 40 else None,
+        },
+        yaxis={"title": "replays", "rangemode": "nonnegative"},
     )
 
 
 def lag_histogram(lags_s: list[float]) -> str:
     import plotly.graph_objects as go
 
+    title = "replay lag (replayed at - captured at)"
+    if not lags_s:
+        return empty(title, NO_REPLAYS)
     return _figure(
         [go.Histogram(x=lags_s, nbinsx=30, marker={"color": "#31a354"})],
-        title="replay lag (replayed at - captured at)",
-        xaxis={"title": "seconds"},
-        yaxis={"title": "replays"},
+        title=title,
+        xaxis={"title": "seconds", "rangemode": "nonnegative"},
+        yaxis={"title": "replays", "rangemode": "nonnegative"},
     )
 
 
 def gate_chart(runs: list[tuple[str, float, bool]]) -> str:
     """Pass rate per release-gate run (oldest left), green when the gate passed."""
     import plotly.graph_objects as go
+
+    if not runs:
+        return empty("release-gate runs", "no release-gate runs to show")
 
     return _figure(
         [
@@ -124,5 +176,5 @@ def gate_chart(runs: list[tuple[str, float, bool]]) -> str:
         ],
         title="release-gate runs: pass rate (green: passed)",
         xaxis={"type": "category", "title": "run (finished, UTC)"},
-        yaxis={"title": "pass rate", "range": [0, 1]},
+        yaxis={"title": "pass rate", "range": [0, 1.05], "tickformat": ".0%"},
     )

@@ -58,7 +58,9 @@ def build_console(
     )
     publisher = None
     if settings.replay_keys_path is not None and settings.replay_key_id is not None:
-        publisher = ReplayPublisher.from_files(replayer, settings.replay_keys_path, settings.replay_key_id)
+        publisher = ReplayPublisher.from_files(
+            replayer, settings.replay_keys_path, settings.replay_key_id, settings.replay_timeout_s
+        )
     return Console(
         records,
         AccessLog(store, retention_days=operators.access_log_retention_days),

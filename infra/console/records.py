@@ -7,7 +7,8 @@
   `capture.audit.query.connect` (DuckDB over the Parquet lake, locked down), with the caller's values bound as
   parameters, never spliced into the SQL;
 - inclusion in the Merkle log against the latest signed checkpoint: `capture.audit.verify.verify_request`;
-- legal holds: `capture.audit.store.AuditStore` on the envelope object's current version;
+- legal holds: `capture.audit.store.AuditStore` on the envelope object's current version, and who placed or
+  lifted them and why from the access records filed under the envelope (`capture.audit.access_log`);
 - evidence bundles: `capture.audit.evidence.export_bundle`, the same export as ``reprolane evidence export``,
   signed with the audit signing key when the console is given one (`EvidenceSigner`).
 
@@ -24,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from capture.audit.access_log import hold_decisions
 from capture.audit.errors import AuditError, SigningKeyError
 from capture.audit.evidence import export_bundle
 from capture.audit.lake import Lake
@@ -35,6 +37,7 @@ from replayer.errors import EnvelopeNotFoundError, ReplayerError
 from replayer.gate import GateReport
 from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayResult
+from schemas.access_log import AccessRecord
 from schemas.errors import ContractError
 from schemas.layout import capture_day, envelope_key, shadow_index_key
 from schemas.note import key_fingerprint
@@ -84,12 +87,38 @@ class Filters:
 @dataclass(frozen=True)
 class Row:
     request_id: str
+    client_request_id: str | None
     tenant: str
     captured_at: datetime
     model: str
     workflow: str | None
     runtime_sha256: str | None
     verdicts: str
+
+
+@dataclass(frozen=True)
+class SearchPage:
+    """One page of a search's rows (newest first), how many rows match in all, and where they came from."""
+
+    rows: list[Row]
+    total: int
+    page: int
+    per_page: int
+    #: "index": an id looked up in the capture index (current); "lake": the audit lake (as current as the archiver).
+    source: str
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.per_page))
+
+    @property
+    def first(self) -> int:
+        """The 1-based number of the page's first row (0 when the page is empty)."""
+        return (self.page - 1) * self.per_page + 1 if self.rows else 0
+
+    @property
+    def last(self) -> int:
+        return (self.page - 1) * self.per_page + len(self.rows)
 
 
 @dataclass(frozen=True)
@@ -105,6 +134,10 @@ class Hold:
     version_id: str | None
     held: bool
     retain_until: datetime | None
+    #: Who placed or lifted the hold, when, why (`capture.audit.access_log.hold_decisions`), newest first.
+    decisions: list[AccessRecord] = field(default_factory=list)
+    #: Filed decisions that do not read.
+    problems: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -137,6 +170,14 @@ class Overview:
     gate_runs: list[GateReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    @property
+    def replays(self) -> int:
+        return sum(int(r["replays"]) for r in self.by_runtime)
+
+    @property
+    def diverged(self) -> int:
+        return sum(int(r["diverged"]) for r in self.by_runtime)
+
 
 def _visible(envelope: Envelope, scope: str | None) -> Envelope:
     if scope is not None and envelope.tenant != scope:
@@ -144,23 +185,32 @@ def _visible(envelope: Envelope, scope: str | None) -> Envelope:
     return envelope
 
 
-SEARCH_SQL = """
-SELECT e.request_id, e.tenant, e.captured_at, e.model,
-       CASE WHEN e.workflow_id IS NULL THEN NULL ELSE e.workflow_id || ' step ' || e.workflow_step END,
-       e.runtime_sha256, coalesce(string_agg(DISTINCT d.verdict, ', ' ORDER BY d.verdict), '')
+_SEARCH_FROM = """
 FROM envelopes e LEFT JOIN divergences d USING (envelope_id)
 WHERE ($tenant IS NULL OR e.tenant = $tenant)
+  AND ($client_request_id IS NULL OR e.client_request_id = $client_request_id)
   AND ($since IS NULL OR e.captured_at >= $since)
   AND ($until IS NULL OR e.captured_at < $until)
   AND ($runtime IS NULL OR starts_with(e.runtime_sha256, $runtime) OR e.rt_system_fingerprint = $runtime)
 GROUP BY ALL
 HAVING $verdict IS NULL OR bool_or(d.verdict = $verdict)
-ORDER BY e.captured_at DESC
-LIMIT $limit
 """
+#: One page of the lake's matches, each row with the number of matches in all (a window over the groups).
+SEARCH_SQL = f"""
+SELECT e.request_id, e.client_request_id, e.tenant, e.captured_at, e.model,
+       CASE WHEN e.workflow_id IS NULL THEN NULL ELSE e.workflow_id || ' step ' || e.workflow_step END,
+       e.runtime_sha256, coalesce(string_agg(DISTINCT d.verdict, ', ' ORDER BY d.verdict), ''),
+       count(*) OVER () AS total
+{_SEARCH_FROM}
+ORDER BY e.captured_at DESC, e.request_id
+LIMIT $limit OFFSET $offset
+"""
+#: The number of matches alone (a page past the last one has no row to carry it).
+SEARCH_COUNT_SQL = f"SELECT count(*) FROM (SELECT e.envelope_id {_SEARCH_FROM})"
 
 BY_RUNTIME_SQL = f"""
 SELECT date_trunc('hour', d.replayed_at) AS hour, e.model, e.runtime_sha256, count(*) AS replays,
+       count(*) FILTER (WHERE d.verdict NOT IN {HELD_VERDICTS}) AS diverged,
        avg(CASE WHEN d.verdict IN {HELD_VERDICTS} THEN 0.0 ELSE 1.0 END) AS divergence_rate
 FROM divergences d JOIN envelopes e USING (envelope_id)
 WHERE $tenant IS NULL OR e.tenant = $tenant
@@ -193,38 +243,42 @@ class Records:
 
     # -- search ------------------------------------------------------------------------------------------------
 
-    def search(self, filters: Filters, scope: str | None, limit: int) -> list[Row]:
-        """Rows matching `filters` in the operator's scope. An id (request, client request) is looked up in the
-        store's index, so a request is found before the archiver has put it in the lake; the rest is the lake's."""
+    def search(self, filters: Filters, scope: str | None, page: int = 1, per_page: int = 50) -> SearchPage:
+        """Page `page` (1-based, `per_page` rows, newest first) of the rows matching `filters` in the operator's
+        scope; no filter at all: every request in scope, newest first. A request id, a workflow id and a client
+        request id of a named tenant are looked up in the store's index, so a request is found before the archiver
+        has put it in the lake; the rest is the lake's (a client request id without a tenant too: the lake has the
+        column, and the tenant column tells apart two tenants' requests that share the label)."""
         tenant = scope or filters.tenant
         if scope is not None and filters.tenant not in (None, scope):
-            return []
+            return SearchPage([], 0, page, per_page, "index")
         if filters.request_id is not None:
             try:
                 envelopes = [self.store.get_by_request_id(filters.request_id)]
             except EnvelopeNotFoundError:
-                return []
-            return [self._row(e) for e in envelopes if tenant is None or e.tenant == tenant]
-        if filters.client_request_id is not None:
-            if tenant is None:
-                raise ValueError("a client request id is the tenant's own label: name the tenant too")
+                envelopes = []
+            rows = [self._row(e) for e in envelopes if tenant is None or e.tenant == tenant]
+            return _paged(rows, page, per_page)
+        if filters.workflow_id is not None:
+            try:
+                rows = [s.row for s in self._steps(filters.workflow_id, tenant)]
+            except NotVisible:
+                rows = []
+            return _paged(rows, page, per_page)
+        if filters.client_request_id is not None and tenant is not None:
             try:
                 envelopes = self.store.find_by_client_request_id(tenant, filters.client_request_id)
             except EnvelopeNotFoundError:
-                return []
-            return [self._row(e) for e in envelopes]
-        if filters.workflow_id is not None:
-            try:
-                return [s.row for s in self._steps(filters.workflow_id, tenant)]
-            except NotVisible:
-                return []
-        return self._lake_rows(filters, tenant, limit)
+                envelopes = []
+            return _paged([self._row(e) for e in reversed(envelopes)], page, per_page)
+        return self._lake_rows(filters, tenant, page, per_page)
 
     def _row(self, envelope: Envelope, results: list[ReplayResult] | None = None) -> Row:
         results = self.store.results(envelope) if results is None else results
         wf = envelope.workflow
         return Row(
             envelope.request_id,
+            envelope.client_request_id,
             envelope.tenant,
             envelope.captured_at,
             envelope.model,
@@ -238,21 +292,25 @@ class Records:
             raise AuditError("no lake is configured (REPROLANE_ARCHIVER_LAKE_BUCKET): only id lookups work")
         return connect(self.lake)
 
-    def _lake_rows(self, filters: Filters, tenant: str | None, limit: int) -> list[Row]:
+    def _lake_rows(self, filters: Filters, tenant: str | None, page: int, per_page: int) -> SearchPage:
         con = self._lake()
         try:
-            params = {
+            params: dict[str, Any] = {
                 "tenant": tenant,
+                "client_request_id": filters.client_request_id,
                 "since": filters.since,
                 "until": filters.until,
                 "verdict": filters.verdict,
                 "runtime": filters.runtime,
-                "limit": limit,
             }
-            rows = con.execute(SEARCH_SQL, params).fetchall()
+            found = con.execute(SEARCH_SQL, {**params, "limit": per_page, "offset": (page - 1) * per_page}).fetchall()
+            if found:
+                total = int(found[0][-1])
+            else:
+                (total,) = con.execute(SEARCH_COUNT_SQL, params).fetchone() or (0,)
         finally:
             con.close()
-        return [Row(*row) for row in rows]
+        return SearchPage([Row(*row[:-1]) for row in found], int(total), page, per_page, "lake")
 
     # -- one request, one workflow -----------------------------------------------------------------------------
 
@@ -303,9 +361,11 @@ class Records:
     def hold(self, envelope: Envelope) -> Hold:
         key = envelope_key(envelope.envelope_id(), envelope.tenant, envelope.captured_at)
         version = self.audit.current_version(key)
+        decisions, problems = hold_decisions(self.audit, envelope.envelope_id())
         if version is None:
-            return Hold(key, None, False, None)
-        return Hold(key, version, self.audit.legal_hold(key, version), self.audit.retain_until(key, version))
+            return Hold(key, None, False, None, decisions, problems)
+        held, until = self.audit.legal_hold(key, version), self.audit.retain_until(key, version)
+        return Hold(key, version, held, until, decisions, problems)
 
     def set_hold(self, envelope: Envelope, on: bool) -> Hold:
         """Place or lift the legal hold on this one envelope object's current version. Not
@@ -358,7 +418,7 @@ class Records:
             con = self._lake()
             try:
                 params = {"tenant": scope}
-                cols = ("hour", "model", "runtime_sha256", "replays", "divergence_rate")
+                cols = ("hour", "model", "runtime_sha256", "replays", "diverged", "divergence_rate")
                 by_runtime = [dict(zip(cols, r, strict=True)) for r in con.execute(BY_RUNTIME_SQL, params).fetchall()]
                 positions = [(int(p), int(n)) for p, n in con.execute(POSITIONS_SQL, params).fetchall()]
                 lags = [float(v) for (v,) in con.execute(LAG_SQL, params).fetchall() if v is not None]
@@ -382,6 +442,11 @@ class Records:
             except (OSError, ValueError) as exc:
                 problems.append(f"gate report {path.name} does not read: {str(exc).splitlines()[0]}")
         return sorted(reports, key=lambda r: r.started_at, reverse=True), problems
+
+
+def _paged(rows: list[Row], page: int, per_page: int) -> SearchPage:
+    start = (page - 1) * per_page
+    return SearchPage(rows[start : start + per_page], len(rows), page, per_page, "index")
 
 
 @dataclass(frozen=True)

@@ -1,67 +1,80 @@
-""" "Replay now": a signed on-demand replay request on the replayer's request topic.
+""" "Replay now": ask the running replayer service to replay one request, and wait for its answer.
 
-The console asks; the replayer service acts. The request (`schemas.replay.ReplayRequest`: the request id, a
-``reply_to`` correlation id the divergence event echoes) is signed with the console's replay-request key
-(`schemas.replay_auth.sign_replay_request`, HMAC-SHA256, stamped now), read from a keys file in the replayer's
-own format (`replayer.request_keys`), and sent keyed by request id, as the topic's contract says
-(`schemas.layout`). A replayer with the same key in its keys file acts on it within its window; any other
-request is dead-lettered there as unauthorised. Without a configured key the console offers no "replay now".
+The console asks; the replayer service acts. The ask is `replayer.on_demand` (what ``reprolane replay request
+--via service`` does): the service of the console's replayer group (``REPROLANE_REPLAYER_GROUP_ID``) must be
+running (its heartbeat is recent), the request (`schemas.replay.ReplayRequest`, with a fresh ``reply_to``) is
+signed with the console's replay-request key (`schemas.replay_auth`, HMAC-SHA256, read from a keys file in the
+replayer's own format, `replayer.request_keys`), and the answer, the service's divergence event on a lane it
+advertises, names the result it stored in S3, which the request page then lists among its replays. Whatever
+stops it (no key, no service running, a refusal with the service's reason, no answer in time) is said on the
+page in words (`ReplayNowError`), never only in a tooltip.
+
+The click waits for the answer (``REPROLANE_CONSOLE_REPLAY_TIMEOUT_S``): the service has its lane loaded, so a
+short request answers in about a second, and an auditor who asked wants the verdict, not a promise.
 """
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from pathlib import Path
 
-from infra.clients.kafka import aiokafka_kwargs, kafka_errors
 from infra.errors import InfraError
+from replayer.errors import ReplayerError
+from replayer.on_demand import replay_via_service
 from replayer.request_keys import load_replay_request_keys
 from replayer.settings import ReplayerSettings
-from schemas.replay import ReplayRequest
-from schemas.replay_auth import REPLAY_ROLE, ReplayRequestKey, sign_replay_request
+from replayer.store import EnvelopeStore
+from schemas import Envelope
+from schemas.replay_auth import REPLAY_ROLE
 
-SEND_TIMEOUT_S = 15.0
+#: What the request page says when the console holds no replay-request key.
+NO_KEY = (
+    "this console holds no replay-request key: set REPROLANE_CONSOLE_REPLAY_KEYS_PATH and "
+    "REPROLANE_CONSOLE_REPLAY_KEY_ID to a key that the replayer service accepts (its "
+    "REPROLANE_REPLAYER_REPLAY_REQUEST_KEYS_PATH)"
+)
+
+
+class ReplayNowError(InfraError):
+    """The replay was not done; the message says why, for the page."""
 
 
 class ReplayPublisher:
-    """Signs and sends on-demand replay requests (one producer per request: a click, not a stream)."""
+    """Asks the replayer service of ``settings.group_id`` for on-demand replays, signed with one key."""
 
-    def __init__(self, settings: ReplayerSettings, key_id: str, key: ReplayRequestKey) -> None:
-        self.settings = settings
+    def __init__(self, settings: ReplayerSettings, key_id: str, keys_path: Path, timeout_s: float = 60.0) -> None:
+        self.settings = settings.model_copy(update={"replay_request_keys_path": keys_path,
+                                                    "replay_request_key_id": key_id})  # fmt: skip
         self.key_id = key_id
-        self._key = key
+        self.timeout_s = timeout_s
 
     @classmethod
-    def from_files(cls, settings: ReplayerSettings, keys_path: Path, key_id: str) -> ReplayPublisher:
+    def from_files(cls, settings: ReplayerSettings, keys_path: Path, key_id: str,
+                   timeout_s: float = 60.0) -> ReplayPublisher:  # fmt: skip
         """`InfraError` when the file cannot be trusted (see `replayer.request_keys`) or lacks a replay key."""
-        keys = load_replay_request_keys(keys_path, field="REPROLANE_CONSOLE_REPLAY_KEYS_PATH")
+        try:
+            keys = load_replay_request_keys(keys_path, field="REPROLANE_CONSOLE_REPLAY_KEYS_PATH")
+        except ReplayerError as exc:
+            raise InfraError(str(exc)) from exc
         key = keys.get(key_id)
         if key is None or REPLAY_ROLE not in key.roles:
             raise InfraError(f"REPROLANE_CONSOLE_REPLAY_KEY_ID: {key_id!r} is not a key with the replay role "
                              f"in {keys_path}")  # fmt: skip
-        return cls(settings, key_id, key)
+        return cls(settings, key_id, keys_path, timeout_s)
 
-    async def request(self, request_id: str) -> ReplayRequest:
-        """Send one signed request for `request_id`; `InfraError` when Kafka does not take it."""
-        from aiokafka import AIOKafkaProducer
+    @property
+    def group_id(self) -> str:
+        return self.settings.group_id
 
-        signed = sign_replay_request(
-            ReplayRequest(request_id=request_id, reply_to=f"console-{uuid.uuid4().hex}"), self.key_id, self._key.secret
-        )
-        failures: tuple[type[BaseException], ...] = (TimeoutError, *kafka_errors())
-        producer = AIOKafkaProducer(**aiokafka_kwargs(self.settings), request_timeout_ms=int(SEND_TIMEOUT_S * 1000))
+    def replay(self, envelope: Envelope, store: EnvelopeStore) -> str:
+        """Ask the service to replay `envelope` and wait for its answer (blocking: run it off the event loop);
+        the answer in one line, or `ReplayNowError` saying why there is none."""
         try:
-            await asyncio.wait_for(producer.start(), SEND_TIMEOUT_S)
-            await asyncio.wait_for(
-                producer.send_and_wait(
-                    self.settings.replay_request_topic, signed.model_dump_json().encode("utf-8"),
-                    key=request_id.encode("utf-8"),
-                ),
-                SEND_TIMEOUT_S,
-            )  # fmt: skip
-        except failures as exc:
-            raise InfraError(f"the replay request for {request_id} was not sent: {type(exc).__name__}: {exc}") from exc
-        finally:
-            await producer.stop()
-        return signed
+            result = replay_via_service(envelope, store, self.settings, "service", self.timeout_s, lambda _: None)
+        except ReplayerError as exc:
+            raise ReplayNowError(" ".join(str(exc).split())) from exc
+        if result is None:  # "service" never falls back; kept for the type
+            raise ReplayNowError("the replayer service gave no result")
+        ev = result.event
+        held = "met" if ev.target_met else "NOT met"
+        return (f"replayed by the replayer service (group {self.group_id}): {ev.verdict} on lane {ev.lane}, "
+                f"target {ev.target_level} {held}; the replay is listed below")  # fmt: skip

@@ -32,7 +32,10 @@ class ConsoleSettings(BaseSettings):
         default=None, description="replay-request keys file (the replayer's format); 'replay now' signs with one"
     )
     replay_key_id: str | None = Field(default=None, description="which key of replay_keys_path signs")
+    replay_timeout_s: float = Field(
+        default=60.0, gt=0.0, le=600.0, description="how long 'replay now' waits for the replayer service's answer"
+    )
     gate_reports_dir: Path | None = Field(
         default=None, description="a folder of release-gate reports (gate --report FILE.json) for the overview"
     )
-    search_limit: int = Field(default=200, ge=1, le=5000, description="most rows a search shows")
+    search_limit: int = Field(default=50, ge=1, le=5000, description="rows per page of a search's results")

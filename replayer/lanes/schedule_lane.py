@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,8 @@ MOE_CONFIG_KEYS: Final = (
 )
 #: Filler token ids are drawn from [FILLER_LOW, vocab): low ids are the special tokens of most vocabularies.
 FILLER_LOW: Final = 1000
+#: How long a replay waits for a structured-output request's grammar to compile before refusing.
+GRAMMAR_WAIT_S: Final = 60.0
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,7 @@ class ScheduleLane:
             waiting = set(real)  # the real requests not finished yet: the replay runs until none is
             while True:
                 rel = int(self._recorder.step) - first_step
-                while pending and pending[0].arrival.step - plan.start_step <= rel:
+                while pending and pending[0].due_step - plan.start_step <= rel:
                     item = pending.pop(0)
                     rid = item.arrival.engine_request_id
                     if rid in real:
@@ -339,6 +342,7 @@ class ScheduleLane:
                         )
                     name = f"replay-{len(to_replay)}"
                     new_id = self._engine.add_request(name, TokensPrompt(prompt_token_ids=prompt), params)
+                    self._await_grammar(new_id)
                     to_production[new_id] = rid
                     by_name[name] = rid
                     to_replay[rid] = new_id
@@ -350,7 +354,7 @@ class ScheduleLane:
                         break
                     # production was idle here, or ran busy periods the plan leaves out (they provided nothing):
                     # the next arrival is due at the step that comes next
-                    first_step -= pending[0].arrival.step - plan.start_step - rel
+                    first_step -= pending[0].due_step - plan.start_step - rel
                     continue
                 for out in self._engine.step():
                     prod_id = by_name.get(out.request_id)
@@ -389,6 +393,19 @@ class ScheduleLane:
         if target is not None and item.target_prefix:
             prompt[: item.target_prefix] = list(target.prompt_token_ids[: item.target_prefix])
         return prompt
+
+    def _await_grammar(self, engine_request_id: str) -> None:
+        """Block until the request's grammar has compiled (vLLM compiles it in the background and passes the request
+        over until then): it is then schedulable at the step it was added before, as the plan expects."""
+        request = self._scheduler.requests.get(engine_request_id)
+        structured = getattr(request, "structured_output_request", None)
+        if structured is None:
+            return
+        deadline = time.monotonic() + GRAMMAR_WAIT_S
+        while not structured.is_grammar_ready:
+            if time.monotonic() > deadline:
+                raise NotReplayableError(f"the grammar of {engine_request_id} did not compile in {GRAMMAR_WAIT_S} s")
+            time.sleep(0.002)
 
     def _drain(self) -> None:
         """Finish (abort) whatever is left and step until the engine is empty, then forget the prefix cache."""

@@ -17,6 +17,10 @@
   the replay produced them* (`FillerPlan.hit_blocks`), and a filler whose blocks the target later read carries
   the target's own prompt tokens there (`FillerPlan.target_prefix`). A filler never holds any other request's
   content: the log has none (`schemas.schedule`).
+- **Grammars.** A request with structured outputs waits, after it arrives, for its grammar to compile in the
+  background; the scheduler passes it over meanwhile, for as many steps as compiling took, which no replay
+  reproduces by timing. The recorder marks such arrivals, and the replay adds them before their first *scheduled*
+  step instead (`FillerPlan.due_step`), their grammar compiled already (the lane waits for it).
 - **Notes.** What the log cannot give (a provider before the log starts, a cached prefix that held another
   request's generated tokens, a request that never finished in the log) is said in `ReplayPlan.notes`.
 """
@@ -44,6 +48,9 @@ class FillerPlan:
     hit_blocks: tuple[str, ...] = ()
     #: leading prompt tokens that must be the target's (blocks the target later reads from this filler's cache)
     target_prefix: int = 0
+    #: the recorded step before which the replay adds it: its arrival, or for a request that waited for its grammar
+    #: to compile (`schemas.schedule.RequestArrival.structured_output`) its first scheduled step (module docstring)
+    due_step: int = 0
 
 
 @dataclass
@@ -159,14 +166,17 @@ def plan_replay(
                     length = max(min(length, max_model_len - a.num_prompt_tokens), 1)
             else:
                 length = 0
+        steps = log.requests[rid].steps if rid in log.requests else []
         plans.append(
             FillerPlan(
                 arrival=a,
                 output_tokens=length,
                 hit_blocks=tuple(hits[rid]),
                 target_prefix=forced.get(rid, 0),
+                due_step=steps[0] if a.structured_output and steps else a.step,
             )
         )
+    plans.sort(key=lambda p: p.due_step)  # stable: arrival order among requests due before the same step
     return ReplayPlan(target=target, start_step=start, end_step=end, requests=plans, notes=notes, periods=spans)
 
 

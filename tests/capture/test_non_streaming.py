@@ -60,8 +60,13 @@ async def test_chat_non_stream_strips_audit_fields_and_records_them(mode: str) -
     assert env.outcome.usage["completion_tokens"] == 3
     assert env.sampling is not None
     assert (env.sampling.temperature, env.sampling.top_p, env.sampling.top_k) == (1.0, 1.0, 0)
-    assert env.sampling.seed_scope == "worker_global"
-    assert env.sampling.seed is None
+    if mode == "guaranteed":  # a sampled request without a seed gets one by default: its record is replayable
+        assert (env.sampling.seed_scope, env.sampling.seed_injected) == ("per_request", True)
+        assert env.sampling.seed == sent["seed"]
+    else:
+        assert env.sampling.seed_scope == "worker_global"
+        assert env.sampling.seed is None
+        assert "seed" not in sent
     assert env.sampling.logprobs == 5
     assert env.runtime.engine == "vllm"
     assert env.runtime.engine_version == "0.32.0"

@@ -52,6 +52,8 @@ from tests.replayer.support import LANE_FINGERPRINT, REPLAY_KEY_ID, FakeLane, S3
 
 BUCKET = "reprolane-test-console"
 FORK_AT = 2
+#: Rows per page of the console's search results in this world.
+SEARCH_PAGE = 2
 #: A fixed Ed25519 test key (raw 32 bytes): every run signs its day's checkpoints with it.
 SIGNING_KEY = bytes(range(100, 132))
 
@@ -248,6 +250,7 @@ def build_world(stack: StackInfo, tmp: Path) -> World:
         "REPROLANE_CONSOLE_REPLAY_KEYS_PATH": str(tmp / "replay-keys.json"),
         "REPROLANE_CONSOLE_REPLAY_KEY_ID": REPLAY_KEY_ID,
         "REPROLANE_CONSOLE_GATE_REPORTS_DIR": str(tmp / "gates"),
+        "REPROLANE_CONSOLE_SEARCH_LIMIT": str(SEARCH_PAGE),  # small pages: the world's few requests span several
         "REPROLANE_AUDIT_S3_BUCKET": BUCKET,
         "REPROLANE_AUDIT_PUBLIC_KEY": base64.b64encode(public_of(SIGNING_KEY)).decode(),
         "REPROLANE_AUDIT_SIGNING_KEY": str(signing_key_file),  # "download evidence" signs the bundle's manifest

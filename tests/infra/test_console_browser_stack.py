@@ -13,15 +13,15 @@ Set ``REPROLANE_CONSOLE_SCREENSHOTS=docs/console`` to write each page's screensh
 
 from __future__ import annotations
 
-import asyncio
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -30,10 +30,7 @@ from infra.demo_services import reprolane_argv
 from schemas.access_log import AccessRecord, decode_access_record
 from schemas.layout import access_log_day_prefix
 from schemas.note import key_fingerprint
-from schemas.replay import decode_replay_request
-from schemas.replay_auth import ReplayRequestKey, verify_replay_request
-from tests.infra.console_world import FORK_AT, SIGNING_KEY, World, build_world, public_of, stop
-from tests.replayer.support import REPLAY_KEY_ID, REPLAY_SECRET
+from tests.infra.console_world import FORK_AT, SEARCH_PAGE, SIGNING_KEY, World, build_world, public_of, stop
 
 pytestmark = pytest.mark.stack
 
@@ -82,6 +79,13 @@ def login(browser: Any, world: World, who: str) -> Any:
     page.click("#login")
     page.wait_for_url(world.url + "/search")
     return page
+
+
+def fill_hold(page: Any, case: str, reason: str) -> None:
+    """Fill in the record page's hold form: a case number and/or a reason, the confirmation ticked."""
+    page.fill("#hold-case", case)
+    page.fill("#hold-reason", reason)
+    page.check("#hold-confirm")
 
 
 def spelled(world: World, token_id: int) -> str:
@@ -196,17 +200,20 @@ def test_holds_as_hold_admin_and_refused_as_viewer(browser: Any, world: World) -
     viewer = login(browser, world, "viewer")
     viewer.goto(f"{world.url}/requests/{rid}")
     assert viewer.inner_text("#hold-status") == "off"
+    fill_hold(viewer, "LIT-1", "")
     viewer.click("#hold-toggle")
     assert "lacks the 'hold-admin' role" in viewer.inner_text("#message")
     assert not audit.legal_hold(key, version)
 
     admin = login(browser, world, "admin")
     admin.goto(f"{world.url}/requests/{rid}")
+    fill_hold(admin, "", "preserve for the audit")
     admin.click("#hold-toggle")
     assert admin.inner_text("#notice") == "legal hold placed"
     assert admin.inner_text("#hold-status").startswith("ON")
     assert audit.legal_hold(key, version)
     shot(admin, "request-held", world.tmp)
+    fill_hold(admin, "", "audit done")
     admin.click("#hold-toggle")
     assert admin.inner_text("#notice") == "legal hold lifted"
     assert admin.inner_text("#hold-status") == "off"
@@ -243,7 +250,7 @@ def test_download_evidence_and_verify_it_offline_with_the_cli(browser: Any, worl
     cookies = {c["name"]: c["value"] for c in scoped.context.cookies()}
     assert httpx.get(f"{world.url}/requests/{rid}/evidence", cookies=cookies).status_code == 404
     anon = httpx.get(f"{world.url}/requests/{rid}/evidence", follow_redirects=False)
-    assert anon.headers["location"] == "/login"
+    assert anon.headers["location"] == "/login?" + urlencode({"next": f"/requests/{rid}/evidence"})
 
     records = [r for r in access_records(world) if r.action == "evidence.download" and r.target == rid]
     assert any(r.actor_key_id == "auditor" and r.result == "allowed" and r.tenant == world.diverged.tenant
@@ -256,7 +263,7 @@ def test_unauthenticated_and_cross_tenant_access_is_refused(browser: Any, world:
     rid = world.diverged.request_id
     page = browser.new_context().new_page()
     page.goto(f"{world.url}/requests/{rid}")
-    assert page.url == world.url + "/login"  # no session: the login page, nothing of the record
+    assert page.url.startswith(world.url + "/login?next=")  # no session: the login page, nothing of the record
     assert httpx.post(f"{world.url}/requests/{rid}/hold", data={"action": "add"}).status_code == 401
 
     scoped = login(browser, world, "scoped")  # a hold-admin of another tenant
@@ -301,33 +308,121 @@ def test_a_post_without_the_csrf_token_is_refused(browser: Any, world: World) ->
     assert any(r.action == "hold.add" and r.reason == "missing or wrong CSRF token" for r in access_records(world))
 
 
-def test_replay_now_publishes_a_signed_request(browser: Any, world: World) -> None:
+def test_replay_now_says_on_the_page_why_nothing_was_replayed(browser: Any, world: World) -> None:
+    """The world runs no replayer service: "replay now" asks nobody and says so in words (issue 30); the demo's
+    console, whose replayer runs, is answered (tests/infra/test_demo.py)."""
     rid = world.diverged.request_id
     page = login(browser, world, "viewer")
     page.goto(f"{world.url}/requests/{rid}")
+    assert "asks the running replayer service" in page.inner_text("#replay-reason")
     page.click("#replay-now")
-    assert page.inner_text("#notice").startswith("replay requested")
+    notice = page.inner_text("#notice")
+    assert notice.startswith("not replayed: no replayer service is running"), notice
 
-    async def consume() -> list[bytes]:
-        from aiokafka import AIOKafkaConsumer
 
-        consumer = AIOKafkaConsumer(world.replay_topic, bootstrap_servers=world.stack.kafka_bootstrap,
-                                    auto_offset_reset="earliest", enable_auto_commit=False)  # fmt: skip
-        await consumer.start()
-        try:
-            got: list[bytes] = []
-            for _ in range(40):
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    got += [r.value for r in records if r.value is not None]
-                if got:
-                    break
-            return got
-        finally:
-            await consumer.stop()
+def result_ids(page: Any) -> list[str]:
+    return [t for t in page.locator("#results tbody tr td:first-child").all_inner_texts() if t != "nothing found"]
 
-    with ThreadPoolExecutor(1) as pool:
-        (value,) = pool.submit(asyncio.run, consume()).result()
-    request = decode_replay_request(value)
-    assert request.request_id == rid
-    keys = {REPLAY_KEY_ID: ReplayRequestKey(REPLAY_SECRET, frozenset({"replay"}))}
-    assert verify_replay_request(request, keys) is None
+
+def all_pages(page: Any) -> tuple[int, list[str]]:
+    """The count the first page states, and every request id of every page, following "next" to the end."""
+    found = re.match(r"^(\d+) requests? match", page.inner_text("#result-count"))
+    assert found is not None, page.inner_text("#result-count")
+    ids = result_ids(page)
+    while page.locator("#page-next").count():
+        assert len(result_ids(page)) == SEARCH_PAGE  # a full page before the last
+        page.click("#page-next")
+        ids += result_ids(page)
+    return int(found.group(1)), ids
+
+
+def test_an_auditor_follows_a_link_searches_pages_and_holds_with_a_reason(browser: Any, world: World) -> None:
+    """The auditor's path on the console's details: a deep link opened without a session lands on the record
+    after the login; the client's own request id finds its request (in the lake without a tenant, in the capture
+    index with one) and is shown; counts and pages add up; a hold takes a case number and a reason, refuses
+    to go without its confirmation, and its page survives a reload (no second hold, the history stays)."""
+    env = world.diverged  # held by no other test of the module
+    rid, client_id = env.request_id, env.client_request_id
+    assert client_id is not None  # the demo's workload sends its own X-Request-Id
+    page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    page.goto(f"{world.url}/requests/{rid}")
+    assert page.url.startswith(f"{world.url}/login?next=")
+    assert page.inner_text("#login-next") == f"after the login: /requests/{rid}"
+    page.fill("#token", world.keys["admin"])
+    page.click("#login")
+    page.wait_for_url(f"{world.url}/requests/{rid}")  # where the link pointed, not the search page
+    assert page.inner_text("#request-id") == rid
+
+    page.goto(world.url + "/search")
+    page.fill("input[name=client_request_id]", client_id)
+    page.click("#search")
+    assert result_ids(page) == [rid]
+    assert client_id in page.locator("#results tbody tr").first.inner_text()
+    assert page.inner_text("#result-count").startswith("1 request matches")
+    assert "audit lake" in page.inner_text("#result-count")
+    page.fill("input[name=tenant]", env.tenant)
+    page.click("#search")
+    assert result_ids(page) == [rid]
+    assert "capture index" in page.inner_text("#result-count")
+    shot(page, "search-client-id", world.tmp)
+
+    page.goto(world.url + "/search")
+    page.click("#search")  # nothing filled in: every request, newest first, in pages
+    total, everyone = all_pages(page)
+    assert total == len(everyone) == len(set(everyone)) > SEARCH_PAGE
+    assert {rid, world.identical.request_id, *(s.request_id for s in world.workflow)} <= set(everyone)
+    page.goto(world.url + "/search")
+    page.fill("input[name=tenant]", env.tenant)
+    page.click("#search")
+    count, mine = all_pages(page)
+    assert count == len(mine)
+    assert rid in mine
+    assert set(mine) < set(everyone)
+    shot(page, "search-pages", world.tmp)
+
+    audit = world.audit()
+    from schemas.layout import envelope_key
+
+    key = envelope_key(env.envelope_id(), env.tenant, env.captured_at)
+    version = audit.current_version(key)
+    assert version is not None
+    page.goto(f"{world.url}/requests/{rid}")
+    page.fill("#hold-case", "LIT-2026-0142")
+    page.fill("#hold-reason", "counsel's letter of 1 Dec")
+    page.click("#hold-toggle")  # not confirmed: the browser does not send the form
+    assert page.url == f"{world.url}/requests/{rid}"
+    assert not audit.legal_hold(key, version)
+    page.check("#hold-confirm")
+    page.click("#hold-toggle")
+    page.wait_for_url(f"{world.url}/requests/{rid}?done=hold-placed#legal-hold")
+    for _ in range(2):  # the page after the hold, and its reload: a GET, nothing posted again
+        assert page.inner_text("#notice") == "legal hold placed"
+        assert page.inner_text("#hold-status").startswith("ON")
+        (row,) = page.locator("#hold-history tbody tr").all_inner_texts()
+        assert "holds" in row
+        assert "placed" in row
+        assert "LIT-2026-0142" in row
+        assert "counsel's letter of 1 Dec" in row
+        page.reload()
+    assert audit.legal_hold(key, version)
+    shot(page, "request-hold-reason", world.tmp)
+    placed = [r for r in access_records(world) if r.action == "hold.add" and r.target == rid and r.result == "allowed"]
+    stated = [(r.actor_key_id, r.case, r.note) for r in placed]
+    assert stated == [("holds", "LIT-2026-0142", "counsel's letter of 1 Dec")]
+
+    page.fill("#hold-case", "LIT-2026-0142")
+    page.check("#hold-confirm")
+    page.click("#hold-toggle")
+    page.wait_for_url(f"{world.url}/requests/{rid}?done=hold-lifted#legal-hold")
+    assert page.inner_text("#hold-status") == "off"
+    assert not audit.legal_hold(key, version)
+    rows = page.locator("#hold-history tbody tr").all_inner_texts()
+    assert ["lifted" in rows[0], "placed" in rows[1]] == [True, True]  # newest first
+
+    page.goto(world.url + "/overview")
+    page.wait_for_selector("#chart-rate .main-svg")
+    labels = page.locator("#chart-rate .textpoint").all_text_contents()  # SVG: no innerText
+    assert labels
+    assert all(re.fullmatch(r"\d+ of \d+ diverged", t) for t in labels), labels  # the rate's counts, on its points
+    assert "diverged" in page.inner_text("#overview-counts")
+    shot(page, "overview-rate", world.tmp)

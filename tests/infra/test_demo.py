@@ -2,6 +2,13 @@
 summary and the auditor's command printed, the console started for the run (``--console``) and logged in to with
 the key it printed, and every process the demo started gone afterwards (Ctrl-C included).
 
+What an auditor needs works with what the demo printed (issue 30): every envelope proves itself against a
+checkpoint the demo's checkpointer signed with the key whose fingerprint it printed (``reprolane verify``), the
+printed ``evidence export`` / ``evidence verify`` / ``query`` commands answer, and in the console (Chromium,
+through Playwright) the search by tenant and time finds the run in the lake, the request's inclusion verifies,
+"replay now" is answered by the run's replayer service, and "download evidence" gives a bundle that
+``reprolane evidence verify`` accepts against the printed fingerprint.
+
 The stack is the session's (``REPROLANE_TEST_RUN_DIR`` to attach to a running one): the demo reuses it and
 must leave it running. About 1-3 minutes on 2 cores: two in-process vLLM lanes are loaded (service, auditor).
 """
@@ -10,10 +17,13 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
+from datetime import UTC, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,15 +43,32 @@ def _gone(pid: int) -> bool:
     return not process.is_alive(process.ProcessRef(pid, None)) and not process.group_alive(pid)
 
 
+CHROMIUM = "/usr/bin/chromium"
+
+
+def run_printed(command: str, run_dir: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A command as the demo printed it (``reprolane ...``), run with nothing but the stack's run dir set."""
+    args = shlex.split(command)
+    assert args[0] == "reprolane", command
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_")}
+    env["REPROLANE_RUN_DIR"] = str(run_dir)
+    return subprocess.run([*reprolane_argv(), *args[1:]], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=180, check=False)  # fmt: skip
+
+
 class ConsoleCheckedDemo(Demo):
-    """The demo with ``--console``, where an auditor logs in with the printed key instead of waiting for Ctrl-C."""
+    """The demo with ``--console``, where an auditor logs in with the printed key instead of waiting for Ctrl-C,
+    then walks the console in Chromium (`walk`)."""
 
     logged_in: dict[str, int]
+    walked: dict[str, Any]
+    downloads: Path
 
     def serve_console(self, console: Service) -> None:
         out = self.outcome
         assert out.console_url is not None
         assert out.console_logins is not None
+        self.walked = self.walk(out.console_url, out.console_logins.key_files["viewer"])
         self.logged_in = {}
         for role, path in out.console_logins.key_files.items():
             with httpx.Client(base_url=out.console_url, timeout=30.0) as client:
@@ -53,13 +80,54 @@ class ConsoleCheckedDemo(Demo):
                 rid = out.auditor_request_id
                 self.logged_in[role] = client.get(f"/requests/{rid}" if rid else "/search").status_code
 
+    def walk(self, url: str, key_file: Path) -> dict[str, Any]:
+        """An auditor in Chromium: log in, search by tenant and time, open the replayed request, read its
+        inclusion, replay it now, download its evidence (each answer kept for the test to judge)."""
+        from playwright.sync_api import sync_playwright
 
-def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_up(stack: StackInfo) -> None:
+        out = self.outcome
+        rid = out.auditor_request_id
+        assert rid is not None
+        env = out.envelopes[rid]
+        since = (env.captured_at.astimezone(UTC) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M")
+        seen: dict[str, Any] = {}
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_context(accept_downloads=True).new_page()
+                page.set_default_timeout(120_000)
+                page.goto(url + "login")
+                page.fill("input[name=token]", key_file.read_text().strip())
+                page.click("#login")
+                page.goto(f"{url}search?tenant={env.tenant}&since={since}")
+                seen["search"] = page.inner_text("#results")
+                page.goto(f"{url}requests/{rid}")
+                seen["inclusion"] = page.inner_text("#inclusion")
+                seen["replay_reason"] = page.inner_text("#replay-reason")
+                replays_before = page.locator("article.replay").count()
+                page.click("#replay-now")
+                seen["replay_notice"] = page.inner_text("#notice")
+                seen["replays"] = (replays_before, page.locator("article.replay").count())
+                with page.expect_download() as info:
+                    page.click("#download-evidence")
+                bundle = self.downloads / info.value.suggested_filename
+                info.value.save_as(str(bundle))
+                seen["bundle"] = bundle
+            finally:
+                browser.close()
+        return seen
+
+
+def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_up(stack: StackInfo,
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
     lines: list[str] = []
     demo = ConsoleCheckedDemo(DemoOptions(run_dir=stack.run_dir, quick=True, timeout_s=300.0, console=True),
                               lines.append)  # fmt: skip
+    demo.downloads = tmp_path / "browser"
+    demo.downloads.mkdir()
     outcome = demo.run()
     text = "\n".join(lines)
+    print(text)  # the demo's output: pytest shows it when an assertion fails
 
     sent_ids = {s.request_id for s in outcome.sent}
     assert len(sent_ids) == 8
@@ -96,6 +164,42 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert f"Replay of request {outcome.auditor_request_id}" in text  # the CLI's real output
     assert outcome.auditor_exit == (0 if outcome.events[outcome.auditor_request_id].target_met else 1)
 
+    # the audit trail (issue 30): the stack's key, printed with its fingerprint; every envelope proved and archived
+    key = outcome.audit_key
+    assert key is not None
+    assert key.path == stack.run_dir / "audit-signing.pem"
+    assert key.path.stat().st_mode & 0o077 == 0
+    assert f"its fingerprint, what verifiers pin: {key.fingerprint}" in text
+    assert outcome.proved == len(sent_ids)
+    assert f"proved {len(sent_ids)}/{len(sent_ids)} envelopes" in text
+    assert outcome.archived == (len(sent_ids), len(outcome.events))
+    assert outcome.verify_exit == 0  # `reprolane verify ID`, run by the demo as the auditor types it
+    assert f"verified request {outcome.auditor_request_id}" in text
+    export, check, query = outcome.auditor_commands[1:]
+    for command in outcome.auditor_commands[1:]:
+        assert command in text  # printed (after REPROLANE_RUN_DIR=... when the stack is not the default one)
+    exported = run_printed(export, stack.run_dir, tmp_path)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    checked = run_printed(check, stack.run_dir, tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.startswith(f"verified request {outcome.auditor_request_id}")
+    queried = run_printed(query, stack.run_dir, tmp_path)
+    assert queried.returncode == 0, queried.stderr
+    counted = {t: int(n) for t, n in re.findall(r"^(\S+)\s+(\d+)\s*$", queried.stdout, re.M)}
+    assert sum(counted.values()) >= len(sent_ids), queried.stdout
+    assert set(counted) >= {s.tenant for s in outcome.sent}
+
+    # the console, in Chromium: search by tenant and time, inclusion, replay now, download evidence
+    seen = demo.walked
+    assert outcome.auditor_request_id in seen["search"]
+    assert seen["inclusion"].startswith("included: verifies"), seen["inclusion"]
+    assert "asks the running replayer service" in seen["replay_reason"]
+    assert seen["replay_notice"].startswith("replayed by the replayer service"), seen["replay_notice"]
+    assert seen["replays"][1] >= max(seen["replays"][0], 1)
+    bundle_check = run_printed(f"reprolane evidence verify {seen['bundle']} --key-fingerprint {key.fingerprint}",
+                               stack.run_dir, tmp_path)  # fmt: skip
+    assert bundle_check.returncode == 0, bundle_check.stdout + bundle_check.stderr
+
     # the console for the run: its URL and the key files printed, both keys log in and read the auditor's request
     assert outcome.console_url is not None
     assert outcome.console_logins is not None
@@ -106,7 +210,7 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert demo.logged_in == {"viewer": 200, "hold-admin": 200}
 
     assert not outcome.stack_started
-    assert len(outcome.services) == 4  # sidecar, schedule shipper, replayer, console
+    assert len(outcome.services) == 6  # sidecar, schedule shipper, replayer, checkpointer, archiver, console
     for service in outcome.services:
         assert _gone(service.ref.pid), service.name
     assert all(s.health == "ready" for s in LocalStack(stack.run_dir).status())  # the reused stack stays up
@@ -128,7 +232,7 @@ def test_ctrl_c_stops_everything_the_demo_started(stack: StackInfo) -> None:
             pids += [int(p) for p in re.findall(r"\(pid (\d+)", line)]
             if line.startswith("[4/6]") or time.monotonic() > deadline:
                 break
-        assert len(pids) == 3, "".join(seen)  # the sidecar, the schedule shipper and the replayer are up
+        assert len(pids) == 5, "".join(seen)  # sidecar, schedule shipper, replayer, checkpointer, archiver are up
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends to the foreground process
         rest, _ = proc.communicate(timeout=90)
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,12 +29,15 @@ from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.schedule_replay import replay_on_schedule
+from replayer.schedule_store import ScheduleStore, ScheduleWindow
+from replayer.schedule_window import read_window
 from replayer.settings import ReplayerSettings
 from schemas import CapturedOutput, Envelope
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
+from tests.replayer.scheduled_stack import ship_schedules
 from tests.replayer.test_schedule_lane_model import model_dir
-from tests.replayer.test_schedule_replay_stack import _ship_windows, _spooled
+from tests.replayer.test_schedule_replay_stack import _fields, _spooled
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
 
@@ -175,21 +179,41 @@ def _check_recorded(name: str, body: dict[str, Any], envelope: Envelope, vllm_ur
     assert "xgrammar=" in envelope.runtime.structured_outputs
 
 
-@pytest.mark.parametrize("gaps_s", [0.0, 0.4], ids=["at-once", "staggered"])
+async def _windows(stack: StackInfo, envelopes: list[Envelope], work: Path) -> list[ScheduleWindow]:
+    """The envelopes' schedule windows, shipped (a copy of the stack's segments: `ship_schedules`) and read back
+    through the index as the service reads them."""
+    store_settings = ReplayerSettings(**_fields(stack_defaults(stack), "REPROLANE_REPLAYER_"))
+    await ship_schedules(stack, store_settings, envelopes, work)
+    store = ScheduleStore.from_settings(store_settings)
+    return [read_window(store, e) for e in envelopes]
+
+
+@pytest.mark.parametrize(
+    ("names", "gaps_s"),
+    [
+        (list(TRAFFIC), 0.0),  # every kind at once, beside every other kind
+        (["json_schema", "plain", "tool_required", "choice"], 0.4),  # staggered: each joins a running batch
+    ],
+    ids=["at-once", "staggered"],
+)
 async def test_application_traffic_replays_bitwise_against_what_the_client_received(
-    stack: StackInfo, sidecar: dict[str, Any], lane_box: dict[str, ScheduleLane], gaps_s: float
+    stack: StackInfo,
+    sidecar: dict[str, Any],
+    lane_box: dict[str, ScheduleLane],
+    names: list[str],
+    gaps_s: float,
+    tmp_path: Path,
 ) -> None:
-    names = [name for name in TRAFFIC for _ in range(2)]  # each kind twice, beside every other kind
     replies = await _send(sidecar["app"], [TRAFFIC[n] for n in names], gaps_s)
     ids = [r.headers["x-reprolane-request-id"] for r in replies]
     envelopes = await _spooled(sidecar["spool"], ids)
     for name, envelope in zip(names, envelopes, strict=True):
         _check_recorded(name, TRAFFIC[name], envelope, stack.vllm_url or "")
-    for name in ("tool_required", "tool_named"):  # the stack serves tool calls, forced by the constraint
+    for name in {"tool_required", "tool_named"} & set(names):  # the stack serves tool calls, forced by the constraint
         message = replies[names.index(name)].json()["choices"][0]["message"]
         assert message.get("tool_calls") or (message["content"] or "").startswith("<tool_call>"), message
 
-    windows = await _ship_windows(stack, envelopes)
+    windows = await _windows(stack, envelopes, tmp_path)
     if gaps_s == 0.0:
         assert max(len(s.scheduled) for w in windows for s in w.steps) > 1, "vLLM never batched the requests"
     settings = ReplayerSettings(model_dir=model_dir())

@@ -302,3 +302,83 @@ def test_explain_attributes_a_fork_reproduced_bitwise_on_the_schedule_to_batchin
     skipped = schedule_outcome("the envelope names no schedule")
     assert skipped.status == "skipped"
     assert skipped.reason == "the envelope names no schedule"
+
+
+@dataclass
+class ChoicesLane(FakeScheduleLane):
+    """Answers every choice of an ``n > 1`` replay: the recorded choice i, or (``fork``) choice 1 forked at token 1;
+    records each choice's seed and budget."""
+
+    fork: bool = False
+    seeds: dict[str, int | None] = field(default_factory=dict)
+    recorded: tuple[ReplayedOutput, ...] = ()
+
+    def replay_choices(self, log: ScheduleLog, requests: dict[str, GenRequest]) -> ScheduleReplay:
+        outputs = {}
+        for i, (rid, request) in enumerate(requests.items()):
+            self.seeds[rid] = request.sampling.seed
+            out = self.recorded[i]
+            if self.fork and i == 1:
+                out = out.model_copy(update={"token_ids": (out.token_ids[0], 7, *out.token_ids[2:]), "logprobs": None})
+            outputs[rid] = out
+        first = next(iter(outputs.values()))
+        return ScheduleReplay(output=first, outputs=outputs, steps=StepCheck(3))
+
+
+def _two_choices() -> tuple[Envelope, ScheduleWindow, tuple[ReplayedOutput, ...]]:
+    """A seeded sampled request with n = 2 and its window: one engine request per choice (``<i>_<id>``)."""
+    from schemas import CapturedOutput, SamplingContract
+
+    base = make_envelope(3)
+    assert isinstance(base.outcome, CapturedOutput)
+    first = base.outcome.choices[0]
+    second = first.model_copy(update={"index": 1})
+    sampling = SamplingContract(temperature=0.8, seed=40, seed_scope="per_request", n=2, max_tokens=16, logprobs=5)
+    outcome = base.outcome.model_copy(update={"choices": (first, second)})
+    envelope = _scheduled(base.model_copy(update={"sampling": sampling, "outcome": outcome}))
+    assert envelope.prompt is not None
+    engine = FakeEngine("eng-1")
+    external = external_request_id_for(envelope.endpoint, envelope.request_id)
+    for i in range(2):
+        engine.request(f"{i}_{external}", prompt_tokens=len(envelope.prompt.token_ids))
+    engine.run()
+    start, *records = engine.take()
+    assert isinstance(start, EngineStart)
+    arrivals = tuple(r for r in records if isinstance(r, RequestArrival))
+    window = ScheduleWindow(start, arrivals, tuple(records), 0, 0, complete=True)
+    replayed = tuple(
+        ReplayedOutput(token_ids=c.token_ids, text=c.text, logprobs=c.logprobs, finish_reason=c.finish_reason)
+        for c in (first, second)
+    )
+    return envelope, window, replayed
+
+
+def test_every_choice_of_a_request_with_n_2_is_replayed_with_its_own_seed_and_checked() -> None:
+    envelope, window, replayed = _two_choices()
+    lane = ChoicesLane(FakeLane(), recorded=replayed)
+    answer = _replayer(FakeStore({envelope.request_id: window}), lane).replay(envelope)
+    assert not isinstance(answer, str), answer
+    event = answer.event
+    assert event.choices is not None
+    assert [(c.index, c.verdict) for c in event.choices] == [(0, "bitwise"), (1, "bitwise")]
+    assert (event.verdict, event.divergent_choice, event.target_met) == ("bitwise", None, True)
+    assert sorted(lane.seeds.values()) == [40, 41]  # vLLM seeds choice i with seed + i
+    assert "only choice 0" not in event.cause_detail
+
+
+def test_the_first_divergent_choice_is_named_and_sets_the_events_verdict() -> None:
+    envelope, window, replayed = _two_choices()
+    lane = ChoicesLane(FakeLane(), recorded=replayed, fork=True)
+    answer = _replayer(FakeStore({envelope.request_id: window}), lane).replay(envelope)
+    assert not isinstance(answer, str), answer
+    event = answer.event
+    assert event.choices is not None
+    assert event.choices[0].verdict == "bitwise"
+    assert event.choices[1].verdict != "bitwise"
+    assert event.choices[1].first_divergence == 1
+    assert event.divergent_choice == 1
+    assert event.verdict == event.choices[1].verdict
+    assert event.first_divergence is not None
+    assert event.first_divergence.position == 1
+    assert event.cause_detail.startswith("choice 1 of n=2: ")
+    assert not event.target_met

@@ -340,3 +340,32 @@ async def test_an_altered_schedule_names_the_first_mismatching_step(
     assert result.event.schedule_mismatch_step == moved_first
     assert f"first mismatching step {moved_first}" in result.event.cause_detail
     assert result.event.verdict != "bitwise"
+
+
+async def test_every_choice_of_a_request_with_n_2_replays_bitwise_on_its_schedule(
+    recording_vllm: StackInfo, capture: dict[str, Any], lane_box: dict[str, ScheduleLane]
+) -> None:
+    """A seeded sampled request with ``n = 2`` beside other traffic: each choice is its own engine request (vLLM's
+    ``<i>_`` children, seeded seed + i), both found through the request's index and replayed in one run."""
+    spool: FakeSpool = capture["spool"]
+    sampled = {**_chat("Name a colour and a fruit.", 12), "temperature": 0.8, "seed": 21, "n": 2}
+    bodies = [sampled, _chat(DEFAULT_PROMPTS[0], 12), _chat(DEFAULT_PROMPTS[1], 8)]
+    ids = await _send(capture["app"], bodies, 0.0)
+    envelopes = await _spooled(spool, ids)
+    windows = await _ship_windows(recording_vllm, envelopes)
+    (arrivals, *_) = [w.arrivals for w in windows]
+    assert sorted(a.engine_request_id.split("_", 1)[0] for a in arrivals) == ["0", "1"]  # both choices, indexed
+    outcome = envelopes[0].outcome
+    assert isinstance(outcome, CapturedOutput)
+    assert len(outcome.choices) == 2
+    assert outcome.choices[0].token_ids != outcome.choices[1].token_ids  # two samples, two seeds
+    result, _ = replay_on_schedule(
+        envelopes[0], windows[0], _lane(lane_box, windows[0]), ReplayerSettings(model_dir=model_dir())
+    )
+    event = result.event
+    assert event.lane == "schedule"
+    assert event.choices is not None
+    assert [(c.index, c.verdict) for c in event.choices] == [(0, "bitwise"), (1, "bitwise")], event.cause_detail
+    assert event.divergent_choice is None
+    assert event.schedule_reproduced, event.cause_detail
+    assert "only choice 0" not in event.cause_detail

@@ -130,6 +130,15 @@ def test_a_shredded_tenant_is_shown_sealed_with_the_reason(s3: S3Target) -> None
 def test_show_needs_one_way_to_name_the_request(s3: S3Target) -> None:
     code, _, err = show(plain_store(s3))
     assert (code, err) == (2, "reprolane: error: give REQUEST_ID, or --client-request-id with --tenant\n")
-    code, _, err = show(plain_store(s3), "no-such-request")
+    missing = "rl-" + "0" * 32  # the sidecar's shape: just not there
+    code, _, err = show(plain_store(s3), missing)
     assert code == 2
-    assert err == "reprolane: error: no envelope is indexed under request id 'no-such-request'\n"
+    assert err == f"reprolane: error: no envelope is indexed under request id {missing!r}\n"
+
+
+def test_a_client_request_id_given_as_the_request_id_gets_the_way_to_ask_for_it(s3: S3Target) -> None:
+    code, _, err = show(plain_store(s3), "order-42")  # a client's X-Request-Id: no envelope is indexed under it
+    assert code == 2
+    assert err.startswith("reprolane: error: no envelope is indexed under request id 'order-42'; ")
+    assert "run `reprolane show --client-request-id order-42 --tenant TENANT`" in err
+    assert "\n" not in err.rstrip("\n")  # one line

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from capture.audit.access_log import hold_decisions
 from capture.audit.retention import expire, set_hold
 from capture.audit.store import AuditStore
 from capture.s3_sink import S3Sink
@@ -143,9 +144,18 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     await publish(settings, [kept])
 
     holds = ("--operator-key-file", ops.key_file("holds"))
-    done = audit_cli(stack, bucket, "hold", "add", held.request_id, *holds, operators=ops)
+    why = ("--reason", "subpoena of\n2026-12-01", "--case", "LIT-2026/0142")
+    bad_case = audit_cli(stack, bucket, "hold", "add", held.request_id, *holds, "--case", "a;b", operators=ops)
+    assert bad_case.returncode == 2
+    assert "--case" in bad_case.stderr
+    done = audit_cli(stack, bucket, "hold", "add", held.request_id, *holds, *why, operators=ops)
     assert done.returncode == 0, done.stderr
     assert f"legal hold ON  {key_of(held)}" in done.stdout
+    decisions, problems = hold_decisions(store, held.envelope_id())  # filed under the envelope, as the console reads
+    assert problems == []
+    assert [(d.action, d.actor_key_id, d.note, d.case) for d in decisions] == [
+        ("hold.add", "holds", "subpoena of 2026-12-01", "LIT-2026/0142")
+    ]
     assert [h.key for h in set_hold(store, workflow, True, tenant)] == [key_of(s) for s in steps]  # every step
     assert audit_cli(stack, bucket, "hold", "add", "no-such-id", *holds, operators=ops).returncode == 2
 

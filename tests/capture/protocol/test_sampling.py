@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -118,7 +119,7 @@ def test_max_tokens_left_out_is_recorded_as_vllm_reads_it() -> None:
 
 
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"label": {"enum": ["approve", "deny"]}}}
-LABEL = '{"properties":{"label":{"enum":["approve","deny"]}},"type":"object"}'
+LABEL = '{"type":"object","properties":{"label":{"enum":["approve","deny"]}}}'
 TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 
 
@@ -128,7 +129,7 @@ TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "lookup
         (
             "chat.completions",
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},
-            {"response_format": '{"json_schema":{"name":"x","schema":' + LABEL + '},"type":"json_schema"}'},
+            {"response_format": '{"type":"json_schema","json_schema":{"name":"x","schema":' + LABEL + "}}"},
         ),
         (
             "chat.completions",
@@ -145,7 +146,7 @@ TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "lookup
             "chat.completions",
             {"tools": TOOLS, "tool_choice": "required"},
             {
-                "tools": '[{"function":{"name":"lookup","parameters":{"type":"object"}},"type":"function"}]',
+                "tools": '[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]',
                 "tool_choice": '"required"',
             },
         ),
@@ -155,7 +156,8 @@ TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "lookup
 def test_the_output_constraint_is_recorded_as_data(
     endpoint: sampling.Endpoint, fields: dict[str, Any], recorded: dict[str, str]
 ) -> None:
-    """The constraint itself (canonical JSON of the request's field), in its own record, not in ``extra``."""
+    """The constraint itself (the request's field as compact JSON in its own key order), in its own record, not in
+    ``extra``."""
     c = sampling_contract(endpoint, {**CHAT, "temperature": 0, **fields}, recorded_k=5, seed_injected=False)
     assert c.constraint is not None
     assert c.constraint.model_dump(exclude_none=True) == recorded
@@ -183,3 +185,17 @@ def test_a_credential_inside_a_constraint_is_not_recorded() -> None:
     assert c.constraint is not None
     assert c.constraint.tools is not None
     assert "sk-secret" not in c.constraint.tools
+
+
+def test_a_schemas_property_order_is_kept() -> None:
+    """A grammar makes the model write a schema's properties in their order: sorting them records another
+    constraint (the replay of a claim extraction then wrote "amount" first and forked at its second token)."""
+    schema = {"type": "object", "properties": {"claimant": {"type": "string"}, "amount": {"type": "integer"}}}
+    body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}}
+    c = sampling_contract("chat.completions", body, recorded_k=5, seed_injected=False)
+    assert c.constraint is not None
+    assert c.constraint.response_format is not None
+    assert list(json.loads(c.constraint.response_format)["json_schema"]["schema"]["properties"]) == [
+        "claimant",
+        "amount",
+    ]

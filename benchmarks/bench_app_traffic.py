@@ -1,0 +1,218 @@
+"""Real application traffic through the sidecar, every request replayed on its schedule: per category, how many were
+captured, replayed, bitwise against what the client received, and refused (with the reason).
+
+    REPROLANE_RUN_DIR=DIR .venv/bin/python benchmarks/bench_app_traffic.py [--rounds 2] [--gap 0.3]
+
+Against a running local stack whose vLLM records its schedule and serves tool calls (``reprolane stack up``): the
+categories regulated workflows and agent teams send (extraction into a JSON schema, classification by choice, a
+regex-bound field, tool-calling agent steps with ``required``, a named tool and ``auto``, RAG prompts of 1-3k
+tokens behind one long shared system prompt (prefix cache, chunked prefill), seeded sampling with ``n = 2``, plain
+chat) go through the real sidecar app in rounds: each round sends every request of every category at once, the
+next round staggered by ``--gap`` seconds. The schedule is shipped with the real shipper (a copy of the stack's
+segments, `tests.replayer.scheduled_stack`), each envelope's window is read back through the index as the service
+reads it, and each is replayed on the schedule lane (`replayer.schedule_replay.replay_on_schedule`, the service's
+own path). The reference is what the client received: its ``token_ids`` and per-token logprobs (every choice of
+an ``n = 2`` request). Prints the table BENCHMARKS.md keeps. LoRA adapters are not in it (their stack test is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from capture.app import build_app
+from capture.metrics import CaptureMetrics
+from capture.settings import CaptureSettings
+from infra import paths, servers
+from infra.stack import LocalStack
+from infra.stack_env import stack_defaults
+from infra.state import StackInfo
+from replayer.errors import NotReplayableError
+from replayer.lanes.schedule_lane import ScheduleLane
+from replayer.schedule_replay import replay_on_schedule
+from replayer.schedule_store import ScheduleStore
+from replayer.schedule_window import read_window
+from replayer.settings import ReplayerSettings
+from tests.capture.fake_spool import FakeSpool
+from tests.capture.fake_upstream import serve
+from tests.replayer.scheduled_stack import ship_schedules
+from tests.replayer.test_application_traffic_stack import CLAIM, CLAIM_SCHEMA, POLICY, WEATHER
+
+MODEL = "smollm2-135m-instruct"
+POLICY_TEXT = " ".join(
+    f"Section {i}: claims for damage of kind {i} are paid up to {1000 * i} euros after the excess; the holder reports "
+    f"within {i + 7} days, keeps receipts, and the assessor decides within {2 * i + 5} working days."
+    for i in range(1, 40)
+)  # a long shared system prompt (about 1.5k tokens): the prefix cache serves it after the first request
+
+
+def _body(content: str, max_tokens: int, *, system: str | None = None, **fields: Any) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    return {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "return_token_ids": True,
+        **fields,
+    }
+
+
+def categories() -> dict[str, list[dict[str, Any]]]:
+    """Every category's requests (one round)."""
+    schema = {"type": "json_schema", "json_schema": {"name": "claim", "schema": CLAIM_SCHEMA}}
+    claims = [CLAIM, "Claim from Jon Berg: a fire in the garage, 900 euros of tools lost.", "Claim: hail, 300 euros."]
+    return {
+        "extraction (json_schema)": [
+            _body(f"Extract the claim as JSON. {c}", 40, response_format=schema) for c in claims
+        ],
+        "classification (choice)": [
+            _body(
+                f"Classify: approve, review or deny. {c}",
+                4,
+                structured_outputs={"choice": ["approve", "review", "deny"]},
+            )
+            for c in claims
+        ],
+        "field (regex)": [_body("Give a policy number.", 12, structured_outputs={"regex": "POL-[0-9]{6}"})] * 2,
+        "agent step (tools)": [
+            _body("What is the weather in Lisbon?", 64, tools=[WEATHER, POLICY], tool_choice="required"),
+            _body(
+                "Look up policy 123456.",
+                32,
+                tools=[WEATHER, POLICY],
+                tool_choice={"type": "function", "function": {"name": "lookup_policy"}},
+            ),
+            _body("What is the weather in Oslo?", 24, tools=[WEATHER], tool_choice="auto"),
+        ],
+        "RAG (shared 1.5k-token prefix)": [
+            _body(f"Question {q}: how long does the assessor take for kind {q}?", 24, system=POLICY_TEXT)
+            for q in (3, 17, 31)
+        ],
+        "seeded sampling, n=2": [
+            _body("Name a colour and a fruit.", 12, temperature=0.8, seed=7, n=2),
+            _body("Name a river.", 12, temperature=0.8, seed=8, n=2),
+        ],
+        "plain chat": [_body("Name three rivers.", 16), _body("What is two plus two?", 8)],
+    }
+
+
+async def _send(app: Any, bodies: list[dict[str, Any]], gap_s: float) -> list[httpx.Response]:
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=900.0) as client:
+
+        async def one(i: int, body: dict[str, Any]) -> httpx.Response:
+            await asyncio.sleep(i * gap_s)
+            return await client.post("/v1/chat/completions", json=body)
+
+        return list(await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies))))
+
+
+def _reference(reply: httpx.Response) -> list[tuple[list[int], list[float]]]:
+    """Per choice, the token ids and chosen-token logprobs the client received."""
+    return [
+        (c["token_ids"], [item["logprob"] for item in (c.get("logprobs") or {}).get("content") or ()])
+        for c in sorted(reply.json()["choices"], key=lambda c: c["index"])
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds sent (the first at once, then staggered)")
+    parser.add_argument("--gap", type=float, default=0.3, help="seconds between requests of a staggered round")
+    args = parser.parse_args()
+    run_dir = paths.run_dir()
+    stack: StackInfo = LocalStack(run_dir).info()  # the running stack (started elsewhere)
+    assert stack.vllm_url is not None
+    env = stack_defaults(stack)
+    settings = CaptureSettings(
+        upstream=stack.vllm_url, spool_max_bytes=1 << 24, schedule_recorder=servers.RECORDER_NAME, auth_mode="off",
+        runtime_path=env["REPROLANE_CAPTURE_RUNTIME_PATH"], manifest_path=env["REPROLANE_CAPTURE_MANIFEST_PATH"],
+    )  # fmt: skip
+    spool = FakeSpool()
+    app = build_app(settings, spool=spool, metrics=CaptureMetrics())
+    cats = categories()
+    sent: list[tuple[str, httpx.Response]] = []
+    started = time.monotonic()
+    for round_no in range(args.rounds):
+        order = [(name, body) for name, bodies in cats.items() for body in bodies]
+        replies = asyncio.run(_send(app, [b for _, b in order], 0.0 if round_no == 0 else args.gap))
+        sent += [(name, reply) for (name, _), reply in zip(order, replies, strict=True)]
+    traffic_s = time.monotonic() - started
+    captured = {r.headers.get("x-reprolane-request-id"): (n, r) for n, r in sent if r.status_code == 200}
+    deadline = time.monotonic() + 60
+    while len({e.request_id for e in spool.envelopes} & set(captured)) < len(captured) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    envelopes = {e.request_id: e for e in spool.envelopes if e.request_id in captured}
+    store_settings = ReplayerSettings(
+        **{
+            k.removeprefix("REPROLANE_REPLAYER_").lower(): v
+            for k, v in env.items()
+            if k.startswith("REPROLANE_REPLAYER_")
+        }
+    )
+    asyncio.run(ship_schedules(stack, store_settings, list(envelopes.values()), Path(tempfile.mkdtemp())))
+    store = ScheduleStore.from_settings(store_settings)
+    lane: ScheduleLane | None = None
+    rows: dict[str, Counter[str]] = defaultdict(Counter)
+    refusals: dict[str, set[str]] = defaultdict(set)
+    replay_s = 0.0
+    for name, reply in sent:
+        rows[name]["sent"] += 1
+        rid = reply.headers.get("x-reprolane-request-id")
+        if rid not in envelopes:
+            refusals[name].add(f"HTTP {reply.status_code}: {reply.text[:120]}")
+            continue
+        rows[name]["captured"] += 1
+        envelope = envelopes[rid]
+        window = read_window(store, envelope)
+        if lane is None:
+            assert window.engine is not None
+            lane = ScheduleLane(ReplayerSettings(), window.engine)
+        t = time.monotonic()
+        try:
+            result, replay = replay_on_schedule(envelope, window, lane, ReplayerSettings())
+        except NotReplayableError as exc:
+            rows[name]["refused"] += 1
+            refusals[name].add(str(exc)[:160])
+            continue
+        replay_s += time.monotonic() - t
+        rows[name]["replayed"] += 1
+        reference = _reference(reply)
+        outputs = [replay.outputs[rid] for rid in sorted(replay.outputs)] if len(reference) > 1 else [result.replayed]
+        same = all(
+            list(o.token_ids) == ids and [s.logprob for s in o.logprobs or ()] == lps
+            for o, (ids, lps) in zip(outputs, reference, strict=True)
+        )
+        event = result.event
+        rows[name]["bitwise"] += int(same and event.verdict == "bitwise" and event.target_met)
+        rows[name]["schedule reproduced"] += int(bool(event.schedule_reproduced))
+    if lane is not None:
+        lane.close()
+    cols = ("sent", "captured", "replayed", "bitwise", "schedule reproduced", "refused")
+    print(f"{'category':<32}" + "".join(f"{c:>21}" for c in cols))
+    for name in cats:
+        print(f"{name:<32}" + "".join(f"{rows[name][c]:>21}" for c in cols))
+    total = Counter[str]()
+    for counts in rows.values():
+        total.update(counts)
+    print(f"{'all':<32}" + "".join(f"{total[c]:>21}" for c in cols))
+    for name, reasons in refusals.items():
+        for reason in sorted(reasons):
+            print(f"  refused, {name}: {reason}")
+    how = f"{args.rounds} rounds, the first at once, then {args.gap} s apart"
+    print(f"traffic {traffic_s:.1f} s ({how}); replays {replay_s:.1f} s")
+    return 0 if total["bitwise"] == total["sent"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
