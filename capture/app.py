@@ -28,7 +28,14 @@ from capture.envelope_writer import SpoolLike
 from capture.forwarding import PATHS
 from capture.metrics import CONTENT_TYPE, CaptureMetrics
 from capture.proxy import CaptureProxy
-from capture.runtime import RuntimeProbe, load_artifacts, load_runtime_file, load_sampling_defaults
+from capture.runtime import (
+    Artifacts,
+    RuntimeProbe,
+    load_adapters,
+    load_artifacts,
+    load_runtime_file,
+    load_sampling_defaults,
+)
 from capture.settings import CaptureSettings
 from capture.shadow import build_shadow
 from capture.upstream import Upstream
@@ -92,7 +99,8 @@ def build_app(
     metrics: CaptureMetrics | None = None,
     publisher: Startable | None = None,
 ) -> CaptureApp:
-    """The sidecar app. Reads the manifest and runtime file now, so a bad file fails before serving."""
+    """The sidecar app. Reads the manifest and runtime file and hashes the adapters now, so a bad file fails before
+    serving."""
     metrics = metrics or CaptureMetrics()
     metrics.spool_capacity_bytes.set(settings.spool_max_bytes)
     runtime = RuntimeProbe(load_runtime_file(settings.runtime_path))
@@ -100,7 +108,7 @@ def build_app(
         settings,
         spool=spool,
         metrics=metrics,
-        artifacts=load_artifacts(settings.manifest_path),
+        artifacts=Artifacts.of_adapters(load_artifacts(settings.manifest_path), load_adapters(settings.lora_modules)),
         sampling_defaults=load_sampling_defaults(
             settings.manifest_path, settings.upstream_generation_config, settings.upstream_override_generation_config
         ),

@@ -50,6 +50,21 @@ def _json_flag(flag: str, value: str | None) -> Any:
         raise CaptureError(f"{flag}: not JSON: {exc}") from None
 
 
+def _lora_modules(values: list[str] | None) -> dict[str, Path] | None:
+    """``--lora-module NAME=PATH`` flags (vLLM's ``--lora-modules`` syntax) as the setting; None when not given."""
+    if not values:
+        return None
+    out: dict[str, Path] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise CaptureError(f"--lora-module {value!r}: expected NAME=PATH")
+        if name in out:
+            raise CaptureError(f"--lora-module: adapter {name!r} given twice")
+        out[name] = Path(path)
+    return out
+
+
 def build_settings(**flags: Any) -> CaptureSettings:
     """Settings from flags (``None`` = not given: environment, then default). Raises CaptureError naming fields."""
     given = {name: value for name, value in flags.items() if value is not None and value != ()}
@@ -130,6 +145,9 @@ def serve_command(
     s3_processes: Annotated[int | None, typer.Option(help="worker processes for S3 PUTs (0: threads)")] = None,
     manifest: Annotated[Path | None, typer.Option(help="reprolane-manifest.json of the served model")] = None,
     runtime_file: Annotated[Path | None, typer.Option(help="JSON of runtime fields the sidecar cannot see")] = None,
+    lora_module: Annotated[
+        list[str] | None, typer.Option(help="an adapter upstream serves, NAME=PATH as its --lora-modules (repeatable)")
+    ] = None,
     audit_top_logprobs: Annotated[int | None, typer.Option(help="top-k logprobs recorded per step")] = None,
     inject_seed: Annotated[
         bool | None,
@@ -173,6 +191,7 @@ def serve_command(
             max_body_bytes=max_body_bytes, upstream_timeout_s=upstream_timeout_s, kafka_bootstrap=kafka_bootstrap,
             s3_endpoint=s3_endpoint, s3_bucket=s3_bucket, s3_access_key=s3_access_key, s3_secret_key=s3_secret_key,
             s3_processes=s3_processes, manifest_path=manifest, runtime_path=runtime_file,
+            lora_modules=_lora_modules(lora_module),
             audit_top_logprobs=audit_top_logprobs, inject_seed=inject_seed,
             upstream_generation_config=upstream_generation_config,
             upstream_override_generation_config=_json_flag(

@@ -36,10 +36,10 @@ from capture.metrics import CaptureMetrics
 from capture.protocol import messages
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.output import OutputCollector
-from capture.runtime import RuntimeProbe
+from capture.runtime import Artifacts, RuntimeProbe
 from capture.telemetry import CaptureTelemetry
 from capture.upstream import Upstream
-from schemas import ArtifactHashes, PromptRecord, RuntimeFingerprint
+from schemas import PromptRecord, RuntimeFingerprint
 from schemas.schedule_delivery import ScheduleRef, external_request_id_for
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class EnvelopeWriter:
     guaranteed: bool
     spool: SpoolLike
     metrics: CaptureMetrics
-    artifacts: ArtifactHashes
+    artifacts: Artifacts  # by the model a request names (a LoRA adapter's include it: `capture.runtime.Artifacts`)
     runtime: RuntimeProbe
     upstream: Upstream
     sidecar_id: str
@@ -135,7 +135,7 @@ class EnvelopeWriter:
         return EnvelopeInputs(
             ctx,
             model=prepared.model,
-            artifacts=self.artifacts,
+            artifacts=self.artifacts.of(prepared.model),
             runtime=runtime,
             prompt=prompt,
             more_prompts=more,
@@ -199,7 +199,7 @@ class EnvelopeWriter:
         return EnvelopeInputs(
             ctx,
             model=model,
-            artifacts=self.artifacts,
+            artifacts=self.artifacts.of(model),
             runtime=self.runtime.fingerprint(None),
             prompt=None,
             sampling=None,

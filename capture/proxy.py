@@ -63,12 +63,11 @@ from capture.protocol.audit_fields import Prepared, prepare
 from capture.protocol.output import OutputCollector
 from capture.protocol.sampling import BUILTIN_DEFAULTS, SamplingDefaults
 from capture.request_headers import new_request_id, read_reprolane_headers
-from capture.runtime import RuntimeProbe
+from capture.runtime import Artifacts, RuntimeProbe
 from capture.settings import CaptureSettings
 from capture.streaming import forward_stream
 from capture.telemetry import CaptureTelemetry
 from capture.upstream import Upstream
-from schemas import ArtifactHashes
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ class CaptureProxy:
         *,
         spool: SpoolLike,
         metrics: CaptureMetrics,
-        artifacts: ArtifactHashes,
+        artifacts: Artifacts,
         runtime: RuntimeProbe,
         upstream: Upstream,
         sampling_defaults: SamplingDefaults = BUILTIN_DEFAULTS,

@@ -10,6 +10,13 @@ Three sources, each optional, merged once and cached:
   an error, not a silent ``None``;
 - what upstream reports: ``GET /version`` (engine version) and each response's ``system_fingerprint``.
 
+The LoRA adapters upstream serves (``lora_modules``, as vLLM's ``--lora-modules``) are hashed at start
+(`load_adapters`: every file of each directory, `infra.clients.digest.directory_sha256`): a request whose
+``model`` names one records the base model's hashes and the adapter's name and digest (`Artifacts.of`). A
+directory that cannot be hashed stops the sidecar at start, never a request. A request naming a model the sidecar
+was not told about records the base model's hashes as before; the replay side refuses an envelope whose model it
+serves as an adapter when the envelope names none (`replayer.replay`).
+
 The manifest also says which sampling defaults upstream applies to a request that leaves a field out
 (`load_sampling_defaults`), so each envelope's contract records what upstream used, not what vLLM would use
 for a model without a ``generation_config.json``.
@@ -24,12 +31,15 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from capture.errors import CaptureError, UpstreamError
 from capture.protocol.sampling import SamplingDefaults
 from capture.upstream import Upstream
+from infra.clients.digest import directory_sha256
 from schemas import ArtifactHashes, ContractError, RuntimeFingerprint
 from schemas.manifest import ModelManifest, decode_manifest, decode_runtime_file
 from schemas.sampling import GENERATION_CONFIG_FIELDS
@@ -59,6 +69,47 @@ def load_artifacts(manifest_path: Path | None) -> ArtifactHashes:
         chat_template_sha256=manifest.chat_template_sha256,
         manifest_source=str(manifest_path),
     )
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """The artifact hashes an envelope records, by the model its request named: ``base`` (the manifest's), and
+    for the name of an adapter upstream serves, ``base`` with that adapter's name and digest."""
+
+    base: ArtifactHashes = field(default_factory=ArtifactHashes)
+    adapters: Mapping[str, ArtifactHashes] = field(default_factory=dict)
+
+    @classmethod
+    def of_adapters(cls, base: ArtifactHashes, adapters: Mapping[str, str]) -> Artifacts:
+        """``base`` and, per adapter name, its digest (`load_adapters`)."""
+        return cls(
+            base,
+            {
+                name: base.model_copy(update={"adapter_name": name, "adapter_sha256": sha})
+                for name, sha in adapters.items()
+            },
+        )
+
+    def of(self, model: str) -> ArtifactHashes:
+        """The hashes of a request naming ``model`` (a dictionary lookup on the hot path)."""
+        return self.adapters.get(model, self.base)
+
+
+def load_adapters(lora_modules: Mapping[str, Path]) -> dict[str, str]:
+    """Each adapter's digest (every file of its directory, as a lane hashes its own copy); `CaptureError` naming
+    the adapter and the directory when it cannot be hashed (missing, not a directory, empty, unreadable)."""
+    out: dict[str, str] = {}
+    for name, path in lora_modules.items():
+        if not name or name != name.strip():
+            raise CaptureError(f"lora module {name!r}: an adapter name must be a non-empty name without spaces")
+        if not (path / "adapter_config.json").is_file():
+            raise CaptureError(f"lora module {name}: {path} has no adapter_config.json (not a LoRA adapter directory)")
+        try:
+            out[name] = directory_sha256(path)
+        except OSError as exc:
+            raise CaptureError(f"lora module {name}: cannot hash {path}: {exc}") from exc
+        log.info("lora module %s: %s sha256 %s", name, path, out[name])
+    return out
 
 
 def load_sampling_defaults(

@@ -41,6 +41,11 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     runtime_path: Path | None = Field(
         default=None, description="JSON of RuntimeFingerprint fields the sidecar cannot observe (dtype, ...)"
     )
+    lora_modules: dict[str, Path] = Field(
+        default_factory=dict,
+        description="the LoRA adapters upstream serves, as upstream vLLM's --lora-modules NAME=PATH: adapter name -> "
+        "its directory (read at start); a request naming one records the adapter's sha256 in its artifacts",
+    )
     inject_seed: bool | None = Field(
         default=None,
         description="add a seed to sampled requests that have none (None: in guaranteed mode only; see `injects_seed`)",

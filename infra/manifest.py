@@ -21,7 +21,8 @@ The format itself, its typed model and its one decoder are `schemas.manifest` (t
 this module writes it and verifies a directory against it.
 
 A digest over a set of files is the sha256 of the lines ``"<name>\\t<sha256 of file>\\n"`` sorted by
-name (see :func:`digest_files`): independent of file order and of the directory's location.
+name (see :func:`digest_files`): independent of file order and of the directory's location. The hashing itself is
+`infra.clients.digest`, which the sidecar and the lanes use for LoRA adapters too.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
+from infra.clients.digest import digest_files, sha256_file
+from infra.clients.digest import hash_directory as _hash_directory
 from infra.errors import ModelCacheError
 from schemas.errors import ContractError
 from schemas.manifest import (
@@ -45,31 +48,10 @@ from schemas.manifest import (
 )
 from schemas.sampling import GENERATION_CONFIG_FIELDS
 
-_CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks (weights are hundreds of MB)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def digest_files(file_hashes: Mapping[str, str]) -> str:
-    """Hex sha256 over sorted ``(name, sha256)`` pairs, one ``name\\tsha\\n`` line each."""
-    lines = "".join(f"{name}\t{sha}\n" for name, sha in sorted(file_hashes.items()))
-    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
-
 
 def hash_directory(path: Path) -> dict[str, str]:
     """sha256 of every regular file under ``path`` (relative POSIX names), the manifest excluded."""
-    hashes: dict[str, str] = {}
-    for file in sorted(path.rglob("*")):
-        if file.is_file() and file.name != MANIFEST_NAME:
-            hashes[file.relative_to(path).as_posix()] = sha256_file(file)
-    return hashes
+    return _hash_directory(path, exclude=(MANIFEST_NAME,))
 
 
 def split_digests(file_hashes: Mapping[str, str]) -> tuple[str, str]:

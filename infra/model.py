@@ -34,8 +34,9 @@ from pathlib import Path
 
 from infra import paths
 from infra.chat_template import with_tools
+from infra.clients.digest import sha256_file
 from infra.errors import ModelCacheError, ModelFetchError
-from infra.manifest import load_manifest, sha256_file, verify_model, write_manifest
+from infra.manifest import load_manifest, verify_model, write_manifest
 from schemas.manifest import ModelManifest, ModelSource
 
 __all__ = ["ModelManifest", "convert_gguf", "ensure_model", "load_manifest", "verify_model"]

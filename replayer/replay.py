@@ -25,6 +25,8 @@ Choices made here:
   would have answered.
 - **Only choice 0** is replayed (it answers the first prompt); for ``n > 1`` and for a completions request with
   several prompts (``more_prompts``) the detail says so.
+- **LoRA adapters.** The adapter a request ran with (`recorded_adapter`) goes to the lane, which loads its own copy
+  only when that copy's digest is the recorded one, and refuses otherwise (`replayer.lanes.adapters`).
 - **Semantic similarity** is computed only when ``settings.semantic`` is on and the texts differ (identical
   texts score 1.0 without a model); see `replayer.semantic`.
 """
@@ -38,6 +40,7 @@ from typing import Final
 
 from replayer.compare import compare
 from replayer.errors import NotReplayableError
+from replayer.lanes.adapters import Adapter
 from replayer.lanes.base import GenRequest, Lane
 from replayer.settings import ReplayerSettings
 from replayer.tool_calls import fork_in_tool_call
@@ -53,7 +56,7 @@ from schemas import (
     diff_fingerprints,
 )
 
-__all__ = ["EXTRA_TOKENS", "FROM_COMPARISON", "replay_budget", "replay_envelope", "server_view"]
+__all__ = ["EXTRA_TOKENS", "FROM_COMPARISON", "recorded_adapter", "replay_budget", "replay_envelope", "server_view"]
 
 #: How many tokens past the recorded length a replay may run (bounds cost; still shows length differences).
 EXTRA_TOKENS: Final = 16
@@ -124,6 +127,22 @@ def _check_constraint_backend(envelope: Envelope, lane_fp: RuntimeFingerprint) -
         )
 
 
+def recorded_adapter(envelope: Envelope, settings: ReplayerSettings) -> Adapter | None:
+    """The LoRA adapter the request ran with (`schemas.ArtifactHashes`), None for the base model. An envelope whose
+    ``model`` is the name of an adapter this replayer has, but which records none (its sidecar was not told upstream
+    serves it), is refused: replaying it on the base model would compare another computation."""
+    arts = envelope.artifacts
+    if arts.adapter_name is not None and arts.adapter_sha256 is not None:
+        return Adapter(arts.adapter_name, arts.adapter_sha256)
+    if envelope.model in settings.lora_modules:
+        raise NotReplayableError(
+            f"{envelope.request_id}: artifacts.adapter_sha256: the request named {envelope.model!r}, a LoRA adapter "
+            "here, but its envelope records no adapter (run the capture sidecar with --lora-module NAME=PATH as "
+            "upstream's --lora-modules)"
+        )
+    return None
+
+
 def server_view(replayed: ReplayedOutput, endpoint: str, k: int) -> ReplayedOutput:
     """``replayed`` with each step's alternatives cut to what ``endpoint``'s server lists (module docstring)."""
     if replayed.logprobs is None or endpoint not in FIRST_K_ENDPOINTS:
@@ -154,9 +173,12 @@ def replay_envelope(
     max_tokens, top_k = replay_budget(sampling, recorded)
     lane_fp = lane.fingerprint()
     _check_constraint_backend(envelope, lane_fp)
+    adapter = recorded_adapter(envelope, settings)
     started = time.perf_counter()
     parser = envelope.runtime.tool_call_parser
-    request = GenRequest(prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k, tool_call_parser=parser)
+    request = GenRequest(
+        prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k, tool_call_parser=parser, adapter=adapter
+    )
     replayed = lane.replay(request)
     replay_ms = (time.perf_counter() - started) * 1e3
     replayed = server_view(replayed, envelope.endpoint, top_k)

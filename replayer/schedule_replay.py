@@ -308,6 +308,8 @@ class ScheduleReplayer:
         not hold up the replays behind it."""
         if envelope.schedule is None:
             return "the envelope names no schedule (its upstream did not record one)"
+        if (adapter := envelope.artifacts.adapter_name) is not None:
+            return f"the schedule lane does not load LoRA adapters (artifacts.adapter_name {adapter!r})"
         if self._store is None:
             from replayer.schedule_store import ScheduleStore
 

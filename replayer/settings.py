@@ -52,6 +52,17 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
         "first vLLM engine of a process fixes the count for the process, and a schedule lane whose production "
         "engine ran another count refuses (a CPU kernel's split of the work can depend on it)",
     )
+    lora_modules: dict[str, Path] = Field(
+        default_factory=dict,
+        description="the LoRA adapters the vllm lane may load, as production's --lora-modules: adapter name -> local "
+        "directory; a replay loads one only when its files' sha256 is the one the envelope recorded",
+    )
+    max_lora_rank: int = Field(
+        default=16,
+        ge=1,
+        description="the vllm lane's max LoRA rank when it loads adapters (vLLM's --max-lora-rank; production's value, "
+        "16 by default)",
+    )
     semantic: bool = Field(default=False, description="compute semantic similarity (all-MiniLM-L6-v2)")
     thresholds: Thresholds = Field(default_factory=Thresholds)
 

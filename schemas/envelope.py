@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from schemas.base import Record, UtcDatetime, decode_record
 from schemas.canonical import canonical_bytes, sha256_hex
@@ -54,12 +54,27 @@ class WorkflowRef(Record):
 
 
 class ArtifactHashes(Record):
-    """Immutable fingerprints of the model artifacts (from the deployment manifest)."""
+    """Immutable fingerprints of the model artifacts (from the deployment manifest).
+
+    A request whose ``model`` names a LoRA adapter upstream serves (vLLM's ``--lora-modules NAME=PATH``, declared to
+    the sidecar the same way) also records the adapter: its name and the digest of every file of its directory
+    (``infra.clients.digest.directory_sha256``: the same rule as the model's digests). A lane loads the adapter of
+    that name only when its own copy has that digest. Both None: the request ran on the base model alone (absent
+    fields are dropped from the canonical bytes, so envelopes written before adapters keep their ids).
+    """
 
     model_sha256: Sha256 | None = None
     tokenizer_sha256: Sha256 | None = None
     chat_template_sha256: Sha256 | None = None
     manifest_source: str | None = Field(default=None, description="where the hashes came from")
+    adapter_name: str | None = Field(default=None, max_length=256, description="the LoRA adapter the request named")
+    adapter_sha256: Sha256 | None = Field(default=None, description="digest of every file of the adapter directory")
+
+    @model_validator(mode="after")
+    def _adapter_whole(self) -> ArtifactHashes:
+        if (self.adapter_name is None) != (self.adapter_sha256 is None):
+            raise ValueError("adapter_name and adapter_sha256 are recorded together or not at all")
+        return self
 
 
 class PromptRecord(Record):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from schemas import (
@@ -122,3 +124,12 @@ def manifest_doc(**overrides: Any) -> dict[str, Any]:
     }
     doc.update(overrides)
     return doc
+
+
+def lora_adapter_dir(path: Path, weights: bytes = b"lora weights", *, rank: int = 8) -> Path:
+    """A directory shaped like peft's `save_pretrained` output (its bytes mean nothing: for the digest and the
+    checks around it; the stack test builds a real one, `infra.lora.build_random_adapter`)."""
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps({"r": rank, "target_modules": ["q_proj", "v_proj"]}))
+    (path / "adapter_model.safetensors").write_bytes(weights)
+    return path

@@ -9,6 +9,8 @@
 - `s3`: one boto3 client factory (`make_s3_client`) with one named timeout/retry policy per use (`S3Policy`),
   path-style addressing and TLS verification, and one reading of botocore's errors (`is_missing`,
   `is_already_written`).
+- `digest`: a file's and a directory's sha256 (the model manifest's digests, a LoRA adapter's identity), so the
+  sidecar and the lanes hash an adapter the same way.
 - `shutdown`: the stop event SIGINT and SIGTERM set, which the archiver and the replayer service run until
   (`stop_on_signals`).
 

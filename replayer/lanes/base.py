@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from replayer.errors import LaneUnavailableError
+from replayer.lanes.adapters import Adapter
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
 from schemas.fingerprint import STRUCTURED_OUTPUT_LIBRARIES, cpu_model_name_of, structured_outputs_of
@@ -44,7 +45,9 @@ class GenRequest:
     ``max_tokens`` overrides the contract's (a replay is bounded by the recorded length,
     `replayer.replay.replay_budget`); ``top_k_logprobs`` is how many alternatives each step reports (0: the
     chosen token's logprob only); ``tool_call_parser`` is production's (`schemas.RuntimeFingerprint`), which
-    turns offered tools into a constraint (`replayer.lanes.vllm_params.structured_outputs`).
+    turns offered tools into a constraint (`replayer.lanes.vllm_params.structured_outputs`); ``adapter`` is the
+    LoRA adapter the request ran with (`schemas.ArtifactHashes`), which a lane loads or refuses
+    (`replayer.lanes.adapters`), never ignores.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -53,6 +56,7 @@ class GenRequest:
     max_tokens: int
     top_k_logprobs: int
     tool_call_parser: str | None = None
+    adapter: Adapter | None = None
 
 
 @runtime_checkable

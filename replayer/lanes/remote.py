@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
+from replayer.lanes.adapters import refuse
 from replayer.lanes.base import GenRequest
 from replayer.lanes.vllm_params import completion_body
 from replayer.settings import ReplayerSettings
@@ -116,6 +117,7 @@ class RemoteLane:
         return self._fingerprint
 
     def replay(self, request: GenRequest) -> ReplayedOutput:
+        refuse(request.adapter, self.name)  # the server's copy of an adapter cannot be checked from here
         data = self._post_completion(completion_body(self._model, request))
         try:
             choice = data["choices"][0]

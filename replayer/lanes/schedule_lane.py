@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
+from replayer.lanes.adapters import refuse
 from replayer.lanes.base import (
     GenRequest,
     installed_structured_outputs,
@@ -304,6 +305,8 @@ class ScheduleLane:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        for request in real.values():  # its engine starts without LoRA (EngineStart records none): never dropped
+            refuse(request.adapter, self.name)
         problems = log.problems()
         notes = list(plan.notes) + [f"schedule log: {p}" for p in problems]
         with self._lock:

@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
+from replayer.lanes.adapters import refuse
 from replayer.lanes.base import GenRequest, effective_seed, quiet_imports, resolve_model_dir, torch_lane_fingerprint
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
@@ -125,6 +126,7 @@ class TransformersLane:
         return kwargs
 
     def replay(self, request: GenRequest) -> ReplayedOutput:
+        refuse(request.adapter, self.name)  # not built: it would need peft (not in the lanes extra)
         torch = self._torch
         max_tokens, top_k_logprobs = request.max_tokens, request.top_k_logprobs
         kwargs = self._generate_kwargs(request.sampling, max_tokens)

@@ -13,6 +13,9 @@ Determinism mechanism, by platform:
 
 The environment variables are process-wide and must be in place before the first ``import vllm`` in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core in this process, so a replay is a function call).
+LoRA: with adapters configured (``settings.lora_modules``) the engine starts with LoRA enabled (one adapter at a
+time, production's ``max_lora_rank``) and a request that ran with an adapter loads the lane's copy, checked against
+the recorded digest (`replayer.lanes.adapters`).
 Seeds: a ``per_request`` seed goes to vLLM's per-request generator and replays exactly; ``worker_global``
 requests are sampled without a seed (see `replayer.lanes.base.effective_seed`).
 """
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
+from replayer.lanes.adapters import LocalAdapters
 from replayer.lanes.base import (
     GenRequest,
     installed_structured_outputs,
@@ -160,6 +164,10 @@ class VllmLane:
                 from vllm import LLM
         except ImportError as exc:
             raise LaneUnavailableError(f"the vllm lane needs the lanes extra (vllm): {exc}") from exc
+        self._adapters = LocalAdapters(settings.lora_modules, max_rank=settings.max_lora_rank)
+        lora: dict[str, Any] = {}
+        if self._adapters:  # only then: an engine without adapters runs no LoRA layers at all
+            lora = {"enable_lora": True, "max_lora_rank": settings.max_lora_rank, "max_loras": 1}
         try:
             with quiet_imports():
                 self._llm = LLM(
@@ -169,6 +177,7 @@ class VllmLane:
                     max_num_seqs=1,
                     enable_prefix_caching=False,
                     seed=ENGINE_SEED,
+                    **lora,
                 )
         except Exception as exc:  # vLLM raises many types; all mean "this lane cannot start here"
             mode = "batch-invariant GPU mode" if on_gpu else "CPU mode"
@@ -216,10 +225,16 @@ class VllmLane:
         except (TypeError, ValueError) as exc:
             raise NotReplayableError(f"vLLM rejects the recorded sampling contract: {exc}") from exc
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        lora = None
+        if request.adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            copy = self._adapters.resolve(request.adapter)
+            lora = LoRARequest(copy.name, copy.engine_id, str(copy.path))
         with self._lock:
             if self._closed:
                 raise LaneUnavailableError("the vllm lane is closed")
-            outputs = self._thread.call(self._llm.generate, [prompt], params, use_tqdm=False)
+            outputs = self._thread.call(self._llm.generate, [prompt], params, use_tqdm=False, lora_request=lora)
         return output_from_vllm(outputs[0].outputs[0])
 
     def close(self) -> None:
