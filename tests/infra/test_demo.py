@@ -33,6 +33,7 @@ from infra.demo import Demo, DemoOptions
 from infra.demo_services import Service, reprolane_argv
 from infra.stack import LocalStack
 from infra.state import StackInfo
+from schemas import CapturedOutput
 
 pytestmark = pytest.mark.stack
 
@@ -130,11 +131,11 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     print(text)  # the demo's output: pytest shows it when an assertion fails
 
     sent_ids = {s.request_id for s in outcome.sent}
-    assert len(sent_ids) == 8
+    assert len(sent_ids) == 8 + 2  # chat waves and a workflow, then the tool-calling agent's two steps
     assert [s.error for s in outcome.sent if s.error] == []
     assert set(outcome.envelopes) == sent_ids  # every request captured, read back from Kafka
     assert outcome.in_s3 == len(sent_ids)  # ... and findable in S3 by request id
-    workflow = [s for s in outcome.sent if s.workflow is not None]
+    workflow = [s for s in outcome.sent if s.group == "workflow"]
     assert [s.step for s in workflow] == [1, 2]
     for s in workflow:
         env = outcome.envelopes[s.request_id]
@@ -145,6 +146,18 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert step1.prompt is not None
     assert step2.prompt is not None
     assert len(step2.prompt.token_ids) > len(step1.prompt.token_ids)  # step 2 carries step 1's answer
+
+    # the agent: step 1 forced a call the demo ran (its result is in step 2's prompt), both steps flagged, replayed
+    call, answer = (s for s in outcome.sent if s.group == "agent")
+    assert [c["function"]["name"] for c in call.tool_calls] == ["lookup_policy"], call.answer
+    called = outcome.envelopes[call.request_id]
+    assert called.sampling is not None
+    assert called.sampling.constraint is not None
+    assert called.sampling.constraint.tool_choice is not None
+    assert isinstance(called.outcome, CapturedOutput)
+    assert [c.name for c in called.outcome.choices[0].tool_calls or ()] == ["lookup_policy"]
+    assert {call.request_id, answer.request_id} <= set(outcome.events)
+    assert "tool calls run: lookup_policy" in text
 
     assert outcome.expected  # the workflow steps at least
     assert outcome.expected == {rid for rid, env in outcome.envelopes.items() if env.flagged}
