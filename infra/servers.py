@@ -182,6 +182,10 @@ VLLM_RUNTIME: dict[str, Any] = {
 #: vLLM's structured-output backend setting (its default): ``auto`` picks xgrammar or guidance per request.
 STRUCTURED_OUTPUTS_BACKEND = "auto"
 VLLM_RUNTIME_FILE = "vllm-runtime.json"
+#: Thread settings a vLLM engine in the launching process leaves in its environment (vLLM 0.32 sets them for its
+#: workers): inherited, they change how many torch threads the server runs (its runtime fingerprint's
+#: ``num_threads``), so a server started after a lane engine in the same process would not match one started before.
+INHERITED_THREAD_VARS = frozenset({"OMP_NUM_THREADS", "VLLM_OMP_NUM_THREADS_SET_BY_VLLM", "KMP_AFFINITY"})
 
 #: vLLM's scheduler class that records the engine's schedule (issue 22), loaded with ``--scheduler-cls``.
 RECORDER_CLASS = "capture.schedule.recorder.RecordingScheduler"
@@ -258,7 +262,7 @@ class VllmServer(ServerDef):
         ]  # fmt: skip
         write_runtime_file(state.run_dir / VLLM_RUNTIME_FILE)
         env: dict[str, str] = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS},
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 135M model, kind to 2 cores
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
