@@ -238,15 +238,9 @@ class ScheduleLane:
             structured_outputs=installed_structured_outputs(),
         ).model_copy(update={"max_num_seqs": engine.max_num_seqs, "prefix_caching": engine.enable_prefix_caching})
         own = read_log(self._recorder).engine  # the replay engine's own start, measured where production's was
-        seen = own.runtime.num_threads if own is not None and own.runtime is not None else None
-        if threads and seen is not None and seen != threads:
-            # vLLM's CPU worker set its own count when the engine started (a second engine in one process gets the
-            # cores the first left): set production's on this engine thread, which runs every forward pass
-            torch.set_num_threads(threads)
-            seen = torch.get_num_threads()
-        if seen is not None:
-            # torch's thread count as the engine runs it, not this process's before the engine started
-            self._fingerprint = self._fingerprint.model_copy(update={"num_threads": seen})
+        if own is not None and own.runtime is not None and own.runtime.num_threads is not None:
+            # torch's thread count as the engine's scheduler saw it, not this process's before the engine started
+            self._fingerprint = self._fingerprint.model_copy(update={"num_threads": own.runtime.num_threads})
 
     def fingerprint(self) -> RuntimeFingerprint:
         return self._fingerprint
