@@ -44,7 +44,7 @@ from replayer.settings import ReplayerSettings
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
 from tests.replayer.scheduled_stack import ship_schedules
-from tests.replayer.test_application_traffic_stack import CLAIM, CLAIM_SCHEMA, POLICY, WEATHER
+from tests.replayer.test_traffic_stack import CLAIM, CLAIM_SCHEMA, POLICY, WEATHER
 
 MODEL = "smollm2-135m-instruct"
 POLICY_TEXT = " ".join(

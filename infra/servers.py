@@ -182,15 +182,6 @@ VLLM_RUNTIME: dict[str, Any] = {
 #: vLLM's structured-output backend setting (its default): ``auto`` picks xgrammar or guidance per request.
 STRUCTURED_OUTPUTS_BACKEND = "auto"
 VLLM_RUNTIME_FILE = "vllm-runtime.json"
-#: What an in-process engine (a replay lane) sets in its process's environment, and vLLM's own thread settings for
-#: its workers: the stack's server must not inherit them from whoever launches it. Inherited, they change how the
-#: server runs (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: its engine in the API server's process, with two torch
-#: threads, not one), so a server started after a lane engine in the same process records another ``num_threads``
-#: than one started before, and the schedule lane refuses its windows.
-INHERITED_THREAD_VARS = frozenset(
-    {"VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_BATCH_INVARIANT", "VLLM_LOGGING_LEVEL", "CUBLAS_WORKSPACE_CONFIG"}
-    | {"OMP_NUM_THREADS", "VLLM_OMP_NUM_THREADS_SET_BY_VLLM", "KMP_AFFINITY"}
-)
 
 #: vLLM's scheduler class that records the engine's schedule (issue 22), loaded with ``--scheduler-cls``.
 RECORDER_CLASS = "capture.schedule.recorder.RecordingScheduler"
@@ -267,7 +258,7 @@ class VllmServer(ServerDef):
         ]  # fmt: skip
         write_runtime_file(state.run_dir / VLLM_RUNTIME_FILE)
         env: dict[str, str] = {
-            **{k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS},
+            **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 135M model, kind to 2 cores
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
