@@ -7,9 +7,9 @@ one axis of a matrix cell (`replayer.matrix.dimensions`). The ``transformers`` e
 (`replayer.lanes.transformers_lane.TransformersLane`), one prompt at a time.
 
 Process-wide effects (why the matrix runs each engine configuration in its own spawned process): vLLM replaces
-``torch.set_num_threads`` with a no-op once its CPU worker starts, the transformers lane turns on
-``torch.use_deterministic_algorithms``, and the environment (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) must be set
-before vLLM is imported. The thread count is therefore set *before* the engine starts.
+``torch.set_num_threads`` with a no-op once its CPU worker starts (`set_torch_threads` goes around it), the
+transformers lane turns on ``torch.use_deterministic_algorithms``, and the environment
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) must be set before vLLM is imported.
 
 Also here, because they too need the heavy libraries: `probe_platform` (what this host offers the engine: GPUs,
 cores, installed engine versions, as a `Platform`) and `render_chat` (the model's tokenizer and chat template, for
@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, cast
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import GenRequest, cpu_model_name, quiet_imports
+from replayer.lanes.engine_thread import set_torch_threads
 from replayer.lanes.vllm_lane import ENGINE_SEED, output_from_vllm
 from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
@@ -125,7 +126,7 @@ class BatchEngine:
         except ImportError as exc:
             raise LaneUnavailableError(f"the matrix needs the lanes extra (torch): {exc}") from exc
         if config.threads:
-            torch.set_num_threads(config.threads)  # before vLLM's worker turns set_num_threads into a no-op
+            set_torch_threads(torch, config.threads)
         self._torch = torch
         self._lane: Any = None
         self._llm: Any = None

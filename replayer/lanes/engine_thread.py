@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -29,3 +29,15 @@ class EngineThread:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def set_torch_threads(torch: Any, count: int) -> None:
+    """``torch.set_num_threads(count)`` for the calling thread, also in a process where a vLLM engine already ran.
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op in whatever process it starts, because a
+    multi-process server binds its worker's OpenMP threads to cores. An in-process engine binds none, so a lane
+    started later in the same process (the service's, a test session's) still sets its own count, through
+    torch's C entry point, which vLLM leaves in place. Without it the first engine's count would hold for every
+    later lane, and a CPU matmul's reduction order depends on it.
+    """
+    torch._C.set_num_threads(count)

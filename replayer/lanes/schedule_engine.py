@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.base import GenRequest, quiet_imports
+from replayer.lanes.engine_thread import set_torch_threads
 from replayer.lanes.vllm_lane import output_from_vllm, release_engine
 from replayer.lanes.vllm_params import sampling_kwargs
 from schemas import ReplayedOutput
@@ -95,7 +96,15 @@ def sampling_params(request: GenRequest, tokenizer: Any = None) -> Any:
 class StepDriver:
     """An in-process engine with the recorder on: requests arrive before given (relative) step numbers."""
 
-    def __init__(self, model_dir: Path, log_dir: Path | None, **engine_kwargs: Any) -> None:
+    def __init__(
+        self, model_dir: Path, log_dir: Path | None, num_threads: int | None = None, **engine_kwargs: Any
+    ) -> None:
+        """``num_threads``: torch's thread count for the engine, set on the calling thread before it starts (the
+        engine steps there); None keeps the thread's count, which an earlier lane in the process may have set."""
+        if num_threads is not None:
+            with quiet_imports():
+                import torch
+            set_torch_threads(torch, num_threads)
         self.engine, self.recorder = start_recording_engine(model_dir, log_dir, **engine_kwargs)
         self._n = 0
         self._steps = 0  # engine steps that scheduled something (the recorder's count, kept without one too)

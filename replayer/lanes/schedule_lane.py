@@ -40,7 +40,7 @@ from replayer.lanes.base import (
     resolve_model_dir,
     torch_lane_fingerprint,
 )
-from replayer.lanes.engine_thread import EngineThread
+from replayer.lanes.engine_thread import EngineThread, set_torch_threads
 from replayer.lanes.schedule_engine import (
     read_log,
     sampling_params,
@@ -203,7 +203,7 @@ class ScheduleLane:
         if threads:  # production's torch thread count: a CPU matmul's reduction order depends on it
             with quiet_imports():
                 import torch
-            torch.set_num_threads(threads)  # on this engine's thread; a no-op once another engine started
+            set_torch_threads(torch, threads)  # on this engine's thread
         self._engine, self._recorder = start_recording_engine(
             model_dir,
             self._log_dir,

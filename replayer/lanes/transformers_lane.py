@@ -31,6 +31,7 @@ from typing import Any
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.adapters import refuse
 from replayer.lanes.base import GenRequest, effective_seed, quiet_imports, resolve_model_dir, torch_lane_fingerprint
+from replayer.lanes.engine_thread import set_torch_threads
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract, StepLogprobs, TopCandidate
 
@@ -71,7 +72,7 @@ class TransformersLane:
         except ImportError as exc:
             raise LaneUnavailableError(f"the transformers lane needs the lanes extra: {exc}") from exc
         torch.use_deterministic_algorithms(True)
-        torch.set_num_threads(settings.num_threads)
+        set_torch_threads(torch, settings.num_threads)
         self._torch = torch
         self._device = "cuda" if torch.cuda.is_available() else "cpu"
         try:

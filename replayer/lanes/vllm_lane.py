@@ -37,7 +37,7 @@ from replayer.lanes.base import (
     resolve_model_dir,
     torch_lane_fingerprint,
 )
-from replayer.lanes.engine_thread import EngineThread
+from replayer.lanes.engine_thread import EngineThread, set_torch_threads
 from replayer.lanes.vllm_params import sampling_kwargs
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, StepLogprobs, TopCandidate
@@ -156,8 +156,8 @@ class VllmLane:
             raise LaneUnavailableError(f"the vllm lane needs the lanes extra (torch): {exc}") from exc
         on_gpu = bool(torch.cuda.is_available())
         _prepare_environment(on_gpu)
-        if not on_gpu and settings.vllm_num_threads:  # before vLLM's CPU worker turns set_num_threads into a no-op
-            torch.set_num_threads(settings.vllm_num_threads)
+        if not on_gpu and settings.vllm_num_threads:
+            set_torch_threads(torch, settings.vllm_num_threads)
         try:
             with quiet_imports():
                 import vllm

@@ -55,6 +55,7 @@ def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StepDriver]:
     driver = StepDriver(
         model_dir(),
         tmp_path_factory.mktemp("prod-schedule"),
+        num_threads=2,  # a production CPU engine's; with one, a batch's neighbours do not change a sum's order
         dtype="bfloat16",
         max_num_seqs=256,
         max_num_batched_tokens=256,
@@ -114,14 +115,16 @@ def test_the_recorders_log_is_complete_and_canonical(prod: StepDriver) -> None:
             assert encode_record(record) == line  # every line is its record's canonical JSON
 
 
-def test_twelve_batched_prompts_replay_bitwise_and_alone_they_do_not(prod: StepDriver, lane: ScheduleLane) -> None:
-    """(a) 12 prompts generated together; each replayed as the target with 11 fillers: all bitwise."""
+def test_twelve_batched_prompts_replay_bitwise(prod: StepDriver, lane: ScheduleLane) -> None:
+    """(a) 12 prompts generated together; each replayed as the target with 11 fillers: all bitwise.
+
+    Whether the same prompts one at a time differ is the CPU's fact, not the lane's, so it is measured
+    (`reprolane matrix`, BENCHMARKS.md), not asserted: on AVX-512 machines most of them forked, on an AVX2-only one
+    vLLM's bfloat16 kernels gave every prompt the same logits alone and in the batch."""
     reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[:12])]
     runs = prod.run([(0, r) for r in reqs])
     log = prod.log()
     assert replay_all(lane, log, runs, reqs) == 12
-    alone = [prod.run([(0, r)])[0][1] for r in reqs[:6]]
-    assert sum(a == out for a, (_, out) in zip(alone, runs, strict=False)) < 6  # one at a time is not bitwise
 
 
 def test_staggered_long_prompts_with_chunked_prefill_replay_bitwise(prod: StepDriver, lane: ScheduleLane) -> None:

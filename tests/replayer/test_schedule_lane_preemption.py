@@ -32,6 +32,7 @@ def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StepDriver]:
     driver = StepDriver(
         model_dir(),
         tmp_path_factory.mktemp("prod-preempt"),
+        num_threads=2,  # a production CPU engine's; with one, a batch's neighbours do not change a sum's order
         dtype="bfloat16",
         max_num_seqs=256,
         max_num_batched_tokens=2048,

@@ -339,7 +339,7 @@ async def test_an_altered_schedule_names_the_first_mismatching_step(
     assert result.event.schedule_reproduced is False
     assert result.event.schedule_mismatch_step == moved_first
     assert f"first mismatching step {moved_first}" in result.event.cause_detail
-    assert result.event.verdict != "bitwise"
+    # the verdict is the outputs' (a CPU whose kernels ignore the batch keeps them bitwise under any schedule)
 
 
 async def test_every_choice_of_a_request_with_n_2_replays_bitwise_on_its_schedule(
