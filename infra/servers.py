@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.clients.installed import installed_structured_outputs
 from infra.errors import StackError
 from infra.ports import HOST
 from infra.probes import http_ok, kafka_ready, s3_ready
 from infra.state import ServerName, StackState
-from schemas.fingerprint import STRUCTURED_OUTPUT_LIBRARIES, structured_outputs_of
 
 #: SeaweedFS adds this to every HTTP port for the matching gRPC port.
 SEAWEED_GRPC_OFFSET = 10000
@@ -224,15 +224,10 @@ def _record_schedules(run_dir: Path, env: dict[str, str]) -> list[str]:
 
 
 def write_runtime_file(path: Path) -> None:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import version
 
-    versions: dict[str, str | None] = {}
-    for dist in STRUCTURED_OUTPUT_LIBRARIES:  # the grammar libraries of the venv vLLM runs in: this one
-        try:
-            versions[dist] = version(dist)
-        except PackageNotFoundError:
-            versions[dist] = None
-    structured = structured_outputs_of(STRUCTURED_OUTPUTS_BACKEND, versions)
+    # the grammar libraries of the venv vLLM runs in: this one
+    structured = installed_structured_outputs(STRUCTURED_OUTPUTS_BACKEND)
     data = {**VLLM_RUNTIME, "torch_version": version("torch"), "structured_outputs": structured}
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 

@@ -122,7 +122,7 @@ _FROM_EVENT: Final = (
 
 def _worker_global_sample(env: Envelope) -> bool:
     s = env.sampling
-    return s is not None and s.seed_scope == "worker_global" and not s.greedy
+    return s is not None and s.unseeded
 
 
 def _verdict(env: Envelope, result: ReplayResult, level: ReproLevel | None) -> EnvelopeVerdict:

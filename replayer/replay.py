@@ -203,7 +203,7 @@ def replay_envelope(
     )
     notes: list[str] = []
     target_met, cause_hint, cause_detail = result.target_met, result.cause_hint, result.cause_detail
-    if sampling.seed_scope == "worker_global" and not sampling.greedy:
+    if sampling.unseeded:
         target_met = False
         if cause_hint != "identical":  # nothing fixed the random state: not an input or forward-pass difference
             cause_hint, cause_detail = "unseeded_sampling", UNSEEDED_DETAIL + "; " + cause_detail

@@ -136,7 +136,6 @@ def _every_choice(
     fewest levels when that is not choice 0."""
     sampling = envelope.sampling
     assert sampling is not None  # replay_envelope refused an envelope without one
-    unseeded = sampling.seed_scope == "worker_global" and not sampling.greedy
     checks = [
         _check(0, event.verdict, event.target_met, event.first_divergence, event.token_match_rate, event.cause_hint)
     ]
@@ -150,7 +149,7 @@ def _every_choice(
         )
         checks.append(
             _check(
-                index, c.verdict, c.target_met and not unseeded, c.first_divergence, c.token_match_rate, c.cause_hint
+                index, c.verdict, c.target_met and not sampling.unseeded, c.first_divergence, c.token_match_rate, c.cause_hint
             )
         )
         fewest = len(worst[1].levels_held) if worst is not None else len(event.levels_held)

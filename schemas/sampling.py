@@ -129,3 +129,9 @@ class SamplingContract(Record):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def unseeded(self) -> bool:
+        """Sampled from the engine's global random state (no per-request seed): no replay can restore it, so its
+        tokens cannot be expected to repeat on any lane."""
+        return self.seed_scope == "worker_global" and not self.greedy

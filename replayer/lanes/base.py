@@ -24,13 +24,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from replayer.errors import LaneUnavailableError
 from replayer.lanes.adapters import Adapter
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint, SamplingContract
-from schemas.fingerprint import STRUCTURED_OUTPUT_LIBRARIES, cpu_model_name_of, structured_outputs_of
+from schemas.fingerprint import cpu_model_name_of
 
 DEFAULT_MODEL_SUBDIR = "models/smollm2-135m-instruct"
 
@@ -102,6 +102,11 @@ def cpu_model_name() -> str | None:
     return (name or None) if name is not None else (platform.processor() or None)
 
 
+#: the structured-output backend setting of the lanes' vLLM engines: vLLM's default, which picks xgrammar or
+#: guidance per request
+LANE_STRUCTURED_OUTPUTS_BACKEND: Final = "auto"
+
+
 def cublas_version() -> str | None:
     """The version of the cuBLAS wheel torch loads (reduction order of GPU matmuls depends on it), else None."""
     for dist in CUBLAS_DISTS:
@@ -110,18 +115,6 @@ def cublas_version() -> str | None:
         except md.PackageNotFoundError:
             continue
     return None
-
-
-def installed_structured_outputs(backend: str = "auto") -> str:
-    """This process's `schemas.RuntimeFingerprint.structured_outputs`: the backend setting of a lane's engine
-    (vLLM's default, ``auto``, picks xgrammar or guidance per request) and the installed grammar libraries."""
-    versions: dict[str, str | None] = {}
-    for dist in STRUCTURED_OUTPUT_LIBRARIES:
-        try:
-            versions[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            versions[dist] = None
-    return structured_outputs_of(backend, versions)
 
 
 def torch_lane_fingerprint(

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from infra.clients.installed import installed_structured_outputs
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.adapters import refuse
 from replayer.lanes.base import (
+    LANE_STRUCTURED_OUTPUTS_BACKEND,
     GenRequest,
-    installed_structured_outputs,
     quiet_imports,
     resolve_model_dir,
     torch_lane_fingerprint,
@@ -235,7 +236,7 @@ class ScheduleLane:
             dtype=engine.dtype,
             attention_backend=None,
             batch_invariant=False,
-            structured_outputs=installed_structured_outputs(),
+            structured_outputs=installed_structured_outputs(LANE_STRUCTURED_OUTPUTS_BACKEND),
         ).model_copy(update={"max_num_seqs": engine.max_num_seqs, "prefix_caching": engine.enable_prefix_caching})
         own = read_log(self._recorder).engine  # the replay engine's own start, measured where production's was
         if own is not None and own.runtime is not None and own.runtime.num_threads is not None:

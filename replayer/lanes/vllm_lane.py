@@ -28,11 +28,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
+from infra.clients.installed import installed_structured_outputs
 from replayer.errors import LaneUnavailableError, NotReplayableError
 from replayer.lanes.adapters import LocalAdapters
 from replayer.lanes.base import (
+    LANE_STRUCTURED_OUTPUTS_BACKEND,
     GenRequest,
-    installed_structured_outputs,
     quiet_imports,
     resolve_model_dir,
     torch_lane_fingerprint,
@@ -197,7 +198,7 @@ class VllmLane:
             dtype=settings.dtype,
             attention_backend=self._attention_backend(),
             batch_invariant=on_gpu,
-            structured_outputs=installed_structured_outputs(),
+            structured_outputs=installed_structured_outputs(LANE_STRUCTURED_OUTPUTS_BACKEND),
         )
 
     def _attention_backend(self) -> str | None:

@@ -315,7 +315,7 @@ def explain(
             f"only {len(companions)} recorded request(s) captured within {window_s:g} s; the batch was padded with "
             f"{n_pad} bundled workload prompt(s)"
         )
-    if not envelope.sampling or (not envelope.sampling.greedy and envelope.sampling.seed_scope == "worker_global"):
+    if not envelope.sampling or envelope.sampling.unseeded:
         notes.append("the capture sampled from the worker's global RNG: token identity cannot be expected anywhere")
     notes.append("the batch variation submits its requests at once; production's arrival timing is not reproduced")
     variations = plan_variations(target, envelope, companions, padding, platform)

@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from schemas import CapturedError, ContractError, Envelope, PromptRecord, Timings, canonical_bytes, decode_envelope
+from schemas import (
+    CapturedError,
+    ContractError,
+    Envelope,
+    PromptRecord,
+    SamplingContract,
+    Timings,
+    canonical_bytes,
+    decode_envelope,
+)
 from tests.factories import FIXED_TIME, envelope
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -157,3 +166,15 @@ def test_several_prompts_round_trip_and_leave_other_envelopes_ids_alone() -> Non
     assert envelope(more_prompts=None).envelope_id() == single.envelope_id()
     with pytest.raises(ValidationError, match="more_prompts"):
         envelope(more_prompts=())
+
+
+@pytest.mark.parametrize(
+    ("temperature", "seed_scope", "unseeded"),
+    [(0.8, "worker_global", True), (0.8, "per_request", False), (0.0, "worker_global", False), (0.0, "none", False)],
+)
+def test_only_a_sampled_contract_without_its_own_seed_is_unseeded(
+    temperature: float, seed_scope: str, unseeded: bool
+) -> None:
+    seed = 7 if seed_scope == "per_request" else None
+    contract = SamplingContract(temperature=temperature, seed=seed, seed_scope=seed_scope)  # type: ignore[arg-type]
+    assert contract.unseeded is unseeded
