@@ -769,3 +769,13 @@ def test_the_example_replay_request_keys_are_refused(tmp_path: Path) -> None:
     copy.chmod(0o600)
     with pytest.raises(ReplayerError, match=r"replay_request_keys_path: .*committed example value"):
         load_replay_request_keys(copy)
+
+
+def test_every_package_in_the_wheel_ships_its_py_typed_marker() -> None:
+    """Typed code for type checkers of projects that import reprolane (PEP 561): a marker in each wheel package."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    assert packages
+    assert [p for p in packages if not (ROOT / p / "py.typed").is_file()] == []
