@@ -158,6 +158,9 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert [c.name for c in called.outcome.choices[0].tool_calls or ()] == ["lookup_policy"]
     assert {call.request_id, answer.request_id} <= set(outcome.events)
     assert "tool calls run: lookup_policy" in text
+    for step in (call, answer):  # each step of the agent loop replayed on its schedule, bit for bit
+        event = outcome.events[step.request_id]
+        assert (event.lane, event.verdict) == ("schedule", "bitwise"), event.cause_detail
 
     assert outcome.expected  # the workflow steps at least
     assert outcome.expected == {rid for rid, env in outcome.envelopes.items() if env.flagged}
