@@ -20,8 +20,10 @@ Bad client input is not an exception here: it becomes an OpenAI-format 4xx and a
 
 from __future__ import annotations
 
+from schemas.errors import ReprolaneError
 
-class CaptureError(Exception):
+
+class CaptureError(ReprolaneError):
     """Base of the capture package's errors."""
 
 

@@ -3,21 +3,22 @@
 To add a command or a command group, write it (a function, or a Typer app) in its own module and add one line
 to `COMMANDS`. A command never prints an error or exits by itself: it raises. `OneLineErrors` (the root group)
 turns what it raises into one line on stderr, ``reprolane: error: <message>``, and the exit code of its tree:
+every error raised on purpose is a ``schemas.errors.ReprolaneError`` and carries its code (`exit_code`):
 
     exit  what the command raised
     2     a usage error: ``typer.BadParameter`` (a command's "bad input"), or typer's own (unknown command or
           option, bad option value, missing argument)
     2     ``pydantic.ValidationError``: settings from flags and environment, named per field
           (``invalid ReplayerSettings: lane: ...; s3_bucket: ...``)
-    2     ``schemas.ContractError``: input that does not satisfy the contract
-    2     ``capture.audit.errors.UnknownIdError`` (no envelope, workflow or day of that name) and
-          ``SigningKeyError`` (a key file missing or unreadable), ``AccessDenied`` (an operator command refused:
-          no operator key, the role missing, the tenant out of the key's scope)
+    2     the caller's input at fault: ``schemas.ContractError`` and ``SealError``; the audit jobs'
+          ``UnknownIdError`` (no envelope, workflow or day of that name), ``SigningKeyError`` (a key file missing
+          or unreadable), ``AccessDenied`` (an operator command refused: no operator key, the role missing, the
+          tenant out of the key's scope)
     2     ``replayer.errors.ReplayerError``, every one: ``EnvelopeNotFoundError``, ``NotReplayableError``,
           ``GateInputError``, ``LaneUnavailableError``, ``StoreError``
-    1     ``infra.errors.InfraError``
-    1     ``capture.errors.CaptureError`` (``SinkError``, ...), ``capture.audit.errors.AuditError`` (``LakeError``,
-          ``AuditStoreError``, ...) and ``capture.ledger.errors.LedgerError`` (``KeyringError``, ...)
+    1     the rest of each package's tree: ``infra.errors.InfraError``, ``capture.errors.CaptureError``
+          (``SinkError``, ...), ``capture.audit.errors.AuditError`` (``LakeError``, ``AuditStoreError``, ...),
+          ``capture.ledger.errors.LedgerError`` (``KeyringError``, ...)
     1     ``typer.Abort``
 
 Every replayer command ends in a verdict whose "no" is exit 1 (replay diverged, the gate failed, a matrix cell
@@ -44,14 +45,10 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
 
-from capture.audit.errors import AccessDenied, AuditError, SigningKeyError, UnknownIdError
-from capture.errors import CaptureError
-from capture.ledger.errors import LedgerError
-from infra.errors import InfraError
 from infra.stack_env import apply_to_process
-from replayer.errors import ReplayerError
 from replayer.machine_output import engine_logs_to_stderr
 from schemas import ContractError
+from schemas.errors import ReprolaneError
 
 #: Every command, by the order ``--help`` lists them: name -> (module, attribute, kind). Modules are imported
 #: only when their command runs (or ``--help`` describes it), so ``reprolane capture serve`` does not carry the
@@ -83,25 +80,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "console": ("infra.console.cli", "console_command", "command"),
 }
 
-#: The exit code of each error tree, the first that matches wins (see the module docstring). Usage errors are
-#: typer's own exceptions and carry their code (2); they are handled before this table.
-EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
-    (ValidationError, 2),
-    (ContractError, 2),
-    (UnknownIdError, 2),
-    (SigningKeyError, 2),
-    (AccessDenied, 2),
-    (ReplayerError, 2),
-    (InfraError, 1),
-    (CaptureError, 1),
-    (AuditError, 1),
-    (LedgerError, 1),
-)
-
 
 def exit_code(exc: Exception) -> int | None:
-    """The exit code of `exc`'s tree, or None when it is in none (a bug: its traceback is kept)."""
-    return next((code for tree, code in EXIT_CODES if isinstance(exc, tree)), None)
+    """The exit code of `exc`: its tree's (`schemas.errors.ReprolaneError.exit_code`), 2 for settings that do not
+    validate, None for anything else (a bug: its traceback is kept)."""
+    if isinstance(exc, ValidationError):
+        return 2
+    return exc.exit_code if isinstance(exc, ReprolaneError) else None
 
 
 def error_message(exc: Exception) -> str:
@@ -128,7 +113,7 @@ def load_command(name: str) -> Any:
 
 class OneLineErrors(TyperGroup):
     """Root command group: loads the commands of `COMMANDS` on demand, and turns what they raise into one line on
-    stderr and the exit code of `EXIT_CODES`."""
+    stderr and the exit code of its tree (`exit_code`)."""
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*COMMANDS, *(name for name in super().list_commands(ctx) if name not in COMMANDS)]

@@ -19,8 +19,10 @@ caller never needs to import those libraries to handle a failure.
 
 from __future__ import annotations
 
+from schemas.errors import ReprolaneError
 
-class InfraError(Exception):
+
+class InfraError(ReprolaneError):
     """Base of every error raised by :mod:`infra`."""
 
 

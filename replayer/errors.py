@@ -17,9 +17,15 @@ A divergence is a result (`schemas.DivergenceEvent`), never an exception.
 
 from __future__ import annotations
 
+from typing import ClassVar
 
-class ReplayerError(Exception):
-    """Base of the replayer package's errors."""
+from schemas.errors import ReprolaneError
+
+
+class ReplayerError(ReprolaneError):
+    """Base of the replayer package's errors: every one means "no verdict", exit 2 (`infra.cli`)."""
+
+    exit_code: ClassVar[int] = 2
 
 
 class LaneUnavailableError(ReplayerError):

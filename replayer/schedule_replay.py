@@ -149,7 +149,12 @@ def _every_choice(
         )
         checks.append(
             _check(
-                index, c.verdict, c.target_met and not sampling.unseeded, c.first_divergence, c.token_match_rate, c.cause_hint
+                index,
+                c.verdict,
+                c.target_met and not sampling.unseeded,
+                c.first_divergence,
+                c.token_match_rate,
+                c.cause_hint,
             )
         )
         fewest = len(worst[1].levels_held) if worst is not None else len(event.levels_held)

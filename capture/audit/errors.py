@@ -18,8 +18,12 @@ The ledger the jobs read and append to (`capture.ledger`) raises its own tree (`
 
 from __future__ import annotations
 
+from typing import ClassVar
 
-class AuditError(Exception):
+from schemas.errors import ReprolaneError
+
+
+class AuditError(ReprolaneError):
     """Base of the audit jobs' errors."""
 
 
@@ -28,7 +32,9 @@ class AuditStoreError(AuditError):
 
 
 class SigningKeyError(AuditError):
-    pass
+    """A key file missing or unreadable: the caller's to fix (exit 2)."""
+
+    exit_code: ClassVar[int] = 2
 
 
 class InconsistentLogError(AuditError):
@@ -36,7 +42,9 @@ class InconsistentLogError(AuditError):
 
 
 class UnknownIdError(AuditError):
-    pass
+    """No envelope, workflow or day of that name (exit 2)."""
+
+    exit_code: ClassVar[int] = 2
 
 
 class LakeError(AuditError):
@@ -49,3 +57,5 @@ class IndexMismatchError(AuditError):
 
 class AccessDenied(AuditError):
     """An operator command refused (`capture.audit.operators`); its refusal is in the access log."""
+
+    exit_code: ClassVar[int] = 2

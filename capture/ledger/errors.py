@@ -13,8 +13,10 @@ Each user translates these at its own boundary: the sidecar into `capture.errors
 
 from __future__ import annotations
 
+from schemas.errors import ReprolaneError
 
-class LedgerError(Exception):
+
+class LedgerError(ReprolaneError):
     """Base of the ledger's errors."""
 
 

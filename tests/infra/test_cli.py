@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from infra.errors import InfraError, ModelCacheError, StackNotRunningError
 from replayer.errors import EnvelopeNotFoundError, GateInputError, NotReplayableError, ReplayerError, StoreError
 from replayer.settings import ReplayerSettings
 from schemas import ContractError
+from schemas.errors import ReprolaneError, SealError
 
 
 def _invalid_settings() -> None:
@@ -46,6 +48,7 @@ RAISED: dict[str, tuple[Callable[[], None], int, str]] = {
     ),
     "validation": (_invalid_settings, 2, "reprolane: error: invalid ReplayerSettings: lane: "),
     "contract": (_raise(ContractError("invalid envelope: tenant: bad")), 2, "reprolane: error: invalid envelope"),
+    "seal": (_raise(SealError("the record does not open with this key")), 2, "does not open with this key"),
     "unknown-id": (_raise(UnknownIdError("no envelope req-1")), 2, "reprolane: error: no envelope req-1"),
     "signing-key": (_raise(SigningKeyError("no signing key")), 2, "reprolane: error: no signing key"),
     "envelope-not-found": (_raise(EnvelopeNotFoundError("no envelope is indexed")), 2, "no envelope is indexed"),
@@ -198,3 +201,24 @@ def test_every_registered_command_loads() -> None:
 
     for name in COMMANDS:
         assert load_command(name) is not None, name
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "schemas.errors",
+        "capture.errors",
+        "capture.audit.errors",
+        "capture.ledger.errors",
+        "replayer.errors",
+        "infra.errors",
+    ],
+)
+def test_every_error_tree_hangs_below_the_project_root_with_its_exit_code(module: str) -> None:
+    """The exit code is derived from the tree (`ReprolaneError.exit_code`), so a new error class needs no list."""
+    loaded = importlib.import_module(module)
+    classes = [c for c in vars(loaded).values() if isinstance(c, type) and c.__module__ == module]
+    assert classes
+    for cls in classes:
+        assert issubclass(cls, ReprolaneError), cls
+        assert cls.exit_code in (1, 2), cls
