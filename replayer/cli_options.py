@@ -40,7 +40,7 @@ LANES = ONE_AT_A_TIME  # the lanes a service or a settings object runs; a comman
 
 #: Each settings option, under the `ReplayerSettings` field it sets (None: not given, the environment decides).
 OPTIONS: dict[str, Any] = {
-    "lane": Annotated[str | None, typer.Option("--lane", help="vllm | remote | transformers (default: settings)")],
+    "lane": Annotated[str | None, typer.Option("--lane", help=f"{' | '.join(LANES)} (default: settings)")],
     "kafka_bootstrap": Annotated[str | None, typer.Option("--kafka-bootstrap", help="HOST:PORT")],
     "group_id": Annotated[str | None, typer.Option("--group-id", help="consumer group")],
     "replay_all": Annotated[bool | None, typer.Option("--replay-all/--flagged-only", help="replay every envelope")],

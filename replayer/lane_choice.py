@@ -24,11 +24,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, get_args
 
 from replayer.errors import NotReplayableError
 from replayer.lanes.base import Lane
-from replayer.settings import ReplayerSettings
+from replayer.settings import LaneName, ReplayerSettings
 from schemas import Envelope, ReplayResult
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ log = logging.getLogger("reprolane.replayer")
 #: The schedule lane's name, in results and in requests.
 SCHEDULE_LANE: Final = "schedule"
 #: The one-at-a-time lanes (`replayer.lanes.make_lane`).
-ONE_AT_A_TIME: Final = ("vllm", "remote", "transformers")
+ONE_AT_A_TIME: Final[tuple[str, ...]] = get_args(LaneName)
 #: Every lane a user may ask for: the lanes results name.
 ASKABLE: Final = (SCHEDULE_LANE, *ONE_AT_A_TIME)
 

@@ -31,6 +31,10 @@ class Thresholds(BaseSettings):
     semantic_min_similarity: float = Field(default=0.9, ge=-1.0, le=1.0)
 
 
+#: The one-at-a-time lanes, by the names users ask for them (each one's class: `replayer.lanes.LANE_CLASSES`).
+LaneName = Literal["vllm", "remote", "transformers"]
+
+
 class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields, OtelFields):
     """The replayer's settings; the Kafka, S3 and data-key fields (the KEK that opens sealed envelopes) come from
     `infra.clients.connection`, the OpenTelemetry export's (``otel_*``: a span per replay, `replayer.telemetry`)
@@ -38,7 +42,7 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_REPLAYER_", extra="forbid", frozen=True)
 
-    lane: Literal["vllm", "remote", "transformers"] = "vllm"
+    lane: LaneName = "vllm"
     model_dir: Path | None = Field(default=None, description="HF folder of the model; default: the fetched cache")
     served_model_name: str = "smollm2-135m-instruct"
     dtype: str = "bfloat16"

@@ -16,25 +16,24 @@ functions, so importing this package costs nothing. This package imports `replay
 
 from __future__ import annotations
 
-from replayer.errors import LaneUnavailableError
-from replayer.lanes.base import GenRequest, Lane, resolve_model_dir
-from replayer.settings import ReplayerSettings
+import importlib
+from typing import Final
 
-__all__ = ["GenRequest", "Lane", "make_lane", "resolve_model_dir"]
+from replayer.lanes.base import GenRequest, Lane, resolve_model_dir
+from replayer.settings import LaneName, ReplayerSettings
+
+__all__ = ["LANE_CLASSES", "GenRequest", "Lane", "make_lane", "resolve_model_dir"]
+
+#: Each lane's class, by its name: (module, class), the module imported only when its lane is asked for.
+LANE_CLASSES: Final[dict[LaneName, tuple[str, str]]] = {
+    "vllm": ("replayer.lanes.vllm_lane", "VllmLane"),
+    "remote": ("replayer.lanes.remote", "RemoteLane"),
+    "transformers": ("replayer.lanes.transformers_lane", "TransformersLane"),
+}
 
 
 def make_lane(settings: ReplayerSettings) -> Lane:
     """Start the lane named by ``settings.lane``; raises `LaneUnavailableError` (with the reason) if it can't."""
-    if settings.lane == "vllm":
-        from replayer.lanes.vllm_lane import VllmLane
-
-        return VllmLane(settings)
-    if settings.lane == "remote":
-        from replayer.lanes.remote import RemoteLane
-
-        return RemoteLane(settings)
-    if settings.lane == "transformers":
-        from replayer.lanes.transformers_lane import TransformersLane
-
-        return TransformersLane(settings)
-    raise LaneUnavailableError(f"unknown lane {settings.lane!r}")  # pragma: no cover - settings forbid it
+    module, name = LANE_CLASSES[settings.lane]
+    lane: Lane = getattr(importlib.import_module(module), name)(settings)
+    return lane

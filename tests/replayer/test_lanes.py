@@ -357,3 +357,18 @@ def test_torch_lane_fingerprint_names_the_device_and_the_fixed_schedule(monkeypa
     assert (gpu.device, gpu.device_name, gpu.compute_capability) == ("cuda", "NVIDIA H200", "9.0")
     assert (gpu.cuda_version, gpu.cublas_version) == ("12.8", "12.8.4.1")
     assert gpu.batch_invariant
+
+
+def test_every_lane_name_has_its_class_and_every_class_a_name() -> None:
+    """The names are written once (`replayer.settings.LaneName`); the registry, the CLI's ``--lane`` and the
+    service's lane choice follow them."""
+    import importlib
+    from typing import get_args
+
+    from replayer.lane_choice import ONE_AT_A_TIME
+    from replayer.lanes import LANE_CLASSES
+    from replayer.settings import LaneName
+
+    assert tuple(LANE_CLASSES) == get_args(LaneName) == ONE_AT_A_TIME
+    for module, name in LANE_CLASSES.values():
+        assert isinstance(getattr(importlib.import_module(module), name), type)
