@@ -37,7 +37,6 @@ from schemas import (
     CapturedError,
     CapturedOutput,
     Envelope,
-    ExecutionContext,
     PromptRecord,
     RuntimeFingerprint,
     SamplingContract,
@@ -150,13 +149,8 @@ def build_envelope(inputs: EnvelopeInputs) -> Envelope:
 def build_envelope_checked(inputs: EnvelopeInputs) -> Envelope:
     """`build_envelope` one model at a time: a choice whose logprobs do not validate keeps its token ids
     without logprobs; anything else invalid raises `ValidationError`. The reference the fast paths must equal."""
-    ctx, collector = inputs.ctx, inputs.collector
-    timings = Timings(
-        received_at=ctx.received_at,
-        upstream_ms=max(ctx.upstream_ms, 0.0),
-        first_token_ms=ctx.first_token_ms,
-        added_ms=ctx.added_ms,
-    )
+    collector = inputs.collector
+    timings = Timings(**_timings(inputs.ctx))
     choices = collector.choices_record() if collector is not None else ()
     outcome: CapturedOutput | CapturedError
     if inputs.error is None and choices:
@@ -164,43 +158,13 @@ def build_envelope_checked(inputs: EnvelopeInputs) -> Envelope:
     else:
         kind, status, message = inputs.error or _NO_CHOICES
         outcome = CapturedError(error_type=kind, status_code=status, message=message, timings=timings, partial=choices)
-    return Envelope(
-        request_id=ctx.request_id,
-        client_request_id=ctx.client_request_id,
-        captured_at=inputs.captured_at,
-        tenant=ctx.tenant,
-        workflow=ctx.workflow,
-        flagged=ctx.flag.flagged,
-        flag_reason=ctx.flag.reason,
-        endpoint=ctx.endpoint,
-        model=inputs.model,
-        artifacts=inputs.artifacts,
-        request_body_sha256=ctx.body_sha256,
-        prompt=inputs.prompt,
-        sampling=inputs.sampling,
-        more_prompts=inputs.more_prompts,
-        runtime=inputs.runtime,
-        schedule=inputs.schedule,
-        context=ExecutionContext(
-            in_flight_at_start=ctx.in_flight_at_start,
-            in_flight_at_end=ctx.in_flight_at_end,
-            stream=ctx.stream,
-            sidecar_id=inputs.sidecar_id,
-        ),
-        outcome=outcome,
-        capture_limits=inputs.limits or None,
-    )
+    return Envelope.model_validate({**_fields(inputs), "outcome": outcome})
 
 
 def _envelope_doc(inputs: EnvelopeInputs, choices: list[dict[str, Any]]) -> dict[str, Any]:
     """The envelope as plain data, for `Envelope.model_validate` (the same fields as `build_envelope_checked`)."""
-    ctx, collector = inputs.ctx, inputs.collector
-    timings: dict[str, Any] = {
-        "received_at": ctx.received_at,
-        "upstream_ms": max(ctx.upstream_ms, 0.0),
-        "first_token_ms": ctx.first_token_ms,
-        "added_ms": ctx.added_ms,
-    }
+    collector = inputs.collector
+    timings = _timings(inputs.ctx)
     outcome: dict[str, Any]
     if inputs.error is None and choices:
         outcome = {
@@ -219,6 +183,12 @@ def _envelope_doc(inputs: EnvelopeInputs, choices: list[dict[str, Any]]) -> dict
             "timings": timings,
             "partial": choices,
         }
+    return {**_fields(inputs), "outcome": outcome}
+
+
+def _fields(inputs: EnvelopeInputs) -> dict[str, Any]:
+    """Every field of the envelope but its outcome, as plain data: written once, for every builder."""
+    ctx = inputs.ctx
     return {
         "request_id": ctx.request_id,
         "client_request_id": ctx.client_request_id,
@@ -242,6 +212,14 @@ def _envelope_doc(inputs: EnvelopeInputs, choices: list[dict[str, Any]]) -> dict
             "stream": ctx.stream,
             "sidecar_id": inputs.sidecar_id,
         },
-        "outcome": outcome,
         "capture_limits": inputs.limits or None,
+    }
+
+
+def _timings(ctx: RequestContext) -> dict[str, Any]:
+    return {
+        "received_at": ctx.received_at,
+        "upstream_ms": max(ctx.upstream_ms, 0.0),
+        "first_token_ms": ctx.first_token_ms,
+        "added_ms": ctx.added_ms,
     }
