@@ -133,3 +133,17 @@ def lora_adapter_dir(path: Path, weights: bytes = b"lora weights", *, rank: int 
     (path / "adapter_config.json").write_text(json.dumps({"r": rank, "target_modules": ["q_proj", "v_proj"]}))
     (path / "adapter_model.safetensors").write_bytes(weights)
     return path
+
+
+def fake_installed(monkeypatch: Any, versions: dict[str, str]) -> None:
+    """Make `infra.clients.installed` see exactly ``versions`` (distribution -> version) as installed."""
+    from importlib import metadata
+
+    from infra.clients import installed
+
+    def version(dist: str) -> str:
+        if dist not in versions:
+            raise metadata.PackageNotFoundError(dist)
+        return versions[dist]
+
+    monkeypatch.setattr(installed.metadata, "version", version)

@@ -16,7 +16,6 @@ Heavy imports (torch, vllm, transformers) live in the lane modules, inside funct
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import platform
 import warnings
@@ -26,6 +25,7 @@ from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
+from infra.clients.installed import installed_version
 from replayer.errors import LaneUnavailableError
 from replayer.lanes.adapters import Adapter
 from replayer.settings import ReplayerSettings
@@ -109,12 +109,7 @@ LANE_STRUCTURED_OUTPUTS_BACKEND: Final = "auto"
 
 def cublas_version() -> str | None:
     """The version of the cuBLAS wheel torch loads (reduction order of GPU matmuls depends on it), else None."""
-    for dist in CUBLAS_DISTS:
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return None
+    return next((v for dist in CUBLAS_DISTS if (v := installed_version(dist)) is not None), None)
 
 
 def torch_lane_fingerprint(

@@ -330,17 +330,9 @@ def test_installed_structured_outputs_names_the_backend_and_each_installed_gramm
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The stack's runtime file and every lane write the same spelling, so a lane compares its own to production's."""
-    from importlib import metadata
-
     from infra.clients import installed
+    from tests.factories import fake_installed
 
-    versions = {"xgrammar": "0.1.29", "llguidance": "1.3.0"}
-
-    def version(dist: str) -> str:
-        if dist not in versions:
-            raise metadata.PackageNotFoundError(dist)
-        return versions[dist]
-
-    monkeypatch.setattr(installed.metadata, "version", version)
+    fake_installed(monkeypatch, {"xgrammar": "0.1.29", "llguidance": "1.3.0"})
     assert installed.installed_version("outlines_core") is None
     assert installed.installed_structured_outputs("auto") == "backend=auto;llguidance=1.3.0;xgrammar=0.1.29"

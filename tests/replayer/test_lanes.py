@@ -305,18 +305,11 @@ def test_resolve_model_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_cublas_version_reads_the_first_installed_cublas_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.metadata as md
-
     from replayer.lanes import base
+    from tests.factories import fake_installed
 
     installed = {"nvidia-cublas": "13.1.0.3", "nvidia-cublas-cu12": "12.8.4.1"}
-
-    def version(dist: str) -> str:
-        if dist not in installed:
-            raise md.PackageNotFoundError(dist)
-        return installed[dist]
-
-    monkeypatch.setattr(base.md, "version", version)
+    fake_installed(monkeypatch, installed)
     assert base.cublas_version() == "12.8.4.1"  # cu13 first, then cu12, then the unsuffixed wheel
     del installed["nvidia-cublas-cu12"]
     assert base.cublas_version() == "13.1.0.3"
