@@ -8,10 +8,12 @@ then to the default. `build_settings` and `serve` are the programmatic entry poi
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import json
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +30,7 @@ from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.spool import Spool
+from infra.clients.settings_options import settings_options
 from schemas import ContractError
 
 log = logging.getLogger("capture")
@@ -127,85 +130,133 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
-@capture_app.command("serve")
-def serve_command(
-    upstream: Annotated[str | None, typer.Option(help="base URL of the OpenAI-compatible server")] = None,
-    host: Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option(help="port (default 8100)")] = None,
-    mode: Annotated[str | None, typer.Option(help="guaranteed | best_effort")] = None,
-    spool_dir: Annotated[Path | None, typer.Option(help="spool directory")] = None,
-    spool_max_bytes: Annotated[int | None, typer.Option(help="spool byte bound")] = None,
-    max_body_bytes: Annotated[int | None, typer.Option(help="larger request bodies get 413")] = None,
-    upstream_timeout_s: Annotated[float | None, typer.Option(help="upstream timeout in seconds")] = None,
-    kafka_bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers")] = None,
-    s3_endpoint: Annotated[str | None, typer.Option(help="S3 endpoint URL")] = None,
-    s3_bucket: Annotated[str | None, typer.Option(help="audit bucket (Object Lock)")] = None,
-    s3_access_key: Annotated[str | None, typer.Option(help="S3 access key")] = None,
-    s3_secret_key: Annotated[str | None, typer.Option(help="S3 secret key (prefer the environment)")] = None,
-    s3_processes: Annotated[int | None, typer.Option(help="worker processes for S3 PUTs (0: threads)")] = None,
-    manifest: Annotated[Path | None, typer.Option(help="reprolane-manifest.json of the served model")] = None,
-    runtime_file: Annotated[Path | None, typer.Option(help="JSON of runtime fields the sidecar cannot see")] = None,
-    lora_module: Annotated[
-        list[str] | None, typer.Option(help="an adapter upstream serves, NAME=PATH as its --lora-modules (repeatable)")
-    ] = None,
-    audit_top_logprobs: Annotated[int | None, typer.Option(help="top-k logprobs recorded per step")] = None,
-    inject_seed: Annotated[
+def _tuple(values: list[str] | None) -> tuple[str, ...] | None:
+    return tuple(values) if values else None
+
+
+#: Each ``capture serve`` option, under the `CaptureSettings` field it sets (None: not given, the environment
+#: decides), written once (`infra.clients.settings_options`).
+OPTIONS: dict[str, Any] = {
+    "upstream": Annotated[str | None, typer.Option("--upstream", help="base URL of the OpenAI-compatible server")],
+    "host": Annotated[str | None, typer.Option("--host", help="bind address (default 127.0.0.1)")],
+    "port": Annotated[int | None, typer.Option("--port", help="port (default 8100)")],
+    "mode": Annotated[str | None, typer.Option("--mode", help="guaranteed | best_effort")],
+    "spool_dir": Annotated[Path | None, typer.Option("--spool-dir", help="spool directory")],
+    "spool_max_bytes": Annotated[int | None, typer.Option("--spool-max-bytes", help="spool byte bound")],
+    "max_body_bytes": Annotated[int | None, typer.Option("--max-body-bytes", help="larger request bodies get 413")],
+    "upstream_timeout_s": Annotated[
+        float | None, typer.Option("--upstream-timeout-s", help="upstream timeout in seconds")
+    ],
+    "kafka_bootstrap": Annotated[str | None, typer.Option("--kafka-bootstrap", help="Kafka bootstrap servers")],
+    "s3_endpoint": Annotated[str | None, typer.Option("--s3-endpoint", help="S3 endpoint URL")],
+    "s3_bucket": Annotated[str | None, typer.Option("--s3-bucket", help="audit bucket (Object Lock)")],
+    "s3_access_key": Annotated[str | None, typer.Option("--s3-access-key", help="S3 access key")],
+    "s3_secret_key": Annotated[
+        str | None, typer.Option("--s3-secret-key", help="S3 secret key (prefer the environment)")
+    ],
+    "s3_processes": Annotated[
+        int | None, typer.Option("--s3-processes", help="worker processes for S3 PUTs (0: threads)")
+    ],
+    "manifest_path": Annotated[
+        Path | None, typer.Option("--manifest", help="reprolane-manifest.json of the served model")
+    ],
+    "runtime_path": Annotated[
+        Path | None, typer.Option("--runtime-file", help="JSON of runtime fields the sidecar cannot see")
+    ],
+    "lora_modules": Annotated[
+        list[str] | None,
+        typer.Option("--lora-module", help="an adapter upstream serves, NAME=PATH as its --lora-modules (repeatable)"),
+    ],
+    "audit_top_logprobs": Annotated[
+        int | None, typer.Option("--audit-top-logprobs", help="top-k logprobs recorded per step")
+    ],
+    "inject_seed": Annotated[
         bool | None,
-        typer.Option(help="add a seed to sampled requests without one (default: in guaranteed mode only)"),
-    ] = None,
-    upstream_generation_config: Annotated[
-        str | None, typer.Option(help="upstream vLLM's --generation-config: auto (default) | vllm")
-    ] = None,
-    upstream_override_generation_config: Annotated[
-        str | None, typer.Option(help="upstream vLLM's --override-generation-config, the same JSON")
-    ] = None,
-    refuse_uncaptured: Annotated[
-        bool | None, typer.Option(help="403 for writes on paths not captured (/v1/responses, ...)")
-    ] = None,
-    flag_tenant: Annotated[list[str] | None, typer.Option(help="flag this tenant's requests (repeatable)")] = None,
-    sample_rate: Annotated[float | None, typer.Option(help="fraction of requests flagged for replay")] = None,
-    sidecar_id: Annotated[str | None, typer.Option(help="name recorded in every envelope")] = None,
-    schedule_recorder: Annotated[
-        str | None, typer.Option(help="upstream records its schedule (name of the recorder): envelopes point at it")
-    ] = None,
-    auth_mode: Annotated[
-        str | None, typer.Option(help="keys (default) | anonymous-allowed | trusted-proxy | off (local dev only)")
-    ] = None,
-    api_keys_path: Annotated[Path | None, typer.Option(help="the API key file (`capture add-key` writes it)")] = None,
-    trusted_proxy: Annotated[
-        list[str] | None, typer.Option(help="trusted-proxy mode: a network (CIDR) whose headers are trusted")
-    ] = None,
-    shadow_upstream: Annotated[
-        str | None, typer.Option(help="candidate server: a sample of requests is sent again there (shadow)")
-    ] = None,
-    shadow_sample: Annotated[float | None, typer.Option(help="share of requests shadowed (0..1)")] = None,
-    otel_endpoint: Annotated[
-        str | None, typer.Option(help="OTLP endpoint: a span per captured request (default: none; OTEL_* honoured)")
-    ] = None,
-    otel_protocol: Annotated[str | None, typer.Option(help="http/protobuf (default) | grpc")] = None,
-) -> None:
-    """Serve the capture sidecar in front of --upstream."""
+        typer.Option(
+            "--inject-seed/--no-inject-seed",
+            help="add a seed to sampled requests without one (default: in guaranteed mode only)",
+        ),
+    ],
+    "upstream_generation_config": Annotated[
+        str | None,
+        typer.Option("--upstream-generation-config", help="upstream vLLM's --generation-config: auto (default) | vllm"),
+    ],
+    "upstream_override_generation_config": Annotated[
+        str | None,
+        typer.Option(
+            "--upstream-override-generation-config", help="upstream vLLM's --override-generation-config, the same JSON"
+        ),
+    ],
+    "refuse_uncaptured": Annotated[
+        bool | None,
+        typer.Option(
+            "--refuse-uncaptured/--no-refuse-uncaptured",
+            help="403 for writes on paths not captured (/v1/responses, ...)",
+        ),
+    ],
+    "flag_tenants": Annotated[
+        list[str] | None, typer.Option("--flag-tenant", help="flag this tenant's requests (repeatable)")
+    ],
+    "sample_rate": Annotated[
+        float | None, typer.Option("--sample-rate", help="fraction of requests flagged for replay")
+    ],
+    "sidecar_id": Annotated[str | None, typer.Option("--sidecar-id", help="name recorded in every envelope")],
+    "schedule_recorder": Annotated[
+        str | None,
+        typer.Option(
+            "--schedule-recorder", help="upstream records its schedule (name of the recorder): envelopes point at it"
+        ),
+    ],
+    "auth_mode": Annotated[
+        str | None,
+        typer.Option("--auth-mode", help="keys (default) | anonymous-allowed | trusted-proxy | off (local dev only)"),
+    ],
+    "api_keys_path": Annotated[
+        Path | None, typer.Option("--api-keys-path", help="the API key file (`capture add-key` writes it)")
+    ],
+    "trusted_proxies": Annotated[
+        list[str] | None,
+        typer.Option("--trusted-proxy", help="trusted-proxy mode: a network (CIDR) whose headers are trusted"),
+    ],
+    "shadow_upstream": Annotated[
+        str | None,
+        typer.Option("--shadow-upstream", help="candidate server: a sample of requests is sent again there (shadow)"),
+    ],
+    "shadow_sample": Annotated[float | None, typer.Option("--shadow-sample", help="share of requests shadowed (0..1)")],
+    "otel_endpoint": Annotated[
+        str | None,
+        typer.Option(
+            "--otel-endpoint", help="OTLP endpoint: a span per captured request (default: none; OTEL_* honoured)"
+        ),
+    ],
+    "otel_protocol": Annotated[str | None, typer.Option("--otel-protocol", help="http/protobuf (default) | grpc")],
+}
+
+#: How an option's value becomes its setting, where the flag's form is not the setting's.
+FLAG_VALUES: dict[str, Callable[[Any], Any]] = {
+    "lora_modules": _lora_modules,
+    "upstream_override_generation_config": functools.partial(_json_flag, "--upstream-override-generation-config"),
+    "flag_tenants": _tuple,
+    "trusted_proxies": _tuple,
+}
+
+
+def settings_from_flags(**flags: Any) -> CaptureSettings:
+    """`build_settings` from ``capture serve``'s options; a value that does not validate is bad input (exit 2)."""
     try:
-        settings = build_settings(
-            upstream=upstream, host=host, port=port, mode=mode, spool_dir=spool_dir, spool_max_bytes=spool_max_bytes,
-            max_body_bytes=max_body_bytes, upstream_timeout_s=upstream_timeout_s, kafka_bootstrap=kafka_bootstrap,
-            s3_endpoint=s3_endpoint, s3_bucket=s3_bucket, s3_access_key=s3_access_key, s3_secret_key=s3_secret_key,
-            s3_processes=s3_processes, manifest_path=manifest, runtime_path=runtime_file,
-            lora_modules=_lora_modules(lora_module),
-            audit_top_logprobs=audit_top_logprobs, inject_seed=inject_seed,
-            upstream_generation_config=upstream_generation_config,
-            upstream_override_generation_config=_json_flag(
-                "--upstream-override-generation-config", upstream_override_generation_config
-            ),
-            refuse_uncaptured=refuse_uncaptured, flag_tenants=tuple(flag_tenant) if flag_tenant else None,
-            sample_rate=sample_rate, sidecar_id=sidecar_id, schedule_recorder=schedule_recorder, auth_mode=auth_mode,
-            api_keys_path=api_keys_path,
-            trusted_proxies=tuple(trusted_proxy) if trusted_proxy else None,
-            shadow_upstream=shadow_upstream, shadow_sample=shadow_sample,
-            otel_endpoint=otel_endpoint, otel_protocol=otel_protocol,
-        )  # fmt: skip
-    except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate: bad input, exit 2
+        return build_settings(**{name: FLAG_VALUES.get(name, _same)(value) for name, value in flags.items()})
+    except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate
         raise typer.BadParameter(str(exc)) from exc
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@capture_app.command("serve")
+@settings_options(OPTIONS, settings_from_flags, *OPTIONS)
+def serve_command(settings: CaptureSettings) -> None:
+    """Serve the capture sidecar in front of --upstream."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
     serve(settings)  # a CaptureError (unreadable manifest, spool held by another process) is exit 1 (infra.cli)

@@ -3,7 +3,8 @@
 Every replayer command (``replay``, ``replayer serve``, ``matrix``, ``explain``, and infra's ``gate``) builds one
 `ReplayerSettings` from the environment (``REPROLANE_REPLAYER_*``) overridden by the options given. Each such
 option is written once, in `OPTIONS`, under the settings field it sets; `settings_options` gives a command the
-ones it names and calls it with the settings they make::
+ones it names and calls it with the settings they make (the way every service's commands do,
+`infra.clients.settings_options`)::
 
     @settings_options("lane", *S3_OPTIONS)
     def replay(request_id: Annotated[str, typer.Argument()], settings: ReplayerSettings) -> None: ...
@@ -19,14 +20,14 @@ store; the defaults here import the lanes only when a lane is opened.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from infra.clients.settings_options import Command
+from infra.clients.settings_options import settings_options as shared_settings_options
 from replayer.lane_choice import ONE_AT_A_TIME
 from replayer.lanes.base import Lane
 from replayer.settings import ReplayerSettings
@@ -34,7 +35,6 @@ from replayer.store import EnvelopeStore
 
 LaneFactory = Callable[[ReplayerSettings], Lane]
 StoreFactory = Callable[[ReplayerSettings], EnvelopeStore]
-Command = Callable[..., None]
 
 LANES = ONE_AT_A_TIME  # the lanes a service or a settings object runs; a command may also ask for `schedule`
 
@@ -73,32 +73,8 @@ def build_settings(**options: Any) -> ReplayerSettings:
 
 def settings_options(*fields: str) -> Callable[[Command], Command]:
     """Give a command the options of `fields` (keys of `OPTIONS`) in place of its ``settings`` parameter, and call
-    it with the settings they make (see the module docstring)."""
-    unknown = sorted(set(fields) - OPTIONS.keys())
-    if unknown:
-        raise KeyError(f"no settings option for {', '.join(unknown)}")
-
-    def decorate(command: Command) -> Command:
-        signature = inspect.signature(command, eval_str=True)
-        if "settings" not in signature.parameters:
-            raise TypeError(f"{command.__name__} has no `settings` parameter to replace")
-        params: list[inspect.Parameter] = []
-        for param in signature.parameters.values():
-            if param.name == "settings":
-                params += [inspect.Parameter(f, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=OPTIONS[f])
-                           for f in fields]  # fmt: skip
-            else:  # keyword-only, so the options may stand between parameters with and without defaults
-                params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
-
-        @functools.wraps(command)
-        def with_settings(**given: Any) -> None:
-            options = {f: given.pop(f) for f in fields}
-            command(settings=build_settings(**options), **given)
-
-        with_settings.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        return with_settings
-
-    return decorate
+    it with the settings they make (`infra.clients.settings_options`)."""
+    return shared_settings_options(OPTIONS, build_settings, *fields)
 
 
 def make_lane(settings: ReplayerSettings) -> Lane:
