@@ -30,7 +30,7 @@ from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.clients.settings_options import settings_options
+from infra.clients.settings_options import CONNECTION_OPTIONS, settings_options
 from schemas import ContractError
 
 log = logging.getLogger("capture")
@@ -147,13 +147,7 @@ OPTIONS: dict[str, Any] = {
     "upstream_timeout_s": Annotated[
         float | None, typer.Option("--upstream-timeout-s", help="upstream timeout in seconds")
     ],
-    "kafka_bootstrap": Annotated[str | None, typer.Option("--kafka-bootstrap", help="Kafka bootstrap servers")],
-    "s3_endpoint": Annotated[str | None, typer.Option("--s3-endpoint", help="S3 endpoint URL")],
-    "s3_bucket": Annotated[str | None, typer.Option("--s3-bucket", help="audit bucket (Object Lock)")],
-    "s3_access_key": Annotated[str | None, typer.Option("--s3-access-key", help="S3 access key")],
-    "s3_secret_key": Annotated[
-        str | None, typer.Option("--s3-secret-key", help="S3 secret key (prefer the environment)")
-    ],
+    **CONNECTION_OPTIONS,
     "s3_processes": Annotated[
         int | None, typer.Option("--s3-processes", help="worker processes for S3 PUTs (0: threads)")
     ],

@@ -26,7 +26,7 @@ from typing import Annotated, Any
 
 import typer
 
-from infra.clients.settings_options import Command
+from infra.clients.settings_options import CONNECTION_OPTIONS, Command
 from infra.clients.settings_options import settings_options as shared_settings_options
 from replayer.lane_choice import ONE_AT_A_TIME
 from replayer.lanes.base import Lane
@@ -41,14 +41,10 @@ LANES = ONE_AT_A_TIME  # the lanes a service or a settings object runs; a comman
 #: Each settings option, under the `ReplayerSettings` field it sets (None: not given, the environment decides).
 OPTIONS: dict[str, Any] = {
     "lane": Annotated[str | None, typer.Option("--lane", help=f"{' | '.join(LANES)} (default: settings)")],
-    "kafka_bootstrap": Annotated[str | None, typer.Option("--kafka-bootstrap", help="HOST:PORT")],
+    **CONNECTION_OPTIONS,
     "group_id": Annotated[str | None, typer.Option("--group-id", help="consumer group")],
     "replay_all": Annotated[bool | None, typer.Option("--replay-all/--flagged-only", help="replay every envelope")],
     "metrics_port": Annotated[int | None, typer.Option("--metrics-port", help="Prometheus port (127.0.0.1)")],
-    "s3_endpoint": Annotated[str | None, typer.Option("--s3-endpoint", help="S3 endpoint URL")],
-    "s3_access_key": Annotated[str | None, typer.Option("--s3-access-key", help="S3 access key id")],
-    "s3_secret_key": Annotated[str | None, typer.Option("--s3-secret-key", help="S3 secret key")],
-    "s3_bucket": Annotated[str | None, typer.Option("--s3-bucket", help="audit bucket")],
     "model_dir": Annotated[
         Path | None, typer.Option("--model-dir", help="HF model folder of the local lanes (default: the fetched cache)")
     ],

@@ -17,9 +17,22 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 Command = Callable[..., None]
+
+#: The connection options every service shares (the fields of `infra.clients.connection`'s settings mixins).
+CONNECTION_OPTIONS: dict[str, Any] = {
+    "kafka_bootstrap": Annotated[str | None, typer.Option("--kafka-bootstrap", help="Kafka bootstrap servers")],
+    "s3_endpoint": Annotated[str | None, typer.Option("--s3-endpoint", help="S3 endpoint URL")],
+    "s3_bucket": Annotated[str | None, typer.Option("--s3-bucket", help="audit bucket (Object Lock)")],
+    "s3_access_key": Annotated[str | None, typer.Option("--s3-access-key", help="S3 access key id")],
+    "s3_secret_key": Annotated[
+        str | None, typer.Option("--s3-secret-key", help="S3 secret key (prefer the environment)")
+    ],
+}
 
 
 def settings_options(
