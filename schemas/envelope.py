@@ -46,6 +46,10 @@ def is_sidecar_request_id(value: str) -> bool:
     return bool(_SIDECAR_ID_RE.fullmatch(value))
 
 
+#: The captured endpoints, as an envelope names them (the sidecar's request path dispatches on it).
+Endpoint = Literal["chat.completions", "completions", "responses", "messages"]
+
+
 class WorkflowRef(Record):
     """Where a request sits in an agent workflow, so a workflow can be replayed step by step."""
 
@@ -203,7 +207,7 @@ class Envelope(Record):
     flagged: bool = Field(default=False, description="selected for replay")
     flag_reason: Literal["header", "tenant", "sample"] | None = None
     target_level: ReproLevel = "token"
-    endpoint: Literal["chat.completions", "completions", "responses", "messages"] = Field(
+    endpoint: Endpoint = Field(
         description="the API the client called: /v1/chat/completions, /v1/completions, /v1/responses (OpenAI"
         " Responses) or /v1/messages (Anthropic Messages)"
     )

@@ -21,7 +21,6 @@ May import `schemas` (and pydantic); nothing else of the sidecar's: not its IO (
 `capture.streaming`) calls this package, never the other way round.
 """
 
-from typing import Literal
+from schemas.envelope import Endpoint
 
-Endpoint = Literal["chat.completions", "completions", "responses", "messages"]
-"""The captured endpoints, as an envelope names them."""
+__all__ = ["Endpoint"]
