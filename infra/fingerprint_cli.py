@@ -32,13 +32,13 @@ fingerprint_app = typer.Typer(
 def take(
     ctx: typer.Context,
     model_dir: Annotated[
-        Path | None, typer.Option("--model", "--model-dir", help="converted model dir (default: the cache)")
+        Path | None, typer.Option("--model-dir", help="converted model dir (default: the cache)")
     ] = None,
     upstream: Annotated[str | None, typer.Option("--upstream", help="fingerprint a running server")] = None,
     runtime_file: Annotated[
         Path | None, typer.Option("--runtime-file", help="JSON of declared RuntimeFingerprint fields")
     ] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="write the JSON here too")] = None,
+    out: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here too")] = None,
 ) -> None:
     """Print this environment's fingerprint (JSON)."""
     if ctx.invoked_subcommand is not None:

@@ -1,9 +1,9 @@
 """The lake and key commands; `infra.cli` registers them.
 
-    reprolane query "SQL" [--date D] [--json | --csv]      DuckDB over the lake (views: capture.audit.query)
+    reprolane query "SQL" [--day D] [--json | --csv]       DuckDB over the lake (views: capture.audit.query)
     reprolane archiver serve                               run the archiver until SIGINT/SIGTERM
-    reprolane lake compact [--date D] [--table T]          merge + dedupe each partition's small files
-    reprolane lake rebuild-index [--date D] [--tenant T] [--overwrite]   write lost index objects back,
+    reprolane lake compact [--day D] [--table T]           merge + dedupe each partition's small files
+    reprolane lake rebuild-index [--day D] [--tenant T] [--overwrite]    write lost index objects back,
                                                            repair invalid ones (retention-admin)
     reprolane keys list TENANT                             the tenant's stored data key ids
     reprolane keys shred TENANT --yes                      destroy the tenant's data keys (key-admin)
@@ -39,17 +39,17 @@ from schemas.layout import DATA_KEYS_PREFIX, INDEX_PREFIX
 
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
-DateOpt = Annotated[
+DayOpt = Annotated[
     str | None,
     typer.Option(
-        "--date", help="only partitions of this day, YYYY-MM-DD (envelopes: capture day, divergences: replay day)"
+        "--day", help="only partitions of this day, YYYY-MM-DD (envelopes: capture day, divergences: replay day)"
     ),
 ]
 
 
 def _day(value: str | None) -> str | None:
     if value is not None and not _DAY.match(value):
-        raise typer.BadParameter(f"--date must be YYYY-MM-DD, not {value!r}")
+        raise typer.BadParameter(f"--day must be YYYY-MM-DD, not {value!r}")
     return value
 
 
@@ -69,14 +69,14 @@ def open_lake(settings: LakeSettings) -> Lake | IcebergLake:
 
 def query_command(
     sql: Annotated[str, typer.Argument(help="SQL over the views envelopes, divergences, replays")],
-    date: DateOpt = None,
+    day: DayOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="rows as a JSON array of objects")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="rows as CSV with a header")] = False,
 ) -> None:
     """Run SQL (DuckDB) over the audit lake and print the rows as an aligned table."""
     if as_json and as_csv:
         raise typer.BadParameter("--json and --csv exclude each other")
-    day = _day(date)
+    day = _day(day)
     lake = open_lake(LakeSettings())
     try:
         result = run_query(lake, sql, day)
@@ -111,7 +111,7 @@ lake_app = typer.Typer(help="The audit lake: compaction, request-id index rebuil
 
 @lake_app.command("compact")
 def compact_cmd(
-    date: DateOpt = None,
+    day: DayOpt = None,
     table: Annotated[str | None, typer.Option("--table", help="envelopes | divergences (default: both)")] = None,
     floor_days: Annotated[
         float, typer.Option("--snapshot-floor-days", min=0.0, help="Iceberg: keep snapshots younger than this")
@@ -119,7 +119,7 @@ def compact_cmd(
 ) -> None:
     """Merge each partition's small files into one, dropping duplicate rows (Iceberg: also expire snapshots
     older than the floor)."""
-    day = _day(date)
+    day = _day(day)
     if table is not None and table not in TABLES:
         raise typer.BadParameter(f"--table must be one of {', '.join(TABLES)}, not {table!r}")
     settings = LakeSettings()
@@ -146,7 +146,7 @@ def _maintain_iceberg(lake: IcebergLake, tables: list[str], floor_days: float) -
 
 @lake_app.command("rebuild-index")
 def rebuild_index_cmd(
-    date: DateOpt = None,
+    day: DayOpt = None,
     tenant: Annotated[
         str | None, typer.Option("--tenant", help="only this tenant's entries (default: your key's tenant, or all)")
     ] = None,
@@ -159,7 +159,7 @@ def rebuild_index_cmd(
 
     A row is written only when the envelope it names in S3 agrees with it; an index object already there is
     kept when valid (even if it points at another envelope) and, with --overwrite, replaced when invalid."""
-    day = _day(date)
+    day = _day(day)
     settings = LakeSettings()
     if settings.lake_kind == "iceberg":
         raise typer.BadParameter("rebuild-index reads the Parquet lake (REPROLANE_ARCHIVER_LAKE_KIND=parquet)")
