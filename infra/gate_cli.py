@@ -219,7 +219,8 @@ def build_gate_app(
 ) -> typer.Typer:
     """The ``gate`` sub-app; tests inject a fake lane, store, sampler, similarity and known-good history."""
     app = typer.Typer(
-        help="Release gate: replay the golden set when the environment fingerprint changes.",
+        help="Release gate: replay the golden set when the environment fingerprint changes.\n\n"
+        "Example: reprolane gate --baseline golden --candidate local --golden golden.jsonl --report gate.json",
         invoke_without_command=True,
         add_completion=False,
     )
@@ -381,7 +382,10 @@ def build_gate_app(
         vendor: Annotated[bool, Opt("--vendor", help="record statistical cases from --upstream")] = False,
         upstream: Annotated[str | None, Opt("--upstream", help="vendor mode: the upstream to record from")] = None,
     ) -> None:
-        """Write a golden set: from S3 envelopes, by running a workload on a lane, or from a vendor upstream."""
+        """Write a golden set: from S3 envelopes, by running a workload on a lane, or from a vendor upstream.
+
+        Example: reprolane gate record-golden --output golden.jsonl --from-s3 s3:tenant=acme --limit 200
+        """
         if sum(x is not None for x in (from_s3, workload)) != 1:
             raise typer.BadParameter("give exactly one of --from-s3 or --workload-file")
         settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)

@@ -73,7 +73,10 @@ def query_command(
     as_json: Annotated[bool, typer.Option("--json", help="rows as a JSON array of objects")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="rows as CSV with a header")] = False,
 ) -> None:
-    """Run SQL (DuckDB) over the audit lake and print the rows as an aligned table."""
+    """Run SQL (DuckDB) over the audit lake and print the rows as an aligned table.
+
+    Example: reprolane query "SELECT tenant, count(*) AS n FROM envelopes GROUP BY tenant" --day 2026-07-14
+    """
     if as_json and as_csv:
         raise typer.BadParameter("--json and --csv exclude each other")
     day = _day(day)
@@ -98,7 +101,10 @@ def _archiver_group() -> None:
 
 @archiver_app.command("serve")
 def archiver_serve_cmd() -> None:
-    """Consume envelopes and divergence events into the lake until SIGINT/SIGTERM."""
+    """Consume envelopes and divergence events into the lake until SIGINT/SIGTERM.
+
+    Example: reprolane archiver serve
+    """
     from capture.audit.archiver import Archiver, run_until_signalled
 
     settings = LakeSettings()
@@ -118,7 +124,10 @@ def compact_cmd(
     ] = 7.0,
 ) -> None:
     """Merge each partition's small files into one, dropping duplicate rows (Iceberg: also expire snapshots
-    older than the floor)."""
+    older than the floor).
+
+    Example: reprolane lake compact --day 2026-07-14 --table envelopes
+    """
     day = _day(day)
     if table is not None and table not in TABLES:
         raise typer.BadParameter(f"--table must be one of {', '.join(TABLES)}, not {table!r}")
@@ -158,7 +167,10 @@ def rebuild_index_cmd(
     """Write lost request-id (and workflow) index objects back from the lake's envelopes (needs retention-admin).
 
     A row is written only when the envelope it names in S3 agrees with it; an index object already there is
-    kept when valid (even if it points at another envelope) and, with --overwrite, replaced when invalid."""
+    kept when valid (even if it points at another envelope) and, with --overwrite, replaced when invalid.
+
+    Example: reprolane lake rebuild-index --day 2026-07-14 --tenant acme --operator-key-file alice.key
+    """
     day = _day(day)
     settings = LakeSettings()
     if settings.lake_kind == "iceberg":
@@ -191,7 +203,10 @@ def _keyring(settings: LakeSettings):  # type: ignore[no-untyped-def]
 
 @keys_app.command("list")
 def keys_list_cmd(tenant: Annotated[str, typer.Argument(help="tenant id")]) -> None:
-    """The tenant's stored data key ids, oldest first."""
+    """The tenant's stored data key ids, oldest first.
+
+    Example: reprolane keys list acme
+    """
     ids = _keyring(LakeSettings()).key_ids(tenant)
     for key_id in ids:
         typer.echo(key_id)
@@ -204,7 +219,10 @@ def keys_shred_cmd(
     operator_key_file: OperatorKeyFileOpt = None,
 ) -> None:
     """Destroy every data key of TENANT: its sealed records stay in place and can never be read again (needs
-    key-admin for TENANT)."""
+    key-admin for TENANT).
+
+    Example: reprolane keys shred acme --yes --operator-key-file alice.key
+    """
     if not yes:
         raise typer.BadParameter(
             f"shredding tenant {tenant}'s keys makes its records unreadable forever; pass --yes to do it"

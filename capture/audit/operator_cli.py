@@ -50,7 +50,10 @@ def add_key_command(
         Path | None, typer.Option("--key-output", help="write the key to this file (0600) instead of printing it")
     ] = None,
 ) -> None:
-    """Mint an operator key: its hashed entry is added to KEYS_FILE, the key itself shown once (store it now)."""
+    """Mint an operator key: its hashed entry is added to KEYS_FILE, the key itself shown once (store it now).
+
+    Example: reprolane operator add-key operator-keys.json --id alice --role viewer --key-output alice.key
+    """
     try:
         entries = load_key_file(keys_file, OPERATOR_KEYS, field="KEYS_FILE") if keys_file.exists() else {}
         if key_id in entries:

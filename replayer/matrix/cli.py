@@ -108,7 +108,10 @@ def matrix_command(
     semantic: Annotated[bool, typer.Option("--semantic", help="semantic similarity of final texts")] = False,
     settings: ReplayerSettings,
 ) -> None:
-    """Replay a set of requests across batch, order, input-length, dtype, threads, prefix-cache, ... cells."""
+    """Replay a set of requests across batch, order, input-length, dtype, threads, prefix-cache, ... cells.
+
+    Example: reprolane matrix --workload --limit 12 --html matrix.html
+    """
     sources = [s for s in (envelopes, request_ids, from_s3, workload or None) if s]
     if len(sources) > 1:
         raise typer.BadParameter("give one input: --envelopes, --request-ids, --from-s3 or --workload")
@@ -221,7 +224,10 @@ def explain_command(
     workload_file: WorkloadFileOpt = None,
     settings: ReplayerSettings,
 ) -> None:
-    """Re-replay one diverged request under targeted variations and name the one that reproduces the capture."""
+    """Re-replay one diverged request under targeted variations and name the one that reproduces the capture.
+
+    Example: reprolane explain rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --envelopes run.jsonl --variations alone,batch
+    """
     extra_notes: list[str] = []
     store: EnvelopeStore | None = None
     if envelopes is not None:
