@@ -9,9 +9,9 @@ is invoked, the examples are only parsed.
 
 The spellings chosen (`CONCEPTS`):
 
-- a day is ``--day YYYY-MM-DD``, never ``--date``: the code, the object layout and the ledger say "day" (a UTC
-  calendar day, a partition), some four times as often as "date"; ``--from-s3 TENANT/YYYY-MM-DD`` and the audit
-  commands already said ``--day``;
+- a day is ``--day YYYY-MM-DD``, never ``--date``: it is a UTC calendar day (`schemas.layout.capture_day`, a
+  Merkle log's day), and the code says "day" some four times as often as "date" (only the keys' Hive-style
+  segment is ``date=``, a storage name); the three audit commands said ``--day``, the three lake ones ``--date``;
 - an output file is ``-o/--output FILE`` (the common convention; ``evidence export`` had it), never ``--out``,
   and an option naming what it writes ends in ``-output`` (``operator add-key --key-output``), never ``-out``;
   a report written beside stdout keeps its own name (``--report FILE.json``, ``matrix --html FILE``);
@@ -19,8 +19,8 @@ The spellings chosen (`CONCEPTS`):
 - a model folder is ``--model-dir DIR``; ``--model`` is a served model's name (``gate --statistical``).
 
 No old spelling is kept as an alias: the project has not been released (0.1.0), and click cannot hide one name
-of an option, so an alias would show in ``--help`` as a second spelling. A mistyped old spelling gets click's
-"Did you mean ...?" (``--date`` -> ``--day``). `ALIASES` is where one would go, with its reason.
+of an option, so an alias would show in ``--help`` as a second spelling. An old spelling gets click's hint,
+``No such option: --date (Possible options: --day)``. `ALIASES` is where an alias would go, with its reason.
 """
 
 from __future__ import annotations
