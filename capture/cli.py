@@ -250,7 +250,10 @@ def _same(value: Any) -> Any:
 @capture_app.command("serve")
 @settings_options(OPTIONS, settings_from_flags, *OPTIONS)
 def serve_command(settings: CaptureSettings) -> None:
-    """Serve the capture sidecar in front of --upstream."""
+    """Serve the capture sidecar in front of --upstream.
+
+    Example: reprolane capture serve --upstream http://127.0.0.1:8000 --port 8100 --mode guaranteed
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
     serve(settings)  # a CaptureError (unreadable manifest, spool held by another process) is exit 1 (infra.cli)
@@ -270,7 +273,10 @@ def schedules_command(
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0: none)")] = None,
     once: Annotated[bool, typer.Option(help="ship what is closed now, then exit")] = False,
 ) -> None:
-    """Ship the engine's schedule log: closed segments to S3 and Kafka, at least once (runs beside vLLM)."""
+    """Ship the engine's schedule log: closed segments to S3 and Kafka, at least once (runs beside vLLM).
+
+    Example: reprolane capture schedules --schedule-dir /var/lib/reprolane/schedule-log/segments --once
+    """
     from capture.schedule.shipper import Shipper
     from capture.schedule.shipper_settings import ShipperSettings
 
@@ -310,7 +316,10 @@ def add_key_command(
     tenant: Annotated[str, typer.Option(help="the tenant every request with this key is recorded under")],
     role: Annotated[list[str] | None, typer.Option(help="capture (default) and/or flag (repeatable)")] = None,
 ) -> None:
-    """Mint an API key: its hashed entry is added to KEYS_FILE, the key itself printed once (store it now)."""
+    """Mint an API key: its hashed entry is added to KEYS_FILE, the key itself printed once (store it now).
+
+    Example: reprolane capture add-key infra/secrets/capture_api_keys.json --id app-1 --tenant acme
+    """
     entries = load_key_file(keys_file, field="KEYS_FILE") if keys_file.exists() else {}
     if key_id in entries:
         raise typer.BadParameter(f"--id {key_id!r} is already in {keys_file}")

@@ -106,7 +106,7 @@ def load_command(name: str) -> Any:
     target = getattr(importlib.import_module(module), attr)
     if kind == "group":
         return typer.main.get_group(target)
-    holder = typer.Typer()
+    holder = typer.Typer(add_completion=False)  # the root has no completion options: nor have its commands
     holder.command(name)(target)
     return typer.main.get_command(holder)
 

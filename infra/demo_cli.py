@@ -25,7 +25,10 @@ def demo_command(
     ] = False,
 ) -> None:
     """Start the stack, the capture sidecar and the replayer; drive a workload; print what diverged and how to
-    open the auditors' console for the run."""
+    open the auditors' console for the run.
+
+    Example: reprolane demo --quick --console
+    """
     from infra.demo import DemoOptions, run_demo  # imported here: `reprolane --help` stays fast
 
     options = DemoOptions(

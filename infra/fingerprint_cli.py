@@ -23,7 +23,8 @@ from schemas import diff_environments
 from schemas.known_good import DEFAULT_DEPLOYMENT
 
 fingerprint_app = typer.Typer(
-    help="Environment fingerprint: model/tokenizer/template sha256, engine, torch, CUDA, device, topology.",
+    help="Environment fingerprint: model/tokenizer/template sha256, engine, torch, CUDA, device, topology.\n\n"
+    "Example: reprolane fingerprint --upstream http://127.0.0.1:8000 -o env.json",
     invoke_without_command=True,
 )
 
@@ -32,13 +33,13 @@ fingerprint_app = typer.Typer(
 def take(
     ctx: typer.Context,
     model_dir: Annotated[
-        Path | None, typer.Option("--model", "--model-dir", help="converted model dir (default: the cache)")
+        Path | None, typer.Option("--model-dir", help="converted model dir (default: the cache)")
     ] = None,
     upstream: Annotated[str | None, typer.Option("--upstream", help="fingerprint a running server")] = None,
     runtime_file: Annotated[
         Path | None, typer.Option("--runtime-file", help="JSON of declared RuntimeFingerprint fields")
     ] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="write the JSON here too")] = None,
+    out: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here too")] = None,
 ) -> None:
     """Print this environment's fingerprint (JSON)."""
     if ctx.invoked_subcommand is not None:
@@ -61,7 +62,10 @@ def diff(
     a: Annotated[Path, typer.Argument(help="baseline fingerprint JSON")],
     b: Annotated[Path, typer.Argument(help="candidate fingerprint JSON")],
 ) -> None:
-    """Fields that differ between two fingerprints; exit 0 when none, 1 when any (like diff(1))."""
+    """Fields that differ between two fingerprints; exit 0 when none, 1 when any (like diff(1)).
+
+    Example: reprolane fingerprint diff baseline.json candidate.json
+    """
     fa, fb = read_fingerprint(a, "baseline"), read_fingerprint(b, "candidate")
     diffs = diff_environments(fa, fb)
     if not diffs:
@@ -85,7 +89,10 @@ def history(
     """Known-good environments, newest first: every environment a release gate passed (the rollback targets).
 
     Read from the audit bucket of the replayer's S3 settings (``REPROLANE_REPLAYER_S3_*``, or the running
-    stack); a record that does not match its key is listed as rejected, never as a target."""
+    stack); a record that does not match its key is listed as rejected, never as a target.
+
+    Example: reprolane fingerprint history --deployment prod --limit 5 --json
+    """
     found = KnownGoodStore.from_settings(build_settings()).history(deployment, limit=limit)
     if as_json:
         doc = {

@@ -8,8 +8,8 @@
                    [--min-similarity S] [--min-assertion-rate R] [--min-pass-rate P] [--report FILE.json]
     reprolane gate --shadow --since T [--until T] [--level LEVEL] [--min-pass-rate R] [--min-similarity S]
                    [--max-length-change L] [--max-finish-shift F] [--report FILE.json]
-    reprolane gate record-golden --out FILE (--from-s3 SELECTOR | --workload FILE [--lane L] [--tokenize-url URL]
-                   | --vendor --workload FILE --upstream URL)
+    reprolane gate record-golden --output FILE (--from-s3 SELECTOR | --workload-file FILE [--lane L]
+                   [--tokenize-url URL] | --vendor --workload-file FILE --upstream URL)
 
 SET is a JSONL file of envelopes or an S3 selector (``s3:tenant=T``, ``s3:workflow=ID``, ``s3:request-ids=a,b``);
 see `replayer.golden`. The gate logic is `replayer.gate` / `replayer.vendor_gate`, the recording of golden sets
@@ -219,7 +219,8 @@ def build_gate_app(
 ) -> typer.Typer:
     """The ``gate`` sub-app; tests inject a fake lane, store, sampler, similarity and known-good history."""
     app = typer.Typer(
-        help="Release gate: replay the golden set when the environment fingerprint changes.",
+        help="Release gate: replay the golden set when the environment fingerprint changes.\n\n"
+        "Example: reprolane gate --baseline golden --candidate local --golden golden.jsonl --report gate.json",
         invoke_without_command=True,
         add_completion=False,
     )
@@ -361,11 +362,13 @@ def build_gate_app(
 
     @app.command("record-golden")
     def record_golden(
-        out: Annotated[Path, Opt("--out", help="JSONL file to write")],
+        out: Annotated[Path, Opt("-o", "--output", help="JSONL file to write")],
         from_s3: Annotated[
             str | None, Opt("--from-s3", help="s3:tenant=T | s3:workflow=ID | s3:request-ids=a,b")
         ] = None,
-        workload: Annotated[Path | None, Opt("--workload", help="JSONL: prompt_token_ids | messages | prompt")] = None,
+        workload: Annotated[
+            Path | None, Opt("--workload-file", help="JSONL: prompt_token_ids | messages | prompt")
+        ] = None,
         lane: Annotated[str | None, Opt("--lane", help="vllm | remote | transformers")] = None,
         remote_url: Annotated[str | None, Opt("--remote-url")] = None,
         model_dir: Annotated[Path | None, Opt("--model-dir")] = None,
@@ -379,9 +382,12 @@ def build_gate_app(
         vendor: Annotated[bool, Opt("--vendor", help="record statistical cases from --upstream")] = False,
         upstream: Annotated[str | None, Opt("--upstream", help="vendor mode: the upstream to record from")] = None,
     ) -> None:
-        """Write a golden set: from S3 envelopes, by running a workload on a lane, or from a vendor upstream."""
+        """Write a golden set: from S3 envelopes, by running a workload on a lane, or from a vendor upstream.
+
+        Example: reprolane gate record-golden --output golden.jsonl --from-s3 s3:tenant=acme --limit 200
+        """
         if sum(x is not None for x in (from_s3, workload)) != 1:
-            raise typer.BadParameter("give exactly one of --from-s3 or --workload")
+            raise typer.BadParameter("give exactly one of --from-s3 or --workload-file")
         settings = build_settings(lane=lane, remote_url=remote_url, model_dir=model_dir, dtype=dtype)
         level = _level(target_level) or "token"
         if from_s3 is not None:

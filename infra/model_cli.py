@@ -20,7 +20,10 @@ def fetch(
     cache_dir: CacheDirOpt = None,
     force: Annotated[bool, typer.Option("--force", help="rebuild even if the cache verifies")] = False,
 ) -> None:
-    """Download, convert and verify the model, or reuse the verified cache."""
+    """Download, convert and verify the model, or reuse the verified cache.
+
+    Example: reprolane model fetch --cache-dir /cache
+    """
     from infra.model import ensure_model
 
     started = time.monotonic()
@@ -30,7 +33,10 @@ def fetch(
 
 @model_app.command()
 def show(cache_dir: CacheDirOpt = None) -> None:
-    """Verify the cached model and print its manifest as JSON."""
+    """Verify the cached model and print its manifest as JSON.
+
+    Example: reprolane model show --cache-dir /cache
+    """
     manifest = verify_model(paths.model_dir(cache_dir))
     data = {"path": str(manifest.path), **manifest.model_dump(mode="json")}
     typer.echo(json.dumps(data, indent=2, sort_keys=True))
@@ -38,6 +44,9 @@ def show(cache_dir: CacheDirOpt = None) -> None:
 
 @model_app.command()
 def verify(cache_dir: CacheDirOpt = None) -> None:
-    """Re-hash every file of the cached model against its manifest (exit 1 when it does not match)."""
+    """Re-hash every file of the cached model against its manifest (exit 1 when it does not match).
+
+    Example: reprolane model verify --cache-dir /cache
+    """
     manifest = verify_model(paths.model_dir(cache_dir))
     typer.echo(f"ok {manifest.path} model_sha256={manifest.model_sha256}")

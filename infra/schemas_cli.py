@@ -15,7 +15,10 @@ schemas_app = typer.Typer(help="The contract (envelopes, divergence events, fing
 
 @schemas_app.command()
 def export(directory: Annotated[Path, typer.Argument(help="where to write the *.schema.json files")]) -> None:
-    """Write one JSON Schema (draft 2020-12) per contract record into DIRECTORY."""
+    """Write one JSON Schema (draft 2020-12) per contract record into DIRECTORY.
+
+    Example: reprolane schemas export schemas/json
+    """
     if directory.exists() and not directory.is_dir():
         raise typer.BadParameter(f"{directory} exists and is not a directory")
     directory.mkdir(parents=True, exist_ok=True)

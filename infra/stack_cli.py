@@ -24,7 +24,10 @@ def up(
     ] = "s3",
     cache_dir: CacheDirOpt = None,
 ) -> None:
-    """Start what is not running (no duplicates) and wait until every server answers."""
+    """Start what is not running (no duplicates) and wait until every server answers.
+
+    Example: reprolane stack up --no-vllm --kafka-storage memory
+    """
     if kafka_storage not in ("s3", "memory"):
         raise typer.BadParameter(f"{kafka_storage!r} is not one of s3, memory", param_hint="--kafka-storage")
     storage: KafkaStorage = "s3" if kafka_storage == "s3" else "memory"
@@ -43,7 +46,10 @@ def up(
 
 @stack_app.command()
 def down(run_dir: RunDirOpt = None) -> None:
-    """Stop every server (SIGTERM, then SIGKILL) and check that nothing is left."""
+    """Stop every server (SIGTERM, then SIGKILL) and check that nothing is left.
+
+    Example: reprolane stack down --run-dir .reprolane
+    """
     started = time.monotonic()
     LocalStack(run_dir, report=typer.echo).down()
     typer.echo(f"down in {time.monotonic() - started:.1f} s")
@@ -51,7 +57,10 @@ def down(run_dir: RunDirOpt = None) -> None:
 
 @stack_app.command()
 def status(run_dir: RunDirOpt = None) -> None:
-    """Print each server's health, url and pid; exit 1 if any is not ready."""
+    """Print each server's health, url and pid; exit 1 if any is not ready.
+
+    Example: reprolane stack status --run-dir .reprolane
+    """
     statuses = LocalStack(run_dir).status()
     for entry in statuses:
         typer.echo(f"{entry.name:<6} {entry.health:<8} {entry.url:<28} pid {entry.pid or '-'}")

@@ -153,7 +153,10 @@ def build_replay_app(
         """Replay one recorded request and print what diverged (exit 0: target held, 1: not, 2: no verdict).
 
         With a replayer service running (its lanes loaded) the service replays it, in seconds; without one
-        (``--via auto``, the default) a lane is loaded here, which takes a while, and stderr says why."""
+        (``--via auto``, the default) a lane is loaded here, which takes a while, and stderr says why.
+
+        Example: reprolane replay request rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --lane vllm --json
+        """
         settings, asked = _asked(settings, lane)
         if (request_id is None) == (client_request_id is None) or (client_request_id is None) != (tenant is None):
             raise typer.BadParameter("give REQUEST_ID, or --client-request-id with --tenant")
@@ -187,7 +190,10 @@ def build_replay_app(
         timeout_s: ServiceTimeoutOpt = DEFAULT_SERVICE_TIMEOUT_S,
     ) -> None:
         """Replay every recorded step of a workflow in order; report the first step that diverges. Each step is
-        replayed as ``replay request`` replays it (the service asked, the same lane chosen, the result stored)."""
+        replayed as ``replay request`` replays it (the service asked, the same lane chosen, the result stored).
+
+        Example: reprolane replay workflow wf-7d1e0b2c --tenant acme --json
+        """
         settings, asked = _asked(settings, lane)
         store = store_factory(settings)
         replays = _Replays(settings, store, lane_factory, asked, via, timeout_s)
@@ -225,7 +231,10 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
         client_request_id: ClientIdOpt = None,
         tenant: Annotated[str | None, typer.Option("--tenant", help="the tenant of --client-request-id")] = None,
     ) -> None:
-        """Show the envelope recorded for a request, checked against its content address (exit 2: not found)."""
+        """Show the envelope recorded for a request, checked against its content address (exit 2: not found).
+
+        Example: reprolane show rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --json
+        """
         if (request_id is None) == (client_request_id is None) or (client_request_id is None) != (tenant is None):
             raise typer.BadParameter("give REQUEST_ID, or --client-request-id with --tenant")
         store = store_factory(settings)
@@ -298,7 +307,10 @@ def build_replayer_app(*, serve_fn: Callable[[ReplayerSettings], None] | None = 
         "otel_endpoint",
     )  # fmt: skip
     def serve_cmd(settings: ReplayerSettings) -> None:
-        """Consume envelopes, replay the flagged ones, publish divergence events (until SIGINT/SIGTERM)."""
+        """Consume envelopes, replay the flagged ones, publish divergence events (until SIGINT/SIGTERM).
+
+        Example: reprolane replayer serve --lane vllm --flagged-only --metrics-port 9102
+        """
         run = serve_fn
         if run is None:
             from replayer.service import serve

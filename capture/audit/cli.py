@@ -76,7 +76,10 @@ def verify_command(
         str | None, typer.Option("--range", help="DAY[:FROM_SIZE:TO_SIZE]: check a day's log and objects")
     ] = None,
 ) -> None:
-    """Prove one envelope's inclusion (REQUEST_ID), or a day's consistency (--range)."""
+    """Prove one envelope's inclusion (REQUEST_ID), or a day's consistency (--range).
+
+    Example: reprolane verify rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375
+    """
     if (request_id is None) == (range_ is None):
         raise typer.BadParameter("give exactly one of REQUEST_ID or --range DAY[:FROM:TO]")
     settings = AuditSettings()
@@ -141,10 +144,18 @@ def _hold_command(on: bool, doc: str) -> Callable[..., None]:
 
 hold_app.command("add")(
     _hold_command(
-        True, "Place a legal hold on an envelope, or on every step of one tenant's workflow (needs hold-admin)."
+        True,
+        "Place a legal hold on an envelope, or on every step of one tenant's workflow (needs hold-admin).\n\n"
+        'Example: reprolane hold add rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --reason "litigation" --case CASE-42',
     )
 )
-hold_app.command("remove")(_hold_command(False, "Lift a legal hold (needs hold-admin)."))
+hold_app.command("remove")(
+    _hold_command(
+        False,
+        "Lift a legal hold (needs hold-admin).\n\n"
+        'Example: reprolane hold remove rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --reason "case closed" --case CASE-42',
+    )
+)
 
 
 def expire_command(
@@ -155,7 +166,10 @@ def expire_command(
     operator_key_file: OperatorKeyFileOpt = None,
 ) -> None:
     """Delete envelope versions past their retain-until date and not under legal hold; report what was kept
-    (needs retention-admin; a key scoped to a tenant expires that tenant's envelopes only)."""
+    (needs retention-admin; a key scoped to a tenant expires that tenant's envelopes only).
+
+    Example: reprolane expire --dry-run --operator-key-file alice.key
+    """
     settings = AuditSettings()
     store = _store(settings)
     gate = operator_gate(store, operator_key_file)
@@ -185,7 +199,10 @@ def expire_command(
 def checkpoint_cmd(
     day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD (default: every day with a log)")] = None,
 ) -> None:
-    """Sign a checkpoint of each day log that grew since its last checkpoint."""
+    """Sign a checkpoint of each day log that grew since its last checkpoint.
+
+    Example: reprolane audit checkpoint --day 2026-07-14
+    """
     settings = AuditSettings()
     private = signing_keys.signing_key(settings)
     store = _store(settings)
@@ -208,7 +225,10 @@ def checkpointer_cmd(
     day: Annotated[list[str] | None, typer.Option("--day", help="only this YYYY-MM-DD (repeatable)")] = None,
 ) -> None:
     """Sign a checkpoint of every log that grew, every --every seconds, each checked for consistency with the
-    previous one first; an inconsistent log is refused, logged and counted (capture.audit.checkpointer)."""
+    previous one first; an inconsistent log is refused, logged and counted (capture.audit.checkpointer).
+
+    Example: reprolane audit checkpointer --every 60 --metrics-port 9103
+    """
     import logging
 
     from capture.audit.checkpointer import Checkpointer
@@ -245,7 +265,10 @@ def reconcile_cmd(
     day: Annotated[str, typer.Option("--day", help="YYYY-MM-DD")],
     dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
 ) -> None:
-    """Append the ids of a day's stored envelopes that are in no leaf (after a crash); names each one."""
+    """Append the ids of a day's stored envelopes that are in no leaf (after a crash); names each one.
+
+    Example: reprolane audit reconcile --day 2026-07-14 --dry-run
+    """
     settings = AuditSettings()
     store = _store(settings)
     missing = reconcile(store, day, retention=_retention(settings.log_retention_days), dry_run=dry_run)
@@ -256,6 +279,9 @@ def reconcile_cmd(
 
 @audit_app.command("keygen")
 def keygen_cmd(path: Annotated[Path, typer.Argument(help="where to write the private key (PEM)")]) -> None:
-    """Make an Ed25519 signing key (PEM, 0600) and PATH.pub; prints the public key (base64 raw)."""
+    """Make an Ed25519 signing key (PEM, 0600) and PATH.pub; prints the public key (base64 raw).
+
+    Example: reprolane audit keygen audit-signing.pem
+    """
     public_path, public_b64 = signing_keys.keygen(path)
     typer.echo(f"private key: {path}\npublic key: {public_path}\npublic key (base64 raw): {public_b64}")

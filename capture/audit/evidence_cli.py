@@ -65,7 +65,10 @@ def export_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="the bundle file to write (a zip)")],
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
 ) -> None:
-    """Write the evidence bundle of one request: stored bytes, inclusion proof, checkpoint, replays, holds."""
+    """Write the evidence bundle of one request: stored bytes, inclusion proof, checkpoint, replays, holds.
+
+    Example: reprolane evidence export rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --output evidence.zip
+    """
     from capture.audit.evidence import export_bundle
     from capture.audit.settings import AuditSettings
     from capture.audit.store import AuditStore
@@ -97,7 +100,10 @@ def verify_cmd(
         str | None, typer.Option("--key-fingerprint", help="sha256:HEX of the audit public key")
     ] = None,
 ) -> None:
-    """Verify a bundle offline against a pinned key; names the part that is wrong (exit 1)."""
+    """Verify a bundle offline against a pinned key; names the part that is wrong (exit 1).
+
+    Example: reprolane evidence verify evidence.zip --key audit.vkey
+    """
     from capture.audit.cli import echo_verdict
     from capture.audit.evidence_verify import PinnedKey, verify_bundle
 
@@ -115,7 +121,10 @@ def verify_cmd(
 
 @evidence_app.command("key")
 def key_cmd() -> None:
-    """Print the audit key as a C2SP verifier key and its fingerprint (what verifiers pin)."""
+    """Print the audit key as a C2SP verifier key and its fingerprint (what verifiers pin).
+
+    Example: reprolane evidence key
+    """
     from capture.audit.settings import AuditSettings
 
     settings = AuditSettings()

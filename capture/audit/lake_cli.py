@@ -1,9 +1,9 @@
 """The lake and key commands; `infra.cli` registers them.
 
-    reprolane query "SQL" [--date D] [--json | --csv]      DuckDB over the lake (views: capture.audit.query)
+    reprolane query "SQL" [--day D] [--json | --csv]       DuckDB over the lake (views: capture.audit.query)
     reprolane archiver serve                               run the archiver until SIGINT/SIGTERM
-    reprolane lake compact [--date D] [--table T]          merge + dedupe each partition's small files
-    reprolane lake rebuild-index [--date D] [--tenant T] [--overwrite]   write lost index objects back,
+    reprolane lake compact [--day D] [--table T]           merge + dedupe each partition's small files
+    reprolane lake rebuild-index [--day D] [--tenant T] [--overwrite]    write lost index objects back,
                                                            repair invalid ones (retention-admin)
     reprolane keys list TENANT                             the tenant's stored data key ids
     reprolane keys shred TENANT --yes                      destroy the tenant's data keys (key-admin)
@@ -39,17 +39,17 @@ from schemas.layout import DATA_KEYS_PREFIX, INDEX_PREFIX
 
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
-DateOpt = Annotated[
+DayOpt = Annotated[
     str | None,
     typer.Option(
-        "--date", help="only partitions of this day, YYYY-MM-DD (envelopes: capture day, divergences: replay day)"
+        "--day", help="only partitions of this day, YYYY-MM-DD (envelopes: capture day, divergences: replay day)"
     ),
 ]
 
 
 def _day(value: str | None) -> str | None:
     if value is not None and not _DAY.match(value):
-        raise typer.BadParameter(f"--date must be YYYY-MM-DD, not {value!r}")
+        raise typer.BadParameter(f"--day must be YYYY-MM-DD, not {value!r}")
     return value
 
 
@@ -69,14 +69,17 @@ def open_lake(settings: LakeSettings) -> Lake | IcebergLake:
 
 def query_command(
     sql: Annotated[str, typer.Argument(help="SQL over the views envelopes, divergences, replays")],
-    date: DateOpt = None,
+    day: DayOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="rows as a JSON array of objects")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="rows as CSV with a header")] = False,
 ) -> None:
-    """Run SQL (DuckDB) over the audit lake and print the rows as an aligned table."""
+    """Run SQL (DuckDB) over the audit lake and print the rows as an aligned table.
+
+    Example: reprolane query "SELECT tenant, count(*) AS n FROM envelopes GROUP BY tenant" --day 2026-07-14
+    """
     if as_json and as_csv:
         raise typer.BadParameter("--json and --csv exclude each other")
-    day = _day(date)
+    day = _day(day)
     lake = open_lake(LakeSettings())
     try:
         result = run_query(lake, sql, day)
@@ -98,7 +101,10 @@ def _archiver_group() -> None:
 
 @archiver_app.command("serve")
 def archiver_serve_cmd() -> None:
-    """Consume envelopes and divergence events into the lake until SIGINT/SIGTERM."""
+    """Consume envelopes and divergence events into the lake until SIGINT/SIGTERM.
+
+    Example: reprolane archiver serve
+    """
     from capture.audit.archiver import Archiver, run_until_signalled
 
     settings = LakeSettings()
@@ -111,15 +117,18 @@ lake_app = typer.Typer(help="The audit lake: compaction, request-id index rebuil
 
 @lake_app.command("compact")
 def compact_cmd(
-    date: DateOpt = None,
+    day: DayOpt = None,
     table: Annotated[str | None, typer.Option("--table", help="envelopes | divergences (default: both)")] = None,
     floor_days: Annotated[
         float, typer.Option("--snapshot-floor-days", min=0.0, help="Iceberg: keep snapshots younger than this")
     ] = 7.0,
 ) -> None:
     """Merge each partition's small files into one, dropping duplicate rows (Iceberg: also expire snapshots
-    older than the floor)."""
-    day = _day(date)
+    older than the floor).
+
+    Example: reprolane lake compact --day 2026-07-14 --table envelopes
+    """
+    day = _day(day)
     if table is not None and table not in TABLES:
         raise typer.BadParameter(f"--table must be one of {', '.join(TABLES)}, not {table!r}")
     settings = LakeSettings()
@@ -146,7 +155,7 @@ def _maintain_iceberg(lake: IcebergLake, tables: list[str], floor_days: float) -
 
 @lake_app.command("rebuild-index")
 def rebuild_index_cmd(
-    date: DateOpt = None,
+    day: DayOpt = None,
     tenant: Annotated[
         str | None, typer.Option("--tenant", help="only this tenant's entries (default: your key's tenant, or all)")
     ] = None,
@@ -158,8 +167,11 @@ def rebuild_index_cmd(
     """Write lost request-id (and workflow) index objects back from the lake's envelopes (needs retention-admin).
 
     A row is written only when the envelope it names in S3 agrees with it; an index object already there is
-    kept when valid (even if it points at another envelope) and, with --overwrite, replaced when invalid."""
-    day = _day(date)
+    kept when valid (even if it points at another envelope) and, with --overwrite, replaced when invalid.
+
+    Example: reprolane lake rebuild-index --day 2026-07-14 --tenant acme --operator-key-file alice.key
+    """
+    day = _day(day)
     settings = LakeSettings()
     if settings.lake_kind == "iceberg":
         raise typer.BadParameter("rebuild-index reads the Parquet lake (REPROLANE_ARCHIVER_LAKE_KIND=parquet)")
@@ -191,7 +203,10 @@ def _keyring(settings: LakeSettings):  # type: ignore[no-untyped-def]
 
 @keys_app.command("list")
 def keys_list_cmd(tenant: Annotated[str, typer.Argument(help="tenant id")]) -> None:
-    """The tenant's stored data key ids, oldest first."""
+    """The tenant's stored data key ids, oldest first.
+
+    Example: reprolane keys list acme
+    """
     ids = _keyring(LakeSettings()).key_ids(tenant)
     for key_id in ids:
         typer.echo(key_id)
@@ -204,7 +219,10 @@ def keys_shred_cmd(
     operator_key_file: OperatorKeyFileOpt = None,
 ) -> None:
     """Destroy every data key of TENANT: its sealed records stay in place and can never be read again (needs
-    key-admin for TENANT)."""
+    key-admin for TENANT).
+
+    Example: reprolane keys shred acme --yes --operator-key-file alice.key
+    """
     if not yes:
         raise typer.BadParameter(
             f"shredding tenant {tenant}'s keys makes its records unreadable forever; pass --yes to do it"

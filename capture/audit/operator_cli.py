@@ -1,9 +1,9 @@
 """``reprolane operator add-key``, and the ``--operator-key-file`` option every state-changing command takes.
 
-    reprolane operator add-key KEYS_FILE --id ID --role R [--role R2] [--tenant T] [--key-out FILE]
+    reprolane operator add-key KEYS_FILE --id ID --role R [--role R2] [--tenant T] [--key-output FILE]
 
 mirrors ``reprolane capture add-key``: the hashed entry is added to KEYS_FILE (created 0600), the key itself is
-printed once, or written to ``--key-out`` (created 0600) so that it never reaches a terminal. The commands that
+printed once, or written to ``--key-output`` (created 0600) so that it never reaches a terminal. The commands that
 act for an operator (`capture.audit.operators`) take ``--operator-key-file FILE`` (or
 ``REPROLANE_OPERATOR_KEY_FILE`` / ``REPROLANE_OPERATOR_KEY``): never the key itself as an argument.
 """
@@ -47,10 +47,13 @@ def add_key_command(
         str | None, typer.Option(help="act on this tenant's records only (default: every tenant)")
     ] = None,
     key_out: Annotated[
-        Path | None, typer.Option("--key-out", help="write the key to this file (0600) instead of printing it")
+        Path | None, typer.Option("--key-output", help="write the key to this file (0600) instead of printing it")
     ] = None,
 ) -> None:
-    """Mint an operator key: its hashed entry is added to KEYS_FILE, the key itself shown once (store it now)."""
+    """Mint an operator key: its hashed entry is added to KEYS_FILE, the key itself shown once (store it now).
+
+    Example: reprolane operator add-key operator-keys.json --id alice --role viewer --key-output alice.key
+    """
     try:
         entries = load_key_file(keys_file, OPERATOR_KEYS, field="KEYS_FILE") if keys_file.exists() else {}
         if key_id in entries:
@@ -73,6 +76,6 @@ def write_private_text(path: Path, text: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise typer.BadParameter(f"--key-out {path} already exists") from None
+        raise typer.BadParameter(f"--key-output {path} already exists") from None
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(text)

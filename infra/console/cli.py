@@ -77,7 +77,10 @@ def console_command(
     host: Annotated[str | None, typer.Option("--host", help="bind address (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option("--port", help="port (default 8700)")] = None,
 ) -> None:
-    """Serve the auditors' web console (search, requests, replays, holds, overview)."""
+    """Serve the auditors' web console (search, requests, replays, holds, overview).
+
+    Example: reprolane console --host 127.0.0.1 --port 8700
+    """
     import uvicorn
 
     apply_to_process()

@@ -2,7 +2,7 @@
 
     reprolane matrix [--envelopes FILE.jsonl | --request-ids A,B | --from-s3 TENANT/DATE | --workload]
                      [--cells batch,order,dtype,...] [--max-tokens 32] [--baseline recorded|single]
-                     [--json OUT|-] [--html OUT] [--include-slow] [--semantic]
+                     [--json] [--report FILE.json] [--html FILE.html] [--include-slow] [--semantic]
     reprolane explain REQUEST_ID [--envelopes FILE.jsonl] [--window-s 5] [--variations alone,batch,...] [--json]
 
 ``matrix`` exit codes: 0 every runnable cell ran, 1 some cell failed, 2 bad arguments or no input.
@@ -49,8 +49,6 @@ WorkloadFileOpt = Annotated[Path | None, typer.Option("--workload-file", help="J
 
 #: The settings options of ``matrix`` and ``explain``.
 MATRIX_OPTIONS = ("model_dir", *S3_OPTIONS)
-#: ``--json -``: the JSON report is the one document on stdout (`replayer.machine_output`).
-STDOUT = Path("-")
 
 
 def _model_dir(settings: ReplayerSettings) -> Path:
@@ -101,15 +99,19 @@ def matrix_command(
         int | None, typer.Option("--limit", min=1, help="at most N requests (workload: spread over the file)")
     ] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="recorded | single")] = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="write the JSON report here (-: on stdout, the table on stderr)")
-    ] = None,
-    html_out: Annotated[Path | None, typer.Option("--html", help="write the HTML report here")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="the JSON report on stdout (the one document there; the table on stderr)")
+    ] = False,
+    report_out: Annotated[Path | None, typer.Option("--report", help="write the JSON report to this file")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", help="write the HTML report to this file")] = None,
     include_slow: Annotated[bool, typer.Option("--include-slow", help="also run torch.compile cells")] = False,
     semantic: Annotated[bool, typer.Option("--semantic", help="semantic similarity of final texts")] = False,
     settings: ReplayerSettings,
 ) -> None:
-    """Replay a set of requests across batch, order, input-length, dtype, threads, prefix-cache, ... cells."""
+    """Replay a set of requests across batch, order, input-length, dtype, threads, prefix-cache, ... cells.
+
+    Example: reprolane matrix --workload --limit 12 --html matrix.html
+    """
     sources = [s for s in (envelopes, request_ids, from_s3, workload or None) if s]
     if len(sources) > 1:
         raise typer.BadParameter("give one input: --envelopes, --request-ids, --from-s3 or --workload")
@@ -119,7 +121,7 @@ def matrix_command(
         dims = parse_dimensions(cells)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    with machine_output(json_out == STDOUT) as document:
+    with machine_output(as_json) as document:
         mdir = _model_dir(settings)
         rejected: list[tuple[str, str]] = []
         if envelopes is not None:
@@ -169,11 +171,11 @@ def matrix_command(
             progress=True,
         )  # fmt: skip
         typer.echo(render_table(report))
-        if json_out == STDOUT:
+        if as_json:
             document(render_json(report))
-        elif json_out is not None:
-            json_out.write_text(render_json(report), encoding="utf-8")
-            typer.echo(f"JSON: {json_out}")
+        if report_out is not None:
+            report_out.write_text(render_json(report), encoding="utf-8")
+            typer.echo(f"JSON: {report_out}")
         if html_out is not None:
             html_out.write_text(render_html(report), encoding="utf-8")
             typer.echo(f"HTML: {html_out}")
@@ -222,7 +224,10 @@ def explain_command(
     workload_file: WorkloadFileOpt = None,
     settings: ReplayerSettings,
 ) -> None:
-    """Re-replay one diverged request under targeted variations and name the one that reproduces the capture."""
+    """Re-replay one diverged request under targeted variations and name the one that reproduces the capture.
+
+    Example: reprolane explain rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --envelopes run.jsonl --variations alone,batch
+    """
     extra_notes: list[str] = []
     store: EnvelopeStore | None = None
     if envelopes is not None:

@@ -152,7 +152,7 @@ def test_record_golden_from_a_workload_then_gate_it(h: Harness) -> None:
         "".join(json.dumps({"prompt_token_ids": p, "request_id": f"w-{i}"}) + "\n" for i, p in enumerate(prompts))
     )
     out = h.tmp / "recorded.jsonl"
-    result = h.invoke("record-golden", "--out", str(out), "--workload", str(workload), "--lane", "remote")
+    result = h.invoke("record-golden", "--output", str(out), "--workload-file", str(workload), "--lane", "remote")
     assert result.exit_code == 0, result.output
     golden = load_golden_file(out)
     assert [e.request_id for e in golden.envelopes] == ["w-0", "w-1", "w-2"]
@@ -168,9 +168,9 @@ def test_record_golden_from_a_workload_then_gate_it(h: Harness) -> None:
 
 
 def test_record_golden_needs_exactly_one_source(h: Harness) -> None:
-    result = h.invoke("record-golden", "--out", str(h.tmp / "x.jsonl"))
+    result = h.invoke("record-golden", "--output", str(h.tmp / "x.jsonl"))
     assert result.exit_code == 2
-    assert "exactly one of --from-s3 or --workload" in result.stderr
+    assert "exactly one of --from-s3 or --workload-file" in result.stderr
 
 
 def test_record_golden_from_s3_and_gate_by_selector(h: Harness) -> None:
@@ -181,7 +181,7 @@ def test_record_golden_from_s3_and_gate_by_selector(h: Harness) -> None:
         h.store = EnvelopeStore(client, s3.bucket)
         out = h.tmp / "from-s3.jsonl"
         tenant = h.envelopes[0].tenant
-        result = h.invoke("record-golden", "--out", str(out), "--from-s3", f"s3:tenant={tenant}")
+        result = h.invoke("record-golden", "--output", str(out), "--from-s3", f"s3:tenant={tenant}")
         assert result.exit_code == 0, result.output
         assert {e.request_id for e in load_golden_file(out).envelopes} == {e.request_id for e in h.envelopes}
         cand = h.fingerprint("cand.json", engine_version="0.33.0")
@@ -228,7 +228,7 @@ def test_record_golden_vendor_cases_then_gate_them_statistically(h: Harness) -> 
     )
     out = h.tmp / "cases.jsonl"
     result = h.invoke(
-        "record-golden", "--out", str(out), "--workload", str(workload), "--vendor", "--upstream", "http://v"
+        "record-golden", "--output", str(out), "--workload-file", str(workload), "--vendor", "--upstream", "http://v"
     )
     assert result.exit_code == 0, result.output
     case = VendorCase.model_validate_json(out.read_text().splitlines()[0])

@@ -82,7 +82,7 @@ def golden(stack: StackInfo, lanes: dict[str, Kept], tmp_path_factory: pytest.Te
     out = tmp / "golden.jsonl"
     assert stack.vllm_url is not None
     result = _invoke(
-        lanes, "record-golden", "--out", str(out), "--workload", str(workload), "--lane", "vllm",
+        lanes, "record-golden", "--output", str(out), "--workload-file", str(workload), "--lane", "vllm",
         "--model-dir", str(stack.model_dir), "--tokenize-url", stack.vllm_url, "--max-tokens", "12",
     )  # fmt: skip
     assert result.exit_code == 0, result.output

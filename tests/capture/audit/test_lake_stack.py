@@ -171,7 +171,7 @@ async def test_archiver_writes_parquet_and_duckdb_answers_the_audit_questions(au
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)[1] == {"model": "m-b", "position": 3, "n": 2}
     sql = "SELECT request_id, model, output_len FROM envelopes ORDER BY 1"
-    table = CliRunner().invoke(app, ["query", sql, "--date", "2026-07-14"], env=env)  # partitions of that day only
+    table = CliRunner().invoke(app, ["query", sql, "--day", "2026-07-14"], env=env)  # partitions of that day only
     assert table.exit_code == 0
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["request_id", "model", "output_len"]
@@ -266,7 +266,7 @@ async def test_rebuild_index_restores_lost_entries_and_never_replaces_a_valid_on
     target, started = f"index of {day}", datetime.now(UTC)
 
     def rebuild(*args: str) -> Any:
-        return CliRunner().invoke(build_app(), ["lake", "rebuild-index", "--date", day, *args], env=env)
+        return CliRunner().invoke(build_app(), ["lake", "rebuild-index", "--day", day, *args], env=env)
 
     for refused, why in (
         (rebuild(), "no operator key"),

@@ -162,7 +162,7 @@ def test_add_key_mints_a_hashed_entry_and_a_private_key_file(tmp_path: Path) -> 
     store_file, key_out = tmp_path / "ops" / "operators.json", tmp_path / "ops" / "shred.key"
     app = build_app()
     args = ["operator", "add-key", str(store_file), "--id", "shredder", "--role", "key-admin", "--tenant", "acme"]
-    done = CliRunner().invoke(app, [*args, "--key-out", str(key_out)])
+    done = CliRunner().invoke(app, [*args, "--key-output", str(key_out)])
     assert done.exit_code == 0, done.output
     key = key_out.read_text().strip()
     assert key.startswith("rlo_shredder_")
