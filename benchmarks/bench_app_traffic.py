@@ -185,8 +185,10 @@ def main() -> int:
             rows[name]["refused"] += 1
             refusals[name].add(str(exc)[:160])
             continue
-        replay_s += time.monotonic() - t
+        took = time.monotonic() - t
+        replay_s += took
         rows[name]["replayed"] += 1
+        print(f"replayed {rid} ({name}) in {took:.1f} s", file=sys.stderr, flush=True)
         reference = _reference(reply)
         outputs = [replay.outputs[rid] for rid in sorted(replay.outputs)] if len(reference) > 1 else [result.replayed]
         same = all(
