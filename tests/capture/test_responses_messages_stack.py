@@ -178,6 +178,19 @@ async def stream_events(client: openai.AsyncOpenAI, params: dict[str, Any]) -> t
     return out, raw.headers.get("x-reprolane-request-id")
 
 
+def _event_shape(events: list[dict[str, Any]]) -> list[str]:
+    """The event types, each run of text deltas as one."""
+    shape: list[str] = []
+    for e in events:
+        if not (e["type"] == "response.output_text.delta" and shape and shape[-1] == e["type"]):
+            shape.append(e["type"])
+    return shape
+
+
+def _delta_text(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
 async def test_responses_stream_is_transparent_and_recorded(stack: StackInfo, tmp_path: Path) -> None:
     # the client's own logprobs: the envelope holds exactly what it got (cut before the answer's end: see
     # `test_a_streamed_answer_ending_with_a_textless_token_says_why_it_has_no_logprobs`)
@@ -193,12 +206,15 @@ async def test_responses_stream_is_transparent_and_recorded(stack: StackInfo, tm
         env = await envelope_of(spool, rid)
         await client.close()
     await ref.close()
-    assert [e["type"] for e in via] == [e["type"] for e in plain]
-    assert [e.get("delta") for e in via] == [e.get("delta") for e in plain]
+    # the same events and text; how many tokens one text delta carries is the server's timing, not the sidecar's
+    # (vLLM's output loop merges the tokens that arrived since its last send: CI saw 5 deltas through the sidecar
+    # and 3 for the direct call, of the same 5 tokens)
+    assert _event_shape(via) == _event_shape(plain)
+    assert _delta_text(via) == _delta_text(plain)
     assert via[-1]["type"] == "response.completed"
     assert via[-1]["response"]["top_logprobs"] == 2
     assert via[-1]["response"].get("output_messages") is None
-    text = "".join(e["delta"] for e in via if e["type"] == "response.output_text.delta")
+    text = _delta_text(via)
     client_saw = via[-1]["response"]
     audit = {
         **client_saw,
