@@ -154,15 +154,6 @@ def capture(recording_vllm: StackInfo) -> dict[str, Any]:
     return {"app": build_app(settings, spool=spool, metrics=CaptureMetrics()), "spool": spool}
 
 
-@pytest.fixture(scope="module")
-def lane_box() -> Iterator[dict[str, ScheduleLane]]:
-    """One schedule lane engine for the module, built from the first window's engine settings."""
-    box: dict[str, ScheduleLane] = {}
-    yield box
-    for lane in box.values():
-        lane.close()
-
-
 def _lane(box: dict[str, ScheduleLane], window: ScheduleWindow) -> ScheduleLane:
     assert window.engine is not None
     if "lane" not in box:

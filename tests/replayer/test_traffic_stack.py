@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +125,6 @@ def sidecar(stack: StackInfo) -> dict[str, Any]:
     )
     spool = FakeSpool()
     return {"app": build_app(settings, spool=spool, metrics=CaptureMetrics()), "spool": spool}
-
-
-@pytest.fixture(scope="module")
-def lane_box() -> Iterator[dict[str, ScheduleLane]]:
-    box: dict[str, ScheduleLane] = {}
-    yield box
-    for lane in box.values():
-        lane.close()
 
 
 async def _send(app: Any, bodies: list[dict[str, Any]], gaps_s: float) -> list[httpx.Response]:
