@@ -32,7 +32,7 @@ from replayer.settings import LaneName, ReplayerSettings
 from schemas import Envelope, ReplayResult
 
 if TYPE_CHECKING:
-    from replayer.schedule_replay import ScheduleReplayer
+    from replayer.schedule_replay import Companions, ScheduleReplayer
     from replayer.schedule_store import ScheduleWindow
     from replayer.store import EnvelopeStore
 
@@ -114,10 +114,13 @@ class LaneChoice:
         window: ScheduleWindow | str | None = None,
         stored: Stored | None = None,
         reply_to: str | None = None,
+        companions: Companions | None = None,
     ) -> Replayed:
         """`envelope` replayed on the lane chosen for `lane` (module docstring), or its stored result there.
 
-        ``window``: what `look` answered when the caller looked already (None: look now). Raises
+        ``window``: what `look` answered when the caller looked already (None: look now). ``companions``: replay
+        the envelope's whole busy period on the schedule lane, once for its captured requests
+        (`replayer.schedule_replay.ScheduleReplayer.replay`). Raises
         `NotReplayableError` for a lane that cannot be had or an envelope it cannot replay; a lane or store that
         is down raises its own error."""
         refused = self.refusal(lane)
@@ -133,7 +136,9 @@ class LaneChoice:
 
         found = window if window is not None else self.look(envelope, lane)
         if found is not None and self.schedule is not None:
-            answer = self.schedule.replay(envelope, reply_to=reply_to, stored=lookup, window=found)
+            answer = self.schedule.replay(
+                envelope, reply_to=reply_to, stored=lookup, window=found, companions=companions
+            )
             if not isinstance(answer, str):
                 return Replayed(answer, stored=bool(hits))
             if lane == SCHEDULE_LANE:

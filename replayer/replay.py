@@ -56,7 +56,15 @@ from schemas import (
     diff_fingerprints,
 )
 
-__all__ = ["EXTRA_TOKENS", "FROM_COMPARISON", "recorded_adapter", "replay_budget", "replay_envelope", "server_view"]
+__all__ = [
+    "EXTRA_TOKENS",
+    "FROM_COMPARISON",
+    "gen_request",
+    "recorded_adapter",
+    "replay_budget",
+    "replay_envelope",
+    "server_view",
+]
 
 #: How many tokens past the recorded length a replay may run (bounds cost; still shows length differences).
 EXTRA_TOKENS: Final = 16
@@ -153,6 +161,19 @@ def server_view(replayed: ReplayedOutput, endpoint: str, k: int) -> ReplayedOutp
     return replayed.model_copy(update={"logprobs": steps})
 
 
+def gen_request(envelope: Envelope, lane_fp: RuntimeFingerprint, settings: ReplayerSettings) -> GenRequest:
+    """What a lane of fingerprint ``lane_fp`` runs to replay choice 0 of ``envelope`` (its prompt ids, contract,
+    length and top-k budget, tool-call parser and adapter), or `NotReplayableError` saying why it cannot."""
+    prompt_ids, sampling, recorded = _choice0(envelope)
+    max_tokens, top_k = replay_budget(sampling, recorded)
+    _check_constraint_backend(envelope, lane_fp)
+    adapter = recorded_adapter(envelope, settings)
+    parser = envelope.runtime.tool_call_parser
+    return GenRequest(
+        prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k, tool_call_parser=parser, adapter=adapter
+    )
+
+
 def replay_envelope(
     envelope: Envelope,
     lane: Lane,
@@ -169,16 +190,11 @@ def replay_envelope(
     A divergence is a result: every replay returns a `ReplayResult` whose event carries the verdict.
     `LaneUnavailableError` (and the lane's own errors) propagate.
     """
-    prompt_ids, sampling, recorded = _choice0(envelope)
-    max_tokens, top_k = replay_budget(sampling, recorded)
+    _, sampling, recorded = _choice0(envelope)
     lane_fp = lane.fingerprint()
-    _check_constraint_backend(envelope, lane_fp)
-    adapter = recorded_adapter(envelope, settings)
+    request = gen_request(envelope, lane_fp, settings)
+    top_k = request.top_k_logprobs
     started = time.perf_counter()
-    parser = envelope.runtime.tool_call_parser
-    request = GenRequest(
-        prompt_ids, sampling, max_tokens=max_tokens, top_k_logprobs=top_k, tool_call_parser=parser, adapter=adapter
-    )
     replayed = lane.replay(request)
     replay_ms = (time.perf_counter() - started) * 1e3
     replayed = server_view(replayed, envelope.endpoint, top_k)

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from replayer.compare import Comparison, compare
 from replayer.errors import LaneUnavailableError, NotReplayableError, ScheduleNotFoundError, StoreError
 from replayer.lanes.base import GenRequest
-from replayer.replay import FROM_COMPARISON, replay_budget, replay_envelope, server_view
+from replayer.replay import FROM_COMPARISON, gen_request, replay_budget, replay_envelope, server_view
 from replayer.settings import ReplayerSettings
 from schemas import (
     CapturedOutput,
@@ -39,15 +40,15 @@ from schemas import (
     RuntimeFingerprint,
 )
 from schemas.replay import CauseHint, Verdict
-from schemas.schedule import EngineStart
-from schemas.schedule_delivery import choice_index
+from schemas.schedule import EngineStart, RequestArrival
+from schemas.schedule_delivery import choice_index, external_request_id, request_id_of
 from schemas.schedule_log import ScheduleLog
 
 if TYPE_CHECKING:
     from replayer.lanes.schedule_lane import ScheduleLane, ScheduleReplay
     from replayer.schedule_store import ScheduleStore, ScheduleWindow
 
-__all__ = ["ScheduleReplayer", "replay_on_schedule", "window_log"]
+__all__ = ["ScheduleReplayer", "period_members", "replay_on_schedule", "replay_period_on_schedule", "window_log"]
 
 
 def window_log(window: ScheduleWindow) -> ScheduleLog:
@@ -57,33 +58,20 @@ def window_log(window: ScheduleWindow) -> ScheduleLog:
     return ScheduleLog.from_records([window.engine, *window.records], covered=window.ranges)
 
 
-class _TargetOnSchedule:
-    """The `replayer.lanes.base.Lane` face of one schedule replay, so `replay_envelope` compares it.
-
-    ``targets``: the engine request of each choice, by choice index (one for ``n = 1``). With several, every
-    choice is replayed in the one run, each with its own seed (vLLM seeds choice ``i`` with the request's seed +
-    ``i``) and length budget (`choice_request`), and `replay` answers choice 0's output."""
+class _Answered:
+    """The `replayer.lanes.base.Lane` face of an output a schedule replay already produced, so `replay_envelope`
+    compares it as it compares every lane's (the request it is handed was the one replayed: `gen_request`)."""
 
     name = "schedule"
 
-    def __init__(self, lane: ScheduleLane, log: ScheduleLog, targets: dict[int, str], envelope: Envelope) -> None:
-        self._lane, self._log, self._targets, self._envelope = lane, log, targets, envelope
-        self.replay_result: ScheduleReplay | None = None
+    def __init__(self, lane: ScheduleLane, output: ReplayedOutput) -> None:
+        self._lane, self._output = lane, output
 
     def fingerprint(self) -> RuntimeFingerprint:
         return self._lane.fingerprint()
 
     def replay(self, request: GenRequest) -> ReplayedOutput:
-        first = self._targets[0]
-        if len(self._targets) == 1:
-            self.replay_result = self._lane.replay_target(self._log, first, request)
-        else:
-            requests = {rid: choice_request(self._envelope, request, i) for i, rid in sorted(self._targets.items())}
-            self.replay_result = self._lane.replay_choices(self._log, requests)
-        output = self.replay_result.outputs.get(first)
-        if output is None:
-            raise NotReplayableError(f"the schedule replay of {first} produced no output")
-        return output
+        return self._output
 
     def close(self) -> None:  # the schedule lane outlives one replay
         return None
@@ -110,14 +98,17 @@ def _recorded_choice(envelope: Envelope, index: int) -> Choice:
     return choices[0]
 
 
-def _choice_targets(envelope: Envelope, window: ScheduleWindow) -> dict[int, str]:
-    """The engine request of each choice (by index): one per choice of a request with ``n > 1`` (vLLM's
-    ``<i>_`` children), else the first arrival; a window that lacks a choice is refused."""
+def _choice_targets(envelope: Envelope, arrivals: Sequence[RequestArrival]) -> dict[int, str]:
+    """The engine request of each choice (by index) among the envelope's ``arrivals`` (in log order): one per
+    choice of a request with ``n > 1`` (vLLM's ``<i>_`` children), else the first arrival; a log that lacks a
+    choice is refused."""
+    if not arrivals:
+        raise NotReplayableError(f"the schedule log has no engine request of {envelope.request_id}")
     sampling = envelope.sampling
     n = sampling.n if sampling is not None and not envelope.more_prompts else 1
     if n == 1:
-        return {0: window.arrivals[0].engine_request_id}
-    targets = {choice_index(a.engine_request_id): a.engine_request_id for a in window.arrivals}
+        return {0: arrivals[0].engine_request_id}
+    targets = {choice_index(a.engine_request_id): a.engine_request_id for a in arrivals}
     missing = [i for i in range(n) if i not in targets]
     if missing:
         raise NotReplayableError(f"the schedule log has no engine request for choice(s) {missing} of n={n}")
@@ -181,6 +172,35 @@ def _check(
     )
 
 
+def period_members(window: ScheduleWindow, *, finished: bool = True) -> dict[str, tuple[RequestArrival, ...]]:
+    """The other captured requests of the target's busy period that finished inside ``window`` (``finished=False``:
+    that arrived in it): their request id (`schemas.schedule_delivery.request_id_of` of their engine requests'
+    external id) and their engine requests (every choice), for `replay_period_on_schedule` to replay with their real
+    content. A request sent to the engine without the sidecar's id, or one still running where the window ends, is
+    left to the fillers."""
+    log = window_log(window)
+    own = {a.engine_request_id for a in window.arrivals}
+    first = min(a.step for a in window.arrivals)
+    spans = window.ranges or ((min(log.steps, default=first), max(log.steps, default=first)),)
+    low, high = next(((lo, hi) for lo, hi in spans if lo <= first <= hi), spans[-1])
+    found: dict[str, list[RequestArrival]] = {}
+    for arrival in log.arrivals.values():
+        if arrival.engine_request_id in own or not low <= arrival.step <= high:
+            continue
+        request_id = request_id_of(external_request_id(arrival.engine_request_id))
+        if request_id is not None:
+            found.setdefault(request_id, []).append(arrival)
+    return {
+        rid: tuple(sorted(arrivals, key=lambda a: (a.step, a.engine_request_id)))
+        for rid, arrivals in found.items()
+        if not finished
+        or all(
+            (shape := log.requests.get(a.engine_request_id)) is not None and shape.finished_at is not None
+            for a in arrivals
+        )
+    }
+
+
 def replay_on_schedule(
     envelope: Envelope,
     window: ScheduleWindow,
@@ -191,31 +211,79 @@ def replay_on_schedule(
     reply_to: str | None = None,
 ) -> tuple[ReplayResult, ScheduleReplay]:
     """Replay `envelope` under its recorded schedule (every choice of a request with ``n > 1``, each compared with
-    its recorded choice); the result's event names the schedule lane and says whether the schedule was reproduced
-    (and the first mismatching step when not)."""
+    its recorded choice), fillers for every companion; the result's event names the schedule lane and says
+    whether the schedule was reproduced (and the first mismatching step when not)."""
+    results, replay = replay_period_on_schedule(envelope, window, lane, settings, {}, now=now, reply_to=reply_to)
+    return results[envelope.request_id], replay
+
+
+def replay_period_on_schedule(
+    envelope: Envelope,
+    window: ScheduleWindow,
+    lane: ScheduleLane,
+    settings: ReplayerSettings,
+    members: Mapping[str, tuple[Envelope, tuple[RequestArrival, ...]]],
+    *,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    reply_to: str | None = None,
+) -> tuple[dict[str, ReplayResult], ScheduleReplay]:
+    """Replay `envelope` and its busy period's captured ``members`` (`period_members`, each with its envelope) in
+    one run, each with its real content (fillers for the rest of the window), and compare each with its capture:
+    one result per request, by request id (``reply_to`` on `envelope`'s only). A member that cannot be replayed
+    (`gen_request` refuses it, or the log lacks a choice of it) stays a filler and gets no result here: its own
+    replay says why."""
     if not window.complete:
         raise NotReplayableError(f"the schedule log of {envelope.request_id} is incomplete: {window.gap}")
     log = window_log(window)
-    targets = _choice_targets(envelope, window)
-    face = _TargetOnSchedule(lane, log, targets, envelope)
-    result = replay_envelope(envelope, face, settings, now=now, reply_to=reply_to, every_choice=len(targets) > 1)
-    replay = face.replay_result
-    assert replay is not None  # replay_envelope called face.replay or raised
-    update: dict[str, Any] = {}
-    if len(targets) > 1:
-        update = _every_choice(envelope, targets, replay, result.event, settings)
-    detail = _detail(replay)
-    update |= {
-        "schedule_reproduced": replay.schedule_reproduced,
-        "schedule_mismatch_step": replay.steps.mismatch.step if replay.steps.mismatch else None,
-        "cause_detail": "; ".join(x for x in (update.get("cause_detail", result.event.cause_detail), detail) if x),
+    lane_fp = lane.fingerprint()
+    entries = [(envelope, _choice_targets(envelope, window.arrivals), gen_request(envelope, lane_fp, settings))]
+    for member, arrivals in members.values():
+        try:
+            entries.append((member, _choice_targets(member, arrivals), gen_request(member, lane_fp, settings)))
+        except NotReplayableError:
+            continue
+    requests = {
+        rid: choice_request(env, first, i) for env, targets, first in entries for i, rid in sorted(targets.items())
     }
-    event = result.event.model_copy(update=update)
-    return result.model_copy(update={"event": event}), replay
+    started = time.perf_counter()
+    replay = lane.replay_requests(log, requests)
+    replay_ms = (time.perf_counter() - started) * 1e3
+    detail = _detail(replay, shared=len(entries))
+    results: dict[str, ReplayResult] = {}
+    for env, targets, _ in entries:
+        output = replay.outputs.get(targets[0])
+        if output is None:
+            if env is envelope:
+                raise NotReplayableError(f"the schedule replay of {targets[0]} produced no output")
+            continue
+        result = replay_envelope(
+            env,
+            _Answered(lane, output),
+            settings,
+            now=now,
+            reply_to=reply_to if env is envelope else None,
+            every_choice=len(targets) > 1,
+        )
+        update: dict[str, Any] = {"replay_ms": replay_ms}
+        if len(targets) > 1:
+            update |= _every_choice(env, targets, replay, result.event, settings)
+        update |= {
+            "schedule_reproduced": replay.schedule_reproduced,
+            "schedule_mismatch_step": replay.steps.mismatch.step if replay.steps.mismatch else None,
+            "cause_detail": "; ".join(x for x in (update.get("cause_detail", result.event.cause_detail), detail) if x),
+        }
+        results[env.request_id] = result.model_copy(update={"event": result.event.model_copy(update=update)})
+    return results, replay
 
 
-def _detail(replay: ScheduleReplay) -> str:
-    """The event's words for a schedule replay: what ran, or why the schedule was not reproduced."""
+def _end(window: ScheduleWindow) -> int:
+    """The last step a window's records reach."""
+    return max((r.step for r in window.records if not isinstance(r, EngineStart)), default=-1)
+
+
+def _detail(replay: ScheduleReplay, *, shared: int = 1) -> str:
+    """The event's words for a schedule replay (``shared``: the requests it replayed with their real content):
+    what ran, or why the schedule was not reproduced."""
     if not replay.schedule_reproduced:
         mismatch = replay.steps.mismatch
         return (
@@ -224,9 +292,24 @@ def _detail(replay: ScheduleReplay) -> str:
             + "".join(f"; {n}" for n in replay.notes)
         )
     ran = f"schedule lane: {replay.steps.compared} recorded steps replayed with filler companions"
+    if shared > 1:
+        ran = (
+            f"schedule lane: {replay.steps.compared} recorded steps replayed once for {shared} captured requests "
+            f"of the busy period (their real content) and {len(replay.fillers)} filler companion(s)"
+        )
     if len(replay.periods) > 1:  # the prefix-cache providers' busy periods ran first
         ran += " (busy periods " + ", ".join(f"{a}-{b}" for a, b in replay.periods) + ": its cache's, then its own)"
     return ran
+
+
+@dataclass(frozen=True)
+class Companions:
+    """How a busy-period replay reaches the other captured requests of the period (`ScheduleReplayer.replay`):
+    ``load`` a request's envelope by request id (None: not captured, or not readable here), ``keep`` a member's
+    result where the console and evidence read it."""
+
+    load: Callable[[str], Envelope | None]
+    keep: Callable[[Envelope, ReplayResult], None]
 
 
 #: How often a schedule not shipped yet is looked for again (within ``schedule_wait_s`` of the capture).
@@ -331,13 +414,16 @@ class ScheduleReplayer:
         reply_to: str | None = None,
         stored: Callable[[Envelope, str], ReplayResult | None] | None = None,
         window: ScheduleWindow | str | None = None,
+        companions: Companions | None = None,
     ) -> ReplayResult | str:
         """The schedule lane's result, or why it was not used (no schedule, not found, incomplete, refused).
 
         ``window``: what `find` answered, when the caller looked already (None: look now). ``stored(envelope,
         lane fingerprint sha256)`` is the result store's lookup: a result this schedule lane already stored for the
         envelope is answered as it is, not replayed again (the service's idempotence key is the lane's fingerprint,
-        and only here is the schedule lane's known)."""
+        and only here is the schedule lane's known). With ``companions``, the envelope's busy period is replayed
+        once for every captured request of it that has no result on this lane yet (`_period`), and their results
+        are handed to ``companions.keep``."""
         found = self.find(envelope) if window is None else window
         if isinstance(found, str):
             return found
@@ -346,10 +432,70 @@ class ScheduleReplayer:
             lane = self._lane(found.engine)
             if stored is not None and (done := stored(envelope, lane.fingerprint().sha256())) is not None:
                 return done
-            result, _ = replay_on_schedule(envelope, found, lane, self.settings, reply_to=reply_to)
+            if companions is None:
+                result, _ = replay_on_schedule(envelope, found, lane, self.settings, reply_to=reply_to)
+                return result
+            lead, members = self._period(envelope, found, lane.fingerprint().sha256(), stored, companions)
+            results, _ = replay_period_on_schedule(envelope, lead, lane, self.settings, members, reply_to=reply_to)
         except (NotReplayableError, StoreError, LaneUnavailableError) as exc:
             return str(exc)
-        return result
+        for member, _arrivals in members.values():
+            if (done := results.get(member.request_id)) is not None:
+                companions.keep(member, done)
+        return results[envelope.request_id]
+
+    def _period(
+        self,
+        envelope: Envelope,
+        window: ScheduleWindow,
+        fingerprint_sha256: str,
+        stored: Callable[[Envelope, str], ReplayResult | None] | None,
+        companions: Companions,
+    ) -> tuple[ScheduleWindow, dict[str, tuple[Envelope, tuple[RequestArrival, ...]]]]:
+        """The window to replay `envelope`'s busy period in and the captured members to replay with it.
+
+        The envelope's own window ends where it finished; a companion captured since may have run on after it. So
+        each captured companion's window is read (the segments are cached) and the one reaching furthest is
+        replayed, `envelope`'s arrivals as its target, with every captured companion that finished inside it and
+        has no result on this lane yet. A companion whose window cannot be read is simply not a member."""
+        assert self._store is not None  # find set it
+        loaded: dict[str, Envelope | None] = {}
+
+        def load(request_id: str) -> Envelope | None:
+            if request_id not in loaded:
+                loaded[request_id] = companions.load(request_id)
+            return loaded[request_id]
+
+        lead = window
+        for request_id in period_members(window, finished=False):
+            member = load(request_id)
+            if member is None or member.schedule is None or member.artifacts.adapter_name is not None:
+                continue
+            try:
+                theirs = self._read_window(member)
+            except (NotReplayableError, StoreError, LaneUnavailableError):
+                continue
+            if theirs.complete and theirs.engine == window.engine and _end(theirs) > _end(lead):
+                lead = theirs
+        if lead is not window:
+            lead = dataclasses.replace(lead, arrivals=window.arrivals)
+        members: dict[str, tuple[Envelope, tuple[RequestArrival, ...]]] = {}
+        for request_id, arrivals in period_members(lead).items():
+            member = load(request_id)
+            if member is None or member.request_id != request_id or member.artifacts.adapter_name is not None:
+                continue
+            if stored is not None and stored(member, fingerprint_sha256) is not None:
+                continue  # verified already: a filler now
+            members[request_id] = (member, arrivals)
+        return lead, members
+
+    def _read_window(self, envelope: Envelope) -> ScheduleWindow:
+        if self._read is None:
+            from replayer.schedule_window import read_window
+
+            self._read = read_window
+        assert self._store is not None
+        return self._read(self._store, envelope)
 
     def close(self) -> None:
         for lane in self._lanes.values():

@@ -59,7 +59,7 @@ from replayer.lane_choice import LaneChoice, Replayed, keep
 from replayer.lanes.base import Lane
 from replayer.metrics import ReplayerMetrics
 from replayer.request_keys import load_replay_request_keys
-from replayer.schedule_replay import ScheduleReplayer
+from replayer.schedule_replay import Companions, ScheduleReplayer
 from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
@@ -69,6 +69,7 @@ from schemas import (
     DivergenceEvent,
     Envelope,
     ReplayRequest,
+    ReplayResult,
     decode_envelope,
     decode_replay_request,
 )
@@ -364,6 +365,24 @@ class ReplayerService:
             return "no replay_request_keys_path is configured: every request is refused"
         return verify_replay_request(request, self._request_keys, window_s=self.settings.replay_request_window_s)
 
+    def _companions(self) -> Companions:
+        """How a busy-period replay reads the period's other captured requests and keeps their results (called in
+        the replay's worker thread: the store is blocking)."""
+
+        def load(request_id: str) -> Envelope | None:
+            try:
+                envelope = self.store.get_by_request_id(request_id)
+            except (EnvelopeNotFoundError, NotReplayableError, StoreError):
+                return None
+            return envelope if envelope.replayable else None
+
+        def keep_member(envelope: Envelope, result: ReplayResult) -> None:
+            stood, wrote = keep(self.store, envelope, Replayed(result, stored=False))
+            if wrote:
+                self.metrics.observe_replay(stood.event, stood.event.replay_ms / 1e3, envelope.runtime.sha256())
+
+        return Companions(load, keep_member)
+
     async def replay_and_publish(
         self, envelope: Envelope, *, on_demand: bool = False, reply_to: str | None = None, lane: str | None = None
     ) -> Handled:
@@ -386,7 +405,12 @@ class ReplayerService:
                 started = time.perf_counter()
                 try:
                     replayed = await asyncio.to_thread(
-                        self.choice.replay, envelope, lane=lane, window=window, stored=self.store.get_result
+                        self.choice.replay,
+                        envelope,
+                        lane=lane,
+                        window=window,
+                        stored=self.store.get_result,
+                        companions=self._companions() if self.settings.replay_unit == "busy_period" else None,
                     )
                 except NotReplayableError as exc:
                     self.metrics.not_replayable.inc()

@@ -132,6 +132,17 @@ def external_request_id_for(endpoint: str, request_id: str) -> str:
     raise ContractError(f"no schedule id for endpoint {endpoint!r}")
 
 
+def request_id_of(external_id: str) -> str | None:
+    """The captured request id an external id names (`external_request_id_for` read backwards: choice 0's engine
+    request of a chat request, or of a completions request's first prompt), None for any other id (a request sent
+    to the engine without the sidecar's ``X-Request-Id``, or a completions request's later prompt)."""
+    if external_id.startswith("chatcmpl-"):
+        return external_id.removeprefix("chatcmpl-") or None
+    if external_id.startswith("cmpl-") and external_id.endswith("-0"):
+        return external_id.removeprefix("cmpl-").removesuffix("-0") or None
+    return None
+
+
 def segment_file_name(seq: int) -> str:
     """A closed segment's file name (the recorder writes ``<name>.part`` first)."""
     return f"{seq:08d}.jsonl"

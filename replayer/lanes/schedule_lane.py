@@ -263,15 +263,14 @@ class ScheduleLane:
         plan = self._plan(log, target)
         return self._thread.call(self._run, log, plan, {target: request})
 
-    def replay_choices(self, log: ScheduleLog, requests: Mapping[str, GenRequest]) -> ScheduleReplay:
-        """Replay every choice of a request with ``n > 1`` (``requests``: each choice's engine request id in ``log``
-        and its request, the first choice first) with fillers for every other request of their window; the outputs
-        are in `ScheduleReplay.outputs` by engine request id, the first choice's also as ``output``."""
-        if self.moe:
-            raise NotReplayableError(
-                "mixture-of-experts model (" + ", ".join(self.moe) + "): expert routing depends on the companions' "
-                "content, so filler companions cannot reproduce the batch; use window replay with real content"
-            )
+    def replay_requests(self, log: ScheduleLog, requests: Mapping[str, GenRequest]) -> ScheduleReplay:
+        """Replay several requests of the log with their real content in one run (``requests``: by engine request
+        id, the first one the plan's target): every choice of a request with ``n > 1``, or the captured requests of
+        one busy period; fillers stand in for every other request of their window, and the window ends when the
+        last of them finished. The outputs are in `ScheduleReplay.outputs` by engine request id, the first one's
+        also as ``output``. A mixture-of-experts model is replayed only when no filler is needed (expert routing
+        depends on every companion's content); otherwise it is refused, naming the companions that were not
+        captured."""
         ids = list(requests)
         try:
             for rid in ids:
@@ -279,6 +278,15 @@ class ScheduleLane:
         except (KeyError, ValueError) as exc:
             raise NotReplayableError(str(exc)) from exc
         plan = self._plan(log, ids[0], also=tuple(ids[1:]))
+        if self.moe:
+            fillers = [p.arrival.engine_request_id for p in plan.requests]
+            fillers = [rid for rid in fillers if rid not in requests]
+            if fillers:
+                raise NotReplayableError(
+                    "mixture-of-experts model (" + ", ".join(self.moe) + "): expert routing depends on the "
+                    f"companions' content, and {len(fillers)} companion(s) of the window were not captured "
+                    f"({', '.join(fillers[:5])}{', ...' if len(fillers) > 5 else ''})"
+                )
         return self._thread.call(self._run, log, plan, dict(requests))
 
     def replay_window(self, log: ScheduleLog, requests: Mapping[str, GenRequest], target: str) -> ScheduleReplay:
@@ -333,7 +341,8 @@ class ScheduleLane:
                         prompt = list(real[rid].prompt_token_ids)
                         params = sampling_params(real[rid], self._engine.get_tokenizer())
                     else:
-                        prompt = self._filler_prompt(item, tokens, real.get(target_id), len(to_replay))
+                        reader = real.get(item.prefix_of) if item.prefix_of is not None else None
+                        prompt = self._filler_prompt(item, tokens, reader, len(to_replay))
                         fillers[rid] = tuple(prompt)
                         params = SamplingParams(
                             max_tokens=item.output_tokens,
@@ -380,8 +389,8 @@ class ScheduleLane:
     def _filler_prompt(
         self, item: FillerPlan, tokens: Mapping[str, list[int]], target: GenRequest | None, index: int
     ) -> list[int]:
-        """Random ids, the cache-hit blocks copied from their providers' replayed tokens, the target's prefix
-        where the target later reads this filler's blocks."""
+        """Random ids, the cache-hit blocks copied from their providers' replayed tokens, a real request's prefix
+        (``target``: `FillerPlan.prefix_of`'s request) where it later reads this filler's blocks."""
         rng = random.Random(index)
         n = item.arrival.num_prompt_tokens
         prompt = [rng.randrange(FILLER_LOW, self._vocab) for _ in range(n)]

@@ -14,9 +14,10 @@
 - **The fillers.** Every other request of the window is replayed as a filler with its recorded prompt length and
   output length (``min_tokens = max_tokens``, ``ignore_eos``), arriving before the same step. Its content is
   random token ids, except for blocks the log says were prefix-cache hits: those copy the provider's blocks *as
-  the replay produced them* (`FillerPlan.hit_blocks`), and a filler whose blocks the target later read carries
-  the target's own prompt tokens there (`FillerPlan.target_prefix`). A filler never holds any other request's
-  content: the log has none (`schemas.schedule`).
+  the replay produced them* (`FillerPlan.hit_blocks`), and a filler whose blocks a request replayed with its real
+  content (the target, or one of ``also``) later read carries that request's prompt tokens there
+  (`FillerPlan.target_prefix`, `FillerPlan.prefix_of`). A filler never holds any other request's content: the log
+  has none (`schemas.schedule`).
 - **Grammars.** A request with structured outputs waits, after it arrives, for its grammar to compile in the
   background; the scheduler passes it over meanwhile, for as many steps as compiling took, which no replay
   reproduces by timing. The recorder marks such arrivals, and the replay adds them before their first *scheduled*
@@ -46,8 +47,10 @@ class FillerPlan:
     output_tokens: int
     #: per cached block (in order): the engine request id whose replayed tokens it copies
     hit_blocks: tuple[str, ...] = ()
-    #: leading prompt tokens that must be the target's (blocks the target later reads from this filler's cache)
+    #: leading prompt tokens that must be a real request's (blocks it later reads from this filler's cache)
     target_prefix: int = 0
+    #: the engine request id whose prompt those tokens are (the target, or one of ``also``); None when there are none
+    prefix_of: str | None = None
     #: the recorded step before which the replay adds it: its arrival, or for a request that waited for its grammar
     #: to compile (`schemas.schedule.RequestArrival.structured_output`) its first scheduled step (module docstring)
     due_step: int = 0
@@ -102,9 +105,10 @@ def plan_replay(
     max_steps: int | None = None,
     also: tuple[str, ...] = (),
 ) -> ReplayPlan:
-    """The window and the fillers that replay ``target`` (an engine request id of the log) and ``also`` (the other
-    choices of a request with ``n > 1``: the window ends at the last of them); `WindowTooLongError` when they would
-    run more than ``max_steps`` recorded steps."""
+    """The window and the fillers that replay ``target`` (an engine request id of the log) and ``also`` (requests
+    replayed with their real content beside it: the other choices of a request with ``n > 1``, the other captured
+    requests of its busy period; the window ends at the last of them); `WindowTooLongError` when they would run more
+    than ``max_steps`` recorded steps."""
     ends = []
     for rid in (target, *also):
         shape = log.requests.get(rid)
@@ -152,7 +156,7 @@ def plan_replay(
                 f"{who} read prefix-cache blocks computed outside the log ({', '.join(missing)}): the replay "
                 "cannot recompute them in the recorded shapes"
             )
-    forced = _target_forced(log, target, hits, notes)
+    forced = _forced_prefixes(log, (target, *also), hits, notes)
     plans: list[FillerPlan] = []
     for a in window:
         rid = a.engine_request_id
@@ -172,7 +176,8 @@ def plan_replay(
                 arrival=a,
                 output_tokens=length,
                 hit_blocks=tuple(hits[rid]),
-                target_prefix=forced.get(rid, 0),
+                target_prefix=forced[rid][0] if rid in forced else 0,
+                prefix_of=forced[rid][1] if rid in forced else None,
                 due_step=steps[0] if a.structured_output and steps else a.step,
             )
         )
@@ -192,30 +197,35 @@ def check_target(log: ScheduleLog, target: str, num_prompt_tokens: int) -> None:
         )
 
 
-def _target_forced(log: ScheduleLog, target: str, hits: dict[str, list[str]], notes: list[str]) -> dict[str, int]:
-    """Tokens of each filler's prompt that must be the target's: the blocks the target read from a filler's
-    cache were computed by that filler (or read by it from another's cache: followed to whoever computed them)."""
+def _forced_prefixes(
+    log: ScheduleLog, readers: tuple[str, ...], hits: dict[str, list[str]], notes: list[str]
+) -> dict[str, tuple[int, str]]:
+    """Per filler, the leading tokens of its prompt that must be a real request's, and whose: the blocks a real
+    request (``readers``: the target first) read from a filler's cache were computed by that filler (or read by it
+    from another's cache: followed to whoever computed them). Two readers of one filler's blocks read the same
+    tokens there (a cache hit is equal content), so the longest need is kept."""
     engine = log.engine
     block = engine.block_size if engine is not None else 16
-    target_prompt = log.arrivals[target].num_prompt_tokens
-    forced: dict[str, int] = {}
-    stack = [(p, i) for i, p in enumerate(hits.get(target, ())) if p in hits]
-    while stack:
-        rid, index = stack.pop()
-        if rid == target:
-            continue
-        need = (index + 1) * block
-        if forced.get(rid, 0) >= need:
-            continue
-        forced[rid] = need
-        own = hits.get(rid, [])
-        stack.extend((own[j], j) for j in range(min(index + 1, len(own))) if own[j] in hits)
-    for rid, need in list(forced.items()):
-        limit = min(log.arrivals[rid].num_prompt_tokens, target_prompt)
+    real = set(readers)
+    forced: dict[str, tuple[int, str]] = {}
+    for reader in readers:
+        stack = [(p, i) for i, p in enumerate(hits.get(reader, ())) if p in hits]
+        while stack:
+            rid, index = stack.pop()
+            if rid in real:
+                continue
+            need = (index + 1) * block
+            if forced.get(rid, (0, ""))[0] >= need:
+                continue
+            forced[rid] = (need, reader)
+            own = hits.get(rid, [])
+            stack.extend((own[j], j) for j in range(min(index + 1, len(own))) if own[j] in hits)
+    for rid, (need, reader) in list(forced.items()):
+        limit = min(log.arrivals[rid].num_prompt_tokens, log.arrivals[reader].num_prompt_tokens)
         if need > limit:
+            who = "the target's" if reader == readers[0] else f"request {reader}'s"
             notes.append(
-                f"the target's cached prefix includes tokens that request {rid} generated; a filler cannot "
-                "reproduce them"
+                f"{who} cached prefix includes tokens that request {rid} generated; a filler cannot reproduce them"
             )
-            forced[rid] = limit
+            forced[rid] = (limit, reader)
     return forced

@@ -11,7 +11,9 @@ which records its schedule; their schedule shipped by the real shipper; a real `
 - ``replay workflow`` replays the same steps on the same lane and says the same verdicts (on main: one at a time,
   on the settings' lane, while ``replay request`` took the schedule lane);
 - a replay done by the CLI itself (``--via local``) is stored where the console's request page and evidence
-  bundles read results (on main: printed, stored nowhere).
+  bundles read results (on main: printed, stored nowhere);
+- with ``replay_unit=busy_period`` (issue 32) the service's one replay of the requests' busy period stores the
+  second request's result too, read from S3 and compared as its own.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ async def served(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> 
         "HF_HUB_OFFLINE": "1",
         # the stack's vLLM engine runs cores - 1 threads; a schedule lane must run production's count
         "REPROLANE_REPLAYER_VLLM_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1)),
+        "REPROLANE_REPLAYER_REPLAY_UNIT": "busy_period",  # issue 32: one replay for the period's two requests
     }
     log = tmp / "replayer.log"
     process = start_service(env, log)
@@ -137,6 +140,10 @@ async def test_the_service_answers_on_its_schedule_lane_and_every_entry_point_sa
     advertised = {(lane.name, lane.fingerprint_sha256) for lane in beat.lanes}
     assert ("schedule", event["lane_fingerprint_sha256"]) in advertised  # the lane that answered
     assert ("remote", beat.lane_fingerprint_sha256) in advertised  # and the one-at-a-time lane
+    # the two requests ran in one busy period: the service replayed it once, and stored the second's result too
+    early = store.results(second)
+    assert [r.event.lane for r in early] == ["schedule"], "the busy period was not replayed for both requests"
+    assert "replayed once for 2 captured requests" in early[0].event.cause_detail
 
     again = await asyncio.to_thread(
         run_cli, served.env, "replay", "request", first.request_id, "--lane", "schedule", "--via", "service", "--json"

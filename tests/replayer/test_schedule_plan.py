@@ -158,3 +158,14 @@ def test_a_join_to_the_wrong_request_is_refused() -> None:
         check_target(log, "c", 39)
     with pytest.raises(KeyError):
         check_target(log, "zz", 40)
+
+
+def test_a_filler_that_provided_another_real_requests_prefix_carries_that_requests_tokens() -> None:
+    """Busy-period replay (issue 32): b is the target, c is replayed with its real content beside it; a (a filler)
+    computed the block c read, so a carries c's first block, and says whose it is."""
+    plan = plan_replay(burst_log(), "b", also=("c",))
+    by_id = {p.arrival.engine_request_id: p for p in plan.requests}
+    assert (by_id["a"].target_prefix, by_id["a"].prefix_of) == (16, "c")
+    assert plan.end_step == 6  # the window runs until c, the last of them, finished
+    alone = {p.arrival.engine_request_id: p for p in plan_replay(burst_log(), "b").requests}
+    assert (alone["a"].target_prefix, alone["a"].prefix_of) == (0, None)  # b alone reads nothing of a

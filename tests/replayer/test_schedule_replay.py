@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -17,11 +17,11 @@ from replayer.lane_choice import LaneChoice
 from replayer.lanes.base import GenRequest
 from replayer.lanes.schedule_lane import ScheduleReplay, StepCheck, StepMismatch
 from replayer.matrix.explain import VariationOutcome, conclude, schedule_outcome
-from replayer.schedule_replay import SCHEDULE_POLL_S, ScheduleReplayer
+from replayer.schedule_replay import SCHEDULE_POLL_S, Companions, ScheduleReplayer
 from replayer.schedule_store import ScheduleWindow
 from replayer.settings import ReplayerSettings
-from schemas import Envelope, ReplayedOutput
-from schemas.schedule import EngineStart, RequestArrival
+from schemas import Envelope, ReplayedOutput, ReplayResult
+from schemas.schedule import EngineStart, RequestArrival, ScheduleStep
 from schemas.schedule_delivery import ScheduleRef, external_request_id_for
 from schemas.schedule_log import ScheduleLog
 from tests.replayer.support import LANE_FINGERPRINT, FakeLane, make_envelope
@@ -80,24 +80,27 @@ class FakeScheduleLane:
     echo: FakeLane
     mismatch_at: int | None = None
     targets: list[str] = field(default_factory=list)
+    asked: list[list[str]] = field(default_factory=list)  # the engine request ids each run replayed for real
     closed: bool = False
     periods: tuple[tuple[int, int], ...] = ()
 
     def fingerprint(self) -> Any:
         return LANE_FINGERPRINT
 
-    def replay_target(self, log: ScheduleLog, target: str, request: GenRequest) -> ScheduleReplay:
+    def replay_requests(self, log: ScheduleLog, requests: dict[str, GenRequest]) -> ScheduleReplay:
         assert log.problems() == []
+        target = next(iter(requests))
         self.targets.append(target)
-        out: ReplayedOutput = self.echo.replay(request)
+        self.asked.append(list(requests))
+        outputs: dict[str, ReplayedOutput] = {rid: self.echo.replay(request) for rid, request in requests.items()}
         mismatch = (
             None
             if self.mismatch_at is None
             else StepMismatch(step=self.mismatch_at, recorded=(), replayed=(), reason="a filler was scheduled later")
         )
         return ScheduleReplay(
-            output=out,
-            outputs={target: out},
+            output=outputs[target],
+            outputs=outputs,
             steps=StepCheck(2, mismatch),
             periods=self.periods,
         )
@@ -313,7 +316,7 @@ class ChoicesLane(FakeScheduleLane):
     seeds: dict[str, int | None] = field(default_factory=dict)
     recorded: tuple[ReplayedOutput, ...] = ()
 
-    def replay_choices(self, log: ScheduleLog, requests: dict[str, GenRequest]) -> ScheduleReplay:
+    def replay_requests(self, log: ScheduleLog, requests: dict[str, GenRequest]) -> ScheduleReplay:
         outputs = {}
         for i, (rid, request) in enumerate(requests.items()):
             self.seeds[rid] = request.sampling.seed
@@ -382,3 +385,63 @@ def test_the_first_divergent_choice_is_named_and_sets_the_events_verdict() -> No
     assert event.first_divergence.position == 1
     assert event.cause_detail.startswith("choice 1 of n=2: ")
     assert not event.target_met
+
+
+def _period() -> tuple[list[Envelope], dict[str, ScheduleWindow]]:
+    """Three captured requests of one busy period (a, b, c arrive together; c runs longest) and each one's window
+    as the store reads it: the period from its start to where that request finished."""
+    envelopes = [_scheduled(make_envelope(i)) for i in range(3)]
+    engine = FakeEngine("eng-1")
+    for envelope, length in zip(envelopes, (3, 3, 6), strict=True):
+        assert envelope.prompt is not None
+        external = external_request_id_for(envelope.endpoint, envelope.request_id)
+        engine.request(external, prompt_tokens=len(envelope.prompt.token_ids), output_tokens=length)
+    engine.run()
+    start, *records = engine.take()
+    assert isinstance(start, EngineStart)
+    arrivals = [r for r in records if isinstance(r, RequestArrival)]
+    windows = {}
+    for envelope, arrival in zip(envelopes, arrivals, strict=True):
+        end = next(r.step for r in records if isinstance(r, ScheduleStep) and arrival.engine_request_id in r.finished)
+        cut = tuple(r for r in records if not isinstance(r, EngineStart) and r.step <= end)
+        windows[envelope.request_id] = ScheduleWindow(start, (arrival,), cut, 0, 0, complete=True)
+    return envelopes, windows
+
+
+def test_a_busy_period_is_replayed_once_for_every_captured_request_without_a_result() -> None:
+    """Issue 32: the first envelope of a period replays the period once, with the real content of every captured
+    companion not verified yet, reaching as far as the longest one ran; each gets its result, kept."""
+    (a, b, c), windows = _period()
+    echo = FakeLane()
+    for envelope in (a, b, c):
+        echo.learn(envelope)
+    lane = FakeScheduleLane(echo)
+    kept: list[tuple[str, str]] = []
+    companions = Companions(
+        load={e.request_id: e for e in (a, b, c)}.get,
+        keep=lambda envelope, result: kept.append((envelope.request_id, result.event.verdict)),
+    )
+    verified = cast(ReplayResult, object())  # b's result on this lane, stored before
+
+    def stored(envelope: Envelope, fingerprint_sha256: str) -> ReplayResult | None:
+        return verified if envelope.request_id == b.request_id else None
+
+    answer = _replayer(FakeStore(windows), lane).replay(a, stored=stored, companions=companions)
+    assert not isinstance(answer, str), answer
+    assert len(lane.targets) == 1  # one run of the lane for the period
+    assert lane.asked == [[windows[a.request_id].arrivals[0].engine_request_id,
+                           windows[c.request_id].arrivals[0].engine_request_id]]  # fmt: skip
+    assert kept == [(c.request_id, "bitwise")]  # b was verified before: a filler now, no second result
+    assert answer.event.verdict == "bitwise"
+    assert "replayed once for 2 captured requests of the busy period" in answer.event.cause_detail
+
+
+def test_without_companions_every_other_request_of_the_period_is_a_filler() -> None:
+    (a, _, _), windows = _period()
+    echo = FakeLane()
+    echo.learn(a)
+    lane = FakeScheduleLane(echo)
+    answer = _replayer(FakeStore(windows), lane).replay(a)
+    assert not isinstance(answer, str), answer
+    assert lane.asked == [[windows[a.request_id].arrivals[0].engine_request_id]]
+    assert "replayed with filler companions" in answer.event.cause_detail

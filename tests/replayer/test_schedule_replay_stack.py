@@ -44,12 +44,12 @@ from infra.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
 from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
-from replayer.schedule_replay import replay_on_schedule
+from replayer.schedule_replay import Companions, ScheduleReplayer, replay_on_schedule
 from replayer.schedule_store import ScheduleStore, ScheduleWindow
 from replayer.schedule_window import read_window
 from replayer.settings import ReplayerSettings
-from schemas import CapturedOutput, Envelope, ReplayedOutput
-from schemas.schedule import RequestArrival
+from schemas import CapturedOutput, Envelope, ReplayedOutput, ReplayResult
+from schemas.schedule import EngineStart, RequestArrival
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
 from tests.replayer.test_schedule_lane_model import model_dir
@@ -360,3 +360,44 @@ async def test_every_choice_of_a_request_with_n_2_replays_bitwise_on_its_schedul
     assert event.divergent_choice is None
     assert event.schedule_reproduced, event.cause_detail
     assert "only choice 0" not in event.cause_detail
+
+
+async def test_a_busy_period_is_replayed_once_for_all_its_captured_requests(
+    recording_vllm: StackInfo, capture: dict[str, Any], lane_box: dict[str, ScheduleLane]
+) -> None:
+    """Issue 32: four requests sent at once through the sidecar; the service's first envelope of the period replays
+    it once, with the real content of all four, and each gets a bitwise result with its schedule reproduced."""
+    spool: FakeSpool = capture["spool"]
+    bodies = [_chat(p, n) for p, n in zip(DEFAULT_PROMPTS, (6, 14, 10, 20), strict=False)]
+    ids = await _send(capture["app"], bodies, 0.0)
+    envelopes = await _spooled(spool, ids)
+    windows = await _ship_windows(recording_vllm, envelopes)
+    lane = _lane(lane_box, windows[0])
+    runs: list[list[str]] = []
+    replay_requests = lane.replay_requests
+
+    def counted(log: Any, requests: Any) -> Any:
+        runs.append(list(requests))
+        return replay_requests(log, requests)
+
+    defaults = stack_defaults(recording_vllm)
+    settings = ReplayerSettings(**{**_fields(defaults, "REPROLANE_REPLAYER_"), "model_dir": model_dir()})
+    kept: dict[str, ReplayResult] = {}
+    companions = Companions({e.request_id: e for e in envelopes}.get, lambda e, r: kept.__setitem__(e.request_id, r))
+    replayer = ScheduleReplayer(settings, ScheduleStore.from_settings(settings), lambda s, e: lane)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lane, "replay_requests", counted)
+        first = min(envelopes, key=lambda e: _end_step(windows[envelopes.index(e)]))  # the service's first one
+        answer = replayer.replay(first, companions=companions)
+    assert not isinstance(answer, str), answer
+    results = {first.request_id: answer, **kept}
+    assert [len(run) for run in runs] == [4], runs  # one lane run, every request with its real content
+    assert sorted(results) == sorted(ids)
+    for result in results.values():
+        event = result.event
+        assert (event.lane, event.verdict, event.schedule_reproduced) == ("schedule", "bitwise", True), event
+        assert "replayed once for 4 captured requests" in event.cause_detail
+
+
+def _end_step(window: ScheduleWindow) -> int:
+    return max(r.step for r in window.records if not isinstance(r, EngineStart))

@@ -20,6 +20,7 @@ from schemas.schedule_delivery import (
     is_key_safe_id,
     parse_segment_file_name,
     part_file_name,
+    request_id_of,
     segment_file_name,
 )
 from tests import factories
@@ -113,3 +114,11 @@ def test_schedule_ref_is_optional_and_keeps_old_envelope_ids() -> None:
     with_ref = plain.model_copy(update={"schedule": ref})
     assert with_ref.envelope_id() != plain.envelope_id()
     assert with_ref.canonical() == canonical_bytes(with_ref)
+
+
+def test_an_external_id_names_its_captured_request_back() -> None:
+    for endpoint in ("chat.completions", "completions"):
+        assert request_id_of(external_request_id_for(endpoint, "rl-1")) == "rl-1"
+    assert request_id_of("cmpl-rl-1-1") is None  # a completions request's second prompt: not choice 0
+    assert request_id_of("resp-rl-1") is None  # not sent by the sidecar's way
+    assert request_id_of("chatcmpl-") is None
