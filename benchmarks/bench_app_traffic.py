@@ -189,6 +189,7 @@ def main() -> int:
     companions = Companions(envelopes.get, lambda e, r: results.__setitem__(e.request_id, r))
     rows: dict[str, Counter[str]] = defaultdict(Counter)
     refusals: dict[str, set[str]] = defaultdict(set)
+    unreproduced: set[str] = set()
     started = time.monotonic()
     for name, reply in sent:
         rows[name]["sent"] += 1
@@ -222,6 +223,8 @@ def main() -> int:
             same = same and event.choices is not None and all(c.verdict == "bitwise" for c in event.choices)
         rows[name]["bitwise"] += int(same and event.verdict == "bitwise" and event.target_met)
         rows[name]["schedule reproduced"] += int(bool(event.schedule_reproduced))
+        if not event.schedule_reproduced:
+            unreproduced.add(event.cause_detail.split("schedule lane: ", 1)[-1][:300])
     replay_s = time.monotonic() - started
     replayer.close()
     cols = ("sent", "captured", "replayed", "bitwise", "schedule reproduced", "refused")
@@ -235,6 +238,8 @@ def main() -> int:
     for name, reasons in refusals.items():
         for reason in sorted(reasons):
             print(f"  refused, {name}: {reason}")
+    for why in sorted(unreproduced):
+        print(f"  schedule not reproduced: {why}")
     how = f"{args.rounds} rounds, the first at once, then {args.gap} s apart"
     print(f"traffic {traffic_s:.1f} s ({how}); replays {replay_s:.1f} s in {len(runs)} lane runs "
           f"(replay unit: {args.unit}; requests per run: {sorted(runs, reverse=True)})")  # fmt: skip

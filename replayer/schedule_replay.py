@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from replayer.compare import Comparison, compare
 from replayer.errors import LaneUnavailableError, NotReplayableError, ScheduleNotFoundError, StoreError
 from replayer.lanes.base import GenRequest
+from replayer.lanes.schedule_plan import check_target
 from replayer.replay import FROM_COMPARISON, gen_request, replay_budget, replay_envelope, server_view
 from replayer.settings import ReplayerSettings
 from schemas import (
@@ -239,9 +240,13 @@ def replay_period_on_schedule(
     entries = [(envelope, _choice_targets(envelope, window.arrivals), gen_request(envelope, lane_fp, settings))]
     for member, arrivals in members.values():
         try:
-            entries.append((member, _choice_targets(member, arrivals), gen_request(member, lane_fp, settings)))
-        except NotReplayableError:
+            targets = _choice_targets(member, arrivals)
+            first = gen_request(member, lane_fp, settings)
+            for rid in targets.values():
+                check_target(log, rid, len(first.prompt_token_ids))
+        except (NotReplayableError, KeyError, ValueError):
             continue
+        entries.append((member, targets, first))
     requests = {
         rid: choice_request(env, first, i) for env, targets, first in entries for i, rid in sorted(targets.items())
     }
@@ -457,33 +462,44 @@ class ScheduleReplayer:
         The envelope's own window ends where it finished; a companion captured since may have run on after it. So
         each captured companion's window is read (the segments are cached) and the one reaching furthest is
         replayed, `envelope`'s arrivals as its target, with every captured companion that finished inside it and
-        has no result on this lane yet. A companion whose window cannot be read is simply not a member."""
+        has no result on this lane yet. A member is a request whose own index entries name exactly the engine
+        requests the log's ids point at (anyone who can reach the engine directly can name an engine request after
+        a captured request's id; such a one stays a filler). A companion whose window cannot be read is not one."""
         assert self._store is not None  # find set it
-        loaded: dict[str, Envelope | None] = {}
+        indexed: dict[str, tuple[Envelope, ScheduleWindow] | None] = {}
 
-        def load(request_id: str) -> Envelope | None:
-            if request_id not in loaded:
-                loaded[request_id] = companions.load(request_id)
-            return loaded[request_id]
+        def own_window(request_id: str) -> tuple[Envelope, ScheduleWindow] | None:
+            """The companion's envelope and its window as its own index entries give it (None: not a member)."""
+            if request_id not in indexed:
+                indexed[request_id] = None
+                member = companions.load(request_id)
+                if member is None or member.request_id != request_id or member.schedule is None:
+                    return None
+                if member.artifacts.adapter_name is not None:  # the lane's engine runs no adapter: a filler
+                    return None
+                try:
+                    theirs = self._read_window(member)
+                except (NotReplayableError, StoreError, LaneUnavailableError):
+                    return None
+                if theirs.complete and theirs.engine == window.engine:
+                    indexed[request_id] = (member, theirs)
+            return indexed[request_id]
 
         lead = window
         for request_id in period_members(window, finished=False):
-            member = load(request_id)
-            if member is None or member.schedule is None or member.artifacts.adapter_name is not None:
-                continue
-            try:
-                theirs = self._read_window(member)
-            except (NotReplayableError, StoreError, LaneUnavailableError):
-                continue
-            if theirs.complete and theirs.engine == window.engine and _end(theirs) > _end(lead):
-                lead = theirs
+            found = own_window(request_id)
+            if found is not None and _end(found[1]) > _end(lead):
+                lead = found[1]
         if lead is not window:
             lead = dataclasses.replace(lead, arrivals=window.arrivals)
         members: dict[str, tuple[Envelope, tuple[RequestArrival, ...]]] = {}
         for request_id, arrivals in period_members(lead).items():
-            member = load(request_id)
-            if member is None or member.request_id != request_id or member.artifacts.adapter_name is not None:
+            found = own_window(request_id)
+            if found is None:
                 continue
+            member, theirs = found
+            if {a.engine_request_id for a in theirs.arrivals} != {a.engine_request_id for a in arrivals}:
+                continue  # the log's id points at engine requests the index does not give this request
             if stored is not None and stored(member, fingerprint_sha256) is not None:
                 continue  # verified already: a filler now
             members[request_id] = (member, arrivals)

@@ -6,6 +6,7 @@ The real lanes, the real recorder and the real store are in `test_schedule_repla
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
@@ -445,3 +446,23 @@ def test_without_companions_every_other_request_of_the_period_is_a_filler() -> N
     assert not isinstance(answer, str), answer
     assert lane.asked == [[windows[a.request_id].arrivals[0].engine_request_id]]
     assert "replayed with filler companions" in answer.event.cause_detail
+
+
+def test_an_engine_request_named_after_a_captured_request_but_not_indexed_as_its_own_stays_a_filler() -> None:
+    """Anyone who reaches the engine directly can send a request whose id names a captured request: a member is
+    only a request whose own index entries give the engine requests the log's ids point at."""
+    (a, b, c), windows = _period()
+    echo = FakeLane()
+    for envelope in (a, b, c):
+        echo.learn(envelope)
+    lane = FakeScheduleLane(echo)
+    for rid in (b.request_id, c.request_id):  # their index entries name other engine requests than the log's
+        own = windows[rid]
+        other = own.arrivals[0].model_copy(update={"engine_request_id": own.arrivals[0].engine_request_id + "x"})
+        windows[rid] = dataclasses.replace(own, arrivals=(other,))
+    kept: list[str] = []
+    companions = Companions({e.request_id: e for e in (a, b, c)}.get, lambda e, r: kept.append(e.request_id))
+    answer = _replayer(FakeStore(windows), lane).replay(a, companions=companions)
+    assert not isinstance(answer, str), answer
+    assert lane.asked == [[windows[a.request_id].arrivals[0].engine_request_id]]
+    assert kept == []
