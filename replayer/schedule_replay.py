@@ -459,10 +459,11 @@ class ScheduleReplayer:
     ) -> tuple[ScheduleWindow, dict[str, tuple[Envelope, tuple[RequestArrival, ...]]]]:
         """The window to replay `envelope`'s busy period in and the captured members to replay with it.
 
-        The envelope's own window ends where it finished; a companion captured since may have run on after it. So
-        each captured companion's window is read (the segments are cached) and the one reaching furthest is
-        replayed, `envelope`'s arrivals as its target, with every captured companion that finished inside it and
-        has no result on this lane yet. A member is a request whose own index entries name exactly the engine
+        The envelope's own window ends where it finished; a companion captured since may have run on after it, and
+        its window names the requests that arrived meanwhile. So each captured companion's window is read (the
+        segments are cached), those it names in turn, and the one reaching furthest is replayed, `envelope`'s
+        arrivals as its target, with every captured companion that finished inside it and has no result on this
+        lane yet. A member is a request whose own index entries name exactly the engine
         requests the log's ids point at (anyone who can reach the engine directly can name an engine request after
         a captured request's id; such a one stays a filler). A companion whose window cannot be read is not one."""
         assert self._store is not None  # find set it
@@ -485,11 +486,19 @@ class ScheduleReplayer:
                     indexed[request_id] = (member, theirs)
             return indexed[request_id]
 
-        lead = window
-        for request_id in period_members(window, finished=False):
-            found = own_window(request_id)
-            if found is not None and _end(found[1]) > _end(lead):
-                lead = found[1]
+        lead, seen = window, {envelope.request_id}
+        while True:  # a companion's window names requests that arrived after the envelope finished: follow them
+            furthest = lead
+            for request_id in period_members(lead, finished=False):
+                if request_id in seen:
+                    continue
+                seen.add(request_id)
+                found = own_window(request_id)
+                if found is not None and _end(found[1]) > _end(furthest):
+                    furthest = found[1]
+            if furthest is lead:
+                break
+            lead = furthest
         if lead is not window:
             lead = dataclasses.replace(lead, arrivals=window.arrivals)
         members: dict[str, tuple[Envelope, tuple[RequestArrival, ...]]] = {}

@@ -466,3 +466,42 @@ def test_an_engine_request_named_after_a_captured_request_but_not_indexed_as_its
     assert not isinstance(answer, str), answer
     assert lane.asked == [[windows[a.request_id].arrivals[0].engine_request_id]]
     assert kept == []
+
+
+def test_the_period_is_followed_through_companions_that_arrived_after_the_envelope_finished() -> None:
+    """a finishes at step 2; c runs on, and d arrives at step 4 while c still runs (one period): a's window does not
+    name d, c's does, so the period is replayed once, as far as d ran, for all three."""
+    a, c, d = (_scheduled(make_envelope(i)) for i in range(3))
+    engine = FakeEngine("eng-1")
+
+    def arrive(envelope: Envelope, length: int) -> str:
+        assert envelope.prompt is not None
+        external = external_request_id_for(envelope.endpoint, envelope.request_id)
+        return engine.request(external, prompt_tokens=len(envelope.prompt.token_ids), output_tokens=length)
+
+    ids = [arrive(a, 3), arrive(c, 6)]
+    for _ in range(4):
+        engine.step()
+    ids.append(arrive(d, 6))
+    engine.run()
+    start, *records = engine.take()
+    assert isinstance(start, EngineStart)
+    windows = {}
+    for envelope, rid in zip((a, c, d), ids, strict=True):
+        end = next(r.step for r in records if isinstance(r, ScheduleStep) and rid in r.finished)
+        cut = tuple(r for r in records if not isinstance(r, EngineStart) and r.step <= end)
+        arrival = next(r for r in records if isinstance(r, RequestArrival) and r.engine_request_id == rid)
+        windows[envelope.request_id] = ScheduleWindow(start, (arrival,), cut, 0, 0, complete=True)
+    assert not any(
+        r.engine_request_id == ids[2] for r in windows[a.request_id].records if isinstance(r, RequestArrival)
+    )
+    echo = FakeLane()
+    for envelope in (a, c, d):
+        echo.learn(envelope)
+    lane = FakeScheduleLane(echo)
+    kept: list[str] = []
+    companions = Companions({e.request_id: e for e in (a, c, d)}.get, lambda e, r: kept.append(e.request_id))
+    answer = _replayer(FakeStore(windows), lane).replay(a, companions=companions)
+    assert not isinstance(answer, str), answer
+    assert lane.asked == [ids]
+    assert sorted(kept) == sorted([c.request_id, d.request_id])
