@@ -5,7 +5,8 @@
 Against a running local stack whose vLLM records its schedule (``reprolane stack up``):
 
 1. **Production.** ``--clients`` concurrent clients send ``-n`` greedy chat requests through the real sidecar app to
-   the stack's vLLM (mixed prompt and output lengths, one shared system prompt, so the prefix cache serves it);
+   the stack's vLLM (mixed prompt and output lengths, one shared system prompt new to this run, so the prefix
+   cache serves it from the run's first request);
    production tokens/s = the completion tokens the clients received / the wall time from the first request to the
    last answer.
 2. **Verify all, one replay per busy period.** The schedule is shipped with the real shipper; the service's own
@@ -29,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,11 @@ from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
 from tests.replayer.scheduled_stack import ship_schedules
 
-SYSTEM = " ".join(f"Rule {i}: answer briefly, in plain words, and never guess." for i in range(12))
+#: The shared system prompt, behind a nonce of this run: an earlier run's cached blocks would make their busy
+#: period a prefix-cache provider that every replay of this run's period replays first.
+SYSTEM = f"Session {uuid.uuid4().hex}. " + " ".join(
+    f"Rule {i}: answer briefly, in plain words, and never guess." for i in range(12)
+)
 OUTPUT_LENGTHS = (8, 16, 24, 32, 48)
 
 

@@ -151,9 +151,23 @@ def moe_markers(hf_config: Any) -> list[str]:
     return found
 
 
-def _shape(step: ScheduleStep, ids: Mapping[str, str] | None = None) -> tuple[tuple[str, int, int], ...]:
+#: A step's shape: (engine request id, tokens computed before, tokens scheduled) per scheduled request, in order.
+Shape = tuple[tuple[str, int, int], ...]
+
+
+def _shape(step: ScheduleStep, ids: Mapping[str, str] | None = None) -> Shape:
     name = (lambda r: ids.get(r, r)) if ids is not None else (lambda r: r)
     return tuple((name(s.engine_request_id), s.num_computed_tokens, s.num_scheduled_tokens) for s in step.scheduled)
+
+
+def _shape_difference(recorded: Shape, replayed: Shape) -> str:
+    """The words of a step whose shapes differ: which (request, computed, scheduled) entries only one side has."""
+    only_recorded = [e for e in recorded if e not in replayed][:3]
+    only_replayed = [e for e in replayed if e not in recorded][:3]
+    words = "scheduled requests or token counts differ"
+    if not only_recorded and not only_replayed:
+        return words + " (the same entries in another order)"
+    return f"{words} (recorded only: {only_recorded}; replayed only: {only_replayed})"
 
 
 def compare_steps(
@@ -171,7 +185,7 @@ def compare_steps(
         rep = replayed[offset]
         a, b = _shape(rec), _shape(rep, to_production)
         if a != b:
-            return StepCheck(compared, StepMismatch(number, a, b, "scheduled requests or token counts differ"))
+            return StepCheck(compared, StepMismatch(number, a, b, _shape_difference(a, b)))
         if set(rec.preempted) != {to_production.get(r, r) for r in rep.preempted}:
             return StepCheck(compared, StepMismatch(number, a, b, "preempted requests differ"))
         compared += 1

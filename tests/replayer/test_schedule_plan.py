@@ -127,6 +127,7 @@ def test_compare_steps_maps_ids_and_names_the_first_difference() -> None:
     assert mismatch is not None
     assert mismatch.step == 4
     assert mismatch.replayed == (("b", 5, 1), ("c", 0, 40))
+    assert mismatch.reason.endswith("(recorded only: [('c', 16, 24)]; replayed only: [('c', 0, 40)])")
     short = compare_steps(log, range(3, 6), replayed, ids).mismatch
     assert short is not None
     assert short.reason == "the replay ended before this step"
