@@ -20,8 +20,11 @@
   has none (`schemas.schedule`).
 - **Grammars.** A request with structured outputs waits, after it arrives, for its grammar to compile in the
   background; the scheduler passes it over meanwhile, for as many steps as compiling took, which no replay
-  reproduces by timing. The recorder marks such arrivals, and the replay adds them before their first *scheduled*
-  step instead (`FillerPlan.due_step`), their grammar compiled already (the lane waits for it).
+  reproduces by timing. The recorder marks such arrivals. One that production passed over (a request that arrived
+  after it was scheduled before it) is added before its first *scheduled* step instead (`FillerPlan.due_step`);
+  one that kept its place in the queue (it waited for the token budget, not for its grammar) is added where it
+  arrived, so it stands before the requests that arrived after it, as it did. The lane waits for every grammar
+  to compile before it steps on.
 - **Notes.** What the log cannot give (a provider before the log starts, a cached prefix that held another
   request's generated tokens, a request that never finished in the log) is said in `ReplayPlan.notes`.
 """
@@ -178,11 +181,34 @@ def plan_replay(
                 hit_blocks=tuple(hits[rid]),
                 target_prefix=forced[rid][0] if rid in forced else 0,
                 prefix_of=forced[rid][1] if rid in forced else None,
-                due_step=steps[0] if a.structured_output and steps else a.step,
+                due_step=steps[0] if a.structured_output and steps and _passed_over(log, a) else a.step,
             )
         )
     plans.sort(key=lambda p: p.due_step)  # stable: arrival order among requests due before the same step
     return ReplayPlan(target=target, start_step=start, end_step=end, requests=plans, notes=notes, periods=spans)
+
+
+def _passed_over(log: ScheduleLog, arrival: RequestArrival) -> bool:
+    """Whether a request that arrived after ``arrival`` was scheduled before it: at an earlier step than its first,
+    or earlier in the same step (the scheduler takes its waiting queue in arrival order, so only a grammar still
+    compiling lets a later one go first)."""
+    rid = arrival.engine_request_id
+    own = log.requests.get(rid)
+    if own is None or not own.steps:
+        return False
+    first = own.steps[0]
+    order = list(log.arrivals)
+    later = set(order[order.index(rid) + 1 :])
+    for number in range(arrival.step, first + 1):
+        step = log.steps.get(number)
+        if step is None:
+            continue
+        for scheduled in step.scheduled:
+            if scheduled.engine_request_id == rid:
+                return False
+            if scheduled.engine_request_id in later:
+                return True
+    return False
 
 
 def check_target(log: ScheduleLog, target: str, num_prompt_tokens: int) -> None:

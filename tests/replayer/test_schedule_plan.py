@@ -170,3 +170,31 @@ def test_a_filler_that_provided_another_real_requests_prefix_carries_that_reques
     assert plan.end_step == 6  # the window runs until c, the last of them, finished
     alone = {p.arrival.engine_request_id: p for p in plan_replay(burst_log(), "b").requests}
     assert (alone["a"].target_prefix, alone["a"].prefix_of) == (0, None)  # b alone reads nothing of a
+
+
+def _grammar_log(passed_over: bool) -> ScheduleLog:
+    """p fills step 0's budget; x (structured outputs) and y arrive with it. x either keeps its place in the queue
+    (scheduled at step 1 before y) or is passed over while its grammar compiles (y at step 1, x at step 2)."""
+    x = arrival("x", 0, 20).model_copy(update={"structured_output": True})
+    later = (
+        [step(1, [("p", 250, 1), ("y", 0, 20)]), step(2, [("p", 251, 1), ("y", 20, 1), ("x", 0, 20)])]
+        if passed_over
+        else [
+            step(1, [("p", 250, 1), ("x", 0, 20), ("y", 0, 20)]),
+            step(2, [("p", 251, 1), ("x", 20, 1), ("y", 20, 1)]),
+        ]
+    )
+    return ScheduleLog.from_records(
+        [engine(), arrival("p", 0, 250), x, arrival("y", 0, 20), step(0, [("p", 0, 250)]), *later]
+    )
+
+
+def test_a_structured_request_that_kept_its_place_is_added_where_it_arrived() -> None:
+    """It waited for the token budget, not its grammar: added at its arrival, it stands before y, as it did."""
+    plan = plan_replay(_grammar_log(passed_over=False), "p")
+    assert [(p.arrival.engine_request_id, p.due_step) for p in plan.requests] == [("p", 0), ("x", 0), ("y", 0)]
+
+
+def test_a_structured_request_passed_over_while_its_grammar_compiled_is_added_where_it_was_scheduled() -> None:
+    plan = plan_replay(_grammar_log(passed_over=True), "p")
+    assert [(p.arrival.engine_request_id, p.due_step) for p in plan.requests] == [("p", 0), ("y", 0), ("x", 2)]
