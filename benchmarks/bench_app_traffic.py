@@ -31,12 +31,8 @@ from typing import Any
 
 import httpx
 
-from capture.app import build_app
-from capture.metrics import CaptureMetrics
-from capture.settings import CaptureSettings
-from infra import paths, servers
+from infra import paths
 from infra.stack import LocalStack
-from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.schedule_replay import Companions, ScheduleReplayer
@@ -44,9 +40,8 @@ from replayer.schedule_store import ScheduleStore
 from replayer.settings import ReplayerSettings
 from schemas import ReplayResult
 from schemas.schedule import EngineStart
-from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
-from tests.replayer.scheduled_stack import ship_schedules
+from tests.replayer.scheduled_stack import ship_schedules, stack_replayer_settings, stack_sidecar
 from tests.replayer.test_traffic_stack import CLAIM, CLAIM_SCHEMA, POLICY, WEATHER
 
 MODEL = "smollm2-135m-instruct"
@@ -137,16 +132,8 @@ def main() -> int:
         help="busy_period: each busy period replayed once for all its captured requests; request: one replay each",
     )  # fmt: skip
     args = parser.parse_args()
-    run_dir = paths.run_dir()
-    stack: StackInfo = LocalStack(run_dir).info()  # the running stack (started elsewhere)
-    assert stack.vllm_url is not None
-    env = stack_defaults(stack)
-    settings = CaptureSettings(
-        upstream=stack.vllm_url, spool_max_bytes=1 << 24, schedule_recorder=servers.RECORDER_NAME, auth_mode="off",
-        runtime_path=env["REPROLANE_CAPTURE_RUNTIME_PATH"], manifest_path=env["REPROLANE_CAPTURE_MANIFEST_PATH"],
-    )  # fmt: skip
-    spool = FakeSpool()
-    app = build_app(settings, spool=spool, metrics=CaptureMetrics())
+    stack: StackInfo = LocalStack(paths.run_dir()).info()  # the running stack (started elsewhere)
+    app, spool = stack_sidecar(stack)
     cats = categories()
     sent: list[tuple[str, httpx.Response]] = []
     started = time.monotonic()
@@ -160,13 +147,7 @@ def main() -> int:
     while len({e.request_id for e in spool.envelopes} & set(captured)) < len(captured) and time.monotonic() < deadline:
         time.sleep(0.2)
     envelopes = {e.request_id: e for e in spool.envelopes if e.request_id in captured}
-    store_settings = ReplayerSettings(
-        **{
-            k.removeprefix("REPROLANE_REPLAYER_").lower(): v
-            for k, v in env.items()
-            if k.startswith("REPROLANE_REPLAYER_")
-        }
-    )
+    store_settings = stack_replayer_settings(stack)
     asyncio.run(ship_schedules(stack, store_settings, list(envelopes.values()), Path(tempfile.mkdtemp())))
     store = ScheduleStore.from_settings(store_settings)
     lanes: list[ScheduleLane] = []

@@ -36,12 +36,8 @@ from typing import Any
 
 import httpx
 
-from capture.app import build_app
-from capture.metrics import CaptureMetrics
-from capture.settings import CaptureSettings
-from infra import paths, servers
+from infra import paths
 from infra.stack import LocalStack
-from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
@@ -50,9 +46,8 @@ from replayer.schedule_store import ScheduleStore
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, ReplayResult
 from schemas.schedule import EngineStart
-from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
-from tests.replayer.scheduled_stack import ship_schedules
+from tests.replayer.scheduled_stack import ship_schedules, stack_replayer_settings, stack_sidecar
 
 #: The shared system prompt, behind a nonce of this run: an earlier run's cached blocks would make their busy
 #: period a prefix-cache provider that every replay of this run's period replays first.
@@ -134,14 +129,7 @@ def main() -> int:
     parser.add_argument("--per-request", type=int, default=2, help="envelopes also replayed one at a time")
     args = parser.parse_args()
     stack: StackInfo = LocalStack(paths.run_dir()).info()
-    assert stack.vllm_url is not None
-    env = stack_defaults(stack)
-    settings = CaptureSettings(
-        upstream=stack.vllm_url, spool_max_bytes=1 << 24, schedule_recorder=servers.RECORDER_NAME, auth_mode="off",
-        runtime_path=env["REPROLANE_CAPTURE_RUNTIME_PATH"], manifest_path=env["REPROLANE_CAPTURE_MANIFEST_PATH"],
-    )  # fmt: skip
-    spool = FakeSpool()
-    app = build_app(settings, spool=spool, metrics=CaptureMetrics())
+    app, spool = stack_sidecar(stack)
     replies, production_s = asyncio.run(produce(app, bodies(args.n), args.clients))
     assert all(r.status_code == 200 for r in replies), [r.text[:200] for r in replies if r.status_code != 200]
     by_id = {r.headers["x-reprolane-request-id"]: r for r in replies}
@@ -150,9 +138,7 @@ def main() -> int:
     while len({e.request_id for e in spool.envelopes} & set(by_id)) < len(by_id) and time.monotonic() < deadline:
         time.sleep(0.2)
     envelopes: dict[str, Envelope] = {e.request_id: e for e in spool.envelopes if e.request_id in by_id}
-    replayer_settings = ReplayerSettings(**{
-        k.removeprefix("REPROLANE_REPLAYER_").lower(): v for k, v in env.items() if k.startswith("REPROLANE_REPLAYER_")
-    })  # fmt: skip
+    replayer_settings = stack_replayer_settings(stack)
     asyncio.run(ship_schedules(stack, replayer_settings, list(envelopes.values()), Path(tempfile.mkdtemp())))
     store = ScheduleStore.from_settings(replayer_settings)
     lanes = TimedLanes()

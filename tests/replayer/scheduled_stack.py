@@ -45,6 +45,29 @@ def schedule_dir(stack: StackInfo) -> Path:
     return Path(directory)
 
 
+def stack_sidecar(stack: StackInfo) -> tuple[Any, FakeSpool]:
+    """The real sidecar app in front of the running stack's recording vLLM (auth off, the stack's runtime and
+    manifest), with its spool: what the benchmarks drive traffic through."""
+    assert stack.vllm_url is not None
+    env = stack_defaults(stack)
+    settings = CaptureSettings(
+        upstream=stack.vllm_url, spool_max_bytes=1 << 24, schedule_recorder=servers.RECORDER_NAME, auth_mode="off",
+        runtime_path=env["REPROLANE_CAPTURE_RUNTIME_PATH"], manifest_path=env["REPROLANE_CAPTURE_MANIFEST_PATH"],
+    )  # fmt: skip
+    spool = FakeSpool()
+    return build_app(settings, spool=spool, metrics=CaptureMetrics()), spool
+
+
+def stack_replayer_settings(stack: StackInfo) -> ReplayerSettings:
+    """The replayer's settings for the running stack (its S3, Kafka), as `reprolane` reads them from the
+    environment the stack's launcher prints."""
+    prefix = "REPROLANE_REPLAYER_"
+    fields: dict[str, Any] = {
+        k.removeprefix(prefix).lower(): v for k, v in stack_defaults(stack).items() if k.startswith(prefix)
+    }
+    return ReplayerSettings(**fields)
+
+
 def chat(content: str, max_tokens: int) -> dict[str, Any]:
     return {
         "model": "smollm2-135m-instruct",
