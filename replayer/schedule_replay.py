@@ -2,11 +2,15 @@
 
 `replayer.schedule_window.read_window` gives the part of the production engine's log the envelope's replay needs
 (its busy period and the prefix-cache providers' periods); this module turns it into the lane's
-`schemas.schedule_log.ScheduleLog`, replays choice 0 of the envelope as the target
-(`replayer.lanes.schedule_lane.ScheduleLane.replay_target`: fillers of the recorded shapes stand in for every
-companion) and compares it with the capture exactly as every other lane's replay is compared
+`schemas.schedule_log.ScheduleLog`, replays the envelope's engine requests (every choice) as targets
+(`replayer.lanes.schedule_lane.ScheduleLane.replay_requests`: fillers of the recorded shapes stand in for every
+companion) and compares each with the capture exactly as every other lane's replay is compared
 (`replayer.replay.replay_envelope`), so a schedule replay's event is the same contract with two more fields:
 whether every replayed step had the recorded shapes, and the first step that did not.
+
+A busy period replayed once for all its captured requests (`replay_unit=busy_period`, issue 32): the same run with
+the real content of every member (`period_members`, `ScheduleReplayer._period`) and one result per request
+(`replay_period_on_schedule`, `Companions`).
 
 A window that is not complete (a segment not shipped yet, a finish the log does not reach) is not replayed here:
 `NotReplayableError` says what the log lacks, and the caller falls back to the one-at-a-time lane. The service
