@@ -356,13 +356,9 @@ class ScheduleReplayer:
         """The envelope's window, looked for again while it is not shipped yet (not found, or the log ends before
         the request finished) and the capture is younger than ``schedule_wait_s``."""
         deadline = envelope.captured_at + timedelta(seconds=self.settings.schedule_wait_s)
-        if self._read is None:
-            from replayer.schedule_window import read_window
-
-            self._read = read_window
         while True:
             try:
-                window = self._read(store, envelope)
+                window = self._read_window(store, envelope)
             except ScheduleNotFoundError:
                 if self._now() >= deadline:
                     raise
@@ -439,12 +435,13 @@ class ScheduleReplayer:
         try:
             assert found.engine is not None  # find answers a reason for a window without one
             lane = self._lane(found.engine)
-            if stored is not None and (done := stored(envelope, lane.fingerprint().sha256())) is not None:
+            fingerprint_sha256 = lane.fingerprint().sha256()
+            if stored is not None and (done := stored(envelope, fingerprint_sha256)) is not None:
                 return done
             if companions is None:
                 result, _ = replay_on_schedule(envelope, found, lane, self.settings, reply_to=reply_to)
                 return result
-            lead, members = self._period(envelope, found, lane.fingerprint().sha256(), stored, companions)
+            lead, members = self._period(envelope, found, fingerprint_sha256, stored, companions)
             results, _ = replay_period_on_schedule(envelope, lead, lane, self.settings, members, reply_to=reply_to)
         except (NotReplayableError, StoreError, LaneUnavailableError) as exc:
             return str(exc)
@@ -470,7 +467,8 @@ class ScheduleReplayer:
         lane yet. A member is a request whose own index entries name exactly the engine
         requests the log's ids point at (anyone who can reach the engine directly can name an engine request after
         a captured request's id; such a one stays a filler). A companion whose window cannot be read is not one."""
-        assert self._store is not None  # find set it
+        store = self._store
+        assert store is not None  # find set it
         indexed: dict[str, tuple[Envelope, ScheduleWindow] | None] = {}
 
         def own_window(request_id: str) -> tuple[Envelope, ScheduleWindow] | None:
@@ -483,7 +481,7 @@ class ScheduleReplayer:
                 if member.artifacts.adapter_name is not None:  # the lane's engine runs no adapter: a filler
                     return None
                 try:
-                    theirs = self._read_window(member)
+                    theirs = self._read_window(store, member)
                 except (NotReplayableError, StoreError, LaneUnavailableError):
                     return None
                 if theirs.complete and theirs.engine == window.engine:
@@ -518,13 +516,14 @@ class ScheduleReplayer:
             members[request_id] = (member, arrivals)
         return lead, members
 
-    def _read_window(self, envelope: Envelope) -> ScheduleWindow:
+    def _read_window(self, store: ScheduleStore, envelope: Envelope) -> ScheduleWindow:
+        """The envelope's window as the store holds it now (`replayer.schedule_window.read_window`, unless the
+        replayer was given another reader)."""
         if self._read is None:
             from replayer.schedule_window import read_window
 
             self._read = read_window
-        assert self._store is not None
-        return self._read(self._store, envelope)
+        return self._read(store, envelope)
 
     def close(self) -> None:
         for lane in self._lanes.values():

@@ -122,24 +122,29 @@ def choice_index(engine_request_id: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+#: The external id vLLM's OpenAI server gives choice 0's engine request of a request sent with ``X-Request-Id: X``,
+#: per endpoint: (prefix, suffix) around X (a completions request's first prompt is ``-0``).
+_EXTERNAL_ID_FORMS: Final = {"chat.completions": ("chatcmpl-", ""), "completions": ("cmpl-", "-0")}
+
+
 def external_request_id_for(endpoint: str, request_id: str) -> str:
     """The external id vLLM's OpenAI server gives the engine request of a captured request sent with
     ``X-Request-Id: <request_id>`` (choice 0's: a completions request's first prompt)."""
-    if endpoint == "chat.completions":
-        return f"chatcmpl-{request_id}"
-    if endpoint == "completions":
-        return f"cmpl-{request_id}-0"
-    raise ContractError(f"no schedule id for endpoint {endpoint!r}")
+    form = _EXTERNAL_ID_FORMS.get(endpoint)
+    if form is None:
+        raise ContractError(f"no schedule id for endpoint {endpoint!r}")
+    prefix, suffix = form
+    return f"{prefix}{request_id}{suffix}"
 
 
 def request_id_of(external_id: str) -> str | None:
     """The captured request id an external id names (`external_request_id_for` read backwards: choice 0's engine
     request of a chat request, or of a completions request's first prompt), None for any other id (a request sent
     to the engine without the sidecar's ``X-Request-Id``, or a completions request's later prompt)."""
-    if external_id.startswith("chatcmpl-"):
-        return external_id.removeprefix("chatcmpl-") or None
-    if external_id.startswith("cmpl-") and external_id.endswith("-0"):
-        return external_id.removeprefix("cmpl-").removesuffix("-0") or None
+    for prefix, suffix in _EXTERNAL_ID_FORMS.values():
+        if external_id.startswith(prefix) and external_id.endswith(suffix):
+            request_id = external_id.removeprefix(prefix).removesuffix(suffix)
+            return request_id or None
     return None
 
 

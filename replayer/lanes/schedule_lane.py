@@ -263,19 +263,15 @@ class ScheduleLane:
     # -- the replays --------------------------------------------------------------------------------------------
 
     def replay_target(self, log: ScheduleLog, target: str, request: GenRequest) -> ScheduleReplay:
-        """Replay ``target`` (engine request id in ``log``) with fillers for every other request of its window.
-        Refused for a mixture-of-experts model (`moe_markers`): its numbers depend on companions' content."""
+        """Replay ``target`` (engine request id in ``log``) with fillers for every other request of its window
+        (`replay_requests` of the one request). Refused for a mixture-of-experts model (`moe_markers`): its numbers
+        depend on companions' content."""
         if self.moe:
             raise NotReplayableError(
                 "mixture-of-experts model (" + ", ".join(self.moe) + "): expert routing depends on the companions' "
                 "content, so filler companions cannot reproduce the batch; use window replay with real content"
             )
-        try:
-            check_target(log, target, len(request.prompt_token_ids))
-        except (KeyError, ValueError) as exc:
-            raise NotReplayableError(str(exc)) from exc
-        plan = self._plan(log, target)
-        return self._thread.call(self._run, log, plan, {target: request})
+        return self.replay_requests(log, {target: request})
 
     def replay_requests(self, log: ScheduleLog, requests: Mapping[str, GenRequest]) -> ScheduleReplay:
         """Replay several requests of the log with their real content in one run (``requests``: by engine request
