@@ -181,22 +181,26 @@ def plan_replay(
                 hit_blocks=tuple(hits[rid]),
                 target_prefix=forced[rid][0] if rid in forced else 0,
                 prefix_of=forced[rid][1] if rid in forced else None,
-                due_step=steps[0] if a.structured_output and steps and _passed_over(log, a) else a.step,
+                due_step=steps[0] if a.structured_output and steps and _waited_for_grammar(log, a) else a.step,
             )
         )
     plans.sort(key=lambda p: p.due_step)  # stable: arrival order among requests due before the same step
     return ReplayPlan(target=target, start_step=start, end_step=end, requests=plans, notes=notes, periods=spans)
 
 
-def _passed_over(log: ScheduleLog, arrival: RequestArrival) -> bool:
-    """Whether a request that arrived after ``arrival`` was scheduled before it: at an earlier step than its first,
-    or earlier in the same step (the scheduler takes its waiting queue in arrival order, so only a grammar still
-    compiling lets a later one go first)."""
+def _waited_for_grammar(log: ScheduleLog, arrival: RequestArrival) -> bool:
+    """Whether a structured-output request was held back by its grammar (still compiling), not by the token budget.
+
+    The scheduler takes its waiting queue in arrival order and skips only a request whose grammar is not ready. So
+    it waited for its grammar if, at a step between its arrival and its first, a later arrival was scheduled before
+    it, or the step left room it would have taken (with chunked prefill, any token of budget and a free sequence
+    slot). Otherwise it waited for the budget and kept its place in the queue."""
     rid = arrival.engine_request_id
     own = log.requests.get(rid)
     if own is None or not own.steps:
         return False
     first = own.steps[0]
+    engine = log.engine
     order = list(log.arrivals)
     later = set(order[order.index(rid) + 1 :])
     for number in range(arrival.step, first + 1):
@@ -207,6 +211,10 @@ def _passed_over(log: ScheduleLog, arrival: RequestArrival) -> bool:
             if scheduled.engine_request_id == rid:
                 return False
             if scheduled.engine_request_id in later:
+                return True
+        if engine is not None and engine.enable_chunked_prefill:
+            tokens = sum(s.num_scheduled_tokens for s in step.scheduled)
+            if tokens < engine.max_num_batched_tokens and len(step.scheduled) < engine.max_num_seqs:
                 return True
     return False
 

@@ -177,15 +177,15 @@ def _grammar_log(passed_over: bool) -> ScheduleLog:
     (scheduled at step 1 before y) or is passed over while its grammar compiles (y at step 1, x at step 2)."""
     x = arrival("x", 0, 20).model_copy(update={"structured_output": True})
     later = (
-        [step(1, [("p", 250, 1), ("y", 0, 20)]), step(2, [("p", 251, 1), ("y", 20, 1), ("x", 0, 20)])]
+        [step(1, [("p", 256, 1), ("y", 0, 20)]), step(2, [("p", 257, 1), ("y", 20, 1), ("x", 0, 20)])]
         if passed_over
         else [
-            step(1, [("p", 250, 1), ("x", 0, 20), ("y", 0, 20)]),
-            step(2, [("p", 251, 1), ("x", 20, 1), ("y", 20, 1)]),
+            step(1, [("p", 256, 1), ("x", 0, 20), ("y", 0, 20)]),
+            step(2, [("p", 257, 1), ("x", 20, 1), ("y", 20, 1)]),
         ]
     )
     return ScheduleLog.from_records(
-        [engine(), arrival("p", 0, 250), x, arrival("y", 0, 20), step(0, [("p", 0, 250)]), *later]
+        [engine(), arrival("p", 0, 256), x, arrival("y", 0, 20), step(0, [("p", 0, 256)]), *later]
     )
 
 
@@ -198,3 +198,14 @@ def test_a_structured_request_that_kept_its_place_is_added_where_it_arrived() ->
 def test_a_structured_request_passed_over_while_its_grammar_compiled_is_added_where_it_was_scheduled() -> None:
     plan = plan_replay(_grammar_log(passed_over=True), "p")
     assert [(p.arrival.engine_request_id, p.due_step) for p in plan.requests] == [("p", 0), ("y", 0), ("x", 2)]
+
+
+def test_a_structured_request_left_out_of_a_step_with_room_waited_for_its_grammar() -> None:
+    """Every request arrived at once (the CI case): q took 20 of 256 tokens at step 0, x was left out though the
+    budget had room and nobody after it went first. Only its grammar held it: it is added where it was scheduled."""
+    x = arrival("x", 0, 20).model_copy(update={"structured_output": True})
+    log = ScheduleLog.from_records(
+        [engine(), arrival("q", 0, 20), x, step(0, [("q", 0, 20)]), step(1, [("q", 20, 1), ("x", 0, 20)])]
+    )
+    plan = plan_replay(log, "q")
+    assert [(p.arrival.engine_request_id, p.due_step) for p in plan.requests] == [("q", 0), ("x", 1)]
