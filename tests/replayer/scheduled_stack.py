@@ -7,7 +7,10 @@ real shipper (`capture.schedule.shipper.Shipper`) ships the closed segments, wit
 to the same S3. It ships a *copy* of the segments (the shipper deletes what it shipped): the stack's own directory
 is left as it is for whoever else ships it (a segment shipped twice holds the same bytes: a redelivery).
 
-Used by tests/replayer/test_one_verdict_stack.py and benchmarks/replay_latency.py.
+`replay_by_period` replays such envelopes as the service does with ``replay_unit = "busy_period"``: one lane run per
+busy period, every captured request of it with its real content.
+
+Used by the schedule-replay stack tests and benchmarks/replay_latency.py.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from infra import servers
 from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
-from replayer.schedule_store import ScheduleStore
+from replayer.lanes.schedule_lane import ScheduleLane, ScheduleReplay
+from replayer.schedule_replay import period_members, replay_on_schedule, replay_period_on_schedule
+from replayer.schedule_store import ScheduleStore, ScheduleWindow
 from replayer.schedule_window import read_window
 from replayer.settings import ReplayerSettings
-from schemas import Envelope
+from schemas import Envelope, ReplayResult
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
 from tests.replayer.support import S3Target, seed_envelope
@@ -144,3 +149,32 @@ async def ship_schedules(stack: StackInfo, settings: ReplayerSettings, envelopes
     finally:
         await shipper.close()
     assert shipper.quarantined == 0
+
+
+def replay_by_period(
+    envelopes: list[Envelope],
+    windows: list[ScheduleWindow],
+    lane: ScheduleLane,
+    settings: ReplayerSettings,
+    *,
+    alone: int = 1,
+) -> dict[str, tuple[ReplayResult, ScheduleReplay]]:
+    """Every envelope replayed on its schedule, by request id: the first ``alone`` each on its own with fillers for
+    every companion (``replay_unit = "request"``), the rest once per busy period with the real content of its
+    captured requests (``"busy_period"``). A request its period's run could not replay gets a run of its own."""
+    by_id = {e.request_id: e for e in envelopes}
+    results: dict[str, tuple[ReplayResult, ScheduleReplay]] = {}
+    for i, (envelope, window) in enumerate(zip(envelopes, windows, strict=True)):
+        if envelope.request_id in results:
+            continue
+        if i < alone:
+            results[envelope.request_id] = replay_on_schedule(envelope, window, lane, settings)
+            continue
+        members = {
+            rid: (by_id[rid], arrivals)
+            for rid, arrivals in period_members(window).items()
+            if rid in by_id and rid not in results
+        }
+        period, replay = replay_period_on_schedule(envelope, window, lane, settings, members)
+        results.update({rid: (result, replay) for rid, result in period.items()})
+    return results

@@ -52,6 +52,7 @@ from schemas import CapturedOutput, Envelope, ReplayedOutput, ReplayResult
 from schemas.schedule import EngineStart, RequestArrival
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
+from tests.replayer.scheduled_stack import replay_by_period
 from tests.replayer.test_schedule_lane_model import model_dir
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
@@ -210,15 +211,18 @@ async def _ship_windows(recording_vllm: StackInfo, envelopes: list[Envelope]) ->
 
 
 def _replay_all(box: dict[str, ScheduleLane], envelopes: list[Envelope], windows: list[ScheduleWindow]) -> None:
-    """Every envelope replayed on its schedule: bitwise, the schedule reproduced, no filler holding another
-    captured prompt. Every replay runs before the assertion, so a failure lists them all."""
+    """Every envelope replayed on its schedule (`replay_by_period`: the first alone with fillers, the rest once per
+    busy period): bitwise, the schedule reproduced, no filler holding another captured prompt. Every replay runs
+    before the assertion, so a failure lists them all."""
     settings = ReplayerSettings(model_dir=model_dir())
+    results = replay_by_period(envelopes, windows, _lane(box, windows[0]), settings)
+    assert sorted(results) == sorted(e.request_id for e in envelopes)
     failures = []
-    for envelope, window in zip(envelopes, windows, strict=True):
-        result, replay = replay_on_schedule(envelope, window, _lane(box, window), settings)
+    for envelope in envelopes:
+        result, replay = results[envelope.request_id]
         event = result.event
         assert event.lane == "schedule"
-        # fillers never carry another request's content (a prefix-cache provider carries the target's own tokens)
+        # fillers never carry another request's content (a prefix-cache provider: a real request's first blocks)
         others = [e.prompt.token_ids for e in envelopes if e is not envelope and e.prompt is not None]
         for filler in replay.fillers.values():
             assert all(filler[: len(o)] != o for o in others)

@@ -7,7 +7,9 @@ output constraint as data (`schemas.OutputConstraint`); the shipper ships the sc
 envelope is replayed on the schedule lane, which applies the same constraint through vLLM's own code.
 
 The reference is what the *client* received (its ``return_token_ids`` and per-token logprobs), not the stored copy:
-every replay must give the same token ids and the same logprobs, sent all at once (batched) and staggered.
+every replay must give the same token ids and the same logprobs, sent all at once (batched) and staggered. The
+first request is replayed on its own with fillers; the rest once per busy period, with every captured request's real
+content (`tests.replayer.scheduled_stack.replay_by_period`).
 """
 
 from __future__ import annotations
@@ -27,14 +29,13 @@ from infra import servers
 from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.lanes.schedule_lane import ScheduleLane
-from replayer.schedule_replay import replay_on_schedule
 from replayer.schedule_store import ScheduleStore, ScheduleWindow
 from replayer.schedule_window import read_window
 from replayer.settings import ReplayerSettings
 from schemas import CapturedOutput, Envelope
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
-from tests.replayer.scheduled_stack import ship_schedules
+from tests.replayer.scheduled_stack import replay_by_period, ship_schedules
 from tests.replayer.test_schedule_lane_model import model_dir
 from tests.replayer.test_schedule_replay_stack import _fields, _spooled
 
@@ -115,7 +116,7 @@ TRAFFIC: dict[str, dict[str, Any]] = {
 def sidecar(stack: StackInfo) -> dict[str, Any]:
     """The real sidecar in front of the session stack's vLLM (which records its schedule)."""
     assert stack.vllm_url is not None
-    env = stack_defaults(stack)  # the stack's runtime file and manifest: what `reprolane capture serve` reads
+    env = stack_defaults(stack)  # the stack's runtime file and manifest: what `reprolane serve capture` reads
     settings = CaptureSettings(
         upstream=stack.vllm_url,
         spool_max_bytes=1 << 22,
@@ -208,12 +209,13 @@ async def test_application_traffic_replays_bitwise_against_what_the_client_recei
     if gaps_s == 0.0:
         assert max(len(s.scheduled) for w in windows for s in w.steps) > 1, "vLLM never batched the requests"
     settings = ReplayerSettings(model_dir=model_dir())
+    assert windows[0].engine is not None
+    if "lane" not in lane_box:
+        lane_box["lane"] = ScheduleLane(settings, windows[0].engine)
+    results = replay_by_period(envelopes, windows, lane_box["lane"], settings)  # the first alone, the rest by period
     failures = []
-    for name, reply, envelope, window in zip(names, replies, envelopes, windows, strict=True):
-        assert window.engine is not None
-        if "lane" not in lane_box:
-            lane_box["lane"] = ScheduleLane(settings, window.engine)
-        result, _ = replay_on_schedule(envelope, window, lane_box["lane"], settings)
+    for name, reply, envelope in zip(names, replies, envelopes, strict=True):
+        result, _ = results[envelope.request_id]
         token_ids, logprobs = _client_reference(reply)
         replayed = result.replayed
         assert isinstance(envelope.outcome, CapturedOutput)
