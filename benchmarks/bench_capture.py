@@ -10,7 +10,7 @@ Every piece runs in its own process on 127.0.0.1: a fast OpenAI-shaped upstream 
 uvloop, vLLM 0.32's response shapes: ``prompt_token_ids``, ``token_ids``, logprobs when asked, spelled as vLLM
 spells them under ``return_tokens_as_token_ids`` and with full-precision values, ``system_fingerprint``,
 ``/version``; ``/v1/completions`` too, for bench_shadow.py's shadow candidates), the sidecar started through the
-real CLI (``reprolane capture serve``) once per mode with a real spool on disk and no sinks, LiteLLM's proxy from
+real CLI (``reprolane serve capture``) once per mode with a real spool on disk and no sinks, LiteLLM's proxy from
 its own venv (created on demand, skipped with a printed reason when it cannot be installed), and a load generator
 (aiohttp, N clients sending back to back for a fixed time, the first second dropped as warm-up).
 

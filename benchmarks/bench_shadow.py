@@ -9,7 +9,7 @@ the request id and ``put_nowait``s the envelope; workers send it later). This me
 client's side. Built from bench_capture.py's parts (its fast fake upstream, load generator, process handling,
 percentiles), every piece in its own process on 127.0.0.1:
 
-- three sidecars through the real CLI (``reprolane capture serve``, the same ``--mode``, a spool on disk, no
+- three sidecars through the real CLI (``reprolane serve capture``, the same ``--mode``, a spool on disk, no
   sinks) in front of the same fast upstream: ``off`` without shadowing; ``fast`` with ``--shadow-upstream`` a
   second fake upstream that answers the shadow's ``/v1/completions`` at once, ``--shadow-sample 1.0``; ``slow``
   with a third one that answers only after ``--slow-delay-s``, past the sidecar's shadow timeout

@@ -6,7 +6,7 @@ bare start, in one run.
 Against a running local stack whose vLLM records its schedule (``reprolane stack up``; ``REPROLANE_RUN_DIR`` or
 ``./.reprolane/stack``): sends `n` + 1 short greedy chat requests, one at a time, through the real sidecar to the
 stack's vLLM, stores their envelopes in its S3 and ships their schedule with the real shipper
-(`tests.replayer.scheduled_stack`); starts ``reprolane replayer serve`` (one-at-a-time lane ``remote``, schedule
+(`tests.replayer.scheduled_stack`); starts ``reprolane serve replayer`` (one-at-a-time lane ``remote``, schedule
 lanes built on demand) with uuid topics and a replay-request key file; asks it once to build its schedule lane
 (the first answer, timed apart); then, alternating so both see the same machine load, times
 
@@ -81,7 +81,7 @@ def cli(env: dict[str, str], *args: str) -> tuple[float, subprocess.CompletedPro
 def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [*reprolane_argv(), "replayer", "serve", "--metrics-port", "0"], env=env, stdout=out, stderr=out,
+            [*reprolane_argv(), "serve", "replayer", "--metrics-port", "0"], env=env, stdout=out, stderr=out,
             start_new_session=True,
         )  # fmt: skip
 

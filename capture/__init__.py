@@ -8,7 +8,7 @@
 - `passthrough`: every path not captured, forwarded byte for byte, counted (refused under refuse_uncaptured).
 - `request_headers`: the request id and the ``X-Reprolane-*`` headers of a captured request.
 - `edge`: ASGI plumbing (bodies, headers, JSON, OpenAI-format errors, disconnects, recent request ids).
-- `http_server`: uvicorn as `capture serve` runs it: the parser pinned, concurrency bounded, heads on a deadline.
+- `http_server`: uvicorn as `serve capture` runs it: the parser pinned, concurrency bounded, heads on a deadline.
 - `upstream`: the pooled aiohttp client for the inference server, its errors translated.
 - `protocol`: the protocol per endpoint (`chat`, `completions`, `responses`, `messages`) and what they share:
   audit fields added and stripped, the sampling contract, the collected output, token spellings, SSE framing.
@@ -25,6 +25,6 @@
 - `ledger/`: what the sidecar writes and the audit jobs read (the Merkle log appender, sealing and data keys);
   the sidecar's modules import it, and of the jobs' package `audit/` nothing.
 - `schedule/`: the engine's schedule log (issue 22): the recorder vLLM loads, and the shipper beside vLLM that
-  delivers its closed segments to S3 and Kafka like envelopes (`reprolane capture schedules`).
+  delivers its closed segments to S3 and Kafka like envelopes (`reprolane serve schedules`).
 - `audit/`: the audit-evidence jobs (verify, checkpoints, retention, the lake); they never import the sidecar.
 """

@@ -1,4 +1,4 @@
-"""``reprolane capture serve``: run the sidecar (registered by infra/cli.py as the ``capture`` sub-app).
+"""``reprolane serve capture``: run the sidecar (registered by infra/cli.py as the ``capture`` sub-app).
 
 Flags mirror `CaptureSettings`; a flag left out falls back to the environment (``REPROLANE_CAPTURE_*``) and
 then to the default. `build_settings` and `serve` are the programmatic entry points (infra wires
@@ -40,7 +40,7 @@ capture_app = typer.Typer(name="capture", help="The capture sidecar.", no_args_i
 
 @capture_app.callback()
 def _group() -> None:
-    """The capture sidecar (a group even with one command, so ``capture serve`` keeps its name)."""
+    """The capture sidecar (a group even with one command, so ``serve capture`` keeps its name)."""
 
 
 def _json_flag(flag: str, value: str | None) -> Any:
@@ -134,7 +134,7 @@ def _tuple(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(values) if values else None
 
 
-#: Each ``capture serve`` option, under the `CaptureSettings` field it sets (None: not given, the environment
+#: Each ``serve capture`` option, under the `CaptureSettings` field it sets (None: not given, the environment
 #: decides), written once (`infra.clients.settings_options`).
 OPTIONS: dict[str, Any] = {
     "upstream": Annotated[str | None, typer.Option("--upstream", help="base URL of the OpenAI-compatible server")],
@@ -206,7 +206,7 @@ OPTIONS: dict[str, Any] = {
         typer.Option("--auth-mode", help="keys (default) | anonymous-allowed | trusted-proxy | off (local dev only)"),
     ],
     "api_keys_path": Annotated[
-        Path | None, typer.Option("--api-keys-path", help="the API key file (`capture add-key` writes it)")
+        Path | None, typer.Option("--api-keys-path", help="the API key file (`keys api` writes it)")
     ],
     "trusted_proxies": Annotated[
         list[str] | None,
@@ -236,7 +236,7 @@ FLAG_VALUES: dict[str, Callable[[Any], Any]] = {
 
 
 def settings_from_flags(**flags: Any) -> CaptureSettings:
-    """`build_settings` from ``capture serve``'s options; a value that does not validate is bad input (exit 2)."""
+    """`build_settings` from ``serve capture``'s options; a value that does not validate is bad input (exit 2)."""
     try:
         return build_settings(**{name: FLAG_VALUES.get(name, _same)(value) for name, value in flags.items()})
     except CaptureError as exc:  # a flag (or REPROLANE_CAPTURE_* value) that does not validate
@@ -252,7 +252,7 @@ def _same(value: Any) -> Any:
 def serve_command(settings: CaptureSettings) -> None:
     """Serve the capture sidecar in front of --upstream.
 
-    Example: reprolane capture serve --upstream http://127.0.0.1:8000 --port 8100 --mode guaranteed
+    Example: reprolane serve capture --upstream http://127.0.0.1:8000 --port 8100 --mode guaranteed
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
@@ -275,7 +275,7 @@ def schedules_command(
 ) -> None:
     """Ship the engine's schedule log: closed segments to S3 and Kafka, at least once (runs beside vLLM).
 
-    Example: reprolane capture schedules --schedule-dir /var/lib/reprolane/schedule-log/segments --once
+    Example: reprolane serve schedules --schedule-dir /var/lib/reprolane/schedule-log/segments --once
     """
     from capture.schedule.shipper import Shipper
     from capture.schedule.shipper_settings import ShipperSettings
@@ -318,7 +318,7 @@ def add_key_command(
 ) -> None:
     """Mint an API key: its hashed entry is added to KEYS_FILE, the key itself printed once (store it now).
 
-    Example: reprolane capture add-key infra/secrets/capture_api_keys.json --id app-1 --tenant acme
+    Example: reprolane keys api infra/secrets/capture_api_keys.json --id app-1 --tenant acme
     """
     entries = load_key_file(keys_file, field="KEYS_FILE") if keys_file.exists() else {}
     if key_id in entries:

@@ -1,7 +1,7 @@
 """The ``reprolane`` command line: the root Typer app, and the one place where an error becomes an exit code.
 
-To add a command or a command group, write it (a function, or a Typer app) in its own module and add one line
-to `COMMANDS`. A command never prints an error or exits by itself: it raises. `OneLineErrors` (the root group)
+The commands and their places are written once, in `infra.commands` (to add one: write it in its module, add
+one line to its tree). A command never prints an error or exits by itself: it raises. `OneLineErrors` (the root group)
 turns what it raises into one line on stderr, ``reprolane: error: <message>``, and the exit code of its tree:
 every error raised on purpose is a ``schemas.errors.ReprolaneError`` and carries its code (`exit_code`):
 
@@ -45,40 +45,11 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
 
+from infra.commands import SOURCES, TREE, Cmd, Group
 from infra.stack_env import apply_to_process
 from replayer.machine_output import engine_logs_to_stderr
 from schemas import ContractError
 from schemas.errors import ReprolaneError
-
-#: Every command, by the order ``--help`` lists them: name -> (module, attribute, kind). Modules are imported
-#: only when their command runs (or ``--help`` describes it), so ``reprolane capture serve`` does not carry the
-#: replayer, DuckDB and pyarrow in its memory, and each command starts in a fraction of the time. A ``group`` is
-#: a Typer sub-app; a ``command`` is a plain function registered under that name.
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "model": ("infra.model_cli", "model_app", "group"),
-    "stack": ("infra.stack_cli", "stack_app", "group"),
-    "demo": ("infra.demo_cli", "demo_command", "command"),
-    "fingerprint": ("infra.fingerprint_cli", "fingerprint_app", "group"),
-    "schemas": ("infra.schemas_cli", "schemas_app", "group"),
-    "capture": ("capture.cli", "capture_app", "group"),
-    "replayer": ("replayer.cli", "replayer_app", "group"),
-    "replay": ("replayer.cli", "replay_app", "group"),
-    "show": ("replayer.cli", "show_command", "command"),
-    "explain": ("replayer.matrix.cli", "explain_command", "command"),
-    "matrix": ("replayer.matrix.cli", "matrix_command", "command"),
-    "gate": ("infra.gate_cli", "gate_app", "group"),
-    "verify": ("capture.audit.cli", "verify_command", "command"),
-    "hold": ("capture.audit.cli", "hold_app", "group"),
-    "expire": ("capture.audit.cli", "expire_command", "command"),
-    "audit": ("capture.audit.cli", "audit_app", "group"),
-    "evidence": ("capture.audit.evidence_cli", "evidence_app", "group"),
-    "archiver": ("capture.audit.lake_cli", "archiver_app", "group"),
-    "lake": ("capture.audit.lake_cli", "lake_app", "group"),
-    "query": ("capture.audit.lake_cli", "query_command", "command"),
-    "keys": ("capture.audit.lake_cli", "keys_app", "group"),
-    "operator": ("capture.audit.operator_cli", "operator_app", "group"),
-    "console": ("infra.console.cli", "console_command", "command"),
-}
 
 
 def exit_code(exc: Exception) -> int | None:
@@ -100,30 +71,51 @@ def error_message(exc: Exception) -> str:
     return str(exc)
 
 
-def load_command(name: str) -> Any:
-    """Import one command and return it as a click command named `name`."""
-    module, attr, kind = COMMANDS[name]
-    target = getattr(importlib.import_module(module), attr)
-    if kind == "group":
-        return typer.main.get_group(target)
+def load_command(spec: Cmd, sources: Mapping[str, Any] | None = None) -> Any:
+    """Import one command of the tree (`infra.commands.Cmd`) and return it as a click command; ``sources``
+    replace `SOURCES` entries by name."""
+    if sources is not None and spec.source in sources:
+        target = sources[spec.source]
+    else:
+        module, attr = SOURCES[spec.source]
+        target = getattr(importlib.import_module(module), attr)
+    if isinstance(target, typer.Typer):
+        group = typer.main.get_group(target)
+        return group if spec.sub is None else group.commands[spec.sub]
     holder = typer.Typer(add_completion=False)  # the root has no completion options: nor have its commands
-    holder.command(name)(target)
+    holder.command(spec.source)(target)
     return typer.main.get_command(holder)
 
 
-class OneLineErrors(TyperGroup):
-    """Root command group: loads the commands of `COMMANDS` on demand, and turns what they raise into one line on
-    stderr and the exit code of its tree (`exit_code`)."""
+class LazyGroup(TyperGroup):
+    """A group of `infra.commands.TREE`: lists its node's commands and loads each on first use; old spellings
+    (`Group.hidden`) answer too, unlisted."""
+
+    node: Group = TREE
+    sources: Mapping[str, Any] = {}
 
     def list_commands(self, ctx: Any) -> list[str]:
-        return [*COMMANDS, *(name for name in super().list_commands(ctx) if name not in COMMANDS)]
+        return list(self.node.children)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name not in self.commands and cmd_name in COMMANDS:
-            command = load_command(cmd_name)
-            command.name = cmd_name
+        if cmd_name not in self.commands:
+            spec = self.node.children.get(cmd_name) or self.node.hidden.get(cmd_name)
+            if spec is None:
+                return None
+            if isinstance(spec, Group):
+                command: Any = LazyGroup(name=cmd_name, help=spec.help, no_args_is_help=True)
+                command.node, command.sources = spec, self.sources
+            else:
+                command = load_command(spec, self.sources)
+                command.name = cmd_name
+            command.hidden = cmd_name not in self.node.children
             self.commands[cmd_name] = command
-        return super().get_command(ctx, cmd_name)
+        return self.commands[cmd_name]
+
+
+class OneLineErrors(LazyGroup):
+    """Root command group (`infra.commands.TREE`): turns what its commands raise into one line on stderr and the
+    exit code of its tree (`exit_code`)."""
 
     def main(  # type: ignore[override]
         self,
@@ -162,24 +154,22 @@ def _root() -> None:
 
 
 def build_app(overrides: Mapping[str, Any] | None = None) -> typer.Typer:
-    """The ``reprolane`` app. `overrides` replace entries of `COMMANDS` by name: a Typer sub-app for a
-    ``group``, a function for a ``command`` (tests pass sub-apps built with injected factories)."""
+    """The ``reprolane`` app. `overrides` replace entries of `infra.commands.SOURCES` by name, wherever the tree
+    uses them: a Typer sub-app for an app, a function for a command (tests pass sub-apps built with injected
+    factories)."""
+    unknown = sorted(set(overrides or {}) - set(SOURCES))
+    if unknown:
+        raise KeyError(f"no command source {unknown[0]!r} to override; sources: {', '.join(SOURCES)}")
+    root = type("Root", (OneLineErrors,), {"sources": dict(overrides or {})})
     app = typer.Typer(
-        cls=OneLineErrors,
+        cls=root,
         name="reprolane",
-        help="Audit capture and deterministic replay for LLM inference.",
+        help=TREE.help,
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
     )
     app.callback()(_root)
-    for name, target in (overrides or {}).items():
-        if name not in COMMANDS:
-            raise KeyError(f"no command {name!r} to override; commands: {', '.join(COMMANDS)}")
-        if COMMANDS[name][2] == "group":
-            app.add_typer(target, name=name)
-        else:
-            app.command(name)(target)
     return app
 
 

@@ -13,7 +13,7 @@
 4. the bundled workload (`infra.demo_workload`) through the sidecar with the ``openai`` client and those keys;
 5. wait until every flagged envelope has its divergence event (read back from Kafka), every envelope verifies
    against a signed checkpoint, and the lake holds the run;
-6. the summary (`infra.demo_summary`), one replay by request id and one ``reprolane verify``, run as the auditor
+6. the summary (`infra.demo_summary`), one replay by request id and one ``reprolane audit verify``, run as the auditor
    would type them, and the commands that export and check its evidence and query the lake;
 7. the auditors' console for the run: a viewer and a hold-admin operator key minted into ``<run dir>/demo``
    (0600, `infra.demo_services.write_console_logins`), and how to start and open the console with them; with
@@ -167,7 +167,7 @@ def auditor_command(run_dir: Path, request_id: str) -> str:
     return f"{_run_dir_prefix(run_dir)}reprolane replay request {request_id}"
 
 
-#: Where ``reprolane console`` listens by default (`infra.console.settings.ConsoleSettings.port`).
+#: Where ``reprolane serve console`` listens by default (`infra.console.settings.ConsoleSettings.port`).
 CONSOLE_PORT = 8700
 
 
@@ -188,7 +188,8 @@ def console_lines(run_dir: Path, logins: ConsoleLogins, url: str | None, *, stac
         group, key = replayer
         replay = (f"REPROLANE_REPLAYER_GROUP_ID={group} REPROLANE_CONSOLE_REPLAY_KEYS_PATH={key.path} "
                   f"REPROLANE_CONSOLE_REPLAY_KEY_ID={key.key_id} ")  # fmt: skip
-    command = f"{_run_dir_prefix(run_dir)}REPROLANE_OPERATOR_KEYS_PATH={logins.keys_path} {replay}reprolane console"
+    operators = f"REPROLANE_OPERATOR_KEYS_PATH={logins.keys_path}"
+    command = f"{_run_dir_prefix(run_dir)}{operators} {replay}reprolane serve console"
     lines = [
         "The auditors' console for this run:",
         f"  $ {command}",
@@ -427,7 +428,7 @@ class Demo:
         self.echo(f"  (exit code {code}: {meaning})")
 
     def _auditor_proof(self, info: StackInfo, key: demo_audit.AuditKey) -> None:
-        """``reprolane verify`` run as the auditor types it, then the commands that check the rest by hand."""
+        """``reprolane audit verify`` run as the auditor types it, then the commands that check the rest by hand."""
         out = self.outcome
         rid = out.auditor_request_id or next(iter(sorted(out.envelopes)), None)
         if rid is None:
@@ -435,7 +436,7 @@ class Demo:
         prefix = _run_dir_prefix(info.run_dir)
         self.echo("")
         self.echo(f"An auditor proves the record (the audit key's fingerprint: {key.fingerprint}):")
-        self.echo(f"  $ {prefix}reprolane verify {rid}")
+        self.echo(f"  $ {prefix}reprolane audit verify {rid}")
         log = info.run_dir / "logs" / "demo-auditor.log"
         proofs: list[str] = []
 

@@ -3,12 +3,12 @@
 - **The audit signing key** (`ensure_audit_key`): ``<run dir>/audit-signing.pem`` (0600) and its ``.pub``, made
   with `capture.audit.signing_keys.keygen` when the stack has none, reused when it has. `infra.stack_env` hands
   its path to every command run against the stack (``REPROLANE_AUDIT_SIGNING_KEY``), so the checkpointer signs
-  with it, and ``reprolane verify``, ``evidence export`` and the console's inclusion and "download evidence"
-  use it without a flag. Its fingerprint is what a verifier pins (``evidence verify --key-fingerprint``).
+  with it, and ``reprolane audit verify``, ``audit evidence export`` and the console's inclusion and "download evidence"
+  use it without a flag. Its fingerprint is what a verifier pins (``audit evidence verify --key-fingerprint``).
 - **Proof** (`wait_until_proved`): every envelope of the run verifies against a C2SP checkpoint the demo's
-  checkpointer signed (`capture.audit.verify.verify_request`, the same check as ``reprolane verify``).
+  checkpointer signed (`capture.audit.verify.verify_request`, the same check as ``reprolane audit verify``).
 - **The lake** (`wait_until_archived`): every envelope and replay of the run is in the lake the demo's archiver
-  writes (`capture.audit.query.run_query`, the same views as ``reprolane query``).
+  writes (`capture.audit.query.run_query`, the same views as ``reprolane audit query``).
 - **What to type** (`auditor_commands`): the commands the demo prints, each one of those checks by hand.
 
 Both waits poll (the checkpointer signs and the archiver flushes every few seconds) and give up after their
@@ -50,7 +50,7 @@ class AuditKey:
 
     @property
     def fingerprint(self) -> str:
-        """``sha256:HEX`` of the public key, as ``reprolane evidence key`` prints it."""
+        """``sha256:HEX`` of the public key, as ``reprolane audit evidence key`` prints it."""
         return key_fingerprint(self.public_raw)
 
 
@@ -135,9 +135,9 @@ def auditor_commands(request_id: str, key: AuditKey, since: str) -> list[str]:
     export its evidence and check it offline against the pinned fingerprint, find the run in the lake."""
     bundle = f"evidence-{request_id}.zip"
     return [
-        f"reprolane verify {request_id}",
-        f"reprolane evidence export {request_id} -o {bundle}",
-        f"reprolane evidence verify {bundle} --key-fingerprint {key.fingerprint}",
-        'reprolane query "SELECT tenant, count(*) AS requests FROM envelopes WHERE captured_at >= '
+        f"reprolane audit verify {request_id}",
+        f"reprolane audit evidence export {request_id} -o {bundle}",
+        f"reprolane audit evidence verify {bundle} --key-fingerprint {key.fingerprint}",
+        'reprolane audit query "SELECT tenant, count(*) AS requests FROM envelopes WHERE captured_at >= '
         f"'{since}' GROUP BY tenant ORDER BY tenant\"",
     ]

@@ -131,7 +131,7 @@ class ConsoleLogins:
 def write_console_logins(directory: Path) -> ConsoleLogins:
     """Mint one operator key per `CONSOLE_ROLES` (every tenant: the demo's auditor sees the whole run) into
     ``operator-keys.json`` and write each key to ``console-<role>.key``, all 0600 and fresh every run (the
-    format and the proof are `reprolane operator add-key`'s, `capture.ledger.key_file`)."""
+    format and the proof are `reprolane keys operator`'s, `capture.ledger.key_file`)."""
     entries, files = [], {}
     for role in CONSOLE_ROLES:
         key, entry = new_operator_key(OPERATOR_KEYS, f"demo-{role}", None, (role,))
@@ -170,7 +170,7 @@ def write_replay_keys(path: Path) -> ReplayKey:
 
 def start_console(info: StackInfo, logins: ConsoleLogins, *, port: int, log: Path, group_id: str | None = None,
                   replay_key: ReplayKey | None = None) -> Service:  # fmt: skip
-    """``reprolane console`` on the stack's buckets, accepting the run's operator keys (`write_console_logins`);
+    """``reprolane serve console`` on the stack's buckets, accepting the run's operator keys (`write_console_logins`);
     with `replay_key` its "replay now" asks the replayer service of `group_id` (signed with that key)."""
     env = {
         **clean_environment(info.run_dir),
@@ -189,12 +189,12 @@ def start_console(info: StackInfo, logins: ConsoleLogins, *, port: int, log: Pat
 def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: float, flag_tenants: Sequence[str],
                   api_keys_path: Path, ready_key: str, log: Path,
                   settings_env: Mapping[str, str] | None = None) -> Service:  # fmt: skip
-    """``reprolane capture serve`` in front of the stack's vLLM, guaranteed mode, Kafka + S3 sinks, callers
+    """``reprolane serve capture`` in front of the stack's vLLM, guaranteed mode, Kafka + S3 sinks, callers
     authenticated by the keys of `api_keys_path` (`ready_key`: one of them, for the readiness probe).
     `settings_env` overrides the stack's defaults (a test's own bucket: ``REPROLANE_CAPTURE_S3_BUCKET``)."""
     env = {**clean_environment(info.run_dir), **stack_defaults(info), **(settings_env or {})}
     args = [
-        "capture", "serve", "--port", str(port), "--mode", "guaranteed", "--spool-dir", str(spool_dir),
+        "serve", "capture", "--port", str(port), "--mode", "guaranteed", "--spool-dir", str(spool_dir),
         "--sample-rate", str(sample_rate), "--sidecar-id", "demo-capture",
         "--auth-mode", "keys", "--api-keys-path", str(api_keys_path),
     ]  # fmt: skip
@@ -205,16 +205,16 @@ def start_capture(info: StackInfo, *, port: int, spool_dir: Path, sample_rate: f
 
 
 def start_schedule_shipper(info: StackInfo, *, metrics_port: int, log: Path) -> Service:
-    """``reprolane capture schedules``: the stack's vLLM's schedule log to S3 and Kafka (up once its metrics
+    """``reprolane serve schedules``: the stack's vLLM's schedule log to S3 and Kafka (up once its metrics
     answer)."""
     env = {**clean_environment(info.run_dir), **stack_defaults(info)}
-    args = ["capture", "schedules", "--metrics-port", str(metrics_port)]
+    args = ["serve", "schedules", "--metrics-port", str(metrics_port)]
     return _spawn("schedule shipper", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
 
 
 def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path,
                    replay_key: ReplayKey | None = None) -> Service:  # fmt: skip
-    """``reprolane replayer serve`` on the in-process vLLM lane (fixed schedule), flagged envelopes only; it acts
+    """``reprolane serve replayer`` on the in-process vLLM lane (fixed schedule), flagged envelopes only; it acts
     on on-demand replay requests signed with `replay_key` (the console's "replay now")."""
     env = {
         **clean_environment(info.run_dir),
@@ -230,22 +230,22 @@ def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Pa
     if replay_key is not None:
         env["REPROLANE_REPLAYER_REPLAY_REQUEST_KEYS_PATH"] = str(replay_key.path)
     args = [
-        "replayer", "serve", "--lane", "vllm", "--flagged-only", "--group-id", group_id,
+        "serve", "replayer", "--lane", "vllm", "--flagged-only", "--group-id", group_id,
         "--metrics-port", str(metrics_port),
     ]  # fmt: skip
     return _spawn("replayer", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
 
 
 def start_checkpointer(info: StackInfo, *, every_s: float, metrics_port: int, log: Path) -> Service:
-    """``reprolane audit checkpointer``: signs a C2SP checkpoint of every day log that grew, every `every_s`
+    """``reprolane serve checkpointer``: signs a C2SP checkpoint of every day log that grew, every `every_s`
     seconds, with the stack's audit signing key (``<run dir>/audit-signing.pem``, `infra.stack_env`)."""
     env = {**clean_environment(info.run_dir), **stack_defaults(info)}
-    args = ["audit", "checkpointer", "--every", str(every_s), "--metrics-port", str(metrics_port)]
+    args = ["serve", "checkpointer", "--every", str(every_s), "--metrics-port", str(metrics_port)]
     return _spawn("checkpointer", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
 
 
 def start_archiver(info: StackInfo, *, group_id: str, flush_s: float, log: Path) -> Service:
-    """``reprolane archiver serve`` in consumer group `group_id` (the demo commits its start offsets), writing the
+    """``reprolane serve archiver`` in consumer group `group_id` (the demo commits its start offsets), writing the
     lake every `flush_s` seconds. It serves no metrics: up is alive (`Service.ready_url` empty)."""
     env = {
         **clean_environment(info.run_dir),
@@ -256,7 +256,7 @@ def start_archiver(info: StackInfo, *, group_id: str, flush_s: float, log: Path)
         "REPROLANE_ARCHIVER_SESSION_TIMEOUT_MS": "2000",  # Tansu: fast group joins (shared/STACK.md §4)
         "REPROLANE_ARCHIVER_HEARTBEAT_INTERVAL_MS": "500",
     }
-    return _spawn("archiver", ["archiver", "serve"], env, log, "", info.run_dir)
+    return _spawn("archiver", ["serve", "archiver"], env, log, "", info.run_dir)
 
 
 def run_cli(args: Sequence[str], run_dir: Path, echo: Echo, *, log: Path, timeout_s: float, indent: str = "  ") -> int:

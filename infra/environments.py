@@ -226,5 +226,5 @@ def rollback_lines(record: KnownGoodEnvironment | None, deployment: str) -> list
         f"  image     {record.image.pinned if record.image else 'not recorded (pass --image to the gate)'}",
         f"  model     {model}",
         f"  engine    {env.runtime.engine} {env.runtime.engine_version or '?'} {args}",
-        f"  details   reprolane fingerprint history --deployment {deployment} --json",
+        f"  details   reprolane release fingerprint history --deployment {deployment} --json",
     ]

@@ -1,4 +1,4 @@
-"""``reprolane fingerprint``: the environment fingerprint as JSON, ``fingerprint diff A B``, and ``fingerprint
+"""``reprolane release fingerprint``: the environment fingerprint as JSON, ``fingerprint diff A B``, and ``fingerprint
 history`` (the known-good environments release gates passed, `infra.environments`).
 
 ``diff`` exits like diff(1): 0 identical, 1 different (a verdict); a file that does not read or decode is bad
@@ -24,7 +24,7 @@ from schemas.known_good import DEFAULT_DEPLOYMENT
 
 fingerprint_app = typer.Typer(
     help="Environment fingerprint: model/tokenizer/template sha256, engine, torch, CUDA, device, topology.\n\n"
-    "Example: reprolane fingerprint --upstream http://127.0.0.1:8000 -o env.json",
+    "Example: reprolane release fingerprint --upstream http://127.0.0.1:8000 -o env.json",
     invoke_without_command=True,
 )
 
@@ -64,7 +64,7 @@ def diff(
 ) -> None:
     """Fields that differ between two fingerprints; exit 0 when none, 1 when any (like diff(1)).
 
-    Example: reprolane fingerprint diff baseline.json candidate.json
+    Example: reprolane release fingerprint diff baseline.json candidate.json
     """
     fa, fb = read_fingerprint(a, "baseline"), read_fingerprint(b, "candidate")
     diffs = diff_environments(fa, fb)
@@ -91,7 +91,7 @@ def history(
     Read from the audit bucket of the replayer's S3 settings (``REPROLANE_REPLAYER_S3_*``, or the running
     stack); a record that does not match its key is listed as rejected, never as a target.
 
-    Example: reprolane fingerprint history --deployment prod --limit 5 --json
+    Example: reprolane release fingerprint history --deployment prod --limit 5 --json
     """
     found = KnownGoodStore.from_settings(build_settings()).history(deployment, limit=limit)
     if as_json:

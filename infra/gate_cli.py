@@ -1,14 +1,14 @@
-"""``reprolane gate``: the release gate (replay mode and statistical vendor mode) and ``gate record-golden``.
+"""``reprolane release gate``: the release gate (replay mode and statistical vendor mode) and ``gate record-golden``.
 
-    reprolane gate --baseline A.json|golden --candidate B.json|local --golden SET
+    reprolane release gate --baseline A.json|golden --candidate B.json|local --golden SET
                    [--lane vllm|remote|transformers] [--remote-url URL] [--model-dir DIR] [--dtype D]
                    [--level LEVEL] [--min-pass-rate R] [--always-replay] [--limit N] [--report FILE.json]
                    [--deployment NAME] [--image REF] [--engine-args "ARGS"] [--no-known-good]
-    reprolane gate --statistical --golden CASES --upstream URL [--samples N] [--assertions FILE.json]
+    reprolane release gate --statistical --golden CASES --upstream URL [--samples N] [--assertions FILE.json]
                    [--min-similarity S] [--min-assertion-rate R] [--min-pass-rate P] [--report FILE.json]
-    reprolane gate --shadow --since T [--until T] [--level LEVEL] [--min-pass-rate R] [--min-similarity S]
+    reprolane release gate --shadow --since T [--until T] [--level LEVEL] [--min-pass-rate R] [--min-similarity S]
                    [--max-length-change L] [--max-finish-shift F] [--report FILE.json]
-    reprolane gate record-golden --output FILE (--from-s3 SELECTOR | --workload-file FILE [--lane L]
+    reprolane release gate record-golden --output FILE (--from-s3 SELECTOR | --workload-file FILE [--lane L]
                    [--tokenize-url URL] | --vendor --workload-file FILE --upstream URL)
 
 SET is a JSONL file of envelopes or an S3 selector (``s3:tenant=T``, ``s3:workflow=ID``, ``s3:request-ids=a,b``);
@@ -220,7 +220,7 @@ def build_gate_app(
     """The ``gate`` sub-app; tests inject a fake lane, store, sampler, similarity and known-good history."""
     app = typer.Typer(
         help="Release gate: replay the golden set when the environment fingerprint changes.\n\n"
-        "Example: reprolane gate --baseline golden --candidate local --golden golden.jsonl --report gate.json",
+        "Example: reprolane release gate --baseline golden --candidate local --golden golden.jsonl --report gate.json",
         invoke_without_command=True,
         add_completion=False,
     )
@@ -384,7 +384,7 @@ def build_gate_app(
     ) -> None:
         """Write a golden set: from S3 envelopes, by running a workload on a lane, or from a vendor upstream.
 
-        Example: reprolane gate record-golden --output golden.jsonl --from-s3 s3:tenant=acme --limit 200
+        Example: reprolane release gate record-golden --output golden.jsonl --from-s3 s3:tenant=acme --limit 200
         """
         if sum(x is not None for x in (from_s3, workload)) != 1:
             raise typer.BadParameter("give exactly one of --from-s3 or --workload-file")

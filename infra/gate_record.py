@@ -1,4 +1,5 @@
-"""``reprolane gate record-golden``: make a golden set by running a workload once (on a lane, or against a vendor).
+"""``reprolane release gate record-golden``: make a golden set by running a workload once (on a lane, or against
+a vendor).
 
 - `record_lane`: each workload prompt runs once on the lane, greedy, top-5 logprobs, and becomes an envelope
   (`replayer.golden.record_envelope`) whose runtime is the lane's fingerprint and whose artifacts are the model

@@ -7,7 +7,7 @@ credentials become *defaults* for the ``REPROLANE_CAPTURE_*``, ``REPROLANE_REPLA
 sidecar's ``schedule_recorder`` and the shipper's directory):
 anything already set in the environment, and any flag, still wins.
 
-The operator commands (``reprolane hold``, ``expire``, ...) find the operator keys a demo run minted in the run
+The operator commands (``reprolane audit hold``, ``expire``, ...) find the operator keys a demo run minted in the run
 dir (`operator_defaults`: the demo's key store, and its hold-admin's key file as the caller's key) the same way,
 as defaults of this process only (never handed to a service), and only while no key of the caller's own is set.
 
@@ -59,7 +59,7 @@ def stack_defaults(info: StackInfo) -> dict[str, str]:
     env.update({f"REPROLANE_AUDIT_{k}": v for k, v in common.items() if k.startswith("S3_")})  # verify/hold/expire
     env["REPROLANE_CAPTURE_AUDIT_LOG"] = "true"  # the publisher appends every stored envelope to the Merkle log
     signing_key = info.run_dir / AUDIT_SIGNING_KEY_FILE
-    if signing_key.is_file():  # made by `reprolane audit keygen <run-dir>/audit-signing.pem`
+    if signing_key.is_file():  # made by `reprolane keys signing <run-dir>/audit-signing.pem`
         env["REPROLANE_AUDIT_SIGNING_KEY"] = str(signing_key)
     runtime = info.run_dir / VLLM_RUNTIME_FILE
     if runtime.is_file():

@@ -5,8 +5,8 @@ the ``show`` command.
                              [--json] [--timeout S] [--group-id G] [--kafka-bootstrap HOST:PORT] [--s3-endpoint URL ...]
     reprolane replay request --client-request-id ID --tenant T [same options]   (the newest envelope it names)
     reprolane replay workflow WORKFLOW_ID [--tenant T] [same options]  (steps of several tenants need --tenant)
-    reprolane replayer serve [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
-    reprolane show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as recorded)
+    reprolane serve replayer [--lane ...] [--kafka-bootstrap HOST:PORT] [--group-id G] [--replay-all] [...]
+    reprolane audit show REQUEST_ID | --client-request-id ID --tenant T [--json]   (the envelope as recorded)
 
 ``replay request`` and ``replay workflow`` ask a running replayer service when one is running
 (`replayer.on_demand`: ``--via auto``), else replay here and say why in one line on stderr. Wherever a request is
@@ -219,7 +219,7 @@ def build_replay_app(
 
 
 def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_settings) -> Callable[..., None]:
-    """``reprolane show``: the envelope exactly as recorded (`replayer.show`)."""
+    """``reprolane audit show``: the envelope exactly as recorded (`replayer.show`)."""
 
     @settings_options(*S3_OPTIONS, "model_dir")
     def show(
@@ -233,7 +233,7 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
     ) -> None:
         """Show the envelope recorded for a request, checked against its content address (exit 2: not found).
 
-        Example: reprolane show rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --json
+        Example: reprolane audit show rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --json
         """
         if (request_id is None) == (client_request_id is None) or (client_request_id is None) != (tenant is None):
             raise typer.BadParameter("give REQUEST_ID, or --client-request-id with --tenant")
@@ -242,7 +242,7 @@ def build_show_command(*, store_factory: StoreFactory = EnvelopeStore.from_setti
             record = store.read_client_records(tenant, client_request_id)[-1]
         else:
             assert request_id is not None
-            record = _by_request_id(request_id, store.read_record, "show")
+            record = _by_request_id(request_id, store.read_record, "audit show")
         if not as_json:
             decoded = None if record.envelope is None else decode_prompts(record.envelope, settings.model_dir)
             typer.echo(render_record(record, store.bucket, decoded), nl=False)
@@ -309,7 +309,7 @@ def build_replayer_app(*, serve_fn: Callable[[ReplayerSettings], None] | None = 
     def serve_cmd(settings: ReplayerSettings) -> None:
         """Consume envelopes, replay the flagged ones, publish divergence events (until SIGINT/SIGTERM).
 
-        Example: reprolane replayer serve --lane vllm --flagged-only --metrics-port 9102
+        Example: reprolane serve replayer --lane vllm --flagged-only --metrics-port 9102
         """
         run = serve_fn
         if run is None:

@@ -1,6 +1,6 @@
 """What the replayer's commands share: their settings options, the settings those make, the default factories.
 
-Every replayer command (``replay``, ``replayer serve``, ``matrix``, ``explain``, and infra's ``gate``) builds one
+Every replayer command (``replay``, ``serve replayer``, ``matrix``, ``explain``, and infra's ``gate``) builds one
 `ReplayerSettings` from the environment (``REPROLANE_REPLAYER_*``) overridden by the options given. Each such
 option is written once, in `OPTIONS`, under the settings field it sets; `settings_options` gives a command the
 ones it names and calls it with the settings they make (the way every service's commands do,

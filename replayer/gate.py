@@ -1,13 +1,13 @@
 """The release gate: any change of the environment fingerprint replays the golden set before the change ships.
 
-    reprolane gate --baseline A --candidate B --golden SET [--lane L] [--level LEVEL] [--min-pass-rate R]
+    reprolane release gate --baseline A --candidate B --golden SET [--lane L] [--level LEVEL] [--min-pass-rate R]
                    [--always-replay] [--report FILE.json]
 
 Inputs (parsed by the CLI, ``infra.gate_cli``; this module takes records):
 
 - **golden set** (`replayer.golden`): envelopes, each with the baseline's recorded output and its declared
   ``target_level``.
-- **baseline** A: an `schemas.EnvironmentFingerprint` (``reprolane fingerprint -o A.json``), or ``golden`` = the
+- **baseline** A: an `schemas.EnvironmentFingerprint` (``reprolane release fingerprint -o A.json``), or ``golden`` = the
   environment recorded in the golden envelopes themselves (`replayer.golden.golden_environment`).
 - **candidate** B: an `EnvironmentFingerprint` of the candidate plus the lane that executes it, or ``local`` =
   the artifacts of the lane's model folder plus the runtime fingerprint the started lane reports.

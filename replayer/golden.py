@@ -6,8 +6,8 @@ recorded output (the baseline's answer) and its declared ``target_level`` (the l
 Two sources:
 
 - a **JSONL file**: one envelope per line (the canonical JSON the capture side writes to S3, or any JSON that
-  decodes as an envelope); blank lines and lines starting with ``#`` are ignored. ``reprolane gate record-golden``
-  writes such files.
+  decodes as an envelope); blank lines and lines starting with ``#`` are ignored.
+  ``reprolane release gate record-golden`` writes such files.
 - an **S3 selector** read through `replayer.store.EnvelopeStore`:
 
   * ``s3:tenant=acme``            every envelope recorded for tenant ``acme`` (key order, see ``--limit``)

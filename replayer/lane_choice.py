@@ -1,10 +1,10 @@
 """Which lane replays an envelope, and where its result goes: written once, used by every replay entry point.
 
 ``reprolane replay request`` and ``replay workflow`` (with a lane loaded here), the replayer service (the envelope
-stream, on-demand requests, the console's "replay now") and ``reprolane explain`` (its ``schedule`` variation) all
-replay through `LaneChoice`, so one request gets one verdict wherever it is asked (issue 30: the command line
-replayed a workflow's steps one at a time while the service and ``replay request`` took the schedule lane, and
-each said another verdict for the same request). The lane asked for:
+stream, on-demand requests, the console's "replay now") and ``reprolane replay explain`` (its ``schedule``
+variation) all replay through `LaneChoice`, so one request gets one verdict wherever it is asked (issue 30: the
+command line replayed a workflow's steps one at a time while the service and ``replay request`` took the schedule
+lane, and each said another verdict for the same request). The lane asked for:
 
 - **none** (None): the schedule lane when the envelope names a schedule that is found and complete
   (`replayer.schedule_replay.ScheduleReplayer`), else the one-at-a-time lane of the settings, with the reason said;

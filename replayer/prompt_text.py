@@ -1,7 +1,7 @@
 """A recorded prompt's text, decoded from its token ids with the tokenizer the envelope names.
 
 The sidecar records a prompt as token ids (what the model saw), not as the client's messages, so a chat
-request's envelope holds no text. `reprolane show` decodes the ids for a person, but only with the tokenizer
+request's envelope holds no text. `reprolane audit show` decodes the ids for a person, but only with the tokenizer
 the envelope was recorded with: the model directory's manifest (`schemas.manifest`, written by ``reprolane model
 fetch``) must carry the envelope's ``tokenizer_sha256``, and the directory's ``tokenizer.json`` must be the file
 that manifest lists. Anything else (no model directory, another tokenizer, a file that changed, no ``tokenizers``

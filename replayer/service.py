@@ -462,7 +462,7 @@ async def run_until_signalled(service: ReplayerService) -> None:
 
 
 def serve(settings: ReplayerSettings) -> None:
-    """`reprolane replayer serve`: start the lane, the store, the metrics endpoint and the consumer."""
+    """`reprolane serve replayer`: start the lane, the store, the metrics endpoint and the consumer."""
     from replayer.lanes import make_lane
 
     store = EnvelopeStore.from_settings(settings)

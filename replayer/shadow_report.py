@@ -1,6 +1,6 @@
 """The shadow report: production vs candidate over the paired envelopes of a time window (`capture.shadow`).
 
-    reprolane gate --shadow --since T [--until T] [--level LEVEL] [--min-pass-rate R] [--min-similarity S]
+    reprolane release gate --shadow --since T [--until T] [--level LEVEL] [--min-pass-rate R] [--min-similarity S]
                    [--max-length-change L] [--max-finish-shift F] [--report FILE.json]
 
 Pairs come from the audit bucket: every shadow index entry of the window's days whose capture time is in the

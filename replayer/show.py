@@ -1,4 +1,4 @@
-"""The recorded envelope as a person reads it: `reprolane show REQUEST_ID`.
+"""The recorded envelope as a person reads it: `reprolane audit show REQUEST_ID`.
 
 An auditor's first question is "what exactly was recorded?", before any replay. `render_record` answers from
 a `replayer.store.StoredRecord`: the bytes S3 holds, already checked against their content address (the

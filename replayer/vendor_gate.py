@@ -1,6 +1,6 @@
 """The statistical gate: for upstreams that offer no seed or version, regress on samples, not on tokens.
 
-    reprolane gate --statistical --golden CASES.jsonl --upstream URL [--samples N] [--assertions FILE.json]
+    reprolane release gate --statistical --golden CASES.jsonl --upstream URL [--samples N] [--assertions FILE.json]
                    [--min-similarity S] [--min-assertion-rate R] [--min-pass-rate P] [--report FILE.json]
 
 A vendor API that takes no seed (or ignores it) and reports no engine version cannot promise token-level or

@@ -19,7 +19,7 @@ decoder accepts every version, and the model cache refuses a directory built by 
 
 The runtime file (`decode_runtime_file`) is JSON of `schemas.fingerprint.RuntimeFingerprint` fields the deployment
 declares because nobody can observe them from outside (dtype, device, parallel sizes, attention backend, ...);
-both the sidecar and ``reprolane fingerprint`` read it, and a typo is an error rather than a silent unknown.
+both the sidecar and ``reprolane release fingerprint`` read it, and a typo is an error rather than a silent unknown.
 
 Pure: the callers read the files and translate `ContractError` into their own errors.
 """

@@ -8,7 +8,7 @@ Before it signs, the new tree must be consistent with the latest checkpoint alre
 consistency proof from that one to the new one verifies): a log that was truncated or rewritten under a signed
 checkpoint is refused with `InconsistentLogError`, never signed over. Nothing new since the last checkpoint:
 nothing is written. A leaf log with gaps or overlapping batches is refused too (it would sign a broken
-sequence): that is a finding for ``reprolane verify --range``, not something a checkpoint may paper over.
+sequence): that is a finding for ``reprolane audit verify --range``, not something a checkpoint may paper over.
 
 Two formats are read: the C2SP notes written now, and the JSON `schemas.merkle.Checkpoint` objects
 (``<size>.json``) written before; both are verified with the same Ed25519 key (`verified_heads`). A day whose

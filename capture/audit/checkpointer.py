@@ -1,4 +1,4 @@
-"""Checkpoints on a schedule: ``reprolane audit checkpointer`` signs every day log that grew, every period.
+"""Checkpoints on a schedule: ``reprolane serve checkpointer`` signs every day log that grew, every period.
 
 Everything after a log's latest checkpoint is only as trustworthy as the bucket's write permissions, so the
 window must be short and must not depend on someone remembering a cron line. Each round lists the day logs and,
@@ -8,7 +8,7 @@ runs `capture.audit.checkpoint.write_checkpoint`, which reads the leaves, checks
 consistent with the latest checkpoint signed (an RFC 9162 consistency proof from it verifies) and only then
 signs and publishes. A log that is not (rewritten or truncated under a signed checkpoint) or is broken (gaps,
 torn batches) is refused: logged at ERROR, counted, and alerted (``ReprolaneCheckpointRefused``); it is tried
-again every round and stays refused until an operator has looked (``reprolane verify --range DAY`` names what
+again every round and stays refused until an operator has looked (``reprolane audit verify --range DAY`` names what
 changed). A store error skips the day for this round. A round never stops the service.
 
 Metrics (own registry, ``--metrics-port``):
@@ -18,7 +18,7 @@ Metrics (own registry, ``--metrics-port``):
     reprolane_checkpointer_last_round_timestamp_seconds   when the last round ended (staleness alerts)
 
 What the listing shortcut cannot see: a log rewritten without growing is not re-read until it grows (the next
-checkpoint is then refused); finding such a rewrite is ``reprolane verify --range``'s job.
+checkpoint is then refused); finding such a rewrite is ``reprolane audit verify --range``'s job.
 """
 
 from __future__ import annotations

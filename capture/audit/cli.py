@@ -1,4 +1,5 @@
-"""The audit commands: ``reprolane verify``, ``reprolane hold``, ``reprolane expire``, ``reprolane audit``.
+"""The audit commands: ``reprolane audit verify``, ``audit hold``, ``audit expire``, ``audit checkpoint``,
+``audit reconcile``, ``serve checkpointer`` and ``keys signing``.
 
 `verify_command` and `expire_command` are single commands (``app.command(...)``); `hold_app` and `audit_app`
 are groups.
@@ -45,7 +46,7 @@ def _retention(days: int) -> timedelta | None:
 
 
 def echo_verdict(subject: str, failure: str | None, lines: list[str], notes: list[str]) -> None:
-    """How every verification command answers (``reprolane verify``, ``reprolane evidence verify``): one line
+    """How every verification command answers (``reprolane audit verify``, ``audit evidence verify``): one line
     ``verified SUBJECT`` or ``FAILED SUBJECT: first failure``, then what was checked, then every finding."""
     typer.echo(f"verified {subject}" if failure is None else f"FAILED {subject}: {failure}")
     for line in [*lines, *(f"  - {note}" for note in notes)]:
@@ -78,7 +79,7 @@ def verify_command(
 ) -> None:
     """Prove one envelope's inclusion (REQUEST_ID), or a day's consistency (--range).
 
-    Example: reprolane verify rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375
+    Example: reprolane audit verify rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375
     """
     if (request_id is None) == (range_ is None):
         raise typer.BadParameter("give exactly one of REQUEST_ID or --range DAY[:FROM:TO]")
@@ -146,14 +147,15 @@ hold_app.command("add")(
     _hold_command(
         True,
         "Place a legal hold on an envelope, or on every step of one tenant's workflow (needs hold-admin).\n\n"
-        'Example: reprolane hold add rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --reason "litigation" --case CASE-42',
+        'Example: reprolane audit hold add rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --reason "litigation" --case CASE-42',
     )
 )
 hold_app.command("remove")(
     _hold_command(
         False,
         "Lift a legal hold (needs hold-admin).\n\n"
-        'Example: reprolane hold remove rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --reason "case closed" --case CASE-42',
+        'Example: reprolane audit hold remove rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --reason "case closed" '
+        "--case CASE-42",
     )
 )
 
@@ -168,7 +170,7 @@ def expire_command(
     """Delete envelope versions past their retain-until date and not under legal hold; report what was kept
     (needs retention-admin; a key scoped to a tenant expires that tenant's envelopes only).
 
-    Example: reprolane expire --dry-run --operator-key-file alice.key
+    Example: reprolane audit expire --dry-run --operator-key-file alice.key
     """
     settings = AuditSettings()
     store = _store(settings)
@@ -227,7 +229,7 @@ def checkpointer_cmd(
     """Sign a checkpoint of every log that grew, every --every seconds, each checked for consistency with the
     previous one first; an inconsistent log is refused, logged and counted (capture.audit.checkpointer).
 
-    Example: reprolane audit checkpointer --every 60 --metrics-port 9103
+    Example: reprolane serve checkpointer --every 60 --metrics-port 9103
     """
     import logging
 
@@ -281,7 +283,7 @@ def reconcile_cmd(
 def keygen_cmd(path: Annotated[Path, typer.Argument(help="where to write the private key (PEM)")]) -> None:
     """Make an Ed25519 signing key (PEM, 0600) and PATH.pub; prints the public key (base64 raw).
 
-    Example: reprolane audit keygen audit-signing.pem
+    Example: reprolane keys signing audit-signing.pem
     """
     public_path, public_b64 = signing_keys.keygen(path)
     typer.echo(f"private key: {path}\npublic key: {public_path}\npublic key (base64 raw): {public_b64}")

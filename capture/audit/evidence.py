@@ -1,10 +1,11 @@
-"""``reprolane evidence export REQUEST_ID -o FILE``: everything an outside verifier needs about one record, in one file.
+"""``reprolane audit evidence export REQUEST_ID -o FILE``: everything an outside verifier needs about one record,
+in one file.
 
 The bundle's format is `capture.audit.evidence_bundle`'s. Export reads, never writes, the audit bucket:
 
 1. the request index -> the envelope object, its bytes exactly as stored;
 2. the day log: the envelope's first leaf, which must commit to those bytes (export packages only what
-   verifies: a record ``reprolane verify`` would fail is refused, naming why);
+   verifies: a record ``reprolane audit verify`` would fail is refused, naming why);
 3. the latest C2SP checkpoint that covers the leaf, verified under the audit key and still matching the log
    (none yet: run ``reprolane audit checkpoint``, or wait for the checkpointer; a day with only JSON
    checkpoints gets its first C2SP one that way), and the RFC 9162 inclusion proof against it;
@@ -154,7 +155,9 @@ def export_bundle(
     envelope_id = envelope_id_of_key(key)
     day = capture_day_of_key(key)
     if indexed_id != envelope_id or day is None:
-        raise EvidenceError(f"index entry of {request_id!r} does not match its object {key}: run `reprolane verify`")
+        raise EvidenceError(
+            f"index entry of {request_id!r} does not match its object {key}: run `reprolane audit verify`"
+        )
     body = store.get(key)
     if body is None:
         raise EvidenceError(f"envelope object {key} is gone")
@@ -164,14 +167,16 @@ def export_bundle(
         raise EvidenceError(f"envelope object {key} does not decode: {exc}") from exc
     leaves = read_leaves(store, day)
     if leaves.problems:
-        raise EvidenceError(f"leaf log of {day} is broken ({leaves.problems[0]}): run `reprolane verify --range {day}`")
+        raise EvidenceError(
+            f"leaf log of {day} is broken ({leaves.problems[0]}): run `reprolane audit verify --range {day}`"
+        )
     index = leaves.first_index().get(envelope_id)
     if index is None:
-        raise EvidenceError(f"envelope {envelope_id} is stored but in no leaf of {day}: run `reprolane verify`")
+        raise EvidenceError(f"envelope {envelope_id} is stored but in no leaf of {day}: run `reprolane audit verify`")
     leaf = leaves.entries[index]
     bound = leaf.object_sha256 or leaf.envelope_id
     if object_digest(body) != bound and not (leaf.object_sha256 is None and is_sealed(body)):
-        raise EvidenceError(f"stored bytes of {key} are not what leaf {index} commits to: run `reprolane verify`")
+        raise EvidenceError(f"stored bytes of {key} are not what leaf {index} commits to: run `reprolane audit verify`")
     public = public_of(private_raw)
     heads, _ = verified_heads(list_checkpoints(store, day), day, public, key_name)
     hashes = leaves.hashes()

@@ -1,6 +1,6 @@
 """The evidence bundle's file format: one zip, a signed manifest, and what each member is (its *part class*).
 
-``reprolane evidence export`` writes it (`capture.audit.evidence`), ``reprolane evidence verify`` reads it
+``reprolane audit evidence export`` writes it (`capture.audit.evidence`), ``reprolane audit evidence verify`` reads it
 (`capture.audit.evidence_verify`), offline. Members::
 
     manifest.note        C2SP signed note (`schemas.note`), signed by the audit key: what the bundle claims, and

@@ -1,4 +1,4 @@
-"""``reprolane evidence export|verify|key``: evidence bundles an auditor can hand to someone outside.
+"""``reprolane audit evidence export|verify|key``: evidence bundles an auditor can hand to someone outside.
 
 ``export`` reads the audit bucket (``REPROLANE_AUDIT_*`` settings) and signs the bundle's manifest with the
 audit signing key (`capture.audit.evidence`). ``verify`` reads the file and the pinned key, nothing else: no
@@ -67,7 +67,7 @@ def export_cmd(
 ) -> None:
     """Write the evidence bundle of one request: stored bytes, inclusion proof, checkpoint, replays, holds.
 
-    Example: reprolane evidence export rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --output evidence.zip
+    Example: reprolane audit evidence export rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --output evidence.zip
     """
     from capture.audit.evidence import export_bundle
     from capture.audit.settings import AuditSettings
@@ -89,7 +89,7 @@ def export_cmd(
         f"wrote {output} ({len(done.bundle)} bytes): request {place.request_id}, leaf {place.leaf_index} of "
         f"{place.origin}, checkpoint size {place.tree_size}, {done.replays} replay result(s)"
     )
-    typer.echo(f"verify offline: reprolane evidence verify {output} --key-fingerprint {place.fingerprint}")
+    typer.echo(f"verify offline: reprolane audit evidence verify {output} --key-fingerprint {place.fingerprint}")
 
 
 @evidence_app.command("verify")
@@ -102,7 +102,7 @@ def verify_cmd(
 ) -> None:
     """Verify a bundle offline against a pinned key; names the part that is wrong (exit 1).
 
-    Example: reprolane evidence verify evidence.zip --key audit.vkey
+    Example: reprolane audit evidence verify evidence.zip --key audit.vkey
     """
     from capture.audit.cli import echo_verdict
     from capture.audit.evidence_verify import PinnedKey, verify_bundle
@@ -123,7 +123,7 @@ def verify_cmd(
 def key_cmd() -> None:
     """Print the audit key as a C2SP verifier key and its fingerprint (what verifiers pin).
 
-    Example: reprolane evidence key
+    Example: reprolane audit evidence key
     """
     from capture.audit.settings import AuditSettings
 

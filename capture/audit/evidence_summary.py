@@ -2,7 +2,7 @@
 
 One self-contained HTML file: inline style, no script, no external resource, every value escaped (a prompt, a
 tenant or a replayed text is data, never markup). It is a reading aid: it is covered by the signed manifest, but
-what proves anything is ``reprolane evidence verify`` (or any C2SP tool on ``proof.tlog-proof``), and the page
+what proves anything is ``reprolane audit evidence verify`` (or any C2SP tool on ``proof.tlog-proof``), and the page
 says how to run it.
 """
 
@@ -82,7 +82,7 @@ def _replays_section(replays: dict[str, bytes]) -> str:
 @dataclass(frozen=True)
 class LogPlace:
     """Where a bundle's record stands in the signed log, and the key that signed the checkpoint: the head of the
-    summary page, and what ``reprolane evidence export`` answers."""
+    summary page, and what ``reprolane audit evidence export`` answers."""
 
     request_id: str
     envelope_id: str
@@ -132,7 +132,7 @@ def render_summary(
         ("version", retention.get("version_id")),
     ]
     verify = (
-        f"reprolane evidence verify BUNDLE.zip --key-fingerprint {place.fingerprint}\n"
+        f"reprolane audit evidence verify BUNDLE.zip --key-fingerprint {place.fingerprint}\n"
         "# or with the key itself (PEM, base64 or the vkey above): --key PUBKEY\n"
         "# any c2sp.org/tlog-proof verifier: proof.tlog-proof, the vkey above, and the leaf data in its extra line"
     )

@@ -1,4 +1,4 @@
-"""``reprolane evidence verify FILE --key PUBKEY | --key-fingerprint sha256:HEX``: check a bundle, offline.
+"""``reprolane audit evidence verify FILE --key PUBKEY | --key-fingerprint sha256:HEX``: check a bundle, offline.
 
 Nothing here opens a socket or reads a setting: the bundle's bytes and the pinned key are all it takes. The key
 is never taken from the bundle on trust: either the verifier gives it (``--key``: PEM, base64 of the raw 32

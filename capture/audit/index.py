@@ -80,7 +80,7 @@ def checked_entry(
     return entry
 
 
-# -- rebuilding lost entries (``reprolane lake rebuild-index``) ------------------------------------------------
+# -- rebuilding lost entries (``reprolane audit lake rebuild-index``) ------------------------------------------------
 
 
 @dataclass

@@ -1,14 +1,14 @@
 """The lake and key commands; `infra.cli` registers them.
 
-    reprolane query "SQL" [--day D] [--json | --csv]       DuckDB over the lake (views: capture.audit.query)
-    reprolane archiver serve                               run the archiver until SIGINT/SIGTERM
-    reprolane lake compact [--day D] [--table T]           merge + dedupe each partition's small files
-    reprolane lake rebuild-index [--day D] [--tenant T] [--overwrite]    write lost index objects back,
+    reprolane audit query "SQL" [--day D] [--json | --csv]       DuckDB over the lake (views: capture.audit.query)
+    reprolane serve archiver                               run the archiver until SIGINT/SIGTERM
+    reprolane audit lake compact [--day D] [--table T]           merge + dedupe each partition's small files
+    reprolane audit lake rebuild-index [--day D] [--tenant T] [--overwrite]    write lost index objects back,
                                                            repair invalid ones (retention-admin)
-    reprolane keys list TENANT                             the tenant's stored data key ids
-    reprolane keys shred TENANT --yes                      destroy the tenant's data keys (key-admin)
+    reprolane keys tenant list TENANT                             the tenant's stored data key ids
+    reprolane keys tenant shred TENANT --yes                      destroy the tenant's data keys (key-admin)
 
-``rebuild-index`` and ``keys shred`` act only for an operator key with the role, in its tenant scope
+``rebuild-index`` and ``keys tenant shred`` act only for an operator key with the role, in its tenant scope
 (`capture.audit.operators`, ``--operator-key-file``); each decision is written to the access log first.
 
 Settings: `LakeSettings` (``REPROLANE_ARCHIVER_*``; a running local stack provides the defaults). The commands
@@ -75,7 +75,7 @@ def query_command(
 ) -> None:
     """Run SQL (DuckDB) over the audit lake and print the rows as an aligned table.
 
-    Example: reprolane query "SELECT tenant, count(*) AS n FROM envelopes GROUP BY tenant" --day 2026-07-14
+    Example: reprolane audit query "SELECT tenant, count(*) AS n FROM envelopes GROUP BY tenant" --day 2026-07-14
     """
     if as_json and as_csv:
         raise typer.BadParameter("--json and --csv exclude each other")
@@ -103,7 +103,7 @@ def _archiver_group() -> None:
 def archiver_serve_cmd() -> None:
     """Consume envelopes and divergence events into the lake until SIGINT/SIGTERM.
 
-    Example: reprolane archiver serve
+    Example: reprolane serve archiver
     """
     from capture.audit.archiver import Archiver, run_until_signalled
 
@@ -126,7 +126,7 @@ def compact_cmd(
     """Merge each partition's small files into one, dropping duplicate rows (Iceberg: also expire snapshots
     older than the floor).
 
-    Example: reprolane lake compact --day 2026-07-14 --table envelopes
+    Example: reprolane audit lake compact --day 2026-07-14 --table envelopes
     """
     day = _day(day)
     if table is not None and table not in TABLES:
@@ -169,7 +169,7 @@ def rebuild_index_cmd(
     A row is written only when the envelope it names in S3 agrees with it; an index object already there is
     kept when valid (even if it points at another envelope) and, with --overwrite, replaced when invalid.
 
-    Example: reprolane lake rebuild-index --day 2026-07-14 --tenant acme --operator-key-file alice.key
+    Example: reprolane audit lake rebuild-index --day 2026-07-14 --tenant acme --operator-key-file alice.key
     """
     day = _day(day)
     settings = LakeSettings()
@@ -205,7 +205,7 @@ def _keyring(settings: LakeSettings):  # type: ignore[no-untyped-def]
 def keys_list_cmd(tenant: Annotated[str, typer.Argument(help="tenant id")]) -> None:
     """The tenant's stored data key ids, oldest first.
 
-    Example: reprolane keys list acme
+    Example: reprolane keys tenant list acme
     """
     ids = _keyring(LakeSettings()).key_ids(tenant)
     for key_id in ids:
@@ -221,7 +221,7 @@ def keys_shred_cmd(
     """Destroy every data key of TENANT: its sealed records stay in place and can never be read again (needs
     key-admin for TENANT).
 
-    Example: reprolane keys shred acme --yes --operator-key-file alice.key
+    Example: reprolane keys tenant shred acme --yes --operator-key-file alice.key
     """
     if not yes:
         raise typer.BadParameter(

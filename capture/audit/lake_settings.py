@@ -1,4 +1,4 @@
-"""Settings of the audit lake: the archiver service, ``reprolane lake|query`` and ``reprolane keys``.
+"""Settings of the audit lake: the archiver service, ``reprolane audit lake|query`` and ``reprolane keys``.
 
 Env prefix ``REPROLANE_ARCHIVER_`` (a running local stack provides the Kafka and S3 defaults, see
 `infra.stack_env`). ``s3_bucket`` is the audit bucket (where the request-id index lives); the lake and the

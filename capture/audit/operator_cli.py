@@ -1,8 +1,8 @@
-"""``reprolane operator add-key``, and the ``--operator-key-file`` option every state-changing command takes.
+"""``reprolane keys operator``, and the ``--operator-key-file`` option every state-changing command takes.
 
-    reprolane operator add-key KEYS_FILE --id ID --role R [--role R2] [--tenant T] [--key-output FILE]
+    reprolane keys operator KEYS_FILE --id ID --role R [--role R2] [--tenant T] [--key-output FILE]
 
-mirrors ``reprolane capture add-key``: the hashed entry is added to KEYS_FILE (created 0600), the key itself is
+mirrors ``reprolane keys api``: the hashed entry is added to KEYS_FILE (created 0600), the key itself is
 printed once, or written to ``--key-output`` (created 0600) so that it never reaches a terminal. The commands that
 act for an operator (`capture.audit.operators`) take ``--operator-key-file FILE`` (or
 ``REPROLANE_OPERATOR_KEY_FILE`` / ``REPROLANE_OPERATOR_KEY``): never the key itself as an argument.
@@ -52,7 +52,7 @@ def add_key_command(
 ) -> None:
     """Mint an operator key: its hashed entry is added to KEYS_FILE, the key itself shown once (store it now).
 
-    Example: reprolane operator add-key operator-keys.json --id alice --role viewer --key-output alice.key
+    Example: reprolane keys operator operator-keys.json --id alice --role viewer --key-output alice.key
     """
     try:
         entries = load_key_file(keys_file, OPERATOR_KEYS, field="KEYS_FILE") if keys_file.exists() else {}

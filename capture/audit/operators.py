@@ -1,6 +1,6 @@
 """Operator authorisation: which operator key may do what to which records, and the access log of every decision.
 
-The state-changing commands (``hold add|remove``, ``expire``, ``keys shred``, ``lake rebuild-index``) and every
+The state-changing commands (``hold add|remove``, ``expire``, ``keys tenant shred``, ``lake rebuild-index``) and every
 console action (`infra.console`) act only for an operator key whose roles grant the role the action needs
 (`schemas.access_log`: viewer, hold-admin, retention-admin, key-admin; `Operator.may` asks
 `schemas.access_log.role_grants`, the one rule, so a hold-admin may view in the console and the CLI alike), and

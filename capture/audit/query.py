@@ -1,4 +1,4 @@
-"""SQL over the audit lake with DuckDB: ``reprolane query "SQL"``.
+"""SQL over the audit lake with DuckDB: ``reprolane audit query "SQL"``.
 
 DuckDB's S3 support (the ``httpfs`` extension) is downloaded from the internet on first use, which a closed
 network cannot do, and the PyPI wheel does not bundle it. So the lake's files are opened with pyarrow's own
@@ -21,7 +21,7 @@ Views (every query sees these names):
   lengths, finish reasons and texts, ``token_identical`` and ``first_divergence_position`` (the first index
   where the choice-0 token ids differ; NULL when identical or not comparable) and ``paired`` (false: the
   production envelope is not in the lake, yet or at all). The full per-pair judgement (levels, logprobs,
-  semantic similarity) is ``reprolane gate --shadow``'s;
+  semantic similarity) is ``reprolane release gate --shadow``'s;
 - ``all_envelopes``: production and shadow envelopes, one row per envelope id;
 - ``divergences``: one row per replay result id;
 - ``replays``: result id, envelope, lane, verdict and the replay result's S3 key (needs the envelope's

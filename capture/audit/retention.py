@@ -1,4 +1,4 @@
-"""Retention and legal hold: ``reprolane hold add|remove ID`` and ``reprolane expire [--dry-run]``.
+"""Retention and legal hold: ``reprolane audit hold add|remove ID`` and ``reprolane audit expire [--dry-run]``.
 
 Retention is per tenant and lives in the objects themselves: the publisher's S3 sink writes each envelope
 with an Object Lock retain-until date of ``captured_at + retention_days_by_tenant[tenant]`` (else
@@ -12,7 +12,7 @@ envelope versions S3 would let it delete, and says what it kept and why:
     refused     S3 refused the delete anyway (reported, never retried silently)
 
 Every run that deletes something writes a report to ``audit/expiry/<timestamp>-<uuid8>.json`` (write-once, under
-Object Lock when the settings ask for it), so ``reprolane verify --range`` tells an expired leaf from a deleted
+Object Lock when the settings ask for it), so ``reprolane audit verify --range`` tells an expired leaf from a deleted
 one. The report is not signed: whoever may write under ``audit/`` could forge one, like any unsigned tail.
 
 A hold is placed on the *current* version of each envelope object (the one the verifier and the replayer

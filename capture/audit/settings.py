@@ -1,4 +1,4 @@
-"""Settings of the audit commands (`reprolane verify|hold|expire|audit`): env prefix ``REPROLANE_AUDIT_``.
+"""Settings of the audit commands (`reprolane audit verify|hold|expire|audit`): env prefix ``REPROLANE_AUDIT_``.
 
 The publisher's own log writer uses the capture settings (same bucket as the envelopes); these are for the
 jobs and the verifier, which may run anywhere with read access and the public key only.

@@ -96,7 +96,7 @@ def load_public(spec: str) -> bytes:
 
 def signing_key(settings: AuditSettings) -> bytes:
     if not settings.signing_key:
-        raise SigningKeyError("no signing key: set REPROLANE_AUDIT_SIGNING_KEY (make one: reprolane audit keygen)")
+        raise SigningKeyError("no signing key: set REPROLANE_AUDIT_SIGNING_KEY (make one: reprolane keys signing)")
     return load_private(settings.signing_key)
 
 

@@ -1,6 +1,6 @@
 """Verification: inclusion of one envelope, consistency of a day's checkpoints, and tamper findings.
 
-``reprolane verify REQUEST_ID``: index -> envelope object -> its first leaf in the day log -> the object's stored
+``reprolane audit verify REQUEST_ID``: index -> envelope object -> its first leaf in the day log -> the object's stored
 bytes must hash to what that leaf commits to -> an RFC 9162 inclusion proof of the leaf against the latest signed
 checkpoint covering it, whose Ed25519 signature is checked with the public key.
 
@@ -14,7 +14,7 @@ A format-1 leaf (older logs) and an object in no leaf commit to the id only: a p
 (its id is its hash), a sealed one only by the id it claims, which anyone with write access can forge; that
 is said as an informational ``sealed`` finding.
 
-``reprolane verify --range DAY[:FROM:TO]``: every checkpoint's signature, each checkpoint's root against the
+``reprolane audit verify --range DAY[:FROM:TO]``: every checkpoint's signature, each checkpoint's root against the
 current leaf prefix, a consistency proof between consecutive checkpoints, every leaf has its object, every
 object of the day is a leaf, and every object's bytes still hash to what its leaf commits to.
 

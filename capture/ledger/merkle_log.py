@@ -20,7 +20,7 @@ object is written once, under Object Lock when retention is set.
 The bytes a leaf commits to are the bytes stored. A plaintext envelope's object key is its content address, so
 those are the record's own. A compact envelope (`schemas.envelope_compact`) is a plaintext envelope held in another
 encoding: its leaf commits to the canonical bytes it decodes to (the second half of the leaf is then its id, as for
-a JSON object), and ``reprolane verify`` decodes the object and hashes those. So a leaf says which record was
+a JSON object), and ``reprolane audit verify`` decodes the object and hashes those. So a leaf says which record was
 stored, whichever encoding holds it (the JSON of a record published before an ``envelope_encoding`` switch and
 its compact form after it are the same record), without a read-back per envelope; any change to what the object
 decodes to, or bytes that do not decode, is a modification.
@@ -29,7 +29,7 @@ A sealed envelope is sealed afresh (a new nonce, maybe a newer key) each time a 
 takes "already there" as success, so after a crash between the S3 put and the leaf append the object holds an
 earlier sealing than the record in hand: the writer reads every sealed object back and commits to what is stored
 when it is a sealing of the same envelope (same id, request, tenant, capture time and workflow), and to the record
-in hand otherwise, so ``reprolane verify`` names a foreign object as modified instead of the log vouching for it.
+in hand otherwise, so ``reprolane audit verify`` names a foreign object as modified instead of the log vouching for it.
 That is one GET per sealed envelope. What this cannot tell: a sealing of the same metadata that someone with
 PutObject wrote under the key *before* the sidecar did (they would need the envelope id before it was stored); the
 writer holds no data key to open it.

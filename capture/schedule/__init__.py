@@ -9,7 +9,7 @@ Two sides that share nothing but the on-disk contract (`schemas.schedule_log`, `
   - `segments`: the segment writer: records queued by the engine step, encoded, written, fsynced and renamed on a
     background thread; IO errors are counted and logged, never raised.
   These two import only `schemas` (an import-linter contract), so vLLM's process loads nothing of the sidecar.
-- beside vLLM, the shipper (`reprolane capture schedules`):
+- beside vLLM, the shipper (`reprolane serve schedules`):
   - `shipper`: picks up the recorder's closed segments (``REPROLANE_SCHEDULE_DIR``), checks every line, and
     publishes each to S3 (written once, with the per-request index entries) and to Kafka, at least once; a segment
     is deleted only after both took it, and a bad one is quarantined, never retried forever.

@@ -2,7 +2,7 @@
 
 The recorder inside vLLM writes ``<schedule_dir>/<engine_id>/<seq:08d>.jsonl.part`` and renames it to ``.jsonl``
 once it is closed and fsynced (`schemas.schedule_delivery`). The shipper runs beside vLLM (it needs that disk:
-``reprolane capture schedules``) and, oldest first, for each closed segment:
+``reprolane serve schedules``) and, oldest first, for each closed segment:
 
 1. reads it (at most `schemas.schedule_delivery.MAX_SEGMENT_BYTES`, symlinks refused) and checks every line
    (`decode_segment`: bounded, schema-checked, canonical, of the engine it is filed under);

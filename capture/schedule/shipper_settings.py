@@ -1,7 +1,7 @@
 """Settings of the schedule shipper: one object per process, built once in main and passed down.
 
 Every field can be set from the environment with the prefix ``REPROLANE_SHIPPER_`` or from flags of
-``reprolane capture schedules``; the schedule directory is also read from ``REPROLANE_SCHEDULE_DIR``, the variable
+``reprolane serve schedules``; the schedule directory is also read from ``REPROLANE_SCHEDULE_DIR``, the variable
 the recorder inside vLLM writes to, so one setting names it for both sides.
 """
 

@@ -1,4 +1,4 @@
-"""``reprolane console``: the auditors' web application.
+"""``reprolane serve console``: the auditors' web application.
 
 It reads what the capture side and the replayer wrote (envelopes and their indexes, replay results, the audit
 lake, the Merkle log and its checkpoints, legal holds) and lets an operator key with the right role act on it
@@ -16,5 +16,5 @@ docs/ARCHITECTURE.md).
 - `forms`: what the browser sends, parsed at the edge; `request_view`: a replay as an auditor reads it;
 - `charts`: plotly figures, drawn by the plotly.js that the ``plotly`` package ships;
 - `replay_now`: "replay now", a signed request the running replayer service answers;
-- `app`: routes and the gate; `cli`: ``reprolane console``.
+- `app`: routes and the gate; `cli`: ``reprolane serve console``.
 """

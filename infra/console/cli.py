@@ -1,9 +1,9 @@
-"""``reprolane console [--host H] [--port P]``: build the console from the settings and serve it with uvicorn.
+"""``reprolane serve console [--host H] [--port P]``: build the console from the settings and serve it with uvicorn.
 
 The console's own settings are `infra.console.settings.ConsoleSettings` (``REPROLANE_CONSOLE_*``); what it reads
 is configured with each source's own settings (audit, archiver, replayer), which a running local stack fills in.
 "Download evidence" signs each bundle's manifest with the audit signing key (``REPROLANE_AUDIT_SIGNING_KEY``, as
-``reprolane evidence export`` does); without one the console still serves every page and says where to export.
+``reprolane audit evidence export`` does); without one the console still serves every page and says where to export.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def console_command(
 ) -> None:
     """Serve the auditors' web console (search, requests, replays, holds, overview).
 
-    Example: reprolane console --host 127.0.0.1 --port 8700
+    Example: reprolane serve console --host 127.0.0.1 --port 8700
     """
     import uvicorn
 

@@ -1,7 +1,7 @@
 """Who a console user is: an operator key proved against the operator key store, as the CLI proves it.
 
 The console signs nobody up: a user logs in with an operator key (``rlo_<id>_<secret>``) minted by
-``reprolane operator add-key`` into the operator key store (``REPROLANE_OPERATOR_KEYS_PATH``), and the
+``reprolane keys operator`` into the operator key store (``REPROLANE_OPERATOR_KEYS_PATH``), and the
 session acts with that key's roles and tenant scope. Everything about keys has one home each: the file format,
 its permission checks and the constant-time proof are `capture.ledger.key_file`'s; the operator, its roles
 (`Operator.may`, which asks `schemas.access_log.role_grants`) and its tenant scope (`Operator.sees`) are

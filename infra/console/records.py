@@ -9,7 +9,7 @@
 - inclusion in the Merkle log against the latest signed checkpoint: `capture.audit.verify.verify_request`;
 - legal holds: `capture.audit.store.AuditStore` on the envelope object's current version, and who placed or
   lifted them and why from the access records filed under the envelope (`capture.audit.access_log`);
-- evidence bundles: `capture.audit.evidence.export_bundle`, the same export as ``reprolane evidence export``,
+- evidence bundles: `capture.audit.evidence.export_bundle`, the same export as ``reprolane audit evidence export``,
   signed with the audit signing key when the console is given one (`EvidenceSigner`).
 
 Every method takes the operator's tenant scope: a key scoped to a tenant reads that tenant's records only, and a
@@ -60,7 +60,7 @@ class EvidenceSigner:
 
     @property
     def fingerprint(self) -> str:
-        """What a verifier pins (``--key-fingerprint``), as ``reprolane evidence key`` prints it."""
+        """What a verifier pins (``--key-fingerprint``), as ``reprolane audit evidence key`` prints it."""
         return key_fingerprint(public_of(self.private_raw))
 
 
@@ -384,8 +384,8 @@ class Records:
         it, or it does not verify), `SigningKeyError` when the console holds no signing key."""
         if self.signer is None:
             raise SigningKeyError(
-                "no audit signing key is configured (REPROLANE_AUDIT_SIGNING_KEY): run `reprolane evidence export` "
-                "where the key is kept"
+                "no audit signing key is configured (REPROLANE_AUDIT_SIGNING_KEY): run "
+                "`reprolane audit evidence export` where the key is kept"
             )
         return export_bundle(self.audit, envelope.request_id, self.signer.private_raw, self.signer.key_name).bundle
 
@@ -430,7 +430,7 @@ class Records:
         return Overview(by_runtime, positions, lags, gates, problems + gate_problems)
 
     def gate_runs(self) -> tuple[list[GateReport], list[str]]:
-        """Release-gate reports (``gate --report FILE.json``) in the configured folder, newest first. Gate runs
+        """Release-gate reports (``release gate --report FILE.json``) in the configured folder, newest first. Gate runs
         are not any one tenant's, so only an operator of every tenant sees them."""
         if self.gate_reports_dir is None:
             return [], []

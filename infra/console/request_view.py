@@ -222,7 +222,7 @@ def shadow_view(
     production: Envelope, shadow: Envelope, thresholds: Thresholds, spell: Spell | None = None
 ) -> ShadowView | None:
     """The pair's view, judged at production's target level without semantic similarity (a page view does not
-    load the embedding model: ``reprolane gate --shadow`` computes it); None when production has no output to
+    load the embedding model: ``reprolane release gate --shadow`` computes it); None when production has no output to
     compare (the sidecar shadows none of those)."""
     recorded = recorded_choice(production)
     if production.outcome.kind != "output" or recorded is None or shadow.shadow is None:

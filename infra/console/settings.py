@@ -1,4 +1,4 @@
-"""Settings of ``reprolane console`` (env prefix ``REPROLANE_CONSOLE_``).
+"""Settings of ``reprolane serve console`` (env prefix ``REPROLANE_CONSOLE_``).
 
 The console reads what other services wrote, with their own settings: the audit bucket (holds, Merkle log,
 checkpoints, the access log) through `capture.audit.settings.AuditSettings` (``REPROLANE_AUDIT_*``), the lake

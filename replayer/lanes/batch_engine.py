@@ -1,4 +1,4 @@
-"""The batch engine that the replay matrix and `reprolane explain` run: many prompts per call, one configuration.
+"""The batch engine that the replay matrix and `reprolane replay explain` run: many prompts per call, one configuration.
 
 It is not a replay lane. A lane runs one sequence at a time, by design; a `BatchEngine` submits a *list* of prompts
 in one ``LLM.generate`` call, so vLLM's scheduler batches them dynamically (up to `DYNAMIC_MAX_SEQS`), which is

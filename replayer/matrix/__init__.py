@@ -1,4 +1,5 @@
-"""The replay matrix (`reprolane matrix`), and `reprolane explain`, which runs its variations as matrix cells.
+"""The replay matrix (`reprolane replay matrix`), and `reprolane replay explain`, which runs its variations as
+matrix cells.
 
 - `dimensions`: the cells (engine configuration x schedule) and why a cell cannot run on this host.
 - `inputs`: what is replayed: recorded envelopes or the bundled workload prompts, as `MatrixItem`s.

@@ -1,9 +1,9 @@
 """The ``matrix`` and ``explain`` commands (registered on the root app by `infra.cli`).
 
-    reprolane matrix [--envelopes FILE.jsonl | --request-ids A,B | --from-s3 TENANT/DATE | --workload]
+    reprolane replay matrix [--envelopes FILE.jsonl | --request-ids A,B | --from-s3 TENANT/DATE | --workload]
                      [--cells batch,order,dtype,...] [--max-tokens 32] [--baseline recorded|single]
                      [--json] [--report FILE.json] [--html FILE.html] [--include-slow] [--semantic]
-    reprolane explain REQUEST_ID [--envelopes FILE.jsonl] [--window-s 5] [--variations alone,batch,...] [--json]
+    reprolane replay explain REQUEST_ID [--envelopes FILE.jsonl] [--window-s 5] [--variations alone,batch,...] [--json]
 
 ``matrix`` exit codes: 0 every runnable cell ran, 1 some cell failed, 2 bad arguments or no input.
 ``explain`` exit codes: 0 some variation reproduced the recorded output, 1 none did, 2 unknown request id, bad
@@ -110,7 +110,7 @@ def matrix_command(
 ) -> None:
     """Replay a set of requests across batch, order, input-length, dtype, threads, prefix-cache, ... cells.
 
-    Example: reprolane matrix --workload --limit 12 --html matrix.html
+    Example: reprolane replay matrix --workload --limit 12 --html matrix.html
     """
     sources = [s for s in (envelopes, request_ids, from_s3, workload or None) if s]
     if len(sources) > 1:
@@ -226,7 +226,7 @@ def explain_command(
 ) -> None:
     """Re-replay one diverged request under targeted variations and name the one that reproduces the capture.
 
-    Example: reprolane explain rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --envelopes run.jsonl --variations alone,batch
+    Example: reprolane replay explain rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --envelopes run.jsonl --variations alone,batch
     """
     extra_notes: list[str] = []
     store: EnvelopeStore | None = None

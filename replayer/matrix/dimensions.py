@@ -173,7 +173,7 @@ def _dimension_cells(dim: str, platform: Platform, include_slow: bool) -> list[C
         ver = _skip(
             ver,
             f"only one vLLM version can be installed in one environment (here: {version}); replay the golden set "
-            "on each version and compare the two recorded runs with `reprolane gate`",
+            "on each version and compare the two recorded runs with `reprolane release gate`",
         )
         alt = Cell(
             "engine.transformers",

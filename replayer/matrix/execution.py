@@ -1,4 +1,4 @@
-"""Executing cells (for the matrix and for `reprolane explain`): one spawned process per engine configuration,
+"""Executing cells (for the matrix and for `reprolane replay explain`): one spawned process per engine configuration,
 every cell of that configuration inside it; outputs, latencies and peak RSS per cell.
 
 Why a process per configuration: vLLM keeps process-global state (it turns ``torch.set_num_threads`` into a no-op

@@ -1,4 +1,4 @@
-"""The real sidecar for edge tests: ``reprolane capture serve`` in a subprocess, and raw HTTP over sockets.
+"""The real sidecar for edge tests: ``reprolane serve capture`` in a subprocess, and raw HTTP over sockets.
 
 The edge's bounds and its parser belong to the server the CLI builds (`capture.http_server`), not to the ASGI
 app, so these tests talk to the process a user runs, with bytes a client library would never send.
@@ -38,14 +38,14 @@ class RunningSidecar:
 async def cli_sidecar(
     upstream: str, tmp_path: Path, *, args: tuple[str, ...] = (), **env: str
 ) -> AsyncIterator[RunningSidecar]:
-    """``reprolane capture serve --upstream <upstream> [args]`` on a free port; ``env`` adds ``REPROLANE_CAPTURE_*``
+    """``reprolane serve capture --upstream <upstream> [args]`` on a free port; ``env`` adds ``REPROLANE_CAPTURE_*``
     settings (``http_parser="h11"`` sets ``REPROLANE_CAPTURE_HTTP_PARSER=h11``). Yields once it answers."""
     (port,) = allocate_ports(1)
     spool_dir = tmp_path / f"spool-{port}"
     log = tmp_path / f"sidecar-{port}.log"
     settings_env = {f"REPROLANE_CAPTURE_{name.upper()}": value for name, value in env.items()}
     full_env = {**os.environ, **settings_env, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-c", _LAUNCH, "capture", "serve", "--upstream", upstream, "--port", str(port)]
+    argv = [sys.executable, "-c", _LAUNCH, "serve", "capture", "--upstream", upstream, "--port", str(port)]
     argv += ["--spool-dir", str(spool_dir), *args]
     proc = _start(argv, full_env, log)
     running = RunningSidecar(port, proc, log, spool_dir)

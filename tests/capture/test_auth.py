@@ -2,7 +2,7 @@
 header the caller sets (issue 18, finding 4); the key never reaches upstream nor the record.
 
 In-process sidecar in front of the fake upstream; tests/capture/test_auth_stack.py drives the real
-``reprolane capture serve`` on the real stack.
+``reprolane serve capture`` on the real stack.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 18, finding 4, on the real parts: ``reprolane capture serve`` (a subprocess, configured through its
+"""Issue 18, finding 4, on the real parts: ``reprolane serve capture`` (a subprocess, configured through its
 environment as an operator would) with an API key file, in front of the stack's vLLM, publishing to the stack's
 Kafka and S3, driven by the official ``openai`` client with ``api_key=...``.
 
@@ -56,7 +56,7 @@ def test_a_key_file_others_can_read_stops_the_cli_sidecar(tmp_path: Path) -> Non
         "REPROLANE_CAPTURE_AUTH_MODE": "keys",
         "REPROLANE_CAPTURE_API_KEYS_PATH": str(keys.path),
     })  # fmt: skip
-    args = ["capture", "serve", "--port", str(free_port()), "--spool-dir", str(tmp_path / "spool")]
+    args = ["serve", "capture", "--port", str(free_port()), "--spool-dir", str(tmp_path / "spool")]
     try:
         done = subprocess.run([*reprolane_argv(), *args], env=env, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
@@ -73,14 +73,14 @@ def keys(tmp_path: Path) -> ApiKeys:
 
 @pytest.fixture
 def sidecar_url(stack: StackInfo, keys: ApiKeys, tmp_path: Path) -> Iterator[str]:
-    """``reprolane capture serve`` with keys on, in front of the stack (its sinks too), until the test ends."""
+    """``reprolane serve capture`` with keys on, in front of the stack (its sinks too), until the test ends."""
     port = free_port()
     env = sidecar_env({
         **stack_defaults(stack),
         "REPROLANE_CAPTURE_AUTH_MODE": "keys",
         "REPROLANE_CAPTURE_API_KEYS_PATH": str(keys.path),
     })  # fmt: skip
-    args = ["capture", "serve", "--port", str(port), "--spool-dir", str(tmp_path / "spool"), "--sidecar-id",
+    args = ["serve", "capture", "--port", str(port), "--spool-dir", str(tmp_path / "spool"), "--sidecar-id",
             f"auth-test-{uuid.uuid4().hex[:6]}"]  # fmt: skip
     log = tmp_path / "sidecar.log"
     ref = process.spawn([*reprolane_argv(), *args], env, log, REPO)

@@ -1,4 +1,4 @@
-"""Nobody without a key can hold the sidecar: the real CLI sidecar (``reprolane capture serve``, keys required) in
+"""Nobody without a key can hold the sidecar: the real CLI sidecar (``reprolane serve capture``, keys required) in
 front of the fake upstream, flooded from loopback addresses by `tests.capture.flood_client` in its own process
 (thousands of half-open connections and trickled bodies from one address, reopened as they are closed, and more
 from a spread of addresses past ``max_connections``), while a caller with a valid key keeps being served on fresh

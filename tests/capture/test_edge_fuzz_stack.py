@@ -1,5 +1,5 @@
 """Issue 18, "also prove", on the real parts: the edge fuzz's generated requests (fewer of them) sent to
-``reprolane capture serve`` (a subprocess, API keys on, h11: the parser that hands the most to the app) in front
+``reprolane serve capture`` (a subprocess, API keys on, h11: the parser that hands the most to the app) in front
 of the stack's vLLM. The process must stay alive, answer no 5xx of its own (vLLM's own answers pass as they
 are), still serve a normal request at the end, and keep its resident memory bounded.
 

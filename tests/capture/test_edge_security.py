@@ -1,4 +1,4 @@
-"""The sidecar's edge against a hostile client, on the real CLI sidecar (``reprolane capture serve`` in a
+"""The sidecar's edge against a hostile client, on the real CLI sidecar (``reprolane serve capture`` in a
 subprocess) in front of the fake upstream: targets that would make it an open proxy (under both of uvicorn's
 parsers), half-sent requests, bodies that would crash the parser, and what reaches the log.
 """

@@ -1,4 +1,4 @@
-"""The edge's fixes against the real parts: ``reprolane capture serve`` (a subprocess) in front of the real vLLM.
+"""The edge's fixes against the real parts: ``reprolane serve capture`` (a subprocess) in front of the real vLLM.
 
 Hostile request targets never reach a second local server under either parser while vLLM still answers
 through the sidecar; an echoed completion of many token-id prompts, whose texts the sidecar now asks of vLLM's

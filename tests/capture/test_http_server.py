@@ -1,4 +1,4 @@
-"""`capture.http_server`: the server `capture serve` runs has its parser pinned (the same in the dev install
+"""`capture.http_server`: the server `serve capture` runs has its parser pinned (the same in the dev install
 and the image: both install the package's dependencies), its connections and requests bounded and a deadline on
 heads."""
 

@@ -1,4 +1,4 @@
-"""The schedule shipper against the real Tansu + SeaweedFS, as a user runs it (``reprolane capture schedules`` in
+"""The schedule shipper against the real Tansu + SeaweedFS, as a user runs it (``reprolane serve schedules`` in
 a subprocess), killed with SIGKILL mid-run and restarted (issue 22): every closed segment ends up in S3 exactly
 once per key with the bytes the recorder wrote, its index entries beside it, on Kafka at least once, and the
 directory empties; a hostile segment among them is quarantined and holds nothing back. Read back through the
@@ -57,7 +57,7 @@ def _start(stack: StackInfo, schedule_dir: Path, log: Path) -> subprocess.Popen[
     }
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", _LAUNCH, "capture", "schedules"], env=env, stdout=out, stderr=out,
+            [sys.executable, "-c", _LAUNCH, "serve", "schedules"], env=env, stdout=out, stderr=out,
             start_new_session=True,
         )  # fmt: skip
 

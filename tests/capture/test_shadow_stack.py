@@ -1,4 +1,4 @@
-"""Shadow traffic on the real stack: ``reprolane capture serve --shadow-upstream --shadow-sample`` in front of the
+"""Shadow traffic on the real stack: ``reprolane serve capture --shadow-upstream --shadow-sample`` in front of the
 stack's vLLM (bfloat16), a private float32 vLLM as the candidate, the spool -> Kafka + S3 path of the stack.
 
 One story, in order (the candidate is one private vLLM, slowed and then killed at the end):
@@ -7,8 +7,8 @@ One story, in order (the candidate is one private vLLM, slowed and then killed a
    answers are the same (latencies are printed, not asserted: benchmarks/bench_shadow.py measures them, with and
    without shadowing side by side, and BENCHMARKS.md holds its figures);
 2. every shadowed request gets a paired shadow envelope in S3 (same request id, the candidate's runtime, the
-   production envelope's id), and ``reprolane gate --shadow`` over that window fails, naming the dtype change and
-   the requests that diverged;
+   production envelope's id), and ``reprolane release gate --shadow`` over that window fails, naming the dtype
+   change and the requests that diverged;
 3. the candidate is stopped (SIGSTOP: slowed past its timeout) and then killed mid-run: every client request is
    still answered 200 and every production envelope still lands in S3; the shadows are counted as timeouts and
    candidate errors.
@@ -186,7 +186,7 @@ async def test_shadow_traffic_on_the_real_stack(
         monkeypatch.setenv(key, value)
     report = tmp_path / "shadow.json"
     window = ["--since", since.isoformat(), "--until", until.isoformat()]
-    result = CliRunner().invoke(root_app, ["gate", "--shadow", *window, "--report", str(report)])
+    result = CliRunner().invoke(root_app, ["release", "gate", "--shadow", *window, "--report", str(report)])
     print(result.stdout)
     assert result.exit_code == 1, result.output
     data: dict[str, Any] = json.loads(report.read_text())

@@ -1,4 +1,4 @@
-"""Issue 20, item 4, on the real parts: ``reprolane capture serve`` (a subprocess) in front of the stack's vLLM
+"""Issue 20, item 4, on the real parts: ``reprolane serve capture`` (a subprocess) in front of the stack's vLLM
 exports one span per captured request to a real OTLP/HTTP receiver (`tests.otlp_receiver`); the replayer service
 (Tansu, SeaweedFS, the remote lane replaying on the same vLLM) replays the captured envelope and exports a span
 with the verdict, in the request's trace under the capture span; and with the receiver down the clients' answers

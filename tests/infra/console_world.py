@@ -1,10 +1,10 @@
 """A small demo-like world for the console's browser tests, on the real stack, and the console serving it.
 
 Real: the demo's workload (one chat prompt per tenant and the quick workflow) sent with each tenant's API key
-through ``reprolane capture serve`` in front of the stack's vLLM, into its own Object-Lock bucket of the stack's
+through ``reprolane serve capture`` in front of the stack's vLLM, into its own Object-Lock bucket of the stack's
 SeaweedFS (envelopes, indexes, the Merkle log), a signed checkpoint of the day (`capture.audit.checkpoint`), the
 replay results written through the replayer's own code (`replayer.replay.replay_envelope`, `EnvelopeStore`),
-the audit lake written by the archiver's code, and ``reprolane console`` itself in a child process.
+the audit lake written by the archiver's code, and ``reprolane serve console`` itself in a child process.
 
 Forced: which request diverges. The lane is `tests.replayer.support.FakeLane`, which echoes the recorded output
 and, for the chosen request, takes the recorded runner-up at token `FORK_AT` (a real fork of the recorded

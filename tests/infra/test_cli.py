@@ -71,17 +71,18 @@ RAISED: dict[str, tuple[Callable[[], None], int, str]] = {
 
 
 def _raising_app() -> typer.Typer:
-    """The root with its ``replay`` group replaced by one whose commands raise the errors of `RAISED`."""
+    """The root with its ``replayer`` source (`infra.commands.SOURCES`, a whole group under its old spelling)
+    replaced by one whose commands raise the errors of `RAISED`."""
     sub = typer.Typer()
     for name, (command, _, _) in RAISED.items():
         sub.command(name)(command)
-    return build_app({"replay": sub})
+    return build_app({"replayer": sub})
 
 
 @pytest.mark.parametrize("name", list(RAISED))
 def test_each_error_tree_is_one_line_and_its_exit_code(name: str) -> None:
     _, code, needle = RAISED[name]
-    result = CliRunner().invoke(_raising_app(), ["replay", name])
+    result = CliRunner().invoke(_raising_app(), ["replayer", name])
     assert result.exit_code == code, result.output
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -92,7 +93,7 @@ def test_each_error_tree_is_one_line_and_its_exit_code(name: str) -> None:
 
 
 def test_a_validation_error_names_every_field_on_one_line() -> None:
-    result = CliRunner().invoke(_raising_app(), ["replay", "validation"])
+    result = CliRunner().invoke(_raising_app(), ["replayer", "validation"])
     (line,) = result.stderr.strip().splitlines()
     assert "lane: " in line
     assert "; num_threads: " in line
@@ -106,7 +107,7 @@ def test_a_verdict_exits_with_its_code_and_no_error_line() -> None:
         typer.echo("Verdict: diverged")
         raise typer.Exit(1)
 
-    result = CliRunner().invoke(build_app({"replay": sub}), ["replay", "diverged"])
+    result = CliRunner().invoke(build_app({"replayer": sub}), ["replayer", "diverged"])
     assert result.exit_code == 1
     assert result.stdout == "Verdict: diverged\n"
     assert result.stderr == ""
@@ -119,7 +120,7 @@ def test_an_error_outside_the_trees_is_a_bug_and_keeps_its_traceback() -> None:
     def bug() -> None:
         raise RuntimeError("a bug")
 
-    result = CliRunner().invoke(build_app({"replay": sub}), ["replay", "bug"])
+    result = CliRunner().invoke(build_app({"replayer": sub}), ["replayer", "bug"])
     assert isinstance(result.exception, RuntimeError)
     assert "reprolane: error:" not in result.stderr
 
@@ -127,7 +128,7 @@ def test_an_error_outside_the_trees_is_a_bug_and_keeps_its_traceback() -> None:
 def test_a_message_with_a_log_tail_keeps_it_after_the_error_line() -> None:
     sub = typer.Typer()
     sub.command("start")(_raise(InfraError("vllm exited during start-up; last lines of vllm.log:\nOOM")))
-    result = CliRunner().invoke(build_app({"replay": sub}), ["replay", "start"])
+    result = CliRunner().invoke(build_app({"replayer": sub}), ["replayer", "start"])
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [
         "reprolane: error: vllm exited during start-up; last lines of vllm.log:",
@@ -135,11 +136,13 @@ def test_a_message_with_a_log_tail_keeps_it_after_the_error_line() -> None:
     ]
 
 
-def test_a_command_override_replaces_a_plain_command() -> None:
-    result = CliRunner().invoke(build_app({"query": _raise(UnknownIdError("no day 2026-01-01"))}), ["query"])
-    assert result.exit_code == 2
-    assert result.stderr == "reprolane: error: no day 2026-01-01\n"
-    with pytest.raises(KeyError, match="no command 'nonsense'"):
+def test_a_command_override_replaces_a_plain_command_wherever_the_tree_uses_it() -> None:
+    overridden = build_app({"query": _raise(UnknownIdError("no day 2026-01-01"))})
+    for path in (["audit", "query"], ["query"]):  # its place in the tree, and its old spelling
+        result = CliRunner().invoke(overridden, path)
+        assert result.exit_code == 2
+        assert result.stderr == "reprolane: error: no day 2026-01-01\n"
+    with pytest.raises(KeyError, match="no command source 'nonsense'"):
         build_app({"nonsense": typer.Typer()})
 
 
@@ -179,14 +182,14 @@ def test_status_without_a_stack_exits_1(tmp_path: Path) -> None:
 
 
 def test_commands_load_lazily_so_the_sidecar_stays_small() -> None:
-    """`reprolane capture ...` must not import the replayer, DuckDB, pyarrow or torch (memory of the sidecar)."""
+    """`reprolane serve capture` must not import the replayer, DuckDB, pyarrow or torch (memory of the sidecar)."""
     import subprocess
     import sys
 
     probe = (
         "import sys\n"
         "from infra.cli import app\n"
-        "try:\n    app(['capture', 'serve', '--help'])\n"
+        "try:\n    app(['serve', 'capture', '--help'])\n"
         "except SystemExit:\n    pass\n"
         "names = ('replayer.cli', 'duckdb', 'pyarrow', 'torch', 'capture.audit.lake')\n"
         "heavy = [m for m in names if m in sys.modules]\n"
@@ -196,11 +199,12 @@ def test_commands_load_lazily_so_the_sidecar_stays_small() -> None:
     assert "HEAVY []" in out.stdout, out.stdout[-500:]
 
 
-def test_every_registered_command_loads() -> None:
-    from infra.cli import COMMANDS, load_command
+def test_every_source_loads() -> None:
+    from infra.cli import load_command
+    from infra.commands import SOURCES, Cmd
 
-    for name in COMMANDS:
-        assert load_command(name) is not None, name
+    for name in SOURCES:
+        assert load_command(Cmd(name)) is not None, name
 
 
 @pytest.mark.parametrize(

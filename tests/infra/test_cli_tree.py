@@ -4,22 +4,24 @@ example in every command's help (issue 31).
 The tree is the real root app (`infra.cli.build_app`), walked the way click runs it (each group's
 ``list_commands`` / ``get_command``, the root loading its commands on demand), so a command added anywhere is
 checked without being listed here. A *command* is a leaf, or a group that runs by itself
-(``invoke_without_command``: ``fingerprint``, ``gate``), whose options are its own. No server is needed: nothing
-is invoked, the examples are only parsed.
+(``invoke_without_command``: ``release fingerprint``, ``release gate``), whose options are its own. No server
+is needed: nothing is invoked, the examples are only parsed.
 
 The spellings chosen (`CONCEPTS`):
 
 - a day is ``--day YYYY-MM-DD``, never ``--date``: it is a UTC calendar day (`schemas.layout.capture_day`, a
   Merkle log's day), and the code says "day" some four times as often as "date" (only the keys' Hive-style
   segment is ``date=``, a storage name); the three audit commands said ``--day``, the three lake ones ``--date``;
-- an output file is ``-o/--output FILE`` (the common convention; ``evidence export`` had it), never ``--out``,
-  and an option naming what it writes ends in ``-output`` (``operator add-key --key-output``), never ``-out``;
+- an output file is ``-o/--output FILE`` (the common convention; ``audit evidence export`` had it), never ``--out``,
+  and an option naming what it writes ends in ``-output`` (``keys operator --key-output``), never ``-out``;
   a report written beside stdout keeps its own name (``--report FILE.json``, ``matrix --html FILE``);
 - a workload given as a file is ``--workload-file FILE``; ``--workload`` is a flag (``matrix``: the bundled set);
-- a model folder is ``--model-dir DIR``; ``--model`` is a served model's name (``gate --statistical``).
+- a model folder is ``--model-dir DIR``; ``--model`` is a served model's name (``release gate --statistical``).
 
-No old spelling is kept as an alias: the project has not been released (0.1.0), and click cannot hide one name
-of an option, so an alias would show in ``--help`` as a second spelling. An old spelling gets click's hint,
+No old option spelling is kept as an alias: the project has not been released (0.1.0), and click cannot hide one
+name of an option, so an alias would show in ``--help`` as a second spelling. Old *command* paths (the flat tree's
+``reprolane show``, ``capture serve``, ...) answer for one release, unlisted (`infra.commands.HIDDEN`). An old
+option spelling gets click's hint,
 ``No such option: --date (Possible options: --day)``. `ALIASES` is where an alias would go, with its reason.
 """
 
@@ -34,8 +36,10 @@ from typing import Any
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
 from infra.cli import build_app
+from infra.commands import HIDDEN, TREE
 
 #: Options allowed a second long name: (command path, the option's long names). Empty: see the module docstring.
 ALIASES: frozenset[tuple[str, frozenset[str]]] = frozenset()
@@ -108,10 +112,31 @@ def options() -> tuple[Option, ...]:
 
 def test_the_walk_finds_every_command() -> None:
     found = commands()
-    for expected in ("audit checkpoint", "lake compact", "query", "gate", "gate record-golden", "fingerprint",
-                     "matrix", "evidence export", "operator add-key", "replay request", "capture serve"):  # fmt: skip
+    for expected in ("audit checkpoint", "audit lake compact", "audit query", "release gate",
+                     "release gate record-golden", "release fingerprint", "replay matrix", "audit evidence export",
+                     "keys operator", "replay request", "serve capture", "serve checkpointer"):  # fmt: skip
         assert expected in found
     assert len(found) >= 40
+
+
+def test_the_top_level_is_grouped_by_user_and_job() -> None:
+    """`infra.commands.TREE`: every long-running process under ``serve``, replays under ``replay``, the records
+    under ``audit``, the gate and fingerprints under ``release``, every key a person mints under ``keys``."""
+    assert list(TREE.children) == ["serve", "replay", "audit", "release", "keys", "stack", "model", "demo", "schemas"]
+    found = commands()
+    assert {n.split()[1] for n in found if n.startswith("serve ")} == {
+        "capture", "schedules", "replayer", "archiver", "checkpointer", "console",
+    }  # fmt: skip
+    assert not [name for name in HIDDEN if name in found]  # the flat tree's names: unlisted
+
+
+@pytest.mark.parametrize(
+    "old", [["show"], ["capture", "serve"], ["keys", "list"], ["audit", "keygen"], ["gate", "record-golden"]]
+)
+def test_the_flat_trees_spellings_still_answer_unlisted(old: list[str]) -> None:
+    result = CliRunner().invoke(build_app(), [*old, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.stdout
 
 
 def test_each_concept_has_one_spelling() -> None:

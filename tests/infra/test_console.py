@@ -42,7 +42,7 @@ def new_operator_key(key_id: str, tenant: str | None, roles: list[str]) -> tuple
 
 
 def test_a_key_proves_itself_and_nothing_else_does(tmp_path: Path) -> None:
-    """The console proves keys with the operator store of `reprolane operator add-key` (`capture.ledger.key_file`)."""
+    """The console proves keys with the operator store of `reprolane keys operator` (`capture.ledger.key_file`)."""
     key, entry = new_operator_key("auditor", "acme", ["viewer"])
     path = tmp_path / "keys.json"
     write_key_file(path, [entry])

@@ -1,10 +1,10 @@
-"""``reprolane console`` in a real browser (Playwright driving Debian's Chromium) against the real stack.
+"""``reprolane serve console`` in a real browser (Playwright driving Debian's Chromium) against the real stack.
 
 The world (`tests.infra.console_world`): the demo's small workload captured through the real sidecar and vLLM,
 one request forked on replay, a signed checkpoint, the lake, and the console in a child process. The browser
 logs in, searches the diverged request, sees the fork marked and both top-k tables, places and lifts a legal
 hold as hold-admin and is refused as a viewer, downloads the request's evidence bundle and verifies it with the
-real ``reprolane evidence verify`` against the pinned key fingerprint; an unauthenticated browser, a key of
+real ``reprolane audit evidence verify`` against the pinned key fingerprint; an unauthenticated browser, a key of
 another tenant and a POST without the CSRF token are refused, and every decision is in the one access log
 (`schemas.access_log.AccessRecord` under ``audit/access/``, the CLI's log too) in the bucket.
 

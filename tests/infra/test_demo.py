@@ -3,11 +3,11 @@ summary and the auditor's command printed, the console started for the run (``--
 the key it printed, and every process the demo started gone afterwards (Ctrl-C included).
 
 What an auditor needs works with what the demo printed (issue 30): every envelope proves itself against a
-checkpoint the demo's checkpointer signed with the key whose fingerprint it printed (``reprolane verify``), the
-printed ``evidence export`` / ``evidence verify`` / ``query`` commands answer, and in the console (Chromium,
+checkpoint the demo's checkpointer signed with the key whose fingerprint it printed (``reprolane audit verify``), the
+printed ``audit evidence export`` / ``audit evidence verify`` / ``query`` commands answer, and in the console (Chromium,
 through Playwright) the search by tenant and time finds the run in the lake, the request's inclusion verifies,
 "replay now" is answered by the run's replayer service, and "download evidence" gives a bundle that
-``reprolane evidence verify`` accepts against the printed fingerprint.
+``reprolane audit evidence verify`` accepts against the printed fingerprint.
 
 The stack is the session's (``REPROLANE_TEST_RUN_DIR`` to attach to a running one): the demo reuses it and
 must leave it running. About 1-3 minutes on 2 cores: two in-process vLLM lanes are loaded (service, auditor).
@@ -189,7 +189,7 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert outcome.proved == len(sent_ids)
     assert f"proved {len(sent_ids)}/{len(sent_ids)} envelopes" in text
     assert outcome.archived == (len(sent_ids), len(outcome.events))
-    assert outcome.verify_exit == 0  # `reprolane verify ID`, run by the demo as the auditor types it
+    assert outcome.verify_exit == 0  # `reprolane audit verify ID`, run by the demo as the auditor types it
     assert f"verified request {outcome.auditor_request_id}" in text
     export, check, query = outcome.auditor_commands[1:]
     for command in outcome.auditor_commands[1:]:
@@ -212,7 +212,7 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert "asks the running replayer service" in seen["replay_reason"]
     assert seen["replay_notice"].startswith("replayed by the replayer service"), seen["replay_notice"]
     assert seen["replays"][1] >= max(seen["replays"][0], 1)
-    bundle_check = run_printed(f"reprolane evidence verify {seen['bundle']} --key-fingerprint {key.fingerprint}",
+    bundle_check = run_printed(f"reprolane audit evidence verify {seen['bundle']} --key-fingerprint {key.fingerprint}",
                                stack.run_dir, tmp_path)  # fmt: skip
     assert bundle_check.returncode == 0, bundle_check.stdout + bundle_check.stderr
 

@@ -1,5 +1,5 @@
 """The demo runs with authentication on (issue 18): its sidecar (`infra.demo_services.start_capture`, the real
-``reprolane capture serve``) takes the key file the demo writes (0600), and its workload (`infra.demo_workload`,
+``reprolane serve capture``) takes the key file the demo writes (0600), and its workload (`infra.demo_workload`,
 the official ``openai`` client) sends each tenant's key. Only the sidecar and the workload, on the real stack;
 tests/infra/test_demo.py runs the whole demo (replayer and auditor included)."""
 

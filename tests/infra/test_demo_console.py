@@ -42,7 +42,7 @@ def test_the_demo_prints_how_to_open_the_console_with_the_runs_keys(tmp_path: Pa
     logins = write_console_logins(tmp_path / "demo")
     text = "\n".join(console_lines(tmp_path / "stack", logins, None, stack_stops=True))
     assert f"REPROLANE_RUN_DIR={tmp_path / 'stack'} " in text
-    assert f"REPROLANE_OPERATOR_KEYS_PATH={logins.keys_path} reprolane console" in text
+    assert f"REPROLANE_OPERATOR_KEYS_PATH={logins.keys_path} reprolane serve console" in text
     assert f"http://127.0.0.1:{CONSOLE_PORT}/" in text
     assert str(logins.key_files["viewer"]) in text
     assert str(logins.key_files["hold-admin"]) in text

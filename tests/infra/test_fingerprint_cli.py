@@ -1,4 +1,4 @@
-"""`reprolane fingerprint` and `fingerprint diff`: real CLI, real model cache, exit codes."""
+"""`reprolane release fingerprint` and `fingerprint diff`: real CLI, real model cache, exit codes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ RUNTIME = Path(__file__).parents[2] / "infra" / "runtime" / "vllm-cpu.json"
 @pytest.mark.model
 def test_local_fingerprint_names_model_engine_and_device(tmp_path: Path) -> None:
     out = tmp_path / "a.json"
-    result = runner.invoke(app, ["fingerprint", "--runtime-file", str(RUNTIME), "-o", str(out)])
+    result = runner.invoke(app, ["release", "fingerprint", "--runtime-file", str(RUNTIME), "-o", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     manifest = json.loads((model_dir() / "reprolane-manifest.json").read_text())
@@ -34,8 +34,8 @@ def test_local_fingerprint_names_model_engine_and_device(tmp_path: Path) -> None
 @pytest.mark.model
 def test_diff_exit_codes(tmp_path: Path) -> None:
     a = tmp_path / "a.json"
-    assert runner.invoke(app, ["fingerprint", "--runtime-file", str(RUNTIME), "-o", str(a)]).exit_code == 0
-    same = runner.invoke(app, ["fingerprint", "diff", str(a), str(a)])
+    assert runner.invoke(app, ["release", "fingerprint", "--runtime-file", str(RUNTIME), "-o", str(a)]).exit_code == 0
+    same = runner.invoke(app, ["release", "fingerprint", "diff", str(a), str(a)])
     assert same.exit_code == 0
     assert "identical" in same.output
     data = json.loads(a.read_text())
@@ -43,7 +43,7 @@ def test_diff_exit_codes(tmp_path: Path) -> None:
     data["runtime"]["tensor_parallel_size"] = 2
     b = tmp_path / "b.json"
     b.write_text(json.dumps(data))
-    changed = runner.invoke(app, ["fingerprint", "diff", str(a), str(b)])
+    changed = runner.invoke(app, ["release", "fingerprint", "diff", str(a), str(b)])
     assert changed.exit_code == 1
     assert "runtime.dtype" in changed.output
     assert "runtime.tensor_parallel_size" in changed.output
@@ -52,7 +52,7 @@ def test_diff_exit_codes(tmp_path: Path) -> None:
 def test_diff_of_bad_file_is_exit_2_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema_version": "reprolane.fingerprint/1", "artifacts": {}, "runtime": {"engine": ""}}')
-    result = runner.invoke(app, ["fingerprint", "diff", str(bad), str(bad)])
+    result = runner.invoke(app, ["release", "fingerprint", "diff", str(bad), str(bad)])
     assert result.exit_code == 2
     assert "runtime.engine" in result.output
 
@@ -61,7 +61,7 @@ def test_diff_of_bad_file_is_exit_2_one_line(tmp_path: Path) -> None:
 def test_bad_runtime_file_names_the_field(tmp_path: Path) -> None:
     rt = tmp_path / "rt.json"
     rt.write_text('{"dtpye": "bfloat16"}')
-    result = runner.invoke(app, ["fingerprint", "--runtime-file", str(rt)])
+    result = runner.invoke(app, ["release", "fingerprint", "--runtime-file", str(rt)])
     assert result.exit_code == 1
     assert "dtpye" in result.output
     assert "Traceback" not in result.output

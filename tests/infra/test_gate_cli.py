@@ -1,4 +1,4 @@
-"""`reprolane gate` and `gate record-golden` through CliRunner with a fake lane, store, sampler and similarity:
+"""`reprolane release gate` and `gate record-golden` through CliRunner with a fake lane, store, sampler and similarity:
 exit codes (0 pass, 1 fail, 2 no verdict with one line), the JSON report, the readable summary."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Harness:
             similarity=lambda a, b: 1.0 if "Paris" in b else 0.0,
             history_factory=lambda s: self.history,
         )
-        return CliRunner().invoke(build_app({"gate": gate}), ["gate", *args])
+        return CliRunner().invoke(build_app({"gate": gate}), ["release", "gate", *args])
 
     def _store(self) -> EnvelopeStore:
         assert self.store is not None
@@ -214,7 +214,8 @@ def test_statistical_mode_through_the_cli(h: Harness) -> None:
 
 def test_gate_is_registered_on_the_root_cli(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        root_app, ["gate", "--golden", str(tmp_path / "none.jsonl"), "--baseline", "golden", "--candidate", "local"]
+        root_app,
+        ["release", "gate", "--golden", str(tmp_path / "none.jsonl"), "--baseline", "golden", "--candidate", "local"],
     )
     assert result.exit_code == 2
     assert "cannot read golden set" in result.stderr
@@ -315,7 +316,8 @@ def test_without_any_s3_settings_the_gate_says_it_records_nothing(h: Harness, mo
     same = h.fingerprint("same.json")
     gate = build_gate_app(lane_factory=h.factory)
     result = CliRunner().invoke(
-        build_app({"gate": gate}), ["gate", "--baseline", "golden", "--candidate", str(same), "--golden", str(h.golden)]
+        build_app({"gate": gate}),
+        ["release", "gate", "--baseline", "golden", "--candidate", str(same), "--golden", str(h.golden)],
     )
     assert result.exit_code == 0, result.output
     assert "no audit bucket configured" in result.stderr

@@ -66,7 +66,7 @@ def lanes(stack: StackInfo) -> Iterator[dict[str, Kept]]:
 
 def _invoke(lanes: dict[str, Kept], *args: str) -> Any:
     app = build_app({"gate": build_gate_app(lane_factory=lambda s: lanes[s.lane])})
-    return CliRunner().invoke(app, ["gate", *args])
+    return CliRunner().invoke(app, ["release", "gate", *args])
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +180,8 @@ def test_statistical_gate_on_the_stack_server_with_real_similarity(
     def run(cases: Path, report: Path) -> tuple[int, dict[str, Any]]:
         result = CliRunner().invoke(
             root_app,
-            ["gate", "--statistical", "--golden", str(cases), "--upstream", str(stack.vllm_url), "--samples", "2",
-             "--assertions", str(checks), "--min-similarity", "0.7", "--report", str(report)],
+            ["release", "gate", "--statistical", "--golden", str(cases), "--upstream", str(stack.vllm_url),
+             "--samples", "2", "--assertions", str(checks), "--min-similarity", "0.7", "--report", str(report)],
         )  # fmt: skip
         assert result.exit_code in (0, 1), result.output
         return result.exit_code, json.loads(report.read_text())

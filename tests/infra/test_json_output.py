@@ -79,22 +79,22 @@ Run = Callable[[Recorded], list[str]]
 
 #: How each ``--json`` command is run for real (its arguments after ``reprolane``).
 RUNS: dict[tuple[str, ...], Run] = {
-    ("show",): lambda r: ["show", r.envelope.request_id, "--json"],
+    ("audit", "show"): lambda r: ["audit", "show", r.envelope.request_id, "--json"],
     ("replay", "request"): lambda r: ["replay", "request", r.envelope.request_id, "--json", "--via", "local",
                                       "--lane", "vllm"],
     ("replay", "workflow"): lambda r: ["replay", "workflow", _workflow(r.envelope), "--tenant", r.envelope.tenant,
                                        "--json", "--lane", "remote"],
-    ("explain",): lambda r: ["explain", r.envelope.request_id, "--envelopes", str(r.jsonl), "--variations", "alone",
-                             "--json"],
-    ("matrix",): lambda r: ["matrix", "--envelopes", str(r.jsonl), "--cells", "order", "--max-tokens", "4",
-                            "--json"],
-    ("query",): lambda r: ["query", "SELECT 1 AS one", "--json"],
-    ("fingerprint", "history"): lambda r: ["fingerprint", "history", "--deployment", f"json-{r.envelope.request_id}",
-                                           "--json"],
+    ("replay", "explain"): lambda r: ["replay", "explain", r.envelope.request_id, "--envelopes", str(r.jsonl),
+                                      "--variations", "alone", "--json"],
+    ("replay", "matrix"): lambda r: ["replay", "matrix", "--envelopes", str(r.jsonl), "--cells", "order",
+                                     "--max-tokens", "4", "--json"],
+    ("audit", "query"): lambda r: ["audit", "query", "SELECT 1 AS one", "--json"],
+    ("release", "fingerprint", "history"): lambda r: ["release", "fingerprint", "history", "--deployment",
+                                                      f"json-{r.envelope.request_id}", "--json"],
 }  # fmt: skip
 
 #: The commands whose run loads the in-process vLLM engine: its logs must be on stderr.
-ENGINE_RUNS = {("replay", "request"), ("explain",), ("matrix",)}
+ENGINE_RUNS = {("replay", "request"), ("replay", "explain"), ("replay", "matrix")}
 
 
 def _workflow(envelope: Envelope) -> str:
@@ -150,7 +150,7 @@ def test_a_json_command_prints_one_document_on_stdout(
     assert proc.returncode in (0, 1), f"{' '.join(args)}: exit {proc.returncode}: {proc.stderr[-3000:]}"
     document = json.loads(proc.stdout)  # the whole of stdout is one document
     assert document, proc.stdout
-    if path == ("show",):
+    if path == ("audit", "show"):
         assert proc.stdout.rstrip("\n").encode() == recorded.envelope.canonical()  # the stored bytes themselves
     if path in ENGINE_RUNS:
         assert "vllm" in proc.stderr.lower(), "the engine's own logging should be there, on stderr"
@@ -175,7 +175,9 @@ def test_the_text_report_of_a_replay_is_alone_on_stdout(recorded: Recorded, stac
 def test_show_json_finds_a_client_request_id(recorded: Recorded, stack: StackInfo) -> None:
     env = recorded.envelope
     assert env.client_request_id is not None
-    proc = run_cli(stack, ["show", "--client-request-id", env.client_request_id, "--tenant", env.tenant, "--json"])
+    proc = run_cli(
+        stack, ["audit", "show", "--client-request-id", env.client_request_id, "--tenant", env.tenant, "--json"]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.rstrip("\n").encode() == env.canonical()
 
@@ -239,10 +241,10 @@ async def test_show_json_prints_the_canonical_json_of_every_stored_form(
         [env.request_id, "--json"],
         ["--client-request-id", client_id, "--tenant", tenant, "--json"],
     ):
-        result = runner.invoke(app, ["show", *args], env=cli_env(endpoint, bucket))
+        result = runner.invoke(app, ["audit", "show", *args], env=cli_env(endpoint, bucket))
         assert result.exit_code == 0, f"show {' '.join(args)}: {result.stderr}{result.exception!r:.300}"
         assert result.stdout == env.canonical().decode() + "\n"  # the bytes whose sha256 is the envelope id
-    result = runner.invoke(app, ["show", env.request_id], env=cli_env(endpoint, bucket))
+    result = runner.invoke(app, ["audit", "show", env.request_id], env=cli_env(endpoint, bucket))
     assert result.exit_code == 0, result.stderr
     assert f"Request {env.request_id} (envelope {env.envelope_id()})" in result.stdout
     assert f"client request id {client_id}" in result.stdout

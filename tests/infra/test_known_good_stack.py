@@ -42,7 +42,7 @@ def test_pass_is_recorded_listed_and_named_by_a_later_failure(
 
     def invoke(*args: str) -> Any:
         gate = build_gate_app(lane_factory=lambda s: lane)
-        return CliRunner().invoke(build_app({"gate": gate}), ["gate", *args])
+        return CliRunner().invoke(build_app({"gate": gate}), ["release", "gate", *args])
 
     common = ("--golden", str(golden), "--baseline", "golden", "--deployment", deployment)
     passed = invoke(
@@ -52,7 +52,7 @@ def test_pass_is_recorded_listed_and_named_by_a_later_failure(
     assert passed.exit_code == 0, passed.output
     assert "Recorded known-good environment" in passed.stdout
 
-    listed = CliRunner().invoke(root_app, ["fingerprint", "history", "--deployment", deployment, "--json"])
+    listed = CliRunner().invoke(root_app, ["release", "fingerprint", "history", "--deployment", deployment, "--json"])
     assert listed.exit_code == 0, listed.output
     doc = json.loads(listed.stdout)  # exactly one JSON document
     [rec] = doc["records"]
@@ -63,7 +63,7 @@ def test_pass_is_recorded_listed_and_named_by_a_later_failure(
     assert rec["engine_args"] == ["--dtype", "bfloat16", "--enforce-eager"]
     assert rec["environment"]["artifacts"]["model_sha256"] == manifest.model_sha256
     assert doc["rejected"] == []
-    text = CliRunner().invoke(root_app, ["fingerprint", "history", "--deployment", deployment])
+    text = CliRunner().invoke(root_app, ["release", "fingerprint", "history", "--deployment", deployment])
     assert rec["environment_sha256"][:16] in text.stdout
 
     # a candidate that changes the runtime and diverges: the gate fails and names the recorded environment

@@ -1,4 +1,4 @@
-"""``reprolane replay request`` against a running ``reprolane replayer serve``, both real processes on the stack.
+"""``reprolane replay request`` against a running ``reprolane serve replayer``, both real processes on the stack.
 
 The service runs on the remote lane (the stack's vLLM server: a real lane that starts in a second) with its own
 uuid topics and consumer group and a replay-request keys file. The CLI, run as a user runs it, finds the service
@@ -44,7 +44,7 @@ MESSAGES = [{"role": "user", "content": "Name three primary colors and explain w
 
 @dataclass
 class Served:
-    """A ``reprolane replayer serve`` process, the settings it and the CLI share, and the recorded envelope."""
+    """A ``reprolane serve replayer`` process, the settings it and the CLI share, and the recorded envelope."""
 
     process: subprocess.Popen[bytes]
     settings: ReplayerSettings
@@ -64,10 +64,10 @@ def tail(log: Path) -> str:
 
 
 def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``reprolane replayer serve`` as an operator starts it (settings from the environment), its output in `log`."""
+    """``reprolane serve replayer`` as an operator starts it (settings from the environment), its output in `log`."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            [*reprolane_argv(), "replayer", "serve", "--metrics-port", "0"],
+            [*reprolane_argv(), "serve", "replayer", "--metrics-port", "0"],
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
         )  # fmt: skip
 

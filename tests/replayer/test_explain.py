@@ -1,4 +1,4 @@
-"""`reprolane explain` without a model: companions, the variations planned, judging and the conclusion."""
+"""`reprolane replay explain` without a model: companions, the variations planned, judging and the conclusion."""
 
 from __future__ import annotations
 

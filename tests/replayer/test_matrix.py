@@ -57,7 +57,7 @@ def test_cpu_host_skips_gpu_cells_with_reasons() -> None:
     assert cells["compile.on"].skip_reason == COMPILE_SLOW_REASON
     version = cells["engine.version_b"].skip_reason or ""
     assert "0.32.0" in version
-    assert "reprolane gate" in version
+    assert "reprolane release gate" in version
     runnable = {n for n, c in cells.items() if c.runnable}
     assert runnable >= {"batch.single", "batch.single.again", "batch.fixed4", "batch.dynamic", "order.reversed"}
     assert runnable >= {"dtype.float32", "threads.1", "prefix_cache.on", "engine.transformers", "input.short"}

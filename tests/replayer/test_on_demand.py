@@ -1,6 +1,6 @@
 """The client side of on-demand replays (`replayer.on_demand`): which key signs, which message is the answer.
 
-The round trip itself (a real ``reprolane replayer serve``, the real CLI, heartbeats, refusal and fallback; the
+The round trip itself (a real ``reprolane serve replayer``, the real CLI, heartbeats, refusal and fallback; the
 schedule lane's answer taken) is in tests/replayer/test_cli_service_stack.py.
 """
 

@@ -1,7 +1,7 @@
 """One verdict per request, wherever it is asked, and the service's schedule-lane answers taken (issue 30).
 
 On the real stack: two chat requests of one workflow sent at once through the real sidecar to the stack's vLLM,
-which records its schedule; their schedule shipped by the real shipper; a real ``reprolane replayer serve``
+which records its schedule; their schedule shipped by the real shipper; a real ``reprolane serve replayer``
 (one-at-a-time lane ``remote``, schedule lanes built on demand) consuming from the real Tansu; the real CLI.
 
 - ``replay request --via service`` is answered by the service on the schedule lane it builds for the request
@@ -70,10 +70,10 @@ def tail(log: Path) -> str:
 
 
 def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``reprolane replayer serve`` as an operator starts it (settings from the environment), its output in `log`."""
+    """``reprolane serve replayer`` as an operator starts it (settings from the environment), its output in `log`."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            [*reprolane_argv(), "replayer", "serve", "--metrics-port", "0"],
+            [*reprolane_argv(), "serve", "replayer", "--metrics-port", "0"],
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
         )  # fmt: skip
 

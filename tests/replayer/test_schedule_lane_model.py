@@ -119,8 +119,8 @@ def test_twelve_batched_prompts_replay_bitwise(prod: StepDriver, lane: ScheduleL
     """(a) 12 prompts generated together; each replayed as the target with 11 fillers: all bitwise.
 
     Whether the same prompts one at a time differ is the CPU's fact, not the lane's, so it is measured
-    (`reprolane matrix`, BENCHMARKS.md), not asserted: on AVX-512 machines most of them forked, on an AVX2-only one
-    vLLM's bfloat16 kernels gave every prompt the same logits alone and in the batch."""
+    (`reprolane replay matrix`, BENCHMARKS.md), not asserted: on AVX-512 machines most of them forked, on an
+    AVX2-only one vLLM's bfloat16 kernels gave every prompt the same logits alone and in the batch."""
     reqs = [gen(p) for p in render_chat(model_dir(), PROMPTS[:12])]
     runs = prod.run([(0, r) for r in reqs])
     log = prod.log()

@@ -1,5 +1,5 @@
 """The shadow report (`replayer.shadow_report`): pairs read from S3 (moto) and judged per request and as
-distributions; the stated rule names what failed; ``gate --shadow`` exits as the gate (0, 1, 2)."""
+distributions; the stated rule names what failed; ``release gate --shadow`` exits as the gate (0, 1, 2)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_gate_shadow_through_the_cli(s3: S3Target, tmp_path: Path) -> None:
     app = build_app({"gate": build_gate_app(store_factory=lambda s: EnvelopeStore(s3.client(), s3.bucket),
                                             similarity=sim, history_factory=lambda s: MemoryHistory())})  # fmt: skip
     report = tmp_path / "shadow.json"
-    failed = CliRunner().invoke(app, ["gate", "--shadow", "--since", "1h", "--report", str(report)])
+    failed = CliRunner().invoke(app, ["release", "gate", "--shadow", "--since", "1h", "--report", str(report)])
     assert failed.exit_code == 1, failed.output
     assert "Shadow gate: FAIL — 2 pair(s)" in failed.stdout
     assert "per request: 1/2 met their level" in failed.stdout
@@ -137,13 +137,13 @@ def test_gate_shadow_through_the_cli(s3: S3Target, tmp_path: Path) -> None:
     bars = ("min_pass_rate", "min_similarity", "max_length_change", "max_finish_shift")
     assert {k: written[k] for k in bars} == ShadowBars().model_dump()  # the report repeats the bars it applied
     passed = CliRunner().invoke(
-        app, ["gate", "--shadow", "--since", "1h", "--level", "semantic", "--min-similarity", "0.4"]
+        app, ["release", "gate", "--shadow", "--since", "1h", "--level", "semantic", "--min-similarity", "0.4"]
     )
     assert passed.exit_code == 0, passed.output
-    empty = CliRunner().invoke(app, ["gate", "--shadow", "--since", "1m"])
+    empty = CliRunner().invoke(app, ["release", "gate", "--shadow", "--since", "1m"])
     assert empty.exit_code == 2
     assert "no shadow pair" in empty.stderr
-    bad = CliRunner().invoke(app, ["gate", "--shadow", "--since", "yesterday"])
+    bad = CliRunner().invoke(app, ["release", "gate", "--shadow", "--since", "yesterday"])
     assert bad.exit_code == 2
     assert "--since" in bad.stderr
 

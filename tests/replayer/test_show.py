@@ -1,4 +1,4 @@
-"""``reprolane show``: the envelope as stored, checked against its content address, through the root CLI.
+"""``reprolane audit show``: the envelope as stored, checked against its content address, through the root CLI.
 
 Against a moto S3 seeded as the capture side writes (plain and sealed envelopes, their index objects, a wrapped
 data key); the same command on the real stack, its ``--json`` stdout compared with the stored bytes, is in
@@ -32,7 +32,7 @@ def s3() -> Iterator[S3Target]:
 
 def show(store: EnvelopeStore, *args: str) -> tuple[int, str, str]:
     app = build_app({"show": build_show_command(store_factory=lambda _settings: store)})
-    result = CliRunner().invoke(app, ["show", *args])
+    result = CliRunner().invoke(app, ["audit", "show", *args])
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -140,5 +140,5 @@ def test_a_client_request_id_given_as_the_request_id_gets_the_way_to_ask_for_it(
     code, _, err = show(plain_store(s3), "order-42")  # a client's X-Request-Id: no envelope is indexed under it
     assert code == 2
     assert err.startswith("reprolane: error: no envelope is indexed under request id 'order-42'; ")
-    assert "run `reprolane show --client-request-id order-42 --tenant TENANT`" in err
+    assert "run `reprolane audit show --client-request-id order-42 --tenant TENANT`" in err
     assert "\n" not in err.rstrip("\n")  # one line

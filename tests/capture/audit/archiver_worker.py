@@ -1,6 +1,6 @@
 """An archiver process that SIGKILLs itself at the worst moment: right after its Nth flush wrote rows to the lake,
 before their offsets are committed (``REPROLANE_TEST_KILL_AFTER_FLUSH=N``; settings from ``REPROLANE_ARCHIVER_*``
-as `reprolane archiver serve` reads them). Used by test_archiver_faults_stack.py."""
+as `reprolane serve archiver` reads them). Used by test_archiver_faults_stack.py."""
 
 from __future__ import annotations
 

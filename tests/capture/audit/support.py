@@ -1,5 +1,5 @@
 """Shared by the audit stack tests: publish envelopes through the real publisher to S3, and run the audit CLI
-(``reprolane verify|hold|expire|audit ...``) in a child process against the session stack."""
+(``reprolane audit verify|hold|expire|audit ...``) in a child process against the session stack."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The archiver under faults, on the real stack (issue #18, "Also prove"): real `reprolane archiver serve`
+"""The archiver under faults, on the real stack (issue #18, "Also prove"): real `reprolane serve archiver`
 processes, the lake on SeaweedFS.
 
 - Two archivers in one consumer group, one SIGKILLed mid-run (rows buffered, offsets uncommitted): the survivor
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @dataclass
 class ArchiverProcess:
-    """One ``reprolane archiver serve`` and its log."""
+    """One ``reprolane serve archiver`` and its log."""
 
     name: str
     process: asyncio.subprocess.Process
@@ -50,14 +50,14 @@ class ArchiverProcess:
     async def start(
         cls, settings: LakeSettings, directory: Path, name: str, *, kill_after_flush: int = 0
     ) -> ArchiverProcess:
-        """`reprolane archiver serve`, or with `kill_after_flush` the worker that SIGKILLs itself after that
+        """`reprolane serve archiver`, or with `kill_after_flush` the worker that SIGKILLs itself after that
         flush's write and before its commit (tests/capture/audit/archiver_worker.py)."""
         env = dict(os.environ)
         for key, value in settings.model_dump().items():
             if value is not None:
                 text = value.get_secret_value() if hasattr(value, "get_secret_value") else str(value)
                 env[f"REPROLANE_ARCHIVER_{key.upper()}"] = text
-        argv = ["-c", "from infra.cli import app; app()", "archiver", "serve"]
+        argv = ["-c", "from infra.cli import app; app()", "serve", "archiver"]
         if kill_after_flush:
             env["REPROLANE_TEST_KILL_AFTER_FLUSH"] = str(kill_after_flush)
             argv = ["-m", "tests.capture.audit.archiver_worker"]

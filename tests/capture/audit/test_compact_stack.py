@@ -1,8 +1,8 @@
 """Compact envelopes on the real stack, end to end: a chat request through the sidecar in front of the real vLLM
-(``envelope_encoding`` left at its default), the S3 object and the Kafka value are compact, ``reprolane verify``
+(``envelope_encoding`` left at its default), the S3 object and the Kafka value are compact, ``reprolane audit verify``
 proves it, the replayer replays it from Kafka (remote lane: the stack's vLLM), the archiver puts it in the lake;
 an envelope stored as JSON, as sidecars stored them before, takes the same path; a forged compact object fails
-``reprolane verify``.
+``reprolane audit verify``.
 
 One bucket of its own, without Object Lock (the test plays the attacker at the end), reused across runs: every
 SeaweedFS bucket takes volume slots. Each run has its own topics, lake prefix and request ids; the day's log of
@@ -161,7 +161,7 @@ async def test_compact_envelopes_are_stored_sent_verified_replayed_and_archived(
     assert decode_envelope(sent.value) == captured
     assert [decode_envelope(r.value) for r in records if not is_compact(r.value)] == [old]
 
-    # 4. reprolane verify proves both, against a signed checkpoint of the day's log
+    # 4. reprolane audit verify proves both, against a signed checkpoint of the day's log
     private, public = signing_key()
     audit = AuditStore(client, BUCKET)
     day = capture_day(captured.captured_at)
@@ -171,7 +171,7 @@ async def test_compact_envelopes_are_stored_sent_verified_replayed_and_archived(
     assert write_checkpoint(audit, day, private, retention=None) is not None
     public_b64 = base64.b64encode(public).decode()
     for rid in (request_id, old.request_id):
-        done = audit_cli(stack, BUCKET, "verify", rid, public_key=public_b64)
+        done = audit_cli(stack, BUCKET, "audit", "verify", rid, public_key=public_b64)
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.startswith(f"verified request {rid}")
 
@@ -225,7 +225,7 @@ async def test_compact_envelopes_are_stored_sent_verified_replayed_and_archived(
     forged = encode_compact(forged_canonical)
     assert forged is not None
     client.put_object(Bucket=BUCKET, Key=key, Body=forged)
-    done = audit_cli(stack, BUCKET, "verify", request_id, public_key=public_b64)
+    done = audit_cli(stack, BUCKET, "audit", "verify", request_id, public_key=public_b64)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.startswith(f"FAILED request {request_id}: modified: stored bytes of {key}")
-    assert audit_cli(stack, BUCKET, "verify", old.request_id, public_key=public_b64).returncode == 0
+    assert audit_cli(stack, BUCKET, "audit", "verify", old.request_id, public_key=public_b64).returncode == 0

@@ -281,18 +281,18 @@ def test_the_verify_command_exits_by_the_verdict(logged: Logged, tmp_path: Path)
     pub.write_text(base64.b64encode(public_of(logged.private)).decode())
     app = build_app()
     runner = CliRunner()
-    ok = runner.invoke(app, ["evidence", "verify", str(good), "--key", str(pub)])
+    ok = runner.invoke(app, ["audit", "evidence", "verify", str(good), "--key", str(pub)])
     assert ok.exit_code == 0, ok.output
     assert ok.output.startswith(f"verified request {logged.envs[1].request_id}")
-    failed = runner.invoke(app, ["evidence", "verify", str(bad), "--key", str(pub)])
+    failed = runner.invoke(app, ["audit", "evidence", "verify", str(bad), "--key", str(pub)])
     assert failed.exit_code == 1
     assert failed.output.startswith(f"FAILED request {logged.envs[1].request_id}: envelope bytes: ")
     vkey = VerifierKey(KEY_NAME, public_of(logged.private)).encode()
-    assert runner.invoke(app, ["evidence", "verify", str(good), "--key", vkey]).exit_code == 0
-    assert runner.invoke(app, ["evidence", "verify", str(good)]).exit_code == 2  # no key: never the bundle's
+    assert runner.invoke(app, ["audit", "evidence", "verify", str(good), "--key", vkey]).exit_code == 0
+    assert runner.invoke(app, ["audit", "evidence", "verify", str(good)]).exit_code == 2  # no key: never the bundle's
     junk = tmp_path / "junk.zip"
     junk.write_bytes(b"not a zip")
-    assert runner.invoke(app, ["evidence", "verify", str(junk), "--key", vkey]).exit_code == 2
+    assert runner.invoke(app, ["audit", "evidence", "verify", str(junk), "--key", vkey]).exit_code == 2
 
 
 def test_a_sealed_envelope_is_exported_sealed_and_verifies(logged: Logged) -> None:

@@ -1,8 +1,8 @@
 """Evidence on the real stack: requests through the sidecar in front of the real vLLM, published by the real
 publisher to SeaweedFS with the Merkle log, one replayed on the remote lane (the same vLLM), the scheduled
-checkpointer (``reprolane audit checkpointer``, a child process) signing the day within its period, then
-``reprolane evidence export`` and ``reprolane evidence verify`` as an outside verifier runs them: OK offline with
-the pinned key fingerprint, and a named failure for a tampered bundle.
+checkpointer (``reprolane serve checkpointer``, a child process) signing the day within its period, then
+``reprolane audit evidence export`` and ``reprolane audit evidence verify`` as an outside verifier runs them: OK
+offline with the pinned key fingerprint, and a named failure for a tampered bundle.
 
 The first test's day log is today's (the sidecar stamps the capture time) and nothing changes S3 behind its back
 (the tampering is on the bundle file); the second rewrites a log of a random day of its own. Each run names its
@@ -145,7 +145,7 @@ async def captured_published_replayed(stack: StackInfo, client: Any, tmp_path: P
 
 
 def checkpointer_signs(env: dict[str, str], store: AuditStore, day: str) -> None:
-    """Run ``reprolane audit checkpointer --every 1 --day DAY`` until it has signed a new checkpoint of `day`."""
+    """Run ``reprolane serve checkpointer --every 1 --day DAY`` until it has signed a new checkpoint of `day`."""
     prefix = f"audit/checkpoints/day={day}/"
     before = {k for k, _ in store.list_keys(prefix)}
     service = subprocess.Popen(
@@ -210,7 +210,7 @@ def test_a_captured_request_exports_as_evidence_that_verifies_offline(stack: Sta
     store.set_legal_hold(key, version, True)  # a hold and a retention date for the bundle to report
     try:
         bundle_path = tmp_path / "evidence.zip"
-        done = reprolane("evidence", "export", target.request_id, "-o", str(bundle_path), env=env)
+        done = reprolane("audit", "evidence", "export", target.request_id, "-o", str(bundle_path), env=env)
     finally:
         store.set_legal_hold(key, version, False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -221,7 +221,7 @@ def test_a_captured_request_exports_as_evidence_that_verifies_offline(stack: Sta
     offline["REPROLANE_AUDIT_S3_ENDPOINT"] = "http://127.0.0.1:9"  # and anything that tried S3 would fail
 
     def verify(path: Path) -> subprocess.CompletedProcess[str]:
-        return reprolane("evidence", "verify", str(path), "--key-fingerprint", fingerprint, env=offline)
+        return reprolane("audit", "evidence", "verify", str(path), "--key-fingerprint", fingerprint, env=offline)
 
     good = verify(bundle_path)
     assert good.returncode == 0, good.stdout + good.stderr
@@ -268,7 +268,7 @@ def test_the_checkpointer_refuses_a_rewritten_log_on_seaweedfs(stack: StackInfo,
     asyncio.run(publish_through_s3(publish, envs, tmp_path / "spool"))
     private, _ = new_key()
     env = cli_env(stack, private)
-    first = reprolane("audit", "checkpointer", "--once", "--day", day, env=env)
+    first = reprolane("serve", "checkpointer", "--once", "--day", day, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"signed audit/checkpoints/day={day}/000000000003.checkpoint" in first.stdout
     key = leaves_key(day, 0)
@@ -277,7 +277,7 @@ def test_the_checkpointer_refuses_a_rewritten_log_on_seaweedfs(stack: StackInfo,
     client.put_object(Bucket=BUCKET, Key=key, Body=head + b + a + rest)  # swap two signed leaves
     extra = envelope(request_id=f"req-{uuid.uuid4().hex[:10]}", captured_at=captured)
     asyncio.run(publish_through_s3(publish, [extra], tmp_path / "spool2"))  # and the log grows
-    refused = reprolane("audit", "checkpointer", "--once", "--day", day, env=env)
+    refused = reprolane("serve", "checkpointer", "--once", "--day", day, env=env)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert f"REFUSED {day}: log of {day} is not consistent with checkpoint" in refused.stdout
     assert "refused to sign" in refused.stderr

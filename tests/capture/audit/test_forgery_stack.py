@@ -136,7 +136,7 @@ def test_untouched_sealed_and_plain_envelopes_verify(day: Day) -> None:
         assert not verdict.findings  # no "sealed: only the id is checked" any more
     assert verify_range(day.store, day.day, day.public).ok
     done = audit_cli(
-        day.stack, BUCKET, "verify", day.sealed[1].request_id, public_key=base64.b64encode(day.public).decode()
+        day.stack, BUCKET, "audit", "verify", day.sealed[1].request_id, public_key=base64.b64encode(day.public).decode()
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -151,7 +151,9 @@ def test_forged_sealed_json_is_modified(day: Day) -> None:
     junk = json.dumps({"schema_version": "reprolane.sealed/1", "envelope_id": env.envelope_id()}).encode()
     day.overwrite(env, junk)
     assert_modified(day, env, junk, "sealed JSON that is not a valid sealed envelope (forged)")
-    done = audit_cli(day.stack, BUCKET, "verify", env.request_id, public_key=base64.b64encode(day.public).decode())
+    done = audit_cli(
+        day.stack, BUCKET, "audit", "verify", env.request_id, public_key=base64.b64encode(day.public).decode()
+    )
     assert done.returncode == 1
     assert done.stdout.startswith(f"FAILED request {env.request_id}: modified: stored bytes of {day.key(env)}")
 
@@ -224,13 +226,13 @@ def test_an_index_entry_moved_to_another_record_is_misindexed_and_never_followed
         assert "misindexed" in verdict.kinds(), messages(verdict)
         assert f"request id {to.request_id!r}, the entry is filed under {moved.request_id!r}" in messages(verdict)
     public = base64.b64encode(day.public).decode()
-    done = audit_cli(day.stack, BUCKET, "verify", victim.request_id, public_key=public)
+    done = audit_cli(day.stack, BUCKET, "audit", "verify", victim.request_id, public_key=public)
     assert done.returncode == 1
     assert done.stdout.startswith(f"FAILED request {victim.request_id}: misindexed: the index entry of ")
-    assert audit_cli(day.stack, BUCKET, "verify", other.request_id, public_key=public).returncode == 0
+    assert audit_cli(day.stack, BUCKET, "audit", "verify", other.request_id, public_key=public).returncode == 0
 
     ops = operator_keys(tmp_path / "ops", holder=(("hold-admin",), None))
-    held = audit_cli(day.stack, BUCKET, "hold", "add", sealed_victim.request_id, "--operator-key-file",
+    held = audit_cli(day.stack, BUCKET, "audit", "hold", "add", sealed_victim.request_id, "--operator-key-file",
                      ops.key_file("holder"), operators=ops)  # fmt: skip
     assert held.returncode == 1
     assert held.stderr.count("\n") == 1

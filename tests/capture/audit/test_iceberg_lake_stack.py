@@ -8,7 +8,7 @@ loopback ports, in-memory Tansu) through `infra.stack.LocalStack`, and takes it 
 - redelivered envelopes and events (the same ids in several flushes) are in the tables once; the query views work;
 - two lakes committing overlapping batches at once: the catalog refuses one commit, the anti-join runs again,
   each id once;
-- two ``reprolane archiver serve`` processes in one group, one SIGKILLed after a flush wrote and before it
+- two ``reprolane serve archiver`` processes in one group, one SIGKILLed after a flush wrote and before it
   committed its offsets: the survivor re-reads what the victim wrote, and the table holds every envelope once
   (in the files, not only in a view: there is no deduplicating view over Iceberg);
 - maintenance: compaction leaves one file per partition and the same rows; snapshot expiry spares the floor;
@@ -99,7 +99,7 @@ class Ice:
         return IcebergLake.from_settings(self.settings())
 
     def counts(self, table: str = "envelopes", key: str = "envelope_id") -> tuple[int, int]:
-        """(rows, distinct ids) of the table, through `reprolane query`'s connection."""
+        """(rows, distinct ids) of the table, through `reprolane audit query`'s connection."""
         sql = f"SELECT count(*), count(DISTINCT {key}) FROM {table}"
         row = run_query(self.lake(), sql).rows[0]
         return int(row[0]), int(row[1])

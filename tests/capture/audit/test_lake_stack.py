@@ -167,17 +167,19 @@ async def test_archiver_writes_parquet_and_duckdb_answers_the_audit_questions(au
         "REPROLANE_ARCHIVER_LAKE_BUCKET": a.bucket,
         "REPROLANE_ARCHIVER_LAKE_PREFIX": a.prefix,
     }
-    result = CliRunner().invoke(app, ["query", TOP_POSITIONS, "--json"], env=env)
+    result = CliRunner().invoke(app, ["audit", "query", TOP_POSITIONS, "--json"], env=env)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)[1] == {"model": "m-b", "position": 3, "n": 2}
     sql = "SELECT request_id, model, output_len FROM envelopes ORDER BY 1"
-    table = CliRunner().invoke(app, ["query", sql, "--day", "2026-07-14"], env=env)  # partitions of that day only
+    table = CliRunner().invoke(
+        app, ["audit", "query", sql, "--day", "2026-07-14"], env=env
+    )  # partitions of that day only
     assert table.exit_code == 0
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["request_id", "model", "output_len"]
     assert lines[2].split() == [f"r0-{a.suffix}", "m-a", "3"]
     assert lines[-1] == "(4 rows)"
-    bad = CliRunner().invoke(app, ["query", "SELECT nope FROM envelopes"], env=env)
+    bad = CliRunner().invoke(app, ["audit", "query", "SELECT nope FROM envelopes"], env=env)
     assert bad.exit_code == 2
     assert bad.stderr.startswith("reprolane: error: query: Binder Error")
 
@@ -266,7 +268,7 @@ async def test_rebuild_index_restores_lost_entries_and_never_replaces_a_valid_on
     target, started = f"index of {day}", datetime.now(UTC)
 
     def rebuild(*args: str) -> Any:
-        return CliRunner().invoke(build_app(), ["lake", "rebuild-index", "--day", day, *args], env=env)
+        return CliRunner().invoke(build_app(), ["audit", "lake", "rebuild-index", "--day", day, *args], env=env)
 
     for refused, why in (
         (rebuild(), "no operator key"),

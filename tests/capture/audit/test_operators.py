@@ -1,5 +1,5 @@
 """Operator authorisation (`capture.audit.operators`): the key store, roles, tenant scope, and the access log,
-against moto's S3; ``reprolane operator add-key`` through the real command line."""
+against moto's S3; ``reprolane keys operator`` through the real command line."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def test_no_action_is_taken_when_its_record_cannot_be_written(keys: dict[str, Pa
 def test_add_key_mints_a_hashed_entry_and_a_private_key_file(tmp_path: Path) -> None:
     store_file, key_out = tmp_path / "ops" / "operators.json", tmp_path / "ops" / "shred.key"
     app = build_app()
-    args = ["operator", "add-key", str(store_file), "--id", "shredder", "--role", "key-admin", "--tenant", "acme"]
+    args = ["keys", "operator", str(store_file), "--id", "shredder", "--role", "key-admin", "--tenant", "acme"]
     done = CliRunner().invoke(app, [*args, "--key-output", str(key_out)])
     assert done.exit_code == 0, done.output
     key = key_out.read_text().strip()
@@ -171,13 +171,13 @@ def test_add_key_mints_a_hashed_entry_and_a_private_key_file(tmp_path: Path) -> 
     assert stat.S_IMODE(key_out.stat().st_mode) == 0o600
     [entry] = load_key_file(store_file, OPERATOR_KEYS, field="f").values()
     assert (entry.key_id, entry.tenant, entry.roles) == ("shredder", "acme", frozenset({"key-admin"}))
-    printed = CliRunner().invoke(app, ["operator", "add-key", str(store_file), "--id", "all", "--role", "viewer"])
+    printed = CliRunner().invoke(app, ["keys", "operator", str(store_file), "--id", "all", "--role", "viewer"])
     assert printed.exit_code == 0
     assert printed.stdout.startswith("rlo_all_")
     assert load_key_file(store_file, OPERATOR_KEYS, field="f")["all"].tenant is None
     for bad, why in (
         ([*args], "--id 'shredder' is already in"),
-        (["operator", "add-key", str(store_file), "--id", "x", "--role", "root"], "roles must be of"),
+        (["keys", "operator", str(store_file), "--id", "x", "--role", "root"], "roles must be of"),
     ):
         refused = CliRunner().invoke(app, bad)
         assert (refused.exit_code, refused.stderr.count("\n")) == (2, 1), refused.output

@@ -1,4 +1,4 @@
-"""`reprolane query`'s DuckDB connection reads the lake's views and nothing else: no file or network access, no
+"""`reprolane audit query`'s DuckDB connection reads the lake's views and nothing else: no file or network access, no
 extension, no Python variable, and no SET that undoes it (a local-file lake; the CLI over the real SeaweedFS lake
 is in test_query_stack.py)."""
 

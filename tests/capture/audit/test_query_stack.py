@@ -1,4 +1,4 @@
-"""`reprolane query` over the real SeaweedFS lake: the lake's views answer, a query that reaches for a file is
+"""`reprolane audit query` over the real SeaweedFS lake: the lake's views answer, a query that reaches for a file is
 refused with exit 2 (bad input) and writes nothing."""
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ async def test_query_reads_the_lake_and_refuses_files(audit_stack: AuditStack, t
         "REPROLANE_ARCHIVER_LAKE_PREFIX": a.prefix,
     }
     app = build_app()
-    ok = CliRunner().invoke(app, ["query", "SELECT request_id FROM envelopes", "--csv"], env=env)
+    ok = CliRunner().invoke(app, ["audit", "query", "SELECT request_id FROM envelopes", "--csv"], env=env)
     assert ok.exit_code == 0, ok.output
     assert ok.stdout.splitlines() == ["request_id", f"q-{a.suffix}"]
 
-    passwd = CliRunner().invoke(app, ["query", "SELECT * FROM read_text('/etc/passwd')"], env=env)
+    passwd = CliRunner().invoke(app, ["audit", "query", "SELECT * FROM read_text('/etc/passwd')"], env=env)
     assert passwd.exit_code == 2, passwd.output
     assert passwd.stderr.startswith("reprolane: error: query refused: Permission Error")
     assert "root:" not in passwd.stdout
 
     out = tmp_path / "copied.csv"
-    copy = CliRunner().invoke(app, ["query", f"COPY (SELECT * FROM envelopes) TO '{out}'"], env=env)
+    copy = CliRunner().invoke(app, ["audit", "query", f"COPY (SELECT * FROM envelopes) TO '{out}'"], env=env)
     assert copy.exit_code == 2, copy.output
     assert copy.stderr.startswith("reprolane: error: query refused: Permission Error")
     assert not out.exists()

@@ -145,10 +145,10 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
 
     holds = ("--operator-key-file", ops.key_file("holds"))
     why = ("--reason", "subpoena of\n2026-12-01", "--case", "LIT-2026/0142")
-    bad_case = audit_cli(stack, bucket, "hold", "add", held.request_id, *holds, "--case", "a;b", operators=ops)
+    bad_case = audit_cli(stack, bucket, "audit", "hold", "add", held.request_id, *holds, "--case", "a;b", operators=ops)
     assert bad_case.returncode == 2
     assert "--case" in bad_case.stderr
-    done = audit_cli(stack, bucket, "hold", "add", held.request_id, *holds, *why, operators=ops)
+    done = audit_cli(stack, bucket, "audit", "hold", "add", held.request_id, *holds, *why, operators=ops)
     assert done.returncode == 0, done.stderr
     assert f"legal hold ON  {key_of(held)}" in done.stdout
     decisions, problems = hold_decisions(store, held.envelope_id())  # filed under the envelope, as the console reads
@@ -157,7 +157,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
         ("hold.add", "holds", "subpoena of 2026-12-01", "LIT-2026/0142")
     ]
     assert [h.key for h in set_hold(store, workflow, True, tenant)] == [key_of(s) for s in steps]  # every step
-    assert audit_cli(stack, bucket, "hold", "add", "no-such-id", *holds, operators=ops).returncode == 2
+    assert audit_cli(stack, bucket, "audit", "hold", "add", "no-such-id", *holds, operators=ops).returncode == 2
 
     early = expire(store, prefix=only)  # nothing is past retention yet
     assert time.monotonic() < started + SHORT.total_seconds(), "too slow to test 'not yet expired'"
@@ -170,7 +170,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert [d["key"] for d in dry.deleted] == [key_of(free)]
     assert client.head_object(Bucket=bucket, Key=key_of(free))  # dry run deleted nothing
 
-    done = audit_cli(stack, bucket, "expire", "--operator-key-file", ops.key_file("expiry"), operators=ops)
+    done = audit_cli(stack, bucket, "audit", "expire", "--operator-key-file", ops.key_file("expiry"), operators=ops)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[0] == "deleted 1; kept held 3, retained 1, unretained 0; refused 0"
     assert f"deleted: {key_of(free)}" in done.stdout
@@ -179,7 +179,7 @@ async def test_expiry_deletes_only_what_is_past_retention_and_not_held(
     assert key_of(free) not in versions
     assert {key_of(held), key_of(kept), *(key_of(s) for s in steps)} <= versions
 
-    assert audit_cli(stack, bucket, "hold", "remove", workflow, *holds, operators=ops).returncode == 0
+    assert audit_cli(stack, bucket, "audit", "hold", "remove", workflow, *holds, operators=ops).returncode == 0
     after = expire(store, prefix=only)
     assert sorted(d["key"] for d in after.deleted) == sorted(key_of(s) for s in steps)
     assert [h.split("?")[0] for h in after.held] == [key_of(held)]  # still held, long past its retention
@@ -212,7 +212,7 @@ async def test_holds_act_for_a_hold_admin_key_on_one_tenants_records_and_are_log
     )  # fmt: skip
 
     def hold(*args: str) -> Any:
-        return audit_cli(stack, bucket, "hold", *args, operators=ops)
+        return audit_cli(stack, bucket, "audit", "hold", *args, operators=ops)
 
     store = AuditStore(client, bucket)
 
@@ -243,8 +243,8 @@ async def test_holds_act_for_a_hold_admin_key_on_one_tenants_records_and_are_log
     assert done.returncode == 0, done.stderr
     assert held(theirs)
     assert done.stdout.count("legal hold ON ") == 1
-    expiry = audit_cli(stack, bucket, "expire", "--tenant", tenant, "--operator-key-file", ops.key_file("admin"),
-                       operators=ops)  # fmt: skip
+    expiry = audit_cli(stack, bucket, "audit", "expire", "--tenant", tenant, "--operator-key-file",
+                       ops.key_file("admin"), operators=ops)  # fmt: skip
     assert expiry.returncode == 2
     assert "lacks the 'retention-admin' role" in expiry.stderr
 

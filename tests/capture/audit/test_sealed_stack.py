@@ -1,6 +1,6 @@
 """Crypto-shredding on the real stack: sealed envelopes through the real Publisher to Tansu and SeaweedFS.
 
-The replayer's store opens them with the tenant's key; after ``keys shred`` the same write-once object is still
+The replayer's store opens them with the tenant's key; after ``keys tenant shred`` the same write-once object is still
 in the Object-Lock bucket, byte for byte, and replaying it fails with the one-line crypto-shredding message.
 """
 
@@ -191,7 +191,7 @@ async def test_the_replayer_service_opens_sealed_messages_and_skips_shredded_one
 
 async def test_after_a_shred_no_plaintext_of_the_tenant_remains_in_s3(audit_stack: AuditStack, tmp_path: Path) -> None:
     """Issue 18, finding 7: the envelope *and what the replayer derived from it* (the replay result in the locked
-    bucket, the divergence event) are sealed or redacted; after ``reprolane keys shred`` every object of the
+    bucket, the divergence event) are sealed or redacted; after ``reprolane keys tenant shred`` every object of the
     tenant in S3 is scanned for the prompt, the recorded output and the replayed output."""
     from faststream.kafka import KafkaBroker, TestKafkaBroker
     from faststream.kafka.annotations import KafkaMessage
@@ -252,13 +252,13 @@ async def test_after_a_shred_no_plaintext_of_the_tenant_remains_in_s3(audit_stac
     assert len(results) == 1, "the replay result is stored"
 
     ops = operator_keys(tmp_path / "ops", shredder=(("key-admin",), tenant), holder=(("hold-admin",), None))
-    refused = audit_cli_keys(a, "keys", "shred", tenant, "--yes", "--operator-key-file", ops.key_file("holder"),
-                             operators=ops)  # fmt: skip
+    refused = audit_cli_keys(a, "keys", "tenant", "shred", tenant, "--yes", "--operator-key-file",
+                             ops.key_file("holder"), operators=ops)  # fmt: skip
     assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
     assert "lacks the 'key-admin' role" in refused.stderr
     assert s3.list_objects_v2(Bucket=a.bucket, Prefix=data_key_prefix(tenant)).get("KeyCount", 0) >= 1
-    shred = audit_cli_keys(a, "keys", "shred", tenant, "--yes", "--operator-key-file", ops.key_file("shredder"),
-                           operators=ops)  # fmt: skip
+    shred = audit_cli_keys(a, "keys", "tenant", "shred", tenant, "--yes", "--operator-key-file",
+                           ops.key_file("shredder"), operators=ops)  # fmt: skip
     assert shred.returncode == 0, shred.stderr
     decisions = [(r.actor_key_id, r.result) for r in access_records(s3, a.info.audit_bucket, tenant)]
     assert decisions == [("holder", "refused"), ("shredder", "allowed")]
