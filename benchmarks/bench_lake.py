@@ -11,7 +11,7 @@
 
 Each is measured for both lake kinds, side by side: the Parquet lake (``bench-<uuid>`` prefixes) and the Iceberg
 lake (namespace ``bench<uuid>`` in the stack's REST catalog; the archiver's commits anti-join against the table,
-`capture.audit.lake_iceberg`). A stack whose SeaweedFS serves no catalog (recorded before the catalog joined it)
+`capture.audit.lake.iceberg`). A stack whose SeaweedFS serves no catalog (recorded before the catalog joined it)
 is not touched: a private stack (SeaweedFS with the catalog, in-memory Tansu) in a temporary directory is started
 for the run and taken down after, and both lakes are measured on it.
 
@@ -37,12 +37,12 @@ import pyarrow as pa
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from capture.audit.archiver import Archiver
-from capture.audit.lake import Lake
-from capture.audit.lake_iceberg import IcebergLake
-from capture.audit.lake_schema import DIVERGENCES, ENVELOPES
-from capture.audit.lake_settings import LakeSettings
-from capture.audit.query import run_query
+from capture.audit.lake.archiver import Archiver
+from capture.audit.lake.iceberg import IcebergLake
+from capture.audit.lake.query import run_query
+from capture.audit.lake.schema import DIVERGENCES, ENVELOPES
+from capture.audit.lake.settings import LakeSettings
+from capture.audit.lake.store import Lake
 from infra import paths
 from infra.buckets import s3_client
 from infra.stack import LocalStack

@@ -44,7 +44,7 @@ from pathlib import Path
 import httpx
 
 from infra import paths
-from infra.demo_services import reprolane_argv
+from infra.demo.services import reprolane_argv
 from infra.state import StackInfo
 from replayer.on_demand import live_service
 from schemas import CapturedOutput, Envelope

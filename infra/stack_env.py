@@ -30,7 +30,7 @@ from infra.state import StackInfo, s3_secret_file
 from schemas.manifest import MANIFEST_NAME
 
 AUDIT_SIGNING_KEY_FILE = "audit-signing.pem"
-#: Where a demo run keeps its console's operator keys (`infra.demo_services.write_console_logins` writes them):
+#: Where a demo run keeps its console's operator keys (`infra.demo.services.write_console_logins` writes them):
 #: the key store and, per role, the file holding that role's key.
 DEMO_DIR = "demo"
 DEMO_OPERATOR_KEYS = "operator-keys.json"

@@ -9,7 +9,7 @@
           ├── IndexMismatchError      an index entry disagrees with the record it points at (never followed)
           ├── AccessDenied            an operator command refused: no key, wrong role, tenant out of scope (2)
           └── LakeError               the audit lake cannot be written, read, compacted or queried
-               └── QueryError         the SQL itself was refused (capture.audit.query)
+               └── QueryError         the SQL itself was refused (capture.audit.lake.query)
 
 The ledger the jobs read and append to (`capture.ledger`) raises its own tree (`capture.ledger.errors`:
 `LedgerError`, `KeyringError`); the jobs' CLIs report both. A failed verification is not an exception: it is a

@@ -11,8 +11,8 @@ docs/ARCHITECTURE.md).
   `capture.audit.operators`: the CLI's keys, roles and rule);
 - `sessions`: server-side sessions and their CSRF tokens;
 - the access log is the CLI's (`capture.audit.access_log`: one write-once record per action or refusal);
-- `records`: every read, each from its one home (`replayer.store`, `capture.audit.query`, `capture.audit.verify`,
-  `capture.audit.evidence`);
+- `records`: every read, each from its one home (`replayer.store`, `capture.audit.lake.query`, `capture.audit.verify`,
+  `capture.audit.evidence.export`);
 - `forms`: what the browser sends, parsed at the edge; `request_view`: a replay as an auditor reads it;
 - `charts`: plotly figures, drawn by the plotly.js that the ``plotly`` package ships;
 - `replay_now`: "replay now", a signed request the running replayer service answers;

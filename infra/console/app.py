@@ -10,7 +10,7 @@ can forbid inline scripts; plotly.js and the console's own script come from the 
     POST /requests/{id}/hold                       place or lift its legal hold (hold-admin): a reason and/or case
                                                    number and a confirmation, then a redirect to the record
     POST /requests/{id}/replay                     "replay now": the replayer service replays it (`replay_now`)
-    GET  /requests/{id}/evidence                   its evidence bundle (`capture.audit.evidence`), a zip
+    GET  /requests/{id}/evidence                   its evidence bundle (`capture.audit.evidence.export`), a zip
     GET  /workflows/{id}                           a workflow's steps, the first divergent one marked
     GET  /overview                                 the charts (`charts`)
 

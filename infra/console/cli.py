@@ -14,8 +14,8 @@ import typer
 
 from capture.audit.access_log import AccessLog
 from capture.audit.errors import SigningKeyError
-from capture.audit.lake import Lake
-from capture.audit.lake_settings import LakeSettings
+from capture.audit.lake.settings import LakeSettings
+from capture.audit.lake.store import Lake
 from capture.audit.operators import OperatorSettings
 from capture.audit.settings import AuditSettings
 from capture.audit.signing_keys import signing_key, verifying_key

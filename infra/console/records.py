@@ -4,13 +4,14 @@
   `replayer.store.EnvelopeStore` (it checks every index entry against the envelope it points at, and opens
   sealed envelopes with their tenant's key when a KEK is configured);
 - searches over many records and the overview's aggregates: the audit lake through
-  `capture.audit.query.connect` (DuckDB over the Parquet lake, locked down), with the caller's values bound as
+  `capture.audit.lake.query.connect` (DuckDB over the Parquet lake, locked down), with the caller's values bound as
   parameters, never spliced into the SQL;
 - inclusion in the Merkle log against the latest signed checkpoint: `capture.audit.verify.verify_request`;
 - legal holds: `capture.audit.store.AuditStore` on the envelope object's current version, and who placed or
   lifted them and why from the access records filed under the envelope (`capture.audit.access_log`);
-- evidence bundles: `capture.audit.evidence.export_bundle`, the same export as ``reprolane audit evidence export``,
-  signed with the audit signing key when the console is given one (`EvidenceSigner`).
+- evidence bundles: `capture.audit.evidence.export.export_bundle`, the same export as
+  ``reprolane audit evidence export``, signed with the audit signing key when the console is given one
+  (`EvidenceSigner`).
 
 Every method takes the operator's tenant scope: a key scoped to a tenant reads that tenant's records only, and a
 record of another tenant is answered as absent (`NotVisible`), so a scoped key cannot probe others' ids.
@@ -27,9 +28,9 @@ from typing import Any
 
 from capture.audit.access_log import hold_decisions
 from capture.audit.errors import AuditError, SigningKeyError
-from capture.audit.evidence import export_bundle
-from capture.audit.lake import Lake
-from capture.audit.query import connect
+from capture.audit.evidence.export import export_bundle
+from capture.audit.lake.query import connect
+from capture.audit.lake.store import Lake
 from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
 from capture.audit.verify import verify_request
@@ -380,7 +381,7 @@ class Records:
 
     def evidence(self, envelope: Envelope) -> bytes:
         """The evidence bundle (a zip) of `envelope`, which the caller has already checked is in the operator's
-        scope; `capture.audit.evidence.EvidenceError` when it cannot be evidence yet (no C2SP checkpoint covers
+        scope; `capture.audit.evidence.export.EvidenceError` when it cannot be evidence yet (no C2SP checkpoint covers
         it, or it does not verify), `SigningKeyError` when the console holds no signing key."""
         if self.signer is None:
             raise SigningKeyError(

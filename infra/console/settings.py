@@ -2,7 +2,7 @@
 
 The console reads what other services wrote, with their own settings: the audit bucket (holds, Merkle log,
 checkpoints, the access log) through `capture.audit.settings.AuditSettings` (``REPROLANE_AUDIT_*``), the lake
-through `capture.audit.lake_settings.LakeSettings` (``REPROLANE_ARCHIVER_*``), envelopes, replay results and the
+through `capture.audit.lake.settings.LakeSettings` (``REPROLANE_ARCHIVER_*``), envelopes, replay results and the
 on-demand topic through `replayer.settings.ReplayerSettings` (``REPROLANE_REPLAYER_*``). A running local stack
 fills all three in (`infra.stack_env`). Whose keys it accepts and how long access records are retained are the
 CLI's operator settings (`capture.audit.operators.OperatorSettings`: ``REPROLANE_OPERATOR_KEYS_PATH``,

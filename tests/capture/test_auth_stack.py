@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from infra import process
-from infra.demo_services import reprolane_argv
+from infra.demo.services import reprolane_argv
 from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.errors import EnvelopeNotFoundError

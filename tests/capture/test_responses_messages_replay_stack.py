@@ -24,7 +24,7 @@ from capture.kafka_sink import KafkaSink
 from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.spool import Spool
-from infra.demo_services import reprolane_argv
+from infra.demo.services import reprolane_argv
 from infra.state import StackInfo
 from replayer.store import EnvelopeStore
 from schemas import CapturedOutput, decode_envelope

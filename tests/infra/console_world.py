@@ -28,15 +28,15 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from capture.audit.archiver import Archiver
 from capture.audit.checkpoint import write_checkpoint
-from capture.audit.lake_settings import LakeSettings
+from capture.audit.lake.archiver import Archiver
+from capture.audit.lake.settings import LakeSettings
 from capture.audit.operators import OPERATOR_KEYS
 from capture.audit.store import AuditStore
 from capture.ledger.key_file import new_key, write_key_file
 from infra.buckets import ensure_buckets, s3_client
-from infra.demo_services import clean_environment, reprolane_argv, start_capture, write_demo_keys
-from infra.demo_workload import Workload, drive, load_workload, tenants
+from infra.demo.services import clean_environment, reprolane_argv, start_capture, write_demo_keys
+from infra.demo.workload import Workload, drive, load_workload, tenants
 from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.errors import EnvelopeNotFoundError
@@ -203,7 +203,7 @@ def _archive(stack: StackInfo, envelopes: list[Envelope], results: dict[str, Rep
         s3_endpoint=stack.s3_endpoint, s3_access_key=stack.s3_access_key, s3_secret_key=stack.s3_secret_key,
         s3_bucket=BUCKET, lake_bucket=LAKE_BUCKET, lake_prefix=prefix, keys_bucket=LAKE_BUCKET,
     )  # fmt: skip
-    from capture.audit.lake import Lake
+    from capture.audit.lake.store import Lake
 
     archiver = Archiver(settings, Lake.from_settings(settings))
     for env in envelopes:

@@ -191,7 +191,7 @@ def test_commands_load_lazily_so_the_sidecar_stays_small() -> None:
         "from infra.cli import app\n"
         "try:\n    app(['serve', 'capture', '--help'])\n"
         "except SystemExit:\n    pass\n"
-        "names = ('replayer.cli', 'duckdb', 'pyarrow', 'torch', 'capture.audit.lake')\n"
+        "names = ('replayer.cli', 'duckdb', 'pyarrow', 'torch', 'capture.audit.lake.store')\n"
         "heavy = [m for m in names if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )

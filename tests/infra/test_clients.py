@@ -25,10 +25,10 @@ from botocore.exceptions import ClientError
 from faststream.kafka.security import parse_security
 from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
 
-from capture.audit.archiver import Archiver
 from capture.audit.errors import AuditStoreError
-from capture.audit.lake import Lake
-from capture.audit.lake_settings import LakeSettings
+from capture.audit.lake.archiver import Archiver
+from capture.audit.lake.settings import LakeSettings
+from capture.audit.lake.store import Lake
 from capture.audit.store import AuditStore
 from capture.errors import SinkError
 from capture.kafka_sink import KafkaSink

@@ -19,10 +19,10 @@ import pyarrow.fs as pafs
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from capture.audit.archiver import Archiver
 from capture.audit.errors import LakeError
-from capture.audit.lake import Lake
-from capture.audit.lake_settings import LakeSettings
+from capture.audit.lake.archiver import Archiver
+from capture.audit.lake.settings import LakeSettings
+from capture.audit.lake.store import Lake
 from capture.kafka_sink import KafkaSink
 from capture.outgoing import Outgoing
 from capture.settings import CaptureSettings

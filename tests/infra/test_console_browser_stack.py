@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from infra.demo_services import reprolane_argv
+from infra.demo.services import reprolane_argv
 from schemas.access_log import AccessRecord, decode_access_record
 from schemas.layout import access_log_day_prefix
 from schemas.note import key_fingerprint
@@ -310,7 +310,7 @@ def test_a_post_without_the_csrf_token_is_refused(browser: Any, world: World) ->
 
 def test_replay_now_says_on_the_page_why_nothing_was_replayed(browser: Any, world: World) -> None:
     """The world runs no replayer service: "replay now" asks nobody and says so in words (issue 30); the demo's
-    console, whose replayer runs, is answered (tests/infra/test_demo.py)."""
+    console, whose replayer runs, is answered (tests/infra/demo/test_run.py)."""
     rid = world.diverged.request_id
     page = login(browser, world, "viewer")
     page.goto(f"{world.url}/requests/{rid}")

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 
-from capture.audit.archiver import Archiver
-from capture.audit.lake import Lake
-from capture.audit.lake_settings import LakeSettings
+from capture.audit.lake.archiver import Archiver
+from capture.audit.lake.settings import LakeSettings
+from capture.audit.lake.store import Lake
 from infra.console import forms
 from infra.console.records import Filters, Records
 from tests.factories import FIXED_TIME, envelope

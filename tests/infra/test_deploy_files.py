@@ -47,7 +47,7 @@ SECRETS = INFRA / "secrets"
 SETTINGS_BY_PREFIX = {
     "REPROLANE_CAPTURE_": "capture.settings:CaptureSettings",
     "REPROLANE_REPLAYER_": "replayer.settings:ReplayerSettings",
-    "REPROLANE_ARCHIVER_": "capture.audit.lake_settings:LakeSettings",
+    "REPROLANE_ARCHIVER_": "capture.audit.lake.settings:LakeSettings",
     "REPROLANE_SHIPPER_": "capture.schedule.shipper_settings:ShipperSettings",
 }
 # Variables read directly (not through a settings object).

@@ -35,7 +35,7 @@ from typer.testing import CliRunner
 
 from capture.settings import CaptureSettings
 from infra.cli import build_app
-from infra.demo_services import clean_environment, reprolane_argv
+from infra.demo.services import clean_environment, reprolane_argv
 from infra.state import StackInfo
 from schemas import Envelope, WorkflowRef
 from schemas.envelope_compact import is_compact

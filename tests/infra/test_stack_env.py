@@ -10,7 +10,7 @@ import pytest
 from capture.audit.operators import OperatorGate, OperatorSettings
 from capture.audit.settings import AuditSettings
 from capture.settings import CaptureSettings
-from infra.demo_services import write_console_logins
+from infra.demo.services import write_console_logins
 from infra.stack_env import AUDIT_SIGNING_KEY_FILE, apply_stack_defaults, operator_defaults, stack_defaults
 from infra.state import StackInfo
 from tests.infra.test_secret_handling import saved_state

@@ -18,8 +18,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from capture.audit.lake import Lake
-from capture.audit.lake_settings import LakeSettings
+from capture.audit.lake.settings import LakeSettings
+from capture.audit.lake.store import Lake
 from capture.audit.store import AuditStore
 from schemas.layout import LAKE_BUCKET
 from schemas.sealed import new_data_key

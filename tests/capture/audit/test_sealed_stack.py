@@ -141,7 +141,7 @@ async def test_keys_are_reused_and_a_shredded_tenant_gets_a_new_key(audit_stack:
 
 
 async def test_the_lake_keeps_only_metadata_of_sealed_envelopes(audit_stack: AuditStack, tmp_path: Path) -> None:
-    from tests.capture.audit.test_lake_stack import archive
+    from tests.capture.audit.lake.test_store_stack import archive
 
     a = audit_stack
     tenant = f"enc-{a.suffix}"

@@ -1,0 +1,132 @@
+"""``reprolane audit evidence export|verify|key``: evidence bundles an auditor can hand to someone outside.
+
+``export`` reads the audit bucket (``REPROLANE_AUDIT_*`` settings) and signs the bundle's manifest with the
+audit signing key (`capture.audit.evidence.export`). ``verify`` reads the file and the pinned key, nothing else: no
+settings, no network (`capture.audit.evidence.verify`). ``key`` prints the audit key as a C2SP vkey and its
+fingerprint, the two things to publish so that verifiers can pin them.
+
+Exit codes (through `infra.cli`): 0 exported / verified; 1 the bundle failed (the first line names the part
+class: envelope bytes, proof, checkpoint, signature, replay result, ...), or the record cannot be evidence;
+2 bad arguments, an unreadable file or key, a file that is no bundle, an unknown request id.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from capture.audit import signing_keys
+from capture.audit.errors import SigningKeyError
+from schemas.errors import ContractError
+from schemas.note import VerifierKey, key_fingerprint, parse_fingerprint, parse_vkey
+
+evidence_app = typer.Typer(
+    name="evidence", no_args_is_help=True, add_completion=False, help="Evidence bundles, verifiable offline."
+)
+
+
+def _looks_like_vkey(text: str) -> bool:
+    parts = text.strip().split("+", 2)
+    return len(parts) == 3 and len(parts[1]) == 8 and "\n" not in text.strip()
+
+
+def load_pin(key: str | None, fingerprint: str | None) -> object:
+    """The verifier's pinned key from ``--key`` (a vkey, PEM, base64 raw, or a file of any) or
+    ``--key-fingerprint``."""
+    from capture.audit.evidence.verify import PinnedKey
+
+    if (key is None) == (fingerprint is None):
+        raise typer.BadParameter("give exactly one of --key PUBKEY or --key-fingerprint sha256:HEX")
+    if fingerprint is not None:
+        return PinnedKey(fingerprint=parse_fingerprint(fingerprint))
+    assert key is not None
+    text = key
+    path = Path(key)
+    if path.is_file():
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SigningKeyError(f"public key {key}: cannot read: {exc}") from exc
+    if _looks_like_vkey(text):
+        try:
+            vkey = parse_vkey(text)
+        except ContractError:
+            return PinnedKey(signing_keys.load_public(key))  # base64 of a raw key that happens to hold two '+'
+        return PinnedKey(vkey.public_raw, vkey.name)
+    return PinnedKey(signing_keys.load_public(key))
+
+
+@evidence_app.command("export")
+def export_cmd(
+    request_id: Annotated[str, typer.Argument(help="request id of the envelope")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="the bundle file to write (a zip)")],
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
+) -> None:
+    """Write the evidence bundle of one request: stored bytes, inclusion proof, checkpoint, replays, holds.
+
+    Example: reprolane audit evidence export rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --output evidence.zip
+    """
+    from capture.audit.evidence.export import export_bundle
+    from capture.audit.settings import AuditSettings
+    from capture.audit.store import AuditStore
+
+    if output.exists() and not force:
+        raise typer.BadParameter(f"{output} exists: pass --force to overwrite it")
+    settings = AuditSettings()
+    private = signing_keys.signing_key(settings)
+    done = export_bundle(AuditStore.from_settings(settings), request_id, private, settings.log_origin)
+    try:
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(done.bundle)
+    except OSError as exc:
+        raise typer.BadParameter(f"{output}: cannot write: {exc.strerror}") from exc
+    place = done.place
+    typer.echo(
+        f"wrote {output} ({len(done.bundle)} bytes): request {place.request_id}, leaf {place.leaf_index} of "
+        f"{place.origin}, checkpoint size {place.tree_size}, {done.replays} replay result(s)"
+    )
+    typer.echo(f"verify offline: reprolane audit evidence verify {output} --key-fingerprint {place.fingerprint}")
+
+
+@evidence_app.command("verify")
+def verify_cmd(
+    bundle: Annotated[Path, typer.Argument(help="the bundle file")],
+    key: Annotated[str | None, typer.Option("--key", help="the audit public key: vkey, PEM or base64 raw")] = None,
+    key_fingerprint_: Annotated[
+        str | None, typer.Option("--key-fingerprint", help="sha256:HEX of the audit public key")
+    ] = None,
+) -> None:
+    """Verify a bundle offline against a pinned key; names the part that is wrong (exit 1).
+
+    Example: reprolane audit evidence verify evidence.zip --key audit.vkey
+    """
+    from capture.audit.cli import echo_verdict
+    from capture.audit.evidence.verify import PinnedKey, verify_bundle
+
+    pin = load_pin(key, key_fingerprint_)
+    assert isinstance(pin, PinnedKey)
+    try:
+        data = bundle.read_bytes()
+    except OSError as exc:
+        raise typer.BadParameter(f"{bundle}: cannot read: {exc.strerror}") from exc
+    report = verify_bundle(data, pin)
+    problems = [p.line() for p in report.problems]
+    echo_verdict(report.subject, problems[0] if problems else None, report.lines, problems)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@evidence_app.command("key")
+def key_cmd() -> None:
+    """Print the audit key as a C2SP verifier key and its fingerprint (what verifiers pin).
+
+    Example: reprolane audit evidence key
+    """
+    from capture.audit.settings import AuditSettings
+
+    settings = AuditSettings()
+    vkey = VerifierKey(settings.log_origin, signing_keys.verifying_key(settings))
+    typer.echo(f"vkey: {vkey.encode()}\nfingerprint: {key_fingerprint(vkey.public_raw)}")

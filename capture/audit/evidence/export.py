@@ -1,0 +1,238 @@
+"""``reprolane audit evidence export REQUEST_ID -o FILE``: everything an outside verifier needs about one record,
+in one file.
+
+The bundle's format is `capture.audit.evidence.bundle`'s. Export reads, never writes, the audit bucket:
+
+1. the request index -> the envelope object, its bytes exactly as stored;
+2. the day log: the envelope's first leaf, which must commit to those bytes (export packages only what
+   verifies: a record ``reprolane audit verify`` would fail is refused, naming why);
+3. the latest C2SP checkpoint that covers the leaf, verified under the audit key and still matching the log
+   (none yet: run ``reprolane audit checkpoint``, or wait for the checkpointer; a day with only JSON
+   checkpoints gets its first C2SP one that way), and the RFC 9162 inclusion proof against it;
+4. the envelope's replay results (divergence events inside), its artifact and runtime fingerprints and the
+   replay lanes', the object's legal hold and retention as S3 reports them;
+5. a summary page, and the manifest, signed with the audit key (`schemas.note`), which is why export needs
+   the signing key: replay results and retention are not in the Merkle log, and the signature is what makes a
+   later change to them visible.
+
+A sealed envelope (an encrypted tenant) is exported sealed: its bytes are what the log commits to, and the
+bundle opens nothing (fingerprints and prompt stay inside the ciphertext; the summary says so).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from capture.audit.checkpoint import list_checkpoints, verified_heads
+from capture.audit.errors import AuditError, UnknownIdError
+from capture.audit.evidence.bundle import (
+    ENVELOPE,
+    FINGERPRINTS,
+    KEY,
+    MANIFEST,
+    PROOF,
+    RETENTION,
+    SUMMARY,
+    Manifest,
+    Part,
+    proof_parts,
+    replay_member,
+    write_zip,
+)
+from capture.audit.evidence.summary import LogPlace, render_summary
+from capture.audit.signing_keys import public_of
+from capture.audit.store import AuditStore
+from capture.ledger.merkle_log import read_leaves
+from schemas import ContractError, decode_envelope, sha256_hex
+from schemas.layout import (
+    REPLAYS_PREFIX,
+    capture_day_of_key,
+    date_prefix,
+    envelope_id_of_key,
+    request_index_key,
+)
+from schemas.merkle import inclusion_proof, object_digest, root_from_hashes
+from schemas.note import TlogProof, VerifierKey, key_fingerprint, sign_note
+from schemas.replay import decode_replay_result
+from schemas.sealed import decode_sealed, is_sealed, is_sealed_result
+
+
+class EvidenceError(AuditError):
+    """The record cannot be exported as evidence (it does not verify, or no checkpoint covers it yet)."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    bundle: bytes
+    place: LogPlace
+    replays: int
+
+
+def _pointer(store: AuditStore, request_id: str) -> tuple[str, str]:
+    body = store.get(request_index_key(request_id))
+    if body is None:
+        raise UnknownIdError(f"no envelope with request id {request_id!r} in s3://{store.bucket}")
+    try:
+        pointer = json.loads(body)
+        return str(pointer["key"]), str(pointer["envelope_id"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UnknownIdError(f"index entry of {request_id!r} is unreadable: {exc!r}") from exc
+
+
+def _record_facts(body: bytes) -> dict[str, Any]:
+    """What the stored bytes say about the record (all of it when plaintext, the clear metadata when sealed)."""
+    sealed = decode_sealed(body) if is_sealed(body) else None
+    record = sealed if sealed is not None else decode_envelope(body)
+    facts: dict[str, Any] = {
+        "sealed": sealed is not None,
+        "tenant": record.tenant,
+        "captured_at": record.captured_at.isoformat(),
+        "workflow": record.workflow.model_dump(mode="json") if record.workflow else None,
+    }
+    if sealed is not None:
+        facts["key_id"] = sealed.key_id
+    else:
+        facts["envelope"] = record
+    return facts
+
+
+def _replays(store: AuditStore, day: str, envelope_id: str) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    for key, _ in store.list_keys(f"{date_prefix(REPLAYS_PREFIX, day)}{envelope_id}/"):
+        name = key.rsplit("/", 1)[-1].removesuffix(".json")
+        body = store.get(key)
+        if body is not None and len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+            found[name] = body
+    return found
+
+
+def _fingerprints(facts: dict[str, Any], replays: dict[str, bytes]) -> dict[str, Any]:
+    doc: dict[str, Any] = {"sealed": facts["sealed"], "replays": {}}
+    env = facts.get("envelope")
+    if env is not None:
+        doc["artifacts"] = env.artifacts.model_dump(mode="json")
+        doc["runtime"] = env.runtime.model_dump(mode="json")
+        doc["runtime_sha256"] = env.runtime.sha256()
+    for result_id, body in sorted(replays.items()):
+        if is_sealed_result(body):
+            doc["replays"][result_id] = {"sealed": True}
+            continue
+        try:
+            event = decode_replay_result(body).event
+        except ContractError as exc:
+            raise EvidenceError(f"stored replay result {result_id} does not decode: {exc}") from exc
+        doc["replays"][result_id] = {
+            "lane": event.lane,
+            "lane_fingerprint": event.lane_fingerprint.model_dump(mode="json"),
+            "lane_fingerprint_sha256": event.lane_fingerprint_sha256,
+            "differs": [d.model_dump(mode="json") for d in event.fingerprint_diffs],
+        }
+    return doc
+
+
+def _retention(store: AuditStore, key: str) -> dict[str, Any]:
+    state = store.lock_state(key)
+    if state is None:
+        raise EvidenceError(f"envelope object {key} vanished while exporting it")
+    return {
+        "object_key": key,
+        "bucket": store.bucket,
+        "version_id": state["version_id"],
+        "object_lock_mode": state["mode"],
+        "retain_until": state["retain_until"],
+        "legal_hold": state["legal_hold"] == "ON" or store.legal_hold(key, str(state["version_id"])),
+    }
+
+
+def export_bundle(
+    store: AuditStore, request_id: str, private_raw: bytes, key_name: str, *, now: datetime | None = None
+) -> Exported:
+    """Build the evidence bundle of `request_id` (see module doc); `EvidenceError` when it cannot be evidence."""
+    key, indexed_id = _pointer(store, request_id)
+    envelope_id = envelope_id_of_key(key)
+    day = capture_day_of_key(key)
+    if indexed_id != envelope_id or day is None:
+        raise EvidenceError(
+            f"index entry of {request_id!r} does not match its object {key}: run `reprolane audit verify`"
+        )
+    body = store.get(key)
+    if body is None:
+        raise EvidenceError(f"envelope object {key} is gone")
+    try:
+        facts = _record_facts(body)
+    except ContractError as exc:
+        raise EvidenceError(f"envelope object {key} does not decode: {exc}") from exc
+    leaves = read_leaves(store, day)
+    if leaves.problems:
+        raise EvidenceError(
+            f"leaf log of {day} is broken ({leaves.problems[0]}): run `reprolane audit verify --range {day}`"
+        )
+    index = leaves.first_index().get(envelope_id)
+    if index is None:
+        raise EvidenceError(f"envelope {envelope_id} is stored but in no leaf of {day}: run `reprolane audit verify`")
+    leaf = leaves.entries[index]
+    bound = leaf.object_sha256 or leaf.envelope_id
+    if object_digest(body) != bound and not (leaf.object_sha256 is None and is_sealed(body)):
+        raise EvidenceError(f"stored bytes of {key} are not what leaf {index} commits to: run `reprolane audit verify`")
+    public = public_of(private_raw)
+    heads, _ = verified_heads(list_checkpoints(store, day), day, public, key_name)
+    hashes = leaves.hashes()
+    covering = [
+        h
+        for h in heads
+        if h.c2sp and h.tree_size > index and root_from_hashes(hashes[: h.tree_size]).hex() == h.root_hash
+    ]
+    if not covering:
+        raise EvidenceError(
+            f"no C2SP checkpoint of {day} signed by this key covers leaf {index} yet: run `reprolane audit checkpoint`"
+        )
+    head = max(covering, key=lambda h: h.tree_size)
+    checkpoint = store.get(head.key)
+    if checkpoint is None:
+        raise EvidenceError(f"checkpoint {head.key} vanished while exporting")
+    proof = TlogProof(index, tuple(inclusion_proof(hashes[: head.tree_size], index)), checkpoint, leaf.data())
+    replays = _replays(store, day, envelope_id)
+    exported = (now or datetime.now(UTC)).replace(microsecond=0)
+    vkey = VerifierKey(key_name, public)
+    fingerprints = _fingerprints(facts, replays)
+    retention = _retention(store, key)
+    origin = proof_origin(checkpoint)
+    members: dict[str, bytes] = {
+        ENVELOPE: body,
+        PROOF: proof.encode(),
+        FINGERPRINTS: _json(fingerprints),
+        RETENTION: _json(retention),
+        KEY: (vkey.encode() + "\n").encode(),
+    }
+    members.update({replay_member(rid): data for rid, data in replays.items()})
+    place = LogPlace(
+        request_id, envelope_id, origin, index, head.tree_size, head.root_hash, vkey.encode(), key_fingerprint(public)
+    )
+    members[SUMMARY] = render_summary(
+        place,
+        facts=facts,
+        replays=replays,
+        fingerprints=fingerprints,
+        retention=retention,
+        exported_at=exported.isoformat(),
+    ).encode()
+    parts = [Part(c, PROOF, sha256_hex(b)) for c, b in proof_parts(members[PROOF]).items()]
+    classes = {ENVELOPE: "envelope", FINGERPRINTS: "fingerprints", RETENTION: "retention", SUMMARY: "summary"}
+    classes[KEY] = "key"
+    for name, data in members.items():
+        if name != PROOF:
+            parts.append(Part(classes.get(name, "replay_result"), name, sha256_hex(data)))
+    manifest = Manifest(request_id, envelope_id, origin, index, exported.isoformat(), tuple(parts))
+    members[MANIFEST] = sign_note(manifest.text(), key_name, private_raw).encode()
+    return Exported(write_zip(members, exported), place, len(replays))
+
+
+def proof_origin(checkpoint: bytes) -> str:
+    return checkpoint.split(b"\n", 1)[0].decode()
+
+
+def _json(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
