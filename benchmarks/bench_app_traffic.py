@@ -9,9 +9,9 @@ regex-bound field, tool-calling agent steps with ``required``, a named tool and 
 tokens behind one long shared system prompt (prefix cache, chunked prefill), seeded sampling with ``n = 2``, plain
 chat) go through the real sidecar app in rounds: each round sends every request of every category at once, the
 next round staggered by ``--gap`` seconds. The schedule is shipped with the real shipper (a copy of the stack's
-segments, `tests.replayer.scheduled_stack`), each envelope's window is read back through the index as the service
-reads it, and each is replayed on the schedule lane by the service's own path
-(`replayer.schedule_replay.ScheduleReplayer`, in process): with ``--unit busy_period`` (the default, issue 32) a
+segments, `tests.replayer.schedule.scheduled_stack`), each envelope's window is read back through the index as the
+service reads it, and each is replayed on the schedule lane by the service's own path
+(`replayer.schedule.replay.ScheduleReplayer`, in process): with ``--unit busy_period`` (the default, issue 32) a
 busy period is replayed once for every captured request of it, with ``--unit request`` once per request with
 fillers for the rest. The reference is what the client received: choice 0's ``token_ids`` and per-token logprobs;
 the other choice of an ``n = 2`` request is checked by the event against its recorded choice. Prints the table
@@ -34,15 +34,15 @@ import httpx
 from infra import paths
 from infra.stack import LocalStack
 from infra.state import StackInfo
-from replayer.lanes.schedule_lane import ScheduleLane
-from replayer.schedule_replay import Companions, ScheduleReplayer
-from replayer.schedule_store import ScheduleStore
+from replayer.schedule.lane import ScheduleLane
+from replayer.schedule.replay import Companions, ScheduleReplayer
+from replayer.schedule.store import ScheduleStore
 from replayer.settings import ReplayerSettings
 from schemas import ReplayResult
 from schemas.schedule import EngineStart
 from tests.capture.fake_upstream import serve
-from tests.replayer.scheduled_stack import ship_schedules, stack_replayer_settings, stack_sidecar
-from tests.replayer.test_traffic_stack import CLAIM, CLAIM_SCHEMA, POLICY, WEATHER
+from tests.replayer.schedule.scheduled_stack import ship_schedules, stack_replayer_settings, stack_sidecar
+from tests.replayer.schedule.test_traffic_stack import CLAIM, CLAIM_SCHEMA, POLICY, WEATHER
 
 MODEL = "smollm2-135m-instruct"
 POLICY_TEXT = " ".join(

@@ -1,5 +1,5 @@
 """What one schedule replay reads and runs as the engine's log grows (issue 22): the whole log up to the target,
-as the replayer read it before `replayer.schedule_window`, against the target's busy period and its prefix-cache
+as the replayer read it before `replayer.schedule.window`, against the target's busy period and its prefix-cache
 provider's period only.
 
 A synthetic engine log (`tests.schedule_segments.FakeEngine`) on the real SeaweedFS of a run dir: a provider
@@ -9,7 +9,7 @@ read the provider's block. Each log is shipped by the real shipper (segments and
 
 - **whole log**: `ScheduleStore.records_for` from the engine's first step (what the service read), and the steps a
   replay of that contiguous window would run (first step of the provider's period to the target's last);
-- **window**: `replayer.schedule_window.read_window` and `replayer.lanes.schedule_plan.plan_replay` on it.
+- **window**: `replayer.schedule.window.read_window` and `replayer.schedule.plan.plan_replay` on it.
 
 Printed per log length: segments read, steps a replay runs, and the read + plan time of each (a fresh store each
 time, so nothing is cached), with the ratios. The engine's time per step is the same on both sides, so steps run is
@@ -33,10 +33,10 @@ from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
 from infra.buckets import s3_client
 from infra.state import StackInfo
-from replayer.lanes.schedule_plan import plan_replay
-from replayer.schedule_replay import window_log
-from replayer.schedule_store import ScheduleStore
-from replayer.schedule_window import read_window
+from replayer.schedule.plan import plan_replay
+from replayer.schedule.replay import window_log
+from replayer.schedule.store import ScheduleStore
+from replayer.schedule.window import read_window
 from schemas import Envelope
 from schemas.schedule_delivery import ScheduleRef, external_request_id_for
 from tests import factories

@@ -10,7 +10,7 @@ Against a running local stack whose vLLM records its schedule (``reprolane stack
    production tokens/s = the completion tokens the clients received / the wall time from the first request to the
    last answer.
 2. **Verify all, one replay per busy period.** The schedule is shipped with the real shipper; the service's own
-   path (`replayer.schedule_replay.ScheduleReplayer` with `Companions`, ``replay_unit=busy_period``, in process)
+   path (`replayer.schedule.replay.ScheduleReplayer` with `Companions`, ``replay_unit=busy_period``, in process)
    replays every envelope: replay tokens/s = the same completion tokens / the time its schedule lane ran (the lane's
    engine start is not counted: a service keeps it loaded). Bitwise: the event's verdict and choice 0's token ids
    and logprobs against what the client received.
@@ -39,15 +39,15 @@ import httpx
 from infra import paths
 from infra.stack import LocalStack
 from infra.state import StackInfo
-from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
-from replayer.schedule_replay import Companions, ScheduleReplayer
-from replayer.schedule_store import ScheduleStore
+from replayer.schedule.lane import ScheduleLane
+from replayer.schedule.replay import Companions, ScheduleReplayer
+from replayer.schedule.store import ScheduleStore
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, ReplayResult
 from schemas.schedule import EngineStart
 from tests.capture.fake_upstream import serve
-from tests.replayer.scheduled_stack import ship_schedules, stack_replayer_settings, stack_sidecar
+from tests.replayer.schedule.scheduled_stack import ship_schedules, stack_replayer_settings, stack_sidecar
 
 #: The shared system prompt, behind a nonce of this run: an earlier run's cached blocks would make their busy
 #: period a prefix-cache provider that every replay of this run's period replays first.

@@ -6,8 +6,8 @@ bare start, in one run.
 Against a running local stack whose vLLM records its schedule (``reprolane stack up``; ``REPROLANE_RUN_DIR`` or
 ``./.reprolane/stack``): sends `n` + 1 short greedy chat requests, one at a time, through the real sidecar to the
 stack's vLLM, stores their envelopes in its S3 and ships their schedule with the real shipper
-(`tests.replayer.scheduled_stack`); starts ``reprolane serve replayer`` (one-at-a-time lane ``remote``, schedule
-lanes built on demand) with uuid topics and a replay-request key file; asks it once to build its schedule lane
+(`tests.replayer.schedule.scheduled_stack`); starts ``reprolane serve replayer`` (one-at-a-time lane ``remote``,
+schedule lanes built on demand) with uuid topics and a replay-request key file; asks it once to build its schedule lane
 (the first answer, timed apart); then, alternating so both see the same machine load, times
 
 - **bare start**: ``reprolane --help``, the CLI's own start (Python, the command tree), nothing asked;
@@ -48,7 +48,7 @@ from infra.demo.services import reprolane_argv
 from infra.state import StackInfo
 from replayer.on_demand import live_service
 from schemas import CapturedOutput, Envelope
-from tests.replayer.scheduled_stack import chat, record_scheduled, ship_schedules
+from tests.replayer.schedule.scheduled_stack import chat, record_scheduled, ship_schedules
 from tests.replayer.service_harness import Topics, worker_environment
 from tests.replayer.support import S3Target, write_replay_request_keys
 

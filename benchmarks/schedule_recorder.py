@@ -25,10 +25,10 @@ from typing import Any
 
 from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
-from replayer.lanes.schedule_engine import StepDriver
-from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.lanes.vllm_lane import VllmLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
+from replayer.schedule.engine import StepDriver
+from replayer.schedule.lane import ScheduleLane
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
 from schemas.canonical import canonical_text_of_plain

@@ -113,7 +113,7 @@ class _Replays:
                 return result
             self.via = "local"  # --via auto, and the service failed: said once, the next envelopes replay here
         if self._choice is None:
-            from replayer.schedule_replay import ScheduleReplayer
+            from replayer.schedule.replay import ScheduleReplayer
 
             make = self._lane_factory
             self._choice = LaneChoice(self.settings, lambda: make(self.settings), ScheduleReplayer(self.settings),

@@ -37,7 +37,7 @@ class NotReplayableError(ReplayerError):
 
 
 class ScheduleNotFoundError(NotReplayableError):
-    """No engine schedule for this envelope (`replayer.schedule_store`): a replay falls back to another lane."""
+    """No engine schedule for this envelope (`replayer.schedule.store`): a replay falls back to another lane."""
 
 
 class EnvelopeNotFoundError(ReplayerError):

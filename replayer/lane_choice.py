@@ -7,7 +7,7 @@ command line replayed a workflow's steps one at a time while the service and ``r
 lane, and each said another verdict for the same request). The lane asked for:
 
 - **none** (None): the schedule lane when the envelope names a schedule that is found and complete
-  (`replayer.schedule_replay.ScheduleReplayer`), else the one-at-a-time lane of the settings, with the reason said;
+  (`replayer.schedule.replay.ScheduleReplayer`), else the one-at-a-time lane of the settings, with the reason said;
 - ``schedule``: the schedule lane only; without its schedule there is no verdict (`NotReplayableError`, why);
 - a one-at-a-time lane's name (``vllm``, ``remote``, ``transformers``): that lane only.
 
@@ -32,8 +32,8 @@ from replayer.settings import LaneName, ReplayerSettings
 from schemas import Envelope, ReplayResult
 
 if TYPE_CHECKING:
-    from replayer.schedule_replay import Companions, ScheduleReplayer
-    from replayer.schedule_store import ScheduleWindow
+    from replayer.schedule.replay import Companions, ScheduleReplayer
+    from replayer.schedule.store import ScheduleWindow
     from replayer.store import EnvelopeStore
 
 __all__ = ["ASKABLE", "ONE_AT_A_TIME", "SCHEDULE_LANE", "LaneChoice", "Replayed", "keep"]
@@ -120,7 +120,7 @@ class LaneChoice:
 
         ``window``: what `look` answered when the caller looked already (None: look now). ``companions``: replay
         the envelope's whole busy period on the schedule lane, once for its captured requests
-        (`replayer.schedule_replay.ScheduleReplayer.replay`). Raises
+        (`replayer.schedule.replay.ScheduleReplayer.replay`). Raises
         `NotReplayableError` for a lane that cannot be had or an envelope it cannot replay; a lane or store that
         is down raises its own error."""
         refused = self.refusal(lane)

@@ -59,7 +59,7 @@ from replayer.lane_choice import LaneChoice, Replayed, keep
 from replayer.lanes.base import Lane
 from replayer.metrics import ReplayerMetrics
 from replayer.request_keys import load_replay_request_keys
-from replayer.schedule_replay import Companions, ScheduleReplayer
+from replayer.schedule.replay import Companions, ScheduleReplayer
 from replayer.selection import not_replayable_reason, select
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore

@@ -3,7 +3,7 @@
 On the engines reprolane supports, the numbers a request gets depend on the *shapes* of the batches it ran in (how
 many tokens each scheduled request had computed and was given at each step, in which order), not on its
 companions' content. A schedule log records exactly those shapes, per engine instance, so a replay can rebuild
-them with filler companions (see `replayer.lanes.schedule_lane`). It never holds token ids or text: a companion is
+them with filler companions (see `replayer.schedule.lane`). It never holds token ids or text: a companion is
 another tenant's request, and its shape is all a replay of *this* request may learn about it.
 
 Records (one JSON object per line in a segment, each a `ScheduleRecord`):

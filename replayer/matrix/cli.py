@@ -194,7 +194,7 @@ def _on_schedule(target: Envelope, settings: ReplayerSettings, store: EnvelopeSt
     (`replayer.lane_choice`), the result stored there already being the answer and a fresh one stored, so
     ``explain`` and ``replay request`` say the same verdict; or why it could not run."""
     from replayer.lane_choice import SCHEDULE_LANE, LaneChoice, keep
-    from replayer.schedule_replay import ScheduleReplayer
+    from replayer.schedule.replay import ScheduleReplayer
 
     choice = LaneChoice(settings, lambda: make_lane(settings), ScheduleReplayer(settings))
     try:

@@ -19,7 +19,7 @@ The variations (each on a fresh engine of its configuration, via `replayer.matri
 - ``lane.transformers``: another engine (the float32 transformers reference lane), alone.
 - ``engine.version``: another vLLM version: only one can be installed here, so it is listed as skipped.
 - ``schedule``: when the envelope names the production engine's recorded schedule (issue 22), the request
-  replayed inside the batches it ran in (`replayer.schedule_replay`: every recorded step's shapes, filler
+  replayed inside the batches it ran in (`replayer.schedule.replay`: every recorded step's shapes, filler
   companions). A fork that this replay reproduces **bitwise**, with the schedule reproduced step for step, is
   attributed to batching, with that replay (its event) as the evidence. The caller runs it (it needs the schedule
   store) and passes the result, or why it could not run.

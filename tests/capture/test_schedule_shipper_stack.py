@@ -22,7 +22,7 @@ import pytest
 from infra.buckets import s3_client
 from infra.state import StackInfo
 from replayer.errors import StoreError
-from replayer.schedule_store import ScheduleStore
+from replayer.schedule.store import ScheduleStore
 from schemas import Envelope
 from schemas.layout import (
     HEADER_ENGINE_ID,

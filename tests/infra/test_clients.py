@@ -44,7 +44,7 @@ from infra.clients.kafka import aiokafka_kwargs, faststream_security, start_clie
 from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client
 from infra.clients.shutdown import stop_on_signals
 from replayer.errors import StoreError
-from replayer.schedule_store import ScheduleStore
+from replayer.schedule.store import ScheduleStore
 from replayer.service import ReplayerService
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore

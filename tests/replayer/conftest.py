@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from replayer.lanes.schedule_lane import ScheduleLane
+    from replayer.schedule.lane import ScheduleLane
 
 
 @pytest.fixture(scope="module")

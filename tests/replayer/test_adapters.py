@@ -17,13 +17,13 @@ from replayer.lanes.base import GenRequest
 from replayer.lanes.remote import RemoteLane
 from replayer.lanes.transformers_lane import TransformersLane
 from replayer.replay import replay_envelope
-from replayer.schedule_replay import ScheduleReplayer
+from replayer.schedule.replay import ScheduleReplayer
 from replayer.settings import ReplayerSettings
 from schemas import ArtifactHashes, Envelope, ReplayedOutput, SamplingContract
 from tests.factories import lora_adapter_dir
+from tests.replayer.schedule.test_replay import _scheduled
 from tests.replayer.support import FakeLane, make_envelope
 from tests.replayer.test_lanes import mock_server
-from tests.replayer.test_schedule_replay import _scheduled
 
 GREEDY = SamplingContract(temperature=0.0, max_tokens=4, seed_scope="none")
 

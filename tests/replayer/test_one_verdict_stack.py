@@ -38,7 +38,7 @@ from replayer.on_demand import live_service
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import Envelope
-from tests.replayer.scheduled_stack import chat, record_scheduled, ship_schedules
+from tests.replayer.schedule.scheduled_stack import chat, record_scheduled, ship_schedules
 from tests.replayer.service_harness import Topics, worker_environment
 from tests.replayer.support import S3Target, write_replay_request_keys
 

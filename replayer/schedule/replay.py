@@ -1,9 +1,9 @@
 """One envelope replayed inside the batches it ran in: its schedule window on the schedule lane.
 
-`replayer.schedule_window.read_window` gives the part of the production engine's log the envelope's replay needs
+`replayer.schedule.window.read_window` gives the part of the production engine's log the envelope's replay needs
 (its busy period and the prefix-cache providers' periods); this module turns it into the lane's
 `schemas.schedule_log.ScheduleLog`, replays the envelope's engine requests (every choice) as targets
-(`replayer.lanes.schedule_lane.ScheduleLane.replay_requests`: fillers of the recorded shapes stand in for every
+(`replayer.schedule.lane.ScheduleLane.replay_requests`: fillers of the recorded shapes stand in for every
 companion) and compares each with the capture exactly as every other lane's replay is compared
 (`replayer.replay.replay_envelope`), so a schedule replay's event is the same contract with two more fields:
 whether every replayed step had the recorded shapes, and the first step that did not.
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Final
 from replayer.compare import Comparison, compare
 from replayer.errors import LaneUnavailableError, NotReplayableError, ScheduleNotFoundError, StoreError
 from replayer.lanes.base import GenRequest
-from replayer.lanes.schedule_plan import check_target
 from replayer.replay import FROM_COMPARISON, gen_request, replay_budget, replay_envelope, server_view
+from replayer.schedule.plan import check_target
 from replayer.settings import ReplayerSettings
 from schemas import (
     CapturedOutput,
@@ -50,8 +50,8 @@ from schemas.schedule_delivery import choice_index, external_request_id, request
 from schemas.schedule_log import ScheduleLog
 
 if TYPE_CHECKING:
-    from replayer.lanes.schedule_lane import ScheduleLane, ScheduleReplay
-    from replayer.schedule_store import ScheduleStore, ScheduleWindow
+    from replayer.schedule.lane import ScheduleLane, ScheduleReplay
+    from replayer.schedule.store import ScheduleStore, ScheduleWindow
 
 __all__ = ["ScheduleReplayer", "period_members", "replay_on_schedule", "replay_period_on_schedule", "window_log"]
 
@@ -345,7 +345,7 @@ class ScheduleReplayer:
     ) -> None:
         self.settings = settings
         self._store = store
-        self._read = read  # None: `replayer.schedule_window.read_window`
+        self._read = read  # None: `replayer.schedule.window.read_window`
         self._lane_factory = lane_factory
         self._lanes: dict[str, ScheduleLane] = {}
         self._fingerprints: dict[str, str] = {}  # the lanes' fingerprints' sha256, read by another thread (`lanes`)
@@ -377,7 +377,7 @@ class ScheduleReplayer:
         if lane is None:
             try:
                 if self._lane_factory is None:
-                    from replayer.lanes.schedule_lane import ScheduleLane
+                    from replayer.schedule.lane import ScheduleLane
 
                     lane = ScheduleLane(self.settings, engine)
                 else:
@@ -403,7 +403,7 @@ class ScheduleReplayer:
         if (adapter := envelope.artifacts.adapter_name) is not None:
             return f"the schedule lane does not load LoRA adapters (artifacts.adapter_name {adapter!r})"
         if self._store is None:
-            from replayer.schedule_store import ScheduleStore
+            from replayer.schedule.store import ScheduleStore
 
             self._store = ScheduleStore.from_settings(self.settings)
         try:
@@ -517,10 +517,10 @@ class ScheduleReplayer:
         return lead, members
 
     def _read_window(self, store: ScheduleStore, envelope: Envelope) -> ScheduleWindow:
-        """The envelope's window as the store holds it now (`replayer.schedule_window.read_window`, unless the
+        """The envelope's window as the store holds it now (`replayer.schedule.window.read_window`, unless the
         replayer was given another reader)."""
         if self._read is None:
-            from replayer.schedule_window import read_window
+            from replayer.schedule.window import read_window
 
             self._read = read_window
         return self._read(store, envelope)

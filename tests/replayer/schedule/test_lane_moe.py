@@ -4,11 +4,11 @@ request of it can.
 
 The model is a tiny Mixtral the test builds itself (`infra.tiny_moe`: random weights, a config of a family vLLM
 serves, SmolLM2's tokenizer; saved locally, nothing downloaded). "Production" is an in-process vLLM engine with the
-recorder (`replayer.lanes.schedule_engine.StepDriver`): four requests arrive within two steps, so they share
+recorder (`replayer.schedule.engine.StepDriver`): four requests arrive within two steps, so they share
 batches; the schedule lane replays their window once with all four (`ScheduleLane.replay_requests`), bitwise, and
 refuses the window when one companion is missing, naming it.
 
-The engines run in a process of their own (`python -m tests.replayer.test_schedule_lane_moe MODEL_DIR LOG_DIR OUT`,
+The engines run in a process of their own (`python -m tests.replayer.schedule.test_lane_moe MODEL_DIR LOG_DIR OUT`,
 which writes what it found to OUT as JSON): vLLM keeps its parallel groups per process, and a process whose first
 engine was a dense model has no expert-parallel group, so an MoE engine cannot start after one (in the suite, the
 dense lanes' tests run first in the same process).
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from infra.tiny_moe import build_tiny_moe
-from tests.replayer.test_schedule_lane_model import model_dir
+from tests.replayer.schedule.test_lane_model import model_dir
 
 pytestmark = pytest.mark.model
 
@@ -36,9 +36,9 @@ def check(moe_dir: Path, log_dir: Path) -> dict[str, Any]:
     from replayer.errors import NotReplayableError
     from replayer.lanes.base import GenRequest
     from replayer.lanes.batch_engine import render_chat
-    from replayer.lanes.schedule_engine import StepDriver
-    from replayer.lanes.schedule_lane import ScheduleLane
     from replayer.matrix.inputs import DEFAULT_PROMPTS
+    from replayer.schedule.engine import StepDriver
+    from replayer.schedule.lane import ScheduleLane
     from replayer.settings import ReplayerSettings
     from schemas import SamplingContract
 
@@ -84,7 +84,7 @@ def test_a_moe_window_replays_bitwise_with_every_requests_real_content_and_refus
 ) -> None:
     moe_dir = build_tiny_moe(model_dir(), tmp_path / "tiny-moe")
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.replayer.test_schedule_lane_moe", str(moe_dir), str(tmp_path / "log"),
+        [sys.executable, "-m", "tests.replayer.schedule.test_lane_moe", str(moe_dir), str(tmp_path / "log"),
          str(tmp_path / "found.json")],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip

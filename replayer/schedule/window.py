@@ -1,6 +1,6 @@
 """The part of an engine's schedule log one schedule replay needs, read from the store and no more.
 
-A replay runs the busy period holding the target's arrival (`replayer.lanes.schedule_plan`), from the period's
+A replay runs the busy period holding the target's arrival (`replayer.schedule.plan`), from the period's
 first step (the engine was empty before it) to the step that finished the target, and, before it, each earlier
 busy period that computed a prefix-cache block a request of the window read. Nothing else in the log can change
 the target's numbers, so nothing else is read:
@@ -31,7 +31,7 @@ from bisect import bisect_right
 from typing import Final
 
 from replayer.errors import StoreError
-from replayer.schedule_store import ScheduleStore, ScheduleWindow
+from replayer.schedule.store import ScheduleStore, ScheduleWindow
 from schemas import Envelope
 from schemas.schedule import UNKNOWN_PROVIDER, EngineStart, RequestArrival, ScheduleRecord, ScheduleStep
 from schemas.schedule_log import ScheduleLog

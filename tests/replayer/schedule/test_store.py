@@ -16,7 +16,7 @@ from capture.schedule.destinations import SegmentStore
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
 from replayer.errors import ScheduleNotFoundError, StoreError
-from replayer.schedule_store import ScheduleStore
+from replayer.schedule.store import ScheduleStore
 from schemas import Envelope
 from schemas.layout import schedule_index_key, schedule_segment_key
 from schemas.schedule import RequestArrival, ScheduleStep

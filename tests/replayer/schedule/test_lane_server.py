@@ -25,13 +25,13 @@ import pytest
 
 from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
-from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
+from replayer.schedule.lane import ScheduleLane
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
 from schemas.schedule_delivery import decode_segment, external_request_id_for
 from schemas.schedule_log import ScheduleLog
-from tests.replayer.test_schedule_lane_model import model_dir
+from tests.replayer.schedule.test_lane_model import model_dir
 
 pytestmark = pytest.mark.model
 
@@ -61,7 +61,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     ]  # fmt: skip
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH", "")]),
         "REPROLANE_SCHEDULE_DIR": str(schedule_dir),
         "REPROLANE_SCHEDULE_SEGMENT_SECONDS": "0.5",
         "VLLM_CPU_KVCACHE_SPACE": "1",

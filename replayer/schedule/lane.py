@@ -6,7 +6,7 @@ recorded settings (`schemas.schedule.EngineStart`: batch limits, block size, KV 
 caching, policy, seed, dtype) and drives its step loop itself (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one
 ``LLMEngine.step`` per scheduler step): before each replayed step it adds the requests that arrived before the
 recorded one, the target with its real prompt and sampling contract, every other request as a filler of the
-same shape (`replayer.lanes.schedule_plan`). The engine runs vLLM's scheduler with the same recorder production
+same shape (`replayer.schedule.plan`). The engine runs vLLM's scheduler with the same recorder production
 runs (``capture.schedule.recorder.RecordingScheduler``, named to vLLM as a string: the replayer does not import
 the capture package), so each replayed step's shapes are read back from the replay's own log and compared with
 the recorded ones (`compare_steps`); the first step that differs is reported and the schedule is then not
@@ -42,14 +42,14 @@ from replayer.lanes.base import (
     torch_lane_fingerprint,
 )
 from replayer.lanes.engine_thread import EngineThread, set_torch_threads
-from replayer.lanes.schedule_engine import (
+from replayer.lanes.vllm_lane import output_from_vllm, release_engine
+from replayer.schedule.engine import (
     read_log,
     sampling_params,
     start_recording_engine,
     steps_from,
 )
-from replayer.lanes.schedule_plan import FillerPlan, ReplayPlan, WindowTooLongError, check_target, plan_replay
-from replayer.lanes.vllm_lane import output_from_vllm, release_engine
+from replayer.schedule.plan import FillerPlan, ReplayPlan, WindowTooLongError, check_target, plan_replay
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint
 from schemas.schedule import EngineStart, ScheduleStep

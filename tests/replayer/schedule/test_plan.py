@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from replayer.lanes.schedule_lane import StepCheck, compare_steps, moe_markers, numeric_differences
-from replayer.lanes.schedule_plan import WindowTooLongError, check_target, plan_replay
+from replayer.schedule.lane import StepCheck, compare_steps, moe_markers, numeric_differences
+from replayer.schedule.plan import WindowTooLongError, check_target, plan_replay
 from schemas import RuntimeFingerprint
 from schemas.schedule_log import ScheduleLog
 from tests.schemas.test_schedule_log import arrival, engine, step

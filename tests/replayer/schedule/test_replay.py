@@ -16,10 +16,10 @@ import pytest
 from replayer.errors import NotReplayableError, ScheduleNotFoundError
 from replayer.lane_choice import LaneChoice
 from replayer.lanes.base import GenRequest
-from replayer.lanes.schedule_lane import ScheduleReplay, StepCheck, StepMismatch
 from replayer.matrix.explain import VariationOutcome, conclude, schedule_outcome
-from replayer.schedule_replay import SCHEDULE_POLL_S, Companions, ScheduleReplayer
-from replayer.schedule_store import ScheduleWindow
+from replayer.schedule.lane import ScheduleReplay, StepCheck, StepMismatch
+from replayer.schedule.replay import SCHEDULE_POLL_S, Companions, ScheduleReplayer
+from replayer.schedule.store import ScheduleWindow
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, ReplayedOutput, ReplayResult
 from schemas.schedule import EngineStart, RequestArrival, ScheduleStep
@@ -70,7 +70,7 @@ class FakeStore:
 
 
 def read(store: FakeStore, envelope: Envelope) -> ScheduleWindow:
-    """The fake stores answer their windows as they are (`replayer.schedule_window` is tested on moto)."""
+    """The fake stores answer their windows as they are (`replayer.schedule.window` is tested on moto)."""
     return store.records_for(envelope)
 
 

@@ -1,4 +1,4 @@
-"""What a schedule replay reads of an engine's log (`replayer.schedule_window`), against moto's S3 fed by the real
+"""What a schedule replay reads of an engine's log (`replayer.schedule.window`), against moto's S3 fed by the real
 shipper: the target's busy period and the periods of its prefix-cache providers, found through their own index
 entries, and not the periods in between, however many; a period that starts segments before the target's arrival
 is read back to its start; a provider that is not indexed is left out; the read budget holds."""
@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from replayer.errors import StoreError
-from replayer.lanes.schedule_plan import plan_replay
-from replayer.schedule_replay import window_log
-from replayer.schedule_store import ScheduleStore
-from replayer.schedule_window import read_window
+from replayer.schedule.plan import plan_replay
+from replayer.schedule.replay import window_log
+from replayer.schedule.store import ScheduleStore
+from replayer.schedule.window import read_window
 from schemas.layout import schedule_index_key
 from schemas.schedule_delivery import decode_index_entry, external_request_id_for
 from schemas.schedule_log import ScheduleLog
 from tests.moto_s3 import moto_client, moto_server
-from tests.replayer.test_schedule_store import _ship, envelope
+from tests.replayer.schedule.test_store import _ship, envelope
 from tests.schedule_segments import FakeEngine
 
 

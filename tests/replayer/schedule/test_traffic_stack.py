@@ -9,7 +9,7 @@ envelope is replayed on the schedule lane, which applies the same constraint thr
 The reference is what the *client* received (its ``return_token_ids`` and per-token logprobs), not the stored copy:
 every replay must give the same token ids and the same logprobs, sent all at once (batched) and staggered. The
 first request is replayed on its own with fillers; the rest once per busy period, with every captured request's real
-content (`tests.replayer.scheduled_stack.replay_by_period`).
+content (`tests.replayer.schedule.scheduled_stack.replay_by_period`).
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from capture.settings import CaptureSettings
 from infra import servers
 from infra.stack_env import stack_defaults
 from infra.state import StackInfo
-from replayer.lanes.schedule_lane import ScheduleLane
-from replayer.schedule_store import ScheduleStore, ScheduleWindow
-from replayer.schedule_window import read_window
+from replayer.schedule.lane import ScheduleLane
+from replayer.schedule.store import ScheduleStore, ScheduleWindow
+from replayer.schedule.window import read_window
 from replayer.settings import ReplayerSettings
 from schemas import CapturedOutput, Envelope
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
-from tests.replayer.scheduled_stack import replay_by_period, ship_schedules
-from tests.replayer.test_schedule_lane_model import model_dir
-from tests.replayer.test_schedule_replay_stack import _fields, _spooled
+from tests.replayer.schedule.scheduled_stack import replay_by_period, ship_schedules
+from tests.replayer.schedule.test_lane_model import model_dir
+from tests.replayer.schedule.test_replay_stack import _fields, _spooled
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
 

@@ -15,12 +15,12 @@ import pytest
 
 from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
-from replayer.lanes.schedule_engine import StepDriver
-from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
+from replayer.schedule.engine import StepDriver
+from replayer.schedule.lane import ScheduleLane
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
-from tests.replayer.test_schedule_lane_model import model_dir
+from tests.replayer.schedule.test_lane_model import model_dir
 
 pytestmark = pytest.mark.model
 

@@ -1,7 +1,7 @@
 """The schedule lane on the real model: batched "production" runs recorded by the recorder, each request replayed
 with filler companions of the recorded shapes, compared bitwise (token ids and logprobs).
 
-"Production" is an in-process engine with the recorder (`replayer.lanes.schedule_engine.StepDriver`), settings of
+"Production" is an in-process engine with the recorder (`replayer.schedule.engine.StepDriver`), settings of
 the stack's vLLM except a small token budget per step (``max_num_batched_tokens=256``) so that prefills are chunked
 and mixed with decodes, and prefix caching on. One production engine and one lane engine serve the whole module
 (engine starts are the slow part). The OpenAI server test is in test_schedule_lane_server.py.
@@ -17,10 +17,10 @@ import pytest
 from replayer.errors import NotReplayableError
 from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
-from replayer.lanes.schedule_engine import StepDriver
-from replayer.lanes.schedule_lane import ScheduleLane, ScheduleReplay
-from replayer.lanes.schedule_plan import plan_replay
 from replayer.matrix.inputs import DEFAULT_PROMPTS
+from replayer.schedule.engine import StepDriver
+from replayer.schedule.lane import ScheduleLane, ScheduleReplay
+from replayer.schedule.plan import plan_replay
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
 from schemas.schedule import ScheduledRequest, ScheduleStep

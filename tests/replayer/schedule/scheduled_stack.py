@@ -32,10 +32,10 @@ from infra import servers
 from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
-from replayer.lanes.schedule_lane import ScheduleLane, ScheduleReplay
-from replayer.schedule_replay import period_members, replay_on_schedule, replay_period_on_schedule
-from replayer.schedule_store import ScheduleStore, ScheduleWindow
-from replayer.schedule_window import read_window
+from replayer.schedule.lane import ScheduleLane, ScheduleReplay
+from replayer.schedule.replay import period_members, replay_on_schedule, replay_period_on_schedule
+from replayer.schedule.store import ScheduleStore, ScheduleWindow
+from replayer.schedule.window import read_window
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, ReplayResult
 from tests.capture.fake_spool import FakeSpool

@@ -22,7 +22,7 @@ The window: every step and arrival of the target's engine from ``before_steps`` 
 to the step that reports it finished (for ``n > 1``, every child), in log order, plus the engine's settings (the
 first record of its first segment). Where the log does not reach that far (a segment not shipped yet, or not
 recorded) the window says so (`ScheduleWindow.complete`, `ScheduleWindow.gap`); the lane decides what it can do
-with it. A replay reads less: `replayer.schedule_window.read_window` asks this store for the target's busy period
+with it. A replay reads less: `replayer.schedule.window.read_window` asks this store for the target's busy period
 and its prefix-cache providers' only. Blocking (boto3): async callers use ``asyncio.to_thread``.
 """
 
@@ -78,7 +78,7 @@ class ScheduleWindow:
     last_segment: int
     complete: bool  # every target request's finish is in `records`, and the window reaches back as far as asked
     gap: str | None = None  # what the log lacks when not complete
-    #: the step ranges `records` hold (`replayer.schedule_window`); None: one range, from the first to the last
+    #: the step ranges `records` hold (`replayer.schedule.window`); None: one range, from the first to the last
     ranges: tuple[tuple[int, int], ...] | None = None
 
     @property

@@ -4,7 +4,7 @@ The stack's own launcher starts a private vLLM that records its schedule with th
 (`capture.schedule.recorder.RecordingScheduler`, the stack's flags plus ``--max-num-batched-tokens 256`` so long
 prompts are prefilled in chunks mixed with decodes); the real sidecar captures every request and forwards its
 request id; the shipper ships the log to the real SeaweedFS and Tansu; each envelope's schedule is read back
-through the index (`replayer.schedule_store`) and replayed on the schedule lane (`replayer.schedule_replay`):
+through the index (`replayer.schedule.store`) and replayed on the schedule lane (`replayer.schedule.replay`):
 
 - the join: two requests sent at once with each other's X-Request-Id, and a completions request, each map to the
   engine request vLLM made of them;
@@ -42,18 +42,18 @@ from infra.stack import LocalStack
 from infra.stack_env import stack_defaults
 from infra.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
-from replayer.lanes.schedule_lane import ScheduleLane
 from replayer.matrix.inputs import DEFAULT_PROMPTS
-from replayer.schedule_replay import Companions, ScheduleReplayer, replay_on_schedule
-from replayer.schedule_store import ScheduleStore, ScheduleWindow
-from replayer.schedule_window import read_window
+from replayer.schedule.lane import ScheduleLane
+from replayer.schedule.replay import Companions, ScheduleReplayer, replay_on_schedule
+from replayer.schedule.store import ScheduleStore, ScheduleWindow
+from replayer.schedule.window import read_window
 from replayer.settings import ReplayerSettings
 from schemas import CapturedOutput, Envelope, ReplayedOutput, ReplayResult
 from schemas.schedule import EngineStart, RequestArrival
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
-from tests.replayer.scheduled_stack import replay_by_period
-from tests.replayer.test_schedule_lane_model import model_dir
+from tests.replayer.schedule.scheduled_stack import replay_by_period
+from tests.replayer.schedule.test_lane_model import model_dir
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
 
