@@ -64,7 +64,7 @@ SOURCES: Final[dict[str, tuple[str, str]]] = {
     "hold": ("capture.audit.cli", "hold_app"),
     "expire": ("capture.audit.cli", "expire_command"),
     "audit": ("capture.audit.cli", "audit_app"),
-    "evidence": ("capture.audit.evidence.cli", "evidence_app"),
+    "evidence": ("infra.reexecution.cli", "evidence_app"),
     "archiver": ("capture.audit.lake.cli", "archiver_app"),
     "lake": ("capture.audit.lake.cli", "lake_app"),
     "query": ("capture.audit.lake.cli", "query_command"),

@@ -15,6 +15,15 @@ verify`` reads it (`capture.audit.evidence.verify`), offline. Members::
     summary.html         the same, for a person (no script, no external resource)
     key.vkey             the audit key as a C2SP verifier key: only used when the verifier pinned its fingerprint
 
+A re-executable bundle (``export --reexecutable``, `infra.reexecution`) adds what a replay needs, and nothing of
+another request but its shapes::
+
+    schedule.jsonl       the engine's settings and the target's schedule window (its busy period and those of its
+                         prefix-cache providers) as canonical schedule records; every other request's id replaced
+                         by a pseudonym (``other-00001``): token counts and steps only, no content, no ids
+    reexecution.json     what the records alone do not say: the step ranges the window holds
+    model-manifest.json  the model manifest (every file's sha256) the record's artifact hashes were taken from
+
 The manifest text, line by line (``part`` lines sorted)::
 
     reprolane.evidence/1
@@ -52,6 +61,11 @@ RETENTION = "retention.json"
 SUMMARY = "summary.html"
 KEY = "key.vkey"
 REPLAYS_DIR = "replays/"
+SCHEDULE = "schedule.jsonl"
+REEXECUTION = "reexecution.json"
+MODEL_MANIFEST = "model-manifest.json"
+#: The members a re-executable bundle adds (`export_bundle`'s ``extra``), by their part class.
+REEXECUTION_PARTS: Final = {SCHEDULE: "schedule", REEXECUTION: "reexecution", MODEL_MANIFEST: "model_manifest"}
 
 #: The part classes a verifier names a problem by, and how it says them.
 LABELS: Final = {
@@ -65,13 +79,16 @@ LABELS: Final = {
     "summary": "summary",
     "key": "key",
     "manifest": "manifest",
+    "schedule": "schedule records",
+    "reexecution": "re-execution settings",
+    "model_manifest": "model manifest",
 }
 MAX_MEMBERS: Final = 256
 MAX_MEMBER_BYTES: Final = 64 << 20
 MAX_TOTAL_BYTES: Final = 256 << 20
 _MEMBER_RE = re.compile(
     r"^(manifest\.note|envelope\.bin|proof\.tlog-proof|fingerprints\.json|retention\.json|summary\.html|key\.vkey"
-    r"|replays/[0-9a-f]{64}\.json)$"
+    r"|replays/[0-9a-f]{64}\.json|schedule\.jsonl|reexecution\.json|model-manifest\.json)$"
 )
 _TOKEN_RE = re.compile(r"^[!-~]{1,256}$")  # one printable, space-free token
 

@@ -13,8 +13,9 @@ class: envelope bytes, proof, checkpoint, signature, replay result, ...), or the
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,9 +24,8 @@ from capture.audit.errors import SigningKeyError
 from schemas.errors import ContractError
 from schemas.note import VerifierKey, key_fingerprint, parse_fingerprint, parse_vkey
 
-evidence_app = typer.Typer(
-    name="evidence", no_args_is_help=True, add_completion=False, help="Evidence bundles, verifiable offline."
-)
+if TYPE_CHECKING:
+    from capture.audit.evidence.export import ExtraMembers
 
 
 def _looks_like_vkey(text: str) -> bool:
@@ -59,40 +59,6 @@ def load_pin(key: str | None, fingerprint: str | None) -> object:
     return PinnedKey(signing_keys.load_public(key))
 
 
-@evidence_app.command("export")
-def export_cmd(
-    request_id: Annotated[str, typer.Argument(help="request id of the envelope")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="the bundle file to write (a zip)")],
-    force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
-) -> None:
-    """Write the evidence bundle of one request: stored bytes, inclusion proof, checkpoint, replays, holds.
-
-    Example: reprolane audit evidence export rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --output evidence.zip
-    """
-    from capture.audit.evidence.export import export_bundle
-    from capture.audit.settings import AuditSettings
-    from capture.audit.store import AuditStore
-
-    if output.exists() and not force:
-        raise typer.BadParameter(f"{output} exists: pass --force to overwrite it")
-    settings = AuditSettings()
-    private = signing_keys.signing_key(settings)
-    done = export_bundle(AuditStore.from_settings(settings), request_id, private, settings.log_origin)
-    try:
-        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(done.bundle)
-    except OSError as exc:
-        raise typer.BadParameter(f"{output}: cannot write: {exc.strerror}") from exc
-    place = done.place
-    typer.echo(
-        f"wrote {output} ({len(done.bundle)} bytes): request {place.request_id}, leaf {place.leaf_index} of "
-        f"{place.origin}, checkpoint size {place.tree_size}, {done.replays} replay result(s)"
-    )
-    typer.echo(f"verify offline: reprolane audit evidence verify {output} --key-fingerprint {place.fingerprint}")
-
-
-@evidence_app.command("verify")
 def verify_cmd(
     bundle: Annotated[Path, typer.Argument(help="the bundle file")],
     key: Annotated[str | None, typer.Option("--key", help="the audit public key: vkey, PEM or base64 raw")] = None,
@@ -119,7 +85,6 @@ def verify_cmd(
     raise typer.Exit(0 if report.ok else 1)
 
 
-@evidence_app.command("key")
 def key_cmd() -> None:
     """Print the audit key as a C2SP verifier key and its fingerprint (what verifiers pin).
 
@@ -130,3 +95,63 @@ def key_cmd() -> None:
     settings = AuditSettings()
     vkey = VerifierKey(settings.log_origin, signing_keys.verifying_key(settings))
     typer.echo(f"vkey: {vkey.encode()}\nfingerprint: {key_fingerprint(vkey.public_raw)}")
+
+
+def build_evidence_app(*, reexecutable: Callable[[], ExtraMembers] | None = None) -> typer.Typer:
+    """The ``audit evidence`` commands. ``reexecutable`` makes what ``export --reexecutable`` adds (the replay
+    window, the model manifest): `infra.reexecution`, which reads the replayer's schedule store, passes it (this
+    package may not import the replayer), and adds ``reexecute``."""
+    app = typer.Typer(
+        name="evidence", no_args_is_help=True, add_completion=False, help="Evidence bundles, verifiable offline."
+    )
+
+    @app.command("export")
+    def export_cmd(
+        request_id: Annotated[str, typer.Argument(help="request id of the envelope")],
+        output: Annotated[Path, typer.Option("-o", "--output", help="the bundle file to write (a zip)")],
+        force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
+        reexecute: Annotated[
+            bool,
+            typer.Option(
+                "--reexecutable",
+                help="add what re-executing it needs: its schedule window as shapes, the model manifest",
+            ),
+        ] = False,
+    ) -> None:
+        """Write the evidence bundle of one request: stored bytes, inclusion proof, checkpoint, replays, holds.
+
+        Example: reprolane audit evidence export rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --output evidence.zip
+        """
+        from capture.audit.evidence.export import export_bundle
+        from capture.audit.settings import AuditSettings
+        from capture.audit.store import AuditStore
+
+        if output.exists() and not force:
+            raise typer.BadParameter(f"{output} exists: pass --force to overwrite it")
+        if reexecute and reexecutable is None:
+            raise typer.BadParameter("--reexecutable: this build of the command cannot read schedules")
+        settings = AuditSettings()
+        private = signing_keys.signing_key(settings)
+        extra = reexecutable() if reexecute and reexecutable is not None else None
+        store = AuditStore.from_settings(settings)
+        done = export_bundle(store, request_id, private, settings.log_origin, extra=extra)
+        try:
+            fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(done.bundle)
+        except OSError as exc:
+            raise typer.BadParameter(f"{output}: cannot write: {exc.strerror}") from exc
+        place = done.place
+        typer.echo(
+            f"wrote {output} ({len(done.bundle)} bytes): request {place.request_id}, leaf {place.leaf_index} of "
+            f"{place.origin}, checkpoint size {place.tree_size}, {done.replays} replay result(s)"
+            + (", re-executable" if extra is not None else "")
+        )
+        typer.echo(f"verify offline: reprolane audit evidence verify {output} --key-fingerprint {place.fingerprint}")
+
+    app.command("verify")(verify_cmd)
+    app.command("key")(key_cmd)
+    return app
+
+
+evidence_app = build_evidence_app()

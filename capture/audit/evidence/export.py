@@ -22,6 +22,7 @@ bundle opens nothing (fingerprints and prompt stay inside the ciphertext; the su
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +35,7 @@ from capture.audit.evidence.bundle import (
     KEY,
     MANIFEST,
     PROOF,
+    REEXECUTION_PARTS,
     RETENTION,
     SUMMARY,
     Manifest,
@@ -147,10 +149,21 @@ def _retention(store: AuditStore, key: str) -> dict[str, Any]:
     }
 
 
+#: What a re-executable bundle adds, from the envelope's stored bytes: members by name (`REEXECUTION_PARTS`).
+ExtraMembers = Callable[[bytes], Mapping[str, bytes]]
+
+
 def export_bundle(
-    store: AuditStore, request_id: str, private_raw: bytes, key_name: str, *, now: datetime | None = None
+    store: AuditStore,
+    request_id: str,
+    private_raw: bytes,
+    key_name: str,
+    *,
+    now: datetime | None = None,
+    extra: ExtraMembers | None = None,
 ) -> Exported:
-    """Build the evidence bundle of `request_id` (see module doc); `EvidenceError` when it cannot be evidence."""
+    """Build the evidence bundle of `request_id` (see module doc); `EvidenceError` when it cannot be evidence.
+    ``extra`` adds the members of a re-executable bundle (`infra.reexecution`), signed with the rest."""
     key, indexed_id = _pointer(store, request_id)
     envelope_id = envelope_id_of_key(key)
     day = capture_day_of_key(key)
@@ -208,6 +221,10 @@ def export_bundle(
         KEY: (vkey.encode() + "\n").encode(),
     }
     members.update({replay_member(rid): data for rid, data in replays.items()})
+    for name, data in (extra(body) if extra is not None else {}).items():
+        if name not in REEXECUTION_PARTS:
+            raise EvidenceError(f"a re-executable bundle has no member {name!r}")
+        members[name] = data
     place = LogPlace(
         request_id, envelope_id, origin, index, head.tree_size, head.root_hash, vkey.encode(), key_fingerprint(public)
     )
@@ -221,6 +238,7 @@ def export_bundle(
     ).encode()
     parts = [Part(c, PROOF, sha256_hex(b)) for c, b in proof_parts(members[PROOF]).items()]
     classes = {ENVELOPE: "envelope", FINGERPRINTS: "fingerprints", RETENTION: "retention", SUMMARY: "summary"}
+    classes.update(REEXECUTION_PARTS)
     classes[KEY] = "key"
     for name, data in members.items():
         if name != PROOF:

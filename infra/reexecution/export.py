@@ -1,0 +1,67 @@
+"""What ``export --reexecutable`` adds to an evidence bundle: the schedule window as shapes, the model manifest.
+
+Read where the replayer reads them: the window from the schedule store (`replayer.schedule.window.read_window`,
+complete or refused), the manifest from the model directory the deployment serves, which must be the one the
+record's artifact hashes were taken from. A sealed record is refused: its bytes are ciphertext, and re-executing
+it would hand its prompt to whoever holds the bundle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from capture.audit.evidence.bundle import MODEL_MANIFEST, REEXECUTION, SCHEDULE
+from capture.audit.evidence.export import EvidenceError, ExtraMembers
+from infra.reexecution.window import shapes_only
+from replayer.errors import ReplayerError
+from replayer.schedule.store import ScheduleStore
+from replayer.schedule.window import read_window
+from schemas import ContractError, Envelope, decode_envelope
+from schemas.manifest import MANIFEST_NAME, ModelManifest, decode_manifest
+from schemas.sealed import is_sealed
+
+
+def artifact_differences(manifest: ModelManifest, envelope: Envelope) -> list[str]:
+    """The artifact hashes the record names that the manifest does not have (``"model_sha256: a != b"``)."""
+    recorded = envelope.artifacts
+    out = []
+    for name in ("model_sha256", "tokenizer_sha256", "chat_template_sha256"):
+        want = getattr(recorded, name)
+        if want is not None and getattr(manifest, name) != want:
+            out.append(f"{name}: the record's {want[:12]}… != the manifest's {getattr(manifest, name)[:12]}…")
+    return out
+
+
+def reexecutable_members(schedules: ScheduleStore, model_dir: Path) -> ExtraMembers:
+    """The members of a re-executable bundle, from the envelope's stored bytes (`export_bundle`'s ``extra``)."""
+
+    def members(body: bytes) -> dict[str, bytes]:
+        if is_sealed(body):
+            raise EvidenceError("a sealed record is not exported re-executable: its prompt is its tenant's secret")
+        try:
+            envelope = decode_envelope(body)
+        except ContractError as exc:
+            raise EvidenceError(f"the envelope does not decode: {exc}") from exc
+        if envelope.schedule is None:
+            raise EvidenceError(
+                f"{envelope.request_id} names no engine schedule (captured without the schedule recorder): "
+                "nothing to re-execute it in"
+            )
+        try:
+            window = read_window(schedules, envelope)
+        except ReplayerError as exc:
+            raise EvidenceError(f"the schedule of {envelope.request_id}: {exc}") from exc
+        if not window.complete:
+            raise EvidenceError(f"the schedule of {envelope.request_id} is not complete yet: {window.gap}")
+        try:
+            raw = (model_dir / MANIFEST_NAME).read_bytes()
+            manifest = decode_manifest(raw, model_dir)
+        except (OSError, ContractError) as exc:
+            raise EvidenceError(f"the model manifest of {model_dir}: {exc}") from exc
+        differs = artifact_differences(manifest, envelope)
+        if differs:
+            raise EvidenceError(f"{model_dir} is not the model of the record: " + "; ".join(differs))
+        schedule, settings = shapes_only(window)
+        return {SCHEDULE: schedule, REEXECUTION: settings, MODEL_MANIFEST: raw}
+
+    return members

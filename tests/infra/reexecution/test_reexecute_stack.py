@@ -1,0 +1,208 @@
+"""Issue 33 on the real stack: a batched request's evidence, exported re-executable and re-executed offline.
+
+Three requests sent at once through the real sidecar to the stack's recording vLLM (they share steps); their
+envelopes published by the real publisher with the Merkle log, their schedule shipped by the real shipper, the
+day signed by ``reprolane audit checkpoint``; then, as the people involved run them, in child processes:
+
+- the operator: ``reprolane audit evidence export ID --reexecutable`` for two of the three;
+- the regulator: ``reprolane audit evidence reexecute BUNDLE --model-dir DIR --key-fingerprint F`` in a process
+  whose environment names no S3, no Kafka and no stack (anything that reached for S3 would fail), which verifies the
+  bundle, checks the model files, replays the request inside its recorded batch with fillers, and reproduces it
+  bit for bit;
+- tampering: one token id of the recorded output, one logprob, one schedule record (a step's shapes), the
+  runtime fingerprint (the engine record), the model manifest: each is caught and named by the signed manifest
+  before anything runs; a model directory with one changed file is refused, naming the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capture.audit.evidence.bundle import write_zip
+from infra.buckets import s3_client
+from infra.stack_env import stack_defaults
+from infra.state import StackInfo
+from schemas import CapturedOutput, Envelope, decode_envelope
+from schemas.envelope_compact import encode_compact
+from schemas.layout import capture_day
+from tests.capture.audit.evidence.test_export_stack import BUCKET, cli_env, publish_settings
+from tests.capture.audit.support import new_key, publish_through_s3
+from tests.replayer.schedule.scheduled_stack import chat, ship_schedules, stack_replayer_settings, stack_sidecar
+from tests.replayer.schedule.test_lane_model import model_dir
+from tests.replayer.schedule.test_replay_stack import _send, _spooled
+
+pytestmark = [pytest.mark.stack, pytest.mark.model]
+
+PROMPTS = ["Name three rivers in Europe.", "What is a prime number?", "Describe the colour of the sea."]
+
+
+def reprolane(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from infra.cli import app; app()", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def rezip(bundle: bytes, name: str, change: Any) -> bytes:
+    with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    members[name] = change(members[name])
+    return write_zip(members, datetime.now(UTC))
+
+
+async def _captured(stack: StackInfo, tmp_path: Path) -> list[Envelope]:
+    app, spool = stack_sidecar(stack)
+    ids = await _send(app, [chat(p, 12) for p in PROMPTS], 0.0)
+    envelopes = await _spooled(spool, ids)
+    await publish_through_s3(publish_settings(stack, tmp_path / "spool", BUCKET), envelopes, tmp_path / "spool")
+    await ship_schedules(stack, stack_replayer_settings(stack), envelopes, tmp_path / "ship")
+    return envelopes
+
+
+def _offline(tmp_path: Path) -> dict[str, str]:
+    """An environment naming no S3, no Kafka, no stack: S3 endpoints that refuse, an empty run dir."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_")}
+    (tmp_path / "no-stack").mkdir(exist_ok=True)
+    env["REPROLANE_RUN_DIR"] = str(tmp_path / "no-stack")
+    env["REPROLANE_AUDIT_S3_ENDPOINT"] = env["REPROLANE_REPLAYER_S3_ENDPOINT"] = "http://127.0.0.1:9"
+    return env
+
+
+def _changed_model(tmp_path: Path) -> Path:
+    """The model directory with one file changed (the rest links to the real files)."""
+    source, copy = model_dir(), tmp_path / "changed-model"
+    copy.mkdir()
+    for path in source.iterdir():
+        if path.name == "generation_config.json":
+            doc = json.loads(path.read_text())
+            doc["reprolane_test"] = 1
+            (copy / path.name).write_text(json.dumps(doc))
+        else:
+            (copy / path.name).symlink_to(path)
+    return copy
+
+
+def test_a_batched_request_reexecutes_offline_bit_for_bit_and_every_tamper_is_named(
+    stack: StackInfo, tmp_path: Path
+) -> None:
+    client = s3_client(stack.s3_endpoint, stack.s3_credentials)
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+        client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+    envelopes = asyncio.run(_captured(stack, tmp_path))
+    private, _public = new_key()
+    env = {
+        **cli_env(stack, private, BUCKET),
+        **{k: v for k, v in stack_defaults(stack).items() if k.startswith("REPROLANE_REPLAYER_")},
+        "REPROLANE_REPLAYER_MODEL_DIR": str(model_dir()),
+    }
+    signed = reprolane("audit", "checkpoint", "--day", capture_day(envelopes[0].captured_at), env=env)
+    assert "checkpoint size" in signed.stdout, signed.stdout + signed.stderr
+    offline = _offline(tmp_path)
+
+    bundles = []
+    for target in (envelopes[0], envelopes[2]):
+        path = tmp_path / f"{target.request_id}.zip"
+        done = reprolane("audit", "evidence", "export", target.request_id, "-o", str(path), "--reexecutable", env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "re-executable" in done.stdout
+        fingerprint = done.stdout.rsplit("--key-fingerprint ", 1)[1].strip()
+        with zipfile.ZipFile(path) as zf:
+            schedule = zf.read("schedule.jsonl")
+        assert max(len(json.loads(line).get("scheduled", ())) for line in schedule.splitlines()) > 1, "not batched"
+        others = [e.request_id.removeprefix("rl-") for e in envelopes if e is not target]
+        assert not any(other.encode() in schedule for other in others)  # shapes only: no other request's id
+        ran = reprolane(
+            "audit", "evidence", "reexecute", str(path), "--model-dir", str(model_dir()),
+            "--key-fingerprint", fingerprint, env=offline,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+        assert f"reproduced bit for bit: request {target.request_id}" in ran.stdout
+        bundles.append((target, path.read_bytes(), fingerprint))
+
+    target, bundle, fingerprint = bundles[0]
+    cases: dict[str, bytes] = {
+        "envelope bytes": rezip(bundle, "envelope.bin", _first_token_changed),
+        "schedule records": rezip(bundle, "schedule.jsonl", _step_shape_changed),
+        "model manifest": rezip(bundle, "model-manifest.json", lambda b: b.replace(b'"files"', b'"files" ', 1)),
+    }
+    cases["schedule records (runtime)"] = rezip(bundle, "schedule.jsonl", _runtime_changed)
+    cases["envelope bytes (logprob)"] = rezip(bundle, "envelope.bin", _logprob_changed)
+    for label, tampered in cases.items():
+        path = tmp_path / f"tampered-{re.sub(r'[^a-z]+', '-', label)}.zip"
+        path.write_bytes(tampered)
+        failed = reprolane(
+            "audit", "evidence", "reexecute", str(path), "--model-dir", str(model_dir()),
+            "--key-fingerprint", fingerprint, env=offline, timeout=120,
+        )  # fmt: skip
+        assert failed.returncode == 1, (label, failed.stdout, failed.stderr[-2000:])
+        part = label.split(" (")[0]
+        assert f"reprolane: error: the bundle does not verify: {part}: " in failed.stderr, (label, failed.stderr)
+
+    refused = reprolane(
+        "audit", "evidence", "reexecute", str(tmp_path / f"{target.request_id}.zip"),
+        "--model-dir", str(_changed_model(tmp_path)), "--key-fingerprint", fingerprint, env=offline, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stdout + refused.stderr[-2000:]
+    assert "generation_config.json: sha256" in refused.stderr
+
+
+def _stored(envelope: Envelope) -> bytes:
+    """An envelope as the sidecar stores it (compact when the encoding takes it)."""
+    canonical = envelope.canonical()
+    return encode_compact(canonical) or canonical
+
+
+def _output_changed(body: bytes, change: Any) -> bytes:
+    """The stored envelope with its recorded output changed by `change` (a `CapturedOutput`'s first choice)."""
+    envelope = decode_envelope(body)
+    assert isinstance(envelope.outcome, CapturedOutput)
+    choice = change(envelope.outcome.choices[0])
+    outcome = envelope.outcome.model_copy(update={"choices": (choice, *envelope.outcome.choices[1:])})
+    return _stored(envelope.model_copy(update={"outcome": outcome}))
+
+
+def _first_token_changed(body: bytes) -> bytes:
+    return _output_changed(body, lambda c: c.model_copy(update={"token_ids": (c.token_ids[0] + 1, *c.token_ids[1:])}))
+
+
+def _logprob_changed(body: bytes) -> bytes:
+    def change(choice: Any) -> Any:
+        first = choice.logprobs[0]
+        return choice.model_copy(
+            update={"logprobs": (first.model_copy(update={"logprob": first.logprob - 1e-3}), *choice.logprobs[1:])}
+        )
+
+    return _output_changed(body, change)
+
+
+def _step_shape_changed(schedule: bytes) -> bytes:
+    lines = schedule.split(b"\n")
+    for i, line in enumerate(lines):
+        if b'"kind":"step"' in line and b'"num_scheduled_tokens":1' in line:
+            lines[i] = line.replace(b'"num_scheduled_tokens":1', b'"num_scheduled_tokens":2', 1)
+            return b"\n".join(lines)
+    raise AssertionError("no decode step")
+
+
+def _runtime_changed(schedule: bytes) -> bytes:
+    first, rest = schedule.split(b"\n", 1)
+    doc = json.loads(first)
+    doc["runtime"]["torch_version"] = "0.0.0"
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode() + b"\n" + rest
