@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=6, help="requests, sent at once")
     parser.add_argument("--max-tokens", type=int, default=24)
     args = parser.parse_args()
+    os.environ.setdefault("REPROLANE_CAPTURE_AUTH_MODE", "off")  # the publisher's settings; no caller is served
     stack = StackInfo.load(paths.run_dir(None))
     client = s3_client(stack.s3_endpoint, stack.s3_credentials)
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
