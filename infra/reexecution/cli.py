@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from capture.audit.evidence.cli import build_evidence_app, load_pin
+from capture.audit.evidence.cli import KeyFingerprintOpt, KeyOpt, build_evidence_app, pinned_bundle
 from capture.audit.evidence.export import ExtraMembers
 
 
@@ -37,26 +37,18 @@ evidence_app = build_evidence_app(reexecutable=_members)
 def reexecute_cmd(
     bundle: Annotated[Path, typer.Argument(help="a bundle exported with --reexecutable")],
     model_dir: Annotated[Path, typer.Option("--model-dir", help="the model files, as the bundle's manifest lists")],
-    key: Annotated[str | None, typer.Option("--key", help="the audit public key: vkey, PEM or base64 raw")] = None,
-    key_fingerprint_: Annotated[
-        str | None, typer.Option("--key-fingerprint", help="sha256:HEX of the audit public key")
-    ] = None,
+    key: KeyOpt = None,
+    key_fingerprint_: KeyFingerprintOpt = None,
 ) -> None:
     """Re-execute a bundle offline: check it, the model files and this runtime; replay; say if it is bit for bit.
 
     Example: reprolane audit evidence reexecute evidence.zip --model-dir smollm2 --key-fingerprint sha256:ab12
     """
-    from capture.audit.evidence.verify import PinnedKey
     from infra.reexecution.run import reexecute
     from replayer.machine_output import machine_output
     from replayer.report import render_request
 
-    pin = load_pin(key, key_fingerprint_)
-    assert isinstance(pin, PinnedKey)
-    try:
-        data = bundle.read_bytes()
-    except OSError as exc:
-        raise typer.BadParameter(f"{bundle}: cannot read: {exc.strerror}") from exc
+    data, pin = pinned_bundle(bundle, key, key_fingerprint_)
     with machine_output(True) as document:  # the verdict alone on stdout: the engine's logs on stderr
         done = reexecute(data, pin, model_dir)
         verdict = (

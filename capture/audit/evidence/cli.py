@@ -26,6 +26,7 @@ from schemas.note import VerifierKey, key_fingerprint, parse_fingerprint, parse_
 
 if TYPE_CHECKING:
     from capture.audit.evidence.export import ExtraMembers
+    from capture.audit.evidence.verify import PinnedKey
 
 
 def _looks_like_vkey(text: str) -> bool:
@@ -33,7 +34,7 @@ def _looks_like_vkey(text: str) -> bool:
     return len(parts) == 3 and len(parts[1]) == 8 and "\n" not in text.strip()
 
 
-def load_pin(key: str | None, fingerprint: str | None) -> object:
+def load_pin(key: str | None, fingerprint: str | None) -> PinnedKey:
     """The verifier's pinned key from ``--key`` (a vkey, PEM, base64 raw, or a file of any) or
     ``--key-fingerprint``."""
     from capture.audit.evidence.verify import PinnedKey
@@ -59,26 +60,33 @@ def load_pin(key: str | None, fingerprint: str | None) -> object:
     return PinnedKey(signing_keys.load_public(key))
 
 
+#: The pinned audit key of every command that checks a bundle: one of the two.
+KeyOpt = Annotated[str | None, typer.Option("--key", help="the audit public key: vkey, PEM or base64 raw")]
+KeyFingerprintOpt = Annotated[str | None, typer.Option("--key-fingerprint", help="sha256:HEX of the audit public key")]
+
+
+def pinned_bundle(bundle: Path, key: str | None, fingerprint: str | None) -> tuple[bytes, PinnedKey]:
+    """A bundle file's bytes and the key its verifier pinned (`load_pin`); a usage error when it cannot be read."""
+    pin = load_pin(key, fingerprint)
+    try:
+        return bundle.read_bytes(), pin
+    except OSError as exc:
+        raise typer.BadParameter(f"{bundle}: cannot read: {exc.strerror}") from exc
+
+
 def verify_cmd(
     bundle: Annotated[Path, typer.Argument(help="the bundle file")],
-    key: Annotated[str | None, typer.Option("--key", help="the audit public key: vkey, PEM or base64 raw")] = None,
-    key_fingerprint_: Annotated[
-        str | None, typer.Option("--key-fingerprint", help="sha256:HEX of the audit public key")
-    ] = None,
+    key: KeyOpt = None,
+    key_fingerprint_: KeyFingerprintOpt = None,
 ) -> None:
     """Verify a bundle offline against a pinned key; names the part that is wrong (exit 1).
 
     Example: reprolane audit evidence verify evidence.zip --key audit.vkey
     """
     from capture.audit.cli import echo_verdict
-    from capture.audit.evidence.verify import PinnedKey, verify_bundle
+    from capture.audit.evidence.verify import verify_bundle
 
-    pin = load_pin(key, key_fingerprint_)
-    assert isinstance(pin, PinnedKey)
-    try:
-        data = bundle.read_bytes()
-    except OSError as exc:
-        raise typer.BadParameter(f"{bundle}: cannot read: {exc.strerror}") from exc
+    data, pin = pinned_bundle(bundle, key, key_fingerprint_)
     report = verify_bundle(data, pin)
     problems = [p.line() for p in report.problems]
     echo_verdict(report.subject, problems[0] if problems else None, report.lines, problems)

