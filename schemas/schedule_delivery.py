@@ -177,22 +177,26 @@ def decode_segment(data: bytes, engine_id: str) -> tuple[ScheduleRecord, ...]:
         raise ContractError(f"schedule segment: {len(data)} bytes, over the {MAX_SEGMENT_BYTES}-byte bound")
     if data and not data.endswith(b"\n"):
         raise ContractError("schedule segment: its last line is not terminated (a segment is closed whole)")
-    records: list[ScheduleRecord] = []
-    for number, line in enumerate(data.split(b"\n")[:-1], start=1):
-        if len(line) > MAX_LINE_BYTES:
-            raise ContractError(f"schedule segment line {number}: {len(line)} bytes, over {MAX_LINE_BYTES}")
-        try:
-            record = _RECORDS.validate_json(line)
-        except ValidationError as exc:
-            raise ContractError.from_validation(f"schedule segment line {number}", exc) from exc
-        if record.engine_id != engine_id:
-            raise ContractError(
-                f"schedule segment line {number}: engine {record.engine_id!r}, filed under {engine_id!r}"
-            )
-        if canonical_json(record.model_dump(mode="json", exclude_none=True)) != line:
-            raise ContractError(f"schedule segment line {number}: not in canonical JSON")
-        records.append(record)
-    return tuple(records)
+    return tuple(
+        decode_record_line(line, f"schedule segment line {number}", engine_id)
+        for number, line in enumerate(data.split(b"\n")[:-1], start=1)
+    )
+
+
+def decode_record_line(line: bytes, where: str, engine_id: str | None = None) -> ScheduleRecord:
+    """One record line (without its ``\\n``), checked: at most `MAX_LINE_BYTES`, a valid `ScheduleRecord` in
+    canonical JSON, of `engine_id` when given; `ContractError` starting with `where` when it is not."""
+    if len(line) > MAX_LINE_BYTES:
+        raise ContractError(f"{where}: {len(line)} bytes, over {MAX_LINE_BYTES}")
+    try:
+        record = _RECORDS.validate_json(line)
+    except ValidationError as exc:
+        raise ContractError.from_validation(where, exc) from exc
+    if engine_id is not None and record.engine_id != engine_id:
+        raise ContractError(f"{where}: engine {record.engine_id!r}, filed under {engine_id!r}")
+    if canonical_json(record.model_dump(mode="json", exclude_none=True)) != line:
+        raise ContractError(f"{where}: not in canonical JSON")
+    return record
 
 
 def decode_index_entry(data: bytes) -> ScheduleIndexEntry:

@@ -16,18 +16,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from replayer.schedule.store import ScheduleWindow
 from schemas.canonical import canonical_json
 from schemas.errors import ContractError
-from schemas.schedule import UNKNOWN_PROVIDER, EngineStart, RequestArrival, ScheduleRecord, ScheduleStep
-from schemas.schedule_delivery import encode_record
+from schemas.schedule import UNKNOWN_PROVIDER, EngineStart, RequestArrival, ScheduleStep
+from schemas.schedule_delivery import decode_record_line, encode_record
 
 FORMAT = "reprolane.reexecution/1"
 #: At most this many records in a window a bundle carries (a replay refuses longer windows anyway).
 MAX_RECORDS = 200_000
-_RECORDS: TypeAdapter[ScheduleRecord] = TypeAdapter(ScheduleRecord)
 
 
 def pseudonym(n: int) -> str:
@@ -89,15 +86,7 @@ def window_of(schedule: bytes, settings: bytes) -> ScheduleWindow:
     lines = schedule.split(b"\n")
     if lines[-1] != b"" or len(lines) - 1 > MAX_RECORDS:
         raise ContractError("schedule.jsonl is not whole lines, or has too many", ("schedule",))
-    records: list[ScheduleRecord] = []
-    for number, line in enumerate(lines[:-1], start=1):
-        try:
-            record = _RECORDS.validate_json(line)
-        except ValidationError as exc:
-            raise ContractError.from_validation(f"schedule.jsonl line {number}", exc) from exc
-        if encode_record(record) != line + b"\n":
-            raise ContractError(f"schedule.jsonl line {number}: not in canonical JSON", ("schedule",))
-        records.append(record)
+    records = [decode_record_line(line, f"schedule.jsonl line {n}") for n, line in enumerate(lines[:-1], start=1)]
     if not records or not isinstance(records[0], EngineStart):
         raise ContractError("schedule.jsonl does not start with the engine's record", ("schedule",))
     engine, rest = records[0], records[1:]
