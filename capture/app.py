@@ -1,7 +1,8 @@
 """The sidecar's ASGI application: routes, and the lifespan that owns the spool, publisher and upstream pool.
 
-`build_app` wires what `capture.cli.serve` (or a test) built. The capture paths (`capture.forwarding.PATHS`) are
-dispatched by `CaptureApp` straight to the raw ASGI handlers of `capture.proxy.CaptureProxy`; everything else
+`build_app` wires what `capture.cli.serve` (or a test) built. The capture paths (each endpoint's in
+`capture.protocol.endpoints.ENDPOINTS`) are dispatched by `CaptureApp` straight to the raw ASGI handlers of
+`capture.proxy.CaptureProxy`; everything else
 (``/metrics``, pass-through, lifespan) goes through a Starlette app: its router and its two always-on middlewares
 showed up in the sidecar's CPU profile of the capture paths, where they do nothing useful (BENCHMARKS.md "Capture
 sidecar").
@@ -25,8 +26,8 @@ from starlette.routing import Route
 
 from capture.edge import Receive, Scope, Send
 from capture.envelope_writer import SpoolLike
-from capture.forwarding import PATHS
 from capture.metrics import CONTENT_TYPE, CaptureMetrics
+from capture.protocol.endpoints import ENDPOINTS
 from capture.proxy import CaptureProxy
 from capture.runtime import (
     Artifacts,
@@ -149,5 +150,5 @@ def build_app(
     rest = Starlette(routes=routes, lifespan=lifespan)
     rest.state.proxy = proxy
     rest.state.metrics = metrics
-    hot = {path: proxy.endpoint(endpoint) for endpoint, path in PATHS.items()}
+    hot = {protocol.path: proxy.endpoint(name) for name, protocol in ENDPOINTS.items()}
     return CaptureApp(hot, rest, proxy.passthrough)

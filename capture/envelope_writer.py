@@ -33,8 +33,8 @@ from capture.assembly import STARTED, EnvelopeInputs, Failure, RequestContext, b
 from capture.edge import dumps
 from capture.errors import SpoolUnavailableError, UpstreamError
 from capture.metrics import CaptureMetrics
-from capture.protocol import messages
 from capture.protocol.audit_fields import Prepared
+from capture.protocol.endpoints import ENDPOINTS
 from capture.protocol.output import OutputCollector
 from capture.runtime import Artifacts, RuntimeProbe
 from capture.telemetry import CaptureTelemetry
@@ -43,8 +43,6 @@ from schemas import PromptRecord, RuntimeFingerprint
 from schemas.schedule_delivery import ScheduleRef, external_request_id_for
 
 log = logging.getLogger(__name__)
-
-_TOKENIZE_CHAT_KEYS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template", "tools")
 
 
 class SpoolLike(Protocol):
@@ -102,8 +100,11 @@ class EnvelopeWriter:
         elif prompt is None:
             prompt = prompt_record(await self._tokenize(prepared), "tokenize")
         limits = set(prepared.limits) | collector.limits
-        if prepared.endpoint == "messages":
-            limits |= await self._messages_ids(prepared, collector, prompt is None)
+        protocol = ENDPOINTS[prepared.endpoint]
+        if protocol.tokenizes_answer:
+            await self._answer_ids(prepared, collector)
+        if prompt is None and protocol.unrendered is not None:
+            limits.add(protocol.unrendered)
         if self.guaranteed:
             ctx.added_ms = max((time.perf_counter() - t0) * 1000.0 - ctx.upstream_ms, 0.0)
         try:
@@ -237,9 +238,9 @@ class EnvelopeWriter:
         while self.background:
             await asyncio.gather(*list(self.background), return_exceptions=True)
 
-    async def _messages_ids(self, prepared: Prepared, collector: OutputCollector, unrendered: bool) -> set[str]:
-        """A Messages answer's token ids, re-tokenized from its text (`capture.protocol.messages`: the endpoint
-        returns none); the limits that adds."""
+    async def _answer_ids(self, prepared: Prepared, collector: OutputCollector) -> None:
+        """An answer's token ids, tokenized from its text (`EndpointProtocol.tokenizes_answer`: Messages returns
+        none)."""
         acc = collector.choices.get(0)
         if acc is not None and not acc.token_ids and acc.text:
             doc = {
@@ -248,29 +249,13 @@ class EnvelopeWriter:
                 "add_special_tokens": False,
             }
             acc.token_ids.extend(await self._tokens(doc) or ())
-        return {messages.NOT_RENDERED} if unrendered else set()
 
     async def _tokenize(self, prepared: Prepared) -> list[int] | None:
+        """The prompt's token ids from upstream's ``/tokenize`` of the request, rendered as upstream renders it
+        (`capture.protocol.endpoints.EndpointProtocol.tokenize_doc`); None when that cannot be done."""
         body = prepared.upstream_body
-        doc: dict[str, Any] = {"model": body.get("model")}
-        if prepared.endpoint == "messages":
-            chat_messages = messages.chat_messages(body)
-            if chat_messages is None:
-                return None
-            doc.update(messages=chat_messages, add_generation_prompt=True)
-            if body.get("chat_template_kwargs") is not None:
-                doc["chat_template_kwargs"] = body["chat_template_kwargs"]
-            return await self._tokens(doc)
-        if prepared.endpoint == "chat.completions":
-            if "messages" not in body:
-                return None
-            doc.update({key: body[key] for key in _TOKENIZE_CHAT_KEYS if key in body})
-            doc.setdefault("add_generation_prompt", True)
-        elif isinstance(body.get("prompt"), str):
-            doc["prompt"] = body["prompt"]
-        else:
-            return None
-        return await self._tokens(doc)
+        doc = ENDPOINTS[prepared.endpoint].tokenize_doc(body)
+        return None if doc is None else await self._tokens({"model": body.get("model"), **doc})
 
     async def _tokens(self, doc: dict[str, Any]) -> list[int] | None:
         """Upstream's ``/tokenize`` of `doc`, or None when it cannot say."""

@@ -25,18 +25,11 @@ from capture.assembly import ErrorType, Failure, RequestContext
 from capture.edge import Send, Watch, error_body, forward_headers, send_json
 from capture.envelope_writer import EnvelopeWriter
 from capture.errors import SpoolCorruptError, SpoolFullError, SpoolUnavailableError
-from capture.protocol import Endpoint, chat, completions, messages, responses
 from capture.protocol.audit_fields import Prepared
 from capture.protocol.credentials import credential_values, scrub
+from capture.protocol.endpoints import ENDPOINTS
 from capture.protocol.output import OutputCollector
 from capture.upstream import Upstream, UpstreamCall, UpstreamResponse
-
-PATHS: Final[dict[Endpoint, str]] = {
-    "chat.completions": chat.PATH,
-    "completions": completions.PATH,
-    "responses": responses.PATH,
-    "messages": messages.PATH,
-}
 
 SPOOL_FULL: Final = error_body(
     "the audit spool is full: the sidecar does not serve requests it cannot record (guaranteed mode)",
@@ -126,7 +119,7 @@ class Forwarder:
         """The upstream request of a captured one: ``async with forwarder.call(...) as resp``; it sets
         ``ctx.upstream_ms`` when it ends. Upstream gets the sidecar's request id as ``X-Request-Id``."""
         forwarded = forward_headers(headers, ctx.request_id.encode("ascii"))
-        call = self.upstream.request("POST", PATHS[ctx.endpoint], body=upstream_body, headers=forwarded)
+        call = self.upstream.request("POST", ENDPOINTS[ctx.endpoint].path, body=upstream_body, headers=forwarded)
         return TimedCall(call, ctx)
 
     def finish(

@@ -1,7 +1,7 @@
 """Every path the sidecar does not capture: forwarded to upstream byte for byte, counted, and logged or refused.
 
 The capture endpoints are ``POST`` on ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and
-``/v1/messages`` (`capture.forwarding.PATHS`); everything else (``GET /v1/models``, ``/health``, ``GET
+``/v1/messages`` (`capture.protocol.endpoints.ENDPOINTS`); everything else (``GET /v1/models``, ``/health``, ``GET
 /v1/responses/{id}``, ``/v1/messages/count_tokens``, ``/inference/v1/generate``, any other method on the capture
 paths) goes through `UncapturedPaths`. A read (GET, HEAD, OPTIONS) is forwarded and counted. A write is forwarded,
 counted and logged once per path, or, under ``refuse_uncaptured``, answered 403 unless its path is allowed: a

@@ -21,10 +21,10 @@ from capture.assembly import ErrorType
 from capture.edge import consume_disconnect, decode_json, end_stream, response_headers
 from capture.errors import SpoolCorruptError, SpoolUnavailableError, UpstreamError, UpstreamTimeoutError
 from capture.forwarding import SPOOL_FULL, Exchange, Forwarder, TimedCall, upstream_said
-from capture.protocol import messages, responses
 from capture.protocol.audit_fields import Prepared, strip
+from capture.protocol.endpoints import ENDPOINTS
 from capture.protocol.output import OutputCollector
-from capture.protocol.sse import LONGEST_DONE, SSE_DONE, event_end, is_done, split_data, split_typed_data, sse
+from capture.protocol.sse import LONGEST_DONE, SSE_DONE, event_end, is_done, sse
 from capture.upstream import UpstreamResponse
 
 
@@ -104,8 +104,8 @@ async def _relay_refusal(fw: Forwarder, ex: Exchange, resp: UpstreamResponse, ca
 def rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) -> tuple[bytes, str | None]:
     """Record one SSE event and return it stripped, spelled as it came (other events, and data that is not a
     JSON object, pass unchanged); the second value is upstream's error when the event reports one."""
-    typed = prepared.endpoint == "responses" or prepared.endpoint == "messages"
-    parts = split_typed_data(event) if typed else split_data(event)
+    protocol = ENDPOINTS[prepared.endpoint]
+    parts = protocol.split_event(event)
     if parts is None:
         return event, None
     prefix, data, ending = parts
@@ -115,13 +115,7 @@ def rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) 
         return event, None
     if not isinstance(obj, dict):
         return event, None
-    if typed:
-        said = (responses.error_of if prepared.endpoint == "responses" else messages.error_of)(obj)
-        collector.add(obj)
-        if said is not None:
-            return event, f"upstream error in stream: {json.dumps(said)}"
-        return prefix + encode(strip(obj, prepared)) + ending, None
-    if "error" in obj and "choices" not in obj:
-        return event, f"upstream error in stream: {json.dumps(obj['error'])}"  # upstream_said cuts it
-    collector.add(obj)
+    said = protocol.read_event(collector, obj)
+    if said is not None:
+        return event, f"upstream error in stream: {json.dumps(said)}"  # upstream_said cuts it
     return prefix + encode(strip(obj, prepared)) + ending, None

@@ -7,6 +7,9 @@ parts both endpoints share:
   logprobs each asks for and answers with, where a choice's text is, and (completions) the echoed prompt.
 - `responses` / `messages`: ``/v1/responses`` (OpenAI Responses) and ``/v1/messages`` (Anthropic Messages):
   their own request fields, typed SSE events and answer shapes, and what their server cannot return.
+- `endpoints`: one `EndpointProtocol` per endpoint (`ENDPOINTS`): wherever the endpoints differ, the request
+  flow asks it (its path, the audit fields it asks for, how its answers and stream events are read and stripped,
+  its output bound, how its prompt is tokenized) instead of comparing names.
 - `audit_fields`: `prepare` adds the audit fields to the upstream request (token ids, logprobs at the audit k,
   an injected seed); `strip` takes what the client did not ask for back out of each response object.
 - `sampling`: the sampling contract read from a request, upstream's defaults made explicit.

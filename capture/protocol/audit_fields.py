@@ -22,8 +22,9 @@ from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
-from capture.protocol import Endpoint, chat, completions, messages, responses
+from capture.protocol import Endpoint
 from capture.protocol.completions import Echo, completion_prompts
+from capture.protocol.endpoints import ENDPOINTS
 from capture.protocol.sampling import BUILTIN_DEFAULTS, SamplingDefaults, frozen_contract, is_sampled
 from capture.protocol.token_text import clean_text
 from schemas import SamplingContract
@@ -60,33 +61,25 @@ def prepare(
     inject_seed: bool,
     defaults: SamplingDefaults = BUILTIN_DEFAULTS,
 ) -> Prepared:
-    """Parse a capture request and build the body sent upstream (the client's body is not modified)."""
-    if endpoint == "responses" or endpoint == "messages":
-        return _prepare_typed(
-            endpoint, body, request_id=request_id, audit_k=audit_k, inject_seed=inject_seed, defaults=defaults
-        )
+    """Parse a capture request and build the body sent upstream (the client's body is not modified): the
+    endpoint's audit fields (`EndpointProtocol.ask`), the echo of a completions request, an injected seed, and the
+    frozen contract (a typed endpoint's read in the chat spelling, ``contract_body``)."""
+    protocol = ENDPOINTS[endpoint]
     up = dict(body)
-    client_token_ids = bool(body.get("return_token_ids"))
-    up["return_token_ids"] = True
-    n = _choices_per_prompt(body.get("n"))
-    prompts = completion_prompts(body.get("prompt")) if endpoint == "completions" else None
+    client_token_ids, client_logprobs, recorded_k = protocol.ask(body, up, audit_k)
+    n = _choices_per_prompt(body.get("n")) if protocol.choices is not None else 1
+    prompts = completion_prompts(body.get("prompt")) if protocol.raw_prompts else None
     echo: Echo | None = None
-    if endpoint == "completions" and body.get("echo") and not client_token_ids:
+    if protocol.raw_prompts and body.get("echo") and not client_token_ids:
         if prompts is None or n is None:
             del up["return_token_ids"]  # no text to put back: the client's answer comes first, ids are lost
         else:
             echo = Echo(prompts, n, generates=body.get("max_tokens") != 0)
-    if endpoint == "chat.completions":
-        client_logprobs, recorded_k = chat.ask_logprobs(body, up, audit_k)
-    else:
-        client_logprobs, recorded_k = completions.ask_logprobs(body, up, audit_k)
     seed_injected = False
-    if inject_seed and body.get("seed") is None and is_sampled(body, defaults):
+    if protocol.injects_seed and inject_seed and body.get("seed") is None and is_sampled(body, defaults):
         up["seed"] = derive_seed(request_id)
         seed_injected = True
-    sampling = frozen_contract(
-        endpoint, up, recorded_k if isinstance(recorded_k, int) else None, seed_injected, defaults
-    )
+    contract = up if protocol.contract_body is None else protocol.contract_body(up)
     model = body.get("model")
     return Prepared(
         endpoint=endpoint,
@@ -95,47 +88,11 @@ def prepare(
         stream=bool(body.get("stream")),
         client_token_ids=client_token_ids,
         client_logprobs=client_logprobs,
-        sampling=sampling,
+        sampling=frozen_contract(endpoint, contract, recorded_k, seed_injected, defaults),
         echo=echo,
         prompts=len(prompts) if prompts else 1,
         n=n or 1,
-    )
-
-
-def _prepare_typed(
-    endpoint: Endpoint,
-    body: dict[str, Any],
-    *,
-    request_id: str,
-    audit_k: int,
-    inject_seed: bool,
-    defaults: SamplingDefaults,
-) -> Prepared:
-    """`prepare` of a Responses or Messages request: its own audit fields (`capture.protocol.responses.ask`; none
-    for Messages, whose server takes none) and its contract read in the chat spelling (``contract_body``)."""
-    up = dict(body)
-    seed_injected = False
-    if endpoint == "responses":
-        client_token_ids, client_logprobs, recorded_k = responses.ask(body, up, audit_k)
-        if inject_seed and body.get("seed") is None and is_sampled(body, defaults):
-            up["seed"] = derive_seed(request_id)
-            seed_injected = True
-        contract = responses.contract_body(up)
-        limits: tuple[str, ...] = responses.LIMITS
-    else:
-        client_token_ids, client_logprobs, recorded_k = True, True, None  # nothing added: nothing to strip
-        contract = messages.contract_body(up)
-        limits = messages.LIMITS
-    model = body.get("model")
-    return Prepared(
-        endpoint=endpoint,
-        upstream_body=up,
-        model=clean_text(model) if isinstance(model, str) and model else "unknown",
-        stream=bool(body.get("stream")),
-        client_token_ids=client_token_ids,
-        client_logprobs=client_logprobs,
-        sampling=frozen_contract(endpoint, contract, recorded_k, seed_injected, defaults),
-        limits=limits,
+        limits=protocol.limits,
     )
 
 
@@ -158,10 +115,9 @@ def strip(obj: Any, prepared: Prepared) -> Any:
     true): changed objects are copies, everything else is shared."""
     if not isinstance(obj, dict):
         return obj
-    if prepared.endpoint == "responses":
-        return responses.strip(obj, token_ids=prepared.client_token_ids, logprobs=prepared.client_logprobs)
-    if prepared.endpoint == "messages":
-        return obj
+    typed_strip = ENDPOINTS[prepared.endpoint].strip
+    if typed_strip is not None:
+        return typed_strip(obj, token_ids=prepared.client_token_ids, logprobs=prepared.client_logprobs)
     out = obj
     if not prepared.client_token_ids and obj.get("prompt_token_ids") is not None:
         out = {**obj, "prompt_token_ids": None}

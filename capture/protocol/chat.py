@@ -14,6 +14,7 @@ from capture.protocol.token_text import SPELLINGS, clean_text, decode_bytes, id_
 from schemas.envelope_codec import StepRow, TopRow
 
 PATH: Final = "/v1/chat/completions"
+_TOKENIZE_KEYS: Final = ("messages", "add_generation_prompt", "continue_final_message", "chat_template", "tools")
 
 
 def ask_logprobs(body: dict[str, Any], up: dict[str, Any], audit_k: int) -> tuple[bool, int | None]:
@@ -33,6 +34,22 @@ def ask_logprobs(body: dict[str, Any], up: dict[str, Any], audit_k: int) -> tupl
         up["return_tokens_as_token_ids"] = True
         recorded_k = audit_k
     return client_logprobs, recorded_k
+
+
+def max_tokens(body: dict[str, Any]) -> Any:
+    """The output bound the request sets (``max_completion_tokens``, else the older ``max_tokens``); None: the
+    model's default applies, then the rest of the context."""
+    bound = body.get("max_completion_tokens")
+    return body.get("max_tokens") if bound is None else bound
+
+
+def tokenize_doc(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``/tokenize`` document that renders the request's messages as upstream does (None: no messages)."""
+    if "messages" not in body:
+        return None
+    doc: dict[str, Any] = {key: body[key] for key in _TOKENIZE_KEYS if key in body}
+    doc.setdefault("add_generation_prompt", True)
+    return doc
 
 
 def choice_text(choice: dict[str, Any]) -> Any:

@@ -15,6 +15,7 @@ from capture.protocol.token_text import candidate, clean_text, token_id_of
 from schemas.envelope_codec import StepRow, TopRow
 
 PATH: Final = "/v1/completions"
+_DEFAULT_MAX_TOKENS: Final = 16  # vLLM 0.32's CompletionRequest.max_tokens default
 
 
 class Echo:
@@ -90,6 +91,12 @@ def ask_logprobs(body: dict[str, Any], up: dict[str, Any], audit_k: int) -> tupl
     return client_logprobs, recorded_k
 
 
+def max_tokens(body: dict[str, Any]) -> Any:
+    """The output bound the request sets: vLLM's completions request defaults an absent ``max_tokens`` to 16
+    (OpenAI's legacy default); a null one falls to the model's default (None here)."""
+    return body.get("max_tokens", _DEFAULT_MAX_TOKENS)
+
+
 def choice_text(choice: dict[str, Any]) -> Any:
     """The text of one choice (or of its part in one SSE chunk); anything but a str means none."""
     return choice.get("text")
@@ -107,3 +114,7 @@ def add_steps(steps: list[StepRow], lp: dict[str, Any]) -> None:
         text = None if token_id_of(token) is not None else clean_text(token)
         top = [TopRow(value, rank, *candidate(tok, None)) for rank, (tok, value) in enumerate(ranked, start=1)]
         steps.append(StepRow(values[i] if i < len(values) else None, text, None, top))
+
+
+def add_tool_calls(calls: dict[int, dict[str, str]], choice: dict[str, Any]) -> None:
+    """A completion answers no tool calls: nothing to merge (`capture.protocol.endpoints.ChoiceReader`)."""

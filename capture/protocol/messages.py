@@ -54,6 +54,28 @@ def contract_body(up: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def ask(body: dict[str, Any], up: dict[str, Any], audit_k: int) -> tuple[bool, bool, int | None]:
+    """Nothing is added to a Messages request (its server takes no field of ours): the client gets all that
+    comes back, and no logprobs are recorded."""
+    return True, True, None
+
+
+def strip(obj: dict[str, Any], *, token_ids: bool, logprobs: bool) -> dict[str, Any]:
+    """What the client gets of one answer object: all of it (nothing was asked for on its behalf)."""
+    return obj
+
+
+def tokenize_doc(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``/tokenize`` document of the chat messages vLLM makes of the request (None: not mirrored here)."""
+    converted = chat_messages(body)
+    if converted is None:
+        return None
+    doc: dict[str, Any] = {"messages": converted, "add_generation_prompt": True}
+    if body.get("chat_template_kwargs") is not None:
+        doc["chat_template_kwargs"] = body["chat_template_kwargs"]
+    return doc
+
+
 def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The chat messages vLLM makes of a text-only request (its ``_convert_system_message`` and
     ``_convert_messages``), or None when the request holds anything this does not mirror."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import ValidationError
 
-from capture.protocol import Endpoint, chat, completions, messages, responses
+from capture.protocol import Endpoint
 from capture.protocol.completions import Echo
+from capture.protocol.endpoints import ENDPOINTS
 from capture.protocol.token_text import clean_text
 from schemas import Choice, StepLogprobs, ToolCall, TopCandidate
 from schemas.envelope_codec import StepRow, steps_canonical_text
@@ -32,19 +33,12 @@ class ChoiceAcc:
     tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)  # by call index: id, name, arguments
 
 
-class _EndpointOutput(Protocol):
-    """What an endpoint's module (`capture.protocol.chat`, `capture.protocol.completions`) says of its answers."""
-
-    def choice_text(self, choice: dict[str, Any]) -> Any: ...
-
-    def add_steps(self, steps: list[StepRow], lp: dict[str, Any]) -> None: ...
-
-
 class OutputCollector:
     """Accumulates what upstream produced, per choice index, from a whole body or from stream chunks."""
 
     def __init__(self, endpoint: Endpoint, *, echo: Echo | None = None) -> None:
         self.endpoint = endpoint
+        self.protocol = ENDPOINTS[endpoint]
         self.echo = echo
         self.choices: dict[int, ChoiceAcc] = {}
         self.prompt_token_ids: list[int] | None = None
@@ -87,11 +81,8 @@ class OutputCollector:
     def add(self, obj: dict[str, Any]) -> None:
         """Record one response object (call before `strip`)."""
         self.chunks += 1
-        if self.endpoint == "responses":
-            responses.collect(self, obj)
-            return
-        if self.endpoint == "messages":
-            messages.collect(self, obj)
+        if self.protocol.collect is not None:  # a typed endpoint's module reads its own answers
+            self.protocol.collect(self, obj)
             return
         fp = obj.get("system_fingerprint")
         if isinstance(fp, str):
@@ -126,15 +117,15 @@ class OutputCollector:
             acc.token_ids.extend(ids)
         if choice.get("finish_reason") is not None:
             acc.finish_reason = choice["finish_reason"]
-        protocol: _EndpointOutput = chat if self.endpoint == "chat.completions" else completions
-        content = protocol.choice_text(choice)
+        reader = self.protocol.choices
+        assert reader is not None  # a choices-family endpoint (`add`)
+        content = reader.choice_text(choice)
         if isinstance(content, str):
             acc.text.append(clean_text(content))
-        if self.endpoint == "chat.completions":
-            chat.add_tool_calls(acc.tool_calls, choice)
+        reader.add_tool_calls(acc.tool_calls, choice)
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
-            protocol.add_steps(acc.steps, logprobs)
+            reader.add_steps(acc.steps, logprobs)
         elif isinstance(ids, list) and ids:
             acc.logprobs_missing = True
 

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from capture.protocol import Endpoint
 from capture.protocol.credentials import is_credential, without_credentials
+from capture.protocol.endpoints import ENDPOINTS
 from schemas import OutputConstraint, SamplingContract
 from schemas.canonical import canonical_json
 from schemas.sampling import CONSTRAINT_FIELDS
@@ -49,7 +50,6 @@ class SamplingDefaults:
 
 
 BUILTIN_DEFAULTS: Final = SamplingDefaults({})
-_COMPLETIONS_MAX_TOKENS: Final = 16  # vLLM 0.32's CompletionRequest.max_tokens default
 # Request fields mapped onto the contract, or that do not change which tokens come out.
 _MAPPED: Final = frozenset(
     {*VLLM_DEFAULTS, "max_tokens", "max_completion_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos", "n"}
@@ -87,12 +87,9 @@ def sampling_contract(
         scope = "worker_global"
     stop = body.get("stop")
     stops: tuple[str, ...] = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
-    # Responses and Messages bodies come in the chat spelling (`capture.protocol.responses.contract_body`)
-    max_tokens = body.get("max_completion_tokens") if endpoint == "chat.completions" else None
-    if max_tokens is None:
-        # vLLM's completions request defaults an absent max_tokens to 16 (OpenAI's legacy default); a null one,
-        # and chat's, fall to the model's default, then to the rest of the context (recorded as None)
-        max_tokens = body.get("max_tokens", _COMPLETIONS_MAX_TOKENS if endpoint == "completions" else None)
+    # Responses and Messages bodies come in the chat spelling (`capture.protocol.responses.contract_body`); a
+    # bound the request leaves to upstream is the model's default, then the rest of the context (recorded as None)
+    max_tokens = ENDPOINTS[endpoint].max_tokens(body)
     if max_tokens is None:
         max_tokens = defaults.values.get("max_tokens")
     bias = body.get("logit_bias") or {}
