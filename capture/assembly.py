@@ -23,6 +23,7 @@ benchmarks/bench_envelope.py and BENCHMARKS.md ("Capture sidecar") give the cost
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal, TypeAlias
@@ -34,13 +35,10 @@ from capture.protocol import Endpoint
 from capture.protocol.output import OutputCollector
 from schemas import (
     ArtifactHashes,
-    CapturedError,
-    CapturedOutput,
     Envelope,
     PromptRecord,
     RuntimeFingerprint,
     SamplingContract,
-    Timings,
     WorkflowRef,
 )
 from schemas import envelope as envelope_schema
@@ -149,20 +147,14 @@ def build_envelope(inputs: EnvelopeInputs) -> Envelope:
 def build_envelope_checked(inputs: EnvelopeInputs) -> Envelope:
     """`build_envelope` one model at a time: a choice whose logprobs do not validate keeps its token ids
     without logprobs; anything else invalid raises `ValidationError`. The reference the fast paths must equal."""
-    collector = inputs.collector
-    timings = Timings(**_timings(inputs.ctx))
-    choices = collector.choices_record() if collector is not None else ()
-    outcome: CapturedOutput | CapturedError
-    if inputs.error is None and choices:
-        outcome = CapturedOutput(choices=choices, timings=timings, usage=collector.usage if collector else {})
-    else:
-        kind, status, message = inputs.error or _NO_CHOICES
-        outcome = CapturedError(error_type=kind, status_code=status, message=message, timings=timings, partial=choices)
-    return Envelope.model_validate({**_fields(inputs), "outcome": outcome})
+    choices = inputs.collector.choices_record() if inputs.collector is not None else ()
+    return Envelope.model_validate(_envelope_doc(inputs, choices))
 
 
-def _envelope_doc(inputs: EnvelopeInputs, choices: list[dict[str, Any]]) -> dict[str, Any]:
-    """The envelope as plain data, for `Envelope.model_validate` (the same fields as `build_envelope_checked`)."""
+def _envelope_doc(inputs: EnvelopeInputs, choices: Sequence[Any]) -> dict[str, Any]:
+    """The envelope as plain data for `Envelope.model_validate` (`choices`: plain data, or `schemas.Choice`
+    records already validated), written once for every builder: an output when upstream completed the request,
+    else an error with what was partial."""
     collector = inputs.collector
     timings = _timings(inputs.ctx)
     outcome: dict[str, Any]
