@@ -28,6 +28,7 @@ from capture.http_server import uvicorn_config
 from capture.ledger.key_file import write_key_file
 from capture.metrics import CaptureMetrics
 from capture.publisher import Publisher
+from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra.clients.settings_options import CONNECTION_OPTIONS, settings_options
@@ -259,36 +260,38 @@ def serve_command(settings: CaptureSettings) -> None:
     serve(settings)  # a CaptureError (unreadable manifest, spool held by another process) is exit 1 (infra.cli)
 
 
+#: Each ``serve schedules`` option, under the `ShipperSettings` field it sets (None: not given), written once.
+SHIPPER_OPTIONS: dict[str, Any] = {
+    "schedule_dir": Annotated[
+        Path | None, typer.Option("--schedule-dir", help="the recorder's directory (default: $REPROLANE_SCHEDULE_DIR)")
+    ],
+    **CONNECTION_OPTIONS,
+    "quarantine_dir": Annotated[Path | None, typer.Option("--quarantine-dir", help="where refused segments go")],
+    "poll_s": Annotated[float | None, typer.Option("--poll-s", help="seconds between looks at an idle directory")],
+    "metrics_port": Annotated[int | None, typer.Option("--metrics-port", help="Prometheus /metrics port (0: none)")],
+}
+
+
+def shipper_settings(**flags: Any) -> ShipperSettings:
+    """`ShipperSettings` from ``serve schedules``' options (None: the environment, then the default); a value that
+    does not validate is bad input (exit 2)."""
+    try:
+        return ShipperSettings(**{name: value for name, value in flags.items() if value is not None})
+    except ValidationError as exc:
+        raise typer.BadParameter(str(ContractError.from_validation("shipper settings", exc))) from exc
+
+
 @capture_app.command("schedules")
+@settings_options(SHIPPER_OPTIONS, shipper_settings, *SHIPPER_OPTIONS)
 def schedules_command(
-    schedule_dir: Annotated[
-        Path | None, typer.Option(help="the recorder's directory (default: $REPROLANE_SCHEDULE_DIR)")
-    ] = None,
-    kafka_bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers")] = None,
-    s3_endpoint: Annotated[str | None, typer.Option(help="S3 endpoint URL")] = None,
-    s3_bucket: Annotated[str | None, typer.Option(help="audit bucket (Object Lock)")] = None,
-    s3_access_key: Annotated[str | None, typer.Option(help="S3 access key")] = None,
-    quarantine_dir: Annotated[Path | None, typer.Option(help="where refused segments go")] = None,
-    poll_s: Annotated[float | None, typer.Option(help="seconds between looks at an idle directory")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0: none)")] = None,
-    once: Annotated[bool, typer.Option(help="ship what is closed now, then exit")] = False,
+    settings: ShipperSettings, once: Annotated[bool, typer.Option(help="ship what is closed now, then exit")] = False
 ) -> None:
     """Ship the engine's schedule log: closed segments to S3 and Kafka, at least once (runs beside vLLM).
 
     Example: reprolane serve schedules --schedule-dir /var/lib/reprolane/schedule-log/segments --once
     """
     from capture.schedule.shipper import Shipper
-    from capture.schedule.shipper_settings import ShipperSettings
 
-    given: dict[str, Any] = {
-        "schedule_dir": schedule_dir, "kafka_bootstrap": kafka_bootstrap, "s3_endpoint": s3_endpoint,
-        "s3_bucket": s3_bucket, "s3_access_key": s3_access_key, "quarantine_dir": quarantine_dir, "poll_s": poll_s,
-        "metrics_port": metrics_port,
-    }  # fmt: skip
-    try:
-        settings = ShipperSettings(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as exc:
-        raise typer.BadParameter(str(ContractError.from_validation("shipper settings", exc))) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_ship(Shipper(settings), once=once))
 
