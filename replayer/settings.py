@@ -103,10 +103,11 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
         "providers' busy periods); an envelope that needs more is replayed one request at a time",
     )
     replay_unit: Literal["request", "busy_period"] = Field(
-        default="request",
-        description="request: each envelope's schedule replay runs its busy period with fillers for every companion; "
-        "busy_period: the busy period is replayed once for every captured request of it that has no result yet, "
-        "each with its real content, and each gets its result (`replayer.schedule.replay.Companions`)",
+        default="busy_period",
+        description="busy_period: an envelope's busy period is replayed once for every captured request of it that "
+        "has no result yet, each with its real content, and each gets its result "
+        "(`replayer.schedule.replay.Companions`); request: each envelope's schedule replay runs its busy period "
+        "with fillers for every companion",
     )
     metrics_host: str = Field(default="127.0.0.1", description="bind address of the metrics endpoint")
     metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="None: no metrics server")
