@@ -5,8 +5,8 @@
 - :mod:`infra.clients` is the leaf every service uses: the one Kafka and S3 client construction (TLS, SASL,
   timeouts, retries, S3's error codes). It imports only :mod:`schemas`, so ``capture`` and ``replayer`` import
   it without pulling in anything else of ``infra``.
-- The rest sits on top and may import ``capture`` and ``replayer``: the model (:mod:`infra.model`), the local
-  stack of Tansu, SeaweedFS and vLLM CPU (:mod:`infra.stack`), the demo, and the ``reprolane`` command line
+- The rest sits on top and may import ``capture`` and ``replayer``: the model (:mod:`infra.model.cache`), the local
+  stack of Tansu, SeaweedFS and vLLM CPU (:mod:`infra.stack.launcher`), the demo, and the ``reprolane`` command line
   (:mod:`infra.cli`), which registers every service's commands. Nothing in ``capture`` or ``replayer``
   imports it.
 """

@@ -12,7 +12,7 @@ knows (the image reference, the engine arguments) and the model manifest of the 
 is the candidate's (`candidate_manifest`). `rollback_lines` is the text a failed gate prints.
 
 It lives in ``infra`` (beside `infra.gate_cli`, its one writer) because it reads the model cache's manifest
-(`infra.manifest`) and builds its S3 client from `infra.clients.s3`; botocore errors become `KnownGoodError`.
+(`infra.model.manifest`) and builds its S3 client from `infra.clients.s3`; botocore errors become `KnownGoodError`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from infra.clients.s3 import S3Policy, error_code, is_already_written, make_s3_client, s3_errors
 from infra.errors import InfraError
-from infra.manifest import verify_model
+from infra.model.manifest import verify_model
 from replayer.gate import GateReport
 from replayer.settings import ReplayerSettings
 from schemas import ContractError

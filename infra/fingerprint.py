@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from infra.errors import InfraError
-from infra.manifest import verify_model
+from infra.model.manifest import verify_model
 from replayer.lanes.base import cpu_model_name, cublas_version
 from schemas import ArtifactHashes, ContractError, EnvironmentFingerprint, RuntimeFingerprint
 from schemas.manifest import MANIFEST_NAME, decode_runtime_file

@@ -35,7 +35,7 @@ translated to `StoreError` here: the gate then has no verdict (exit 2), like any
 
 It and `infra.gate_record` live in ``infra``, not ``replayer``, because ``--candidate local`` and
 ``record-golden`` fingerprint the lane's model folder against the model cache's manifest (`infra.fingerprint`,
-`infra.manifest`): the dependency direction stays infra -> replayer -> schemas.
+`infra.model.manifest`): the dependency direction stays infra -> replayer -> schemas.
 """
 
 from __future__ import annotations

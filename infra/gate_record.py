@@ -12,7 +12,7 @@ A workload line is ``{"request_id"?, "prompt_token_ids": [...]}`` or ``{"message
 ``target_level`` and, for vendors, any request field (``model``, ``temperature``, ...).
 
 It lives in ``infra`` beside `infra.gate_cli`, not in ``replayer``, because a recorded envelope's artifacts are
-the model folder's hashes verified against the model cache's manifest (`infra.fingerprint`, `infra.manifest`).
+the model folder's hashes verified against the model cache's manifest (`infra.fingerprint`, `infra.model.manifest`).
 """
 
 from __future__ import annotations

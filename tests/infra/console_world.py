@@ -34,11 +34,11 @@ from capture.audit.lake.settings import LakeSettings
 from capture.audit.operators import OPERATOR_KEYS
 from capture.audit.store import AuditStore
 from capture.ledger.key_file import new_key, write_key_file
-from infra.buckets import ensure_buckets, s3_client
 from infra.demo.services import clean_environment, reprolane_argv, start_capture, write_demo_keys
 from infra.demo.workload import Workload, drive, load_workload, tenants
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack.buckets import ensure_buckets, s3_client
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 from replayer.errors import EnvelopeNotFoundError
 from replayer.gate import run_gate
 from replayer.golden import GoldenSet, golden_environment

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import app
+from infra.cli.root import app
 from infra.paths import model_dir
 
 runner = CliRunner()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import app as root_app
-from infra.cli import build_app
+from infra.cli.root import app as root_app
+from infra.cli.root import build_app
 from infra.gate_cli import build_gate_app
 from replayer.golden import golden_environment, load_golden_file, write_golden
 from replayer.settings import ReplayerSettings

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import app as root_app
-from infra.cli import build_app
+from infra.cli.root import app as root_app
+from infra.cli.root import build_app
 from infra.gate_cli import build_gate_app
-from infra.manifest import load_manifest
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.model.manifest import load_manifest
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 from replayer.golden import GoldenSet, golden_environment, write_golden
 from replayer.settings import ReplayerSettings
 from tests.replayer.support import FakeLane, make_envelope

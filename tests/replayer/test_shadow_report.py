@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import build_app
+from infra.cli.root import build_app
 from infra.gate_cli import build_gate_app, parse_when
 from replayer.errors import GateInputError
 from replayer.shadow_report import ShadowBars, load_pairs, shadow_gate

@@ -1,7 +1,7 @@
 """The three servers of the local stack, each described as data: ports, command line, readiness.
 
-A :class:`ServerDef` knows nothing about processes or state files (that is :mod:`infra.stack` and
-:mod:`infra.process`); it only answers "which ports", "what to execute with which environment" and
+A :class:`ServerDef` knows nothing about processes or state files (that is :mod:`infra.stack.launcher` and
+:mod:`infra.stack.process`); it only answers "which ports", "what to execute with which environment" and
 "is it serving yet". Every server binds 127.0.0.1 only and is told so explicitly, because all three
 default to every interface.
 
@@ -36,9 +36,9 @@ from typing import Any
 
 from infra.clients.installed import installed_structured_outputs
 from infra.errors import StackError
-from infra.ports import HOST
-from infra.probes import http_ok, kafka_ready, s3_ready
-from infra.state import ServerName, StackState
+from infra.stack.ports import HOST
+from infra.stack.probes import http_ok, kafka_ready, s3_ready
+from infra.stack.state import ServerName, StackState
 
 #: SeaweedFS adds this to every HTTP port for the matching gRPC port.
 SEAWEED_GRPC_OFFSET = 10000
@@ -177,7 +177,7 @@ VLLM_RUNTIME: dict[str, Any] = {
     "batch_invariant": False,
     "max_num_seqs": 256,
     "prefix_caching": True,
-    "tool_call_parser": "hermes",  # the model's template renders tools in Hermes' format (`infra.chat_template`)
+    "tool_call_parser": "hermes",  # the model's template renders tools in Hermes' format (`infra.model.chat_template`)
 }
 #: vLLM's structured-output backend setting (its default): ``auto`` picks xgrammar or guidance per request.
 STRUCTURED_OUTPUTS_BACKEND = "auto"
@@ -188,7 +188,7 @@ RECORDER_CLASS = "capture.schedule.recorder.RecordingScheduler"
 #: The recorder's name as envelopes carry it (`schemas.schedule_delivery.ScheduleRef.recorder`).
 RECORDER_NAME = "vllm-scheduler"
 #: Written beside the runtime file while the stack's vLLM records schedules: ``{"recorder", "schedule_dir"}``,
-#: so the sidecar (its envelopes' ``schedule``) and the shipper (the directory) follow (`infra.stack_env`).
+#: so the sidecar (its envelopes' ``schedule``) and the shipper (the directory) follow (`infra.stack.env`).
 SCHEDULE_FILE = "vllm-schedule.json"
 #: The recorder's environment variable (`capture.schedule.shipper_settings` reads it too).
 SCHEDULE_DIR_ENV = "REPROLANE_SCHEDULE_DIR"

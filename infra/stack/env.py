@@ -12,7 +12,7 @@ dir (`operator_defaults`: the demo's key store, and its hold-admin's key file as
 as defaults of this process only (never handed to a service), and only while no key of the caller's own is set.
 
 The S3 secret is handed over as a file, never as a value: the defaults name ``<run-dir>/s3_secret_key`` (0600,
-`infra.state.s3_secret_file`) in ``REPROLANE_*_S3_SECRET_KEY_FILE``, and each service's settings read it
+`infra.stack.state.s3_secret_file`) in ``REPROLANE_*_S3_SECRET_KEY_FILE``, and each service's settings read it
 (`infra.clients.connection`). So neither this process's environment nor any child's (the demo's services, vLLM)
 holds it.
 """
@@ -25,8 +25,8 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from infra import paths
-from infra.servers import SCHEDULE_FILE, VLLM_RUNTIME_FILE
-from infra.state import StackInfo, s3_secret_file
+from infra.stack.servers import SCHEDULE_FILE, VLLM_RUNTIME_FILE
+from infra.stack.state import StackInfo, s3_secret_file
 from schemas.manifest import MANIFEST_NAME
 
 AUDIT_SIGNING_KEY_FILE = "audit-signing.pem"
@@ -78,7 +78,7 @@ def stack_defaults(info: StackInfo) -> dict[str, str]:
 
 
 def _schedule_defaults(run_dir: Path) -> dict[str, str]:
-    """While the stack's vLLM records its schedule (`infra.servers.SCHEDULE_FILE`): the sidecar's envelopes say
+    """While the stack's vLLM records its schedule (`infra.stack.servers.SCHEDULE_FILE`): the sidecar's envelopes say
     where their schedule is, and the shipper knows the directory."""
     try:
         doc = json.loads((run_dir / SCHEDULE_FILE).read_text(encoding="utf-8"))

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from infra.cli_options import CacheDirOpt, RunDirOpt
-from infra.stack import LocalStack
-from infra.state import SERVER_ORDER, KafkaStorage, ServerName
+from infra.stack.launcher import LocalStack
+from infra.stack.state import SERVER_ORDER, KafkaStorage, ServerName
 from schemas.layout import ICEBERG_TABLE_BUCKET
 
 stack_app = typer.Typer(help="The local stack: SeaweedFS (S3), Tansu (Kafka), vLLM CPU.", no_args_is_help=True)

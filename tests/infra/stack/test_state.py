@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.buckets import S3Credentials
 from infra.errors import StackError, StackNotRunningError
-from infra.state import STATE_FILE, ServerRecord, StackInfo, StackState
+from infra.stack.buckets import S3Credentials
+from infra.stack.state import STATE_FILE, ServerRecord, StackInfo, StackState
 
 
 def _state(run_dir: Path) -> StackState:

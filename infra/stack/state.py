@@ -29,10 +29,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from infra import paths
-from infra.buckets import S3Credentials
 from infra.errors import StackError, StackNotRunningError
-from infra.ports import HOST
-from infra.process import ProcessRef
+from infra.stack.buckets import S3Credentials
+from infra.stack.ports import HOST
+from infra.stack.process import ProcessRef
 
 ServerName = Literal["s3", "kafka", "vllm"]
 #: Start order: Tansu keeps its data in S3, so S3 comes first; vLLM is independent but slowest.
@@ -117,7 +117,7 @@ class StackInfo(BaseModel):
 
     @property
     def s3_credentials(self) -> S3Credentials:
-        """The S3 credentials as one object (what :func:`infra.buckets.s3_client` takes)."""
+        """The S3 credentials as one object (what :func:`infra.stack.buckets.s3_client` takes)."""
         return S3Credentials(access_key=self.s3_access_key, secret_key=self.s3_secret_key, region=self.s3_region)
 
     @classmethod

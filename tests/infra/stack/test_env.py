@@ -11,8 +11,8 @@ from capture.audit.operators import OperatorGate, OperatorSettings
 from capture.audit.settings import AuditSettings
 from capture.settings import CaptureSettings
 from infra.demo.services import write_console_logins
-from infra.stack_env import AUDIT_SIGNING_KEY_FILE, apply_stack_defaults, operator_defaults, stack_defaults
-from infra.state import StackInfo
+from infra.stack.env import AUDIT_SIGNING_KEY_FILE, apply_stack_defaults, operator_defaults, stack_defaults
+from infra.stack.state import StackInfo
 from tests.infra.test_secret_handling import saved_state
 
 

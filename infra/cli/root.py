@@ -1,6 +1,6 @@
 """The ``reprolane`` command line: the root Typer app, and the one place where an error becomes an exit code.
 
-The commands and their places are written once, in `infra.commands` (to add one: write it in its module, add
+The commands and their places are written once, in `infra.cli.commands` (to add one: write it in its module, add
 one line to its tree). A command never prints an error or exits by itself: it raises. `OneLineErrors` (the root group)
 turns what it raises into one line on stderr, ``reprolane: error: <message>``, and the exit code of its tree:
 every error raised on purpose is a ``schemas.errors.ReprolaneError`` and carries its code (`exit_code`):
@@ -45,8 +45,8 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
 
-from infra.commands import SOURCES, TREE, Cmd, Group
-from infra.stack_env import apply_to_process
+from infra.cli.commands import SOURCES, TREE, Cmd, Group
+from infra.stack.env import apply_to_process
 from replayer.machine_output import engine_logs_to_stderr
 from schemas import ContractError
 from schemas.errors import ReprolaneError
@@ -72,7 +72,7 @@ def error_message(exc: Exception) -> str:
 
 
 def load_command(spec: Cmd, sources: Mapping[str, Any] | None = None) -> Any:
-    """Import one command of the tree (`infra.commands.Cmd`) and return it as a click command; ``sources``
+    """Import one command of the tree (`infra.cli.commands.Cmd`) and return it as a click command; ``sources``
     replace `SOURCES` entries by name."""
     if sources is not None and spec.source in sources:
         target = sources[spec.source]
@@ -88,7 +88,7 @@ def load_command(spec: Cmd, sources: Mapping[str, Any] | None = None) -> Any:
 
 
 class LazyGroup(TyperGroup):
-    """A group of `infra.commands.TREE`: lists its node's commands and loads each on first use; old spellings
+    """A group of `infra.cli.commands.TREE`: lists its node's commands and loads each on first use; old spellings
     (`Group.hidden`) answer too, unlisted."""
 
     node: Group = TREE
@@ -114,7 +114,7 @@ class LazyGroup(TyperGroup):
 
 
 class OneLineErrors(LazyGroup):
-    """Root command group (`infra.commands.TREE`): turns what its commands raise into one line on stderr and the
+    """Root command group (`infra.cli.commands.TREE`): turns what its commands raise into one line on stderr and the
     exit code of its tree (`exit_code`)."""
 
     def main(  # type: ignore[override]
@@ -154,7 +154,7 @@ def _root() -> None:
 
 
 def build_app(overrides: Mapping[str, Any] | None = None) -> typer.Typer:
-    """The ``reprolane`` app. `overrides` replace entries of `infra.commands.SOURCES` by name, wherever the tree
+    """The ``reprolane`` app. `overrides` replace entries of `infra.cli.commands.SOURCES` by name, wherever the tree
     uses them: a Typer sub-app for an app, a function for a command (tests pass sub-apps built with injected
     factories)."""
     unknown = sorted(set(overrides or {}) - set(SOURCES))

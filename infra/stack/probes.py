@@ -18,7 +18,7 @@ import struct
 
 import httpx
 
-from infra.buckets import S3Credentials, s3_client
+from infra.stack.buckets import S3Credentials, s3_client
 
 _METADATA_API_KEY = 3
 _CLIENT_ID = b"reprolane-probe"

@@ -18,10 +18,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from botocore.exceptions import ClientError
 
-from infra import process
-from infra.buckets import s3_client
-from infra.stack import LocalStack
-from infra.state import StackInfo, StackState
+from infra.stack import process
+from infra.stack.buckets import s3_client
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo, StackState
 
 pytestmark = pytest.mark.stack
 

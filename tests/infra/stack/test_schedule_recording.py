@@ -10,11 +10,11 @@ import pytest
 
 from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings
-from infra import servers
-from infra.buckets import S3Credentials
-from infra.stack_env import stack_defaults
-from infra.state import StackState
-from tests.infra.test_stack_env import info
+from infra.stack import servers
+from infra.stack.buckets import S3Credentials
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackState
+from tests.infra.stack.test_env import info
 
 
 def _launch(run_dir: Path) -> servers.Launch:

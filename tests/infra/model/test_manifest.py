@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import model as model_mod
 from infra.clients.digest import digest_files
 from infra.errors import ModelCacheError
-from infra.manifest import load_manifest, verify_model, write_manifest
+from infra.model import cache as model_mod
+from infra.model.manifest import load_manifest, verify_model, write_manifest
 from schemas.manifest import MANIFEST_NAME, ModelSource
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

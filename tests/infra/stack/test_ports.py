@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from infra.errors import PortUnavailableError
-from infra.ports import HOST, allocate_ports, ephemeral_start, is_port_free, require_free
+from infra.stack.ports import HOST, allocate_ports, ephemeral_start, is_port_free, require_free
 
 
 def test_allocated_ports_and_companions_are_free_distinct_and_below_ephemeral() -> None:

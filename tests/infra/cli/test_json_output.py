@@ -5,7 +5,7 @@ compact by default, sealed for an encrypted tenant), so ``show --json`` must dec
 canonical JSON (it once decoded the compact bytes as UTF-8 and crashed on every stored envelope: issue 30). A fast
 test drives the real sidecar app (fake upstream) and publisher into a moto S3.
 
-The commands are found by walking the real root app (`infra.cli.build_app`), so a command that gains ``--json``
+The commands are found by walking the real root app (`infra.cli.root.build_app`), so a command that gains ``--json``
 cannot escape: `test_every_json_command_has_a_run_here` fails until it has an entry in `RUNS`. Each entry is run
 for real (marked ``stack``): the real ``reprolane`` in a process of its own against the session's stack, its
 stdout handed to `json.loads` whole. The lane commands run the in-process vLLM engine (``replay request`` on
@@ -34,9 +34,9 @@ import typer
 from typer.testing import CliRunner
 
 from capture.settings import CaptureSettings
-from infra.cli import build_app
+from infra.cli.root import build_app
 from infra.demo.services import clean_environment, reprolane_argv
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from schemas import Envelope, WorkflowRef
 from schemas.envelope_compact import is_compact
 from schemas.layout import envelope_key

@@ -1,7 +1,7 @@
 """The whole ``reprolane`` command tree, walked: one spelling per option concept, one kind per option name, and an
 example in every command's help (issue 31).
 
-The tree is the real root app (`infra.cli.build_app`), walked the way click runs it (each group's
+The tree is the real root app (`infra.cli.root.build_app`), walked the way click runs it (each group's
 ``list_commands`` / ``get_command``, the root loading its commands on demand), so a command added anywhere is
 checked without being listed here. A *command* is a leaf, or a group that runs by itself
 (``invoke_without_command``: ``release fingerprint``, ``release gate``), whose options are its own. No server
@@ -20,7 +20,7 @@ The spellings chosen (`CONCEPTS`):
 
 No old option spelling is kept as an alias: the project has not been released (0.1.0), and click cannot hide one
 name of an option, so an alias would show in ``--help`` as a second spelling. Old *command* paths (the flat tree's
-``reprolane show``, ``capture serve``, ...) answer for one release, unlisted (`infra.commands.HIDDEN`). An old
+``reprolane show``, ``capture serve``, ...) answer for one release, unlisted (`infra.cli.commands.HIDDEN`). An old
 option spelling gets click's hint,
 ``No such option: --date (Possible options: --day)``. `ALIASES` is where an alias would go, with its reason.
 """
@@ -38,8 +38,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from infra.cli import build_app
-from infra.commands import HIDDEN, TREE
+from infra.cli.commands import HIDDEN, TREE
+from infra.cli.root import build_app
 
 #: Options allowed a second long name: (command path, the option's long names). Empty: see the module docstring.
 ALIASES: frozenset[tuple[str, frozenset[str]]] = frozenset()
@@ -120,7 +120,7 @@ def test_the_walk_finds_every_command() -> None:
 
 
 def test_the_top_level_is_grouped_by_user_and_job() -> None:
-    """`infra.commands.TREE`: every long-running process under ``serve``, replays under ``replay``, the records
+    """`infra.cli.commands.TREE`: every long-running process under ``serve``, replays under ``replay``, the records
     under ``audit``, the gate and fingerprints under ``release``, every key a person mints under ``keys``."""
     assert list(TREE.children) == ["serve", "replay", "audit", "release", "keys", "stack", "model", "demo", "schemas"]
     found = commands()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from capture.audit.errors import AuditError, AuditStoreError, LakeError, SigningKeyError, UnknownIdError
 from capture.errors import CaptureError, SinkError
 from capture.ledger.errors import KeyringError, LedgerStoreError
-from infra.cli import app, build_app
+from infra.cli.root import app, build_app
 from infra.errors import InfraError, ModelCacheError, StackNotRunningError
 from replayer.errors import EnvelopeNotFoundError, GateInputError, NotReplayableError, ReplayerError, StoreError
 from replayer.settings import ReplayerSettings
@@ -71,7 +71,7 @@ RAISED: dict[str, tuple[Callable[[], None], int, str]] = {
 
 
 def _raising_app() -> typer.Typer:
-    """The root with its ``replayer`` source (`infra.commands.SOURCES`, a whole group under its old spelling)
+    """The root with its ``replayer`` source (`infra.cli.commands.SOURCES`, a whole group under its old spelling)
     replaced by one whose commands raise the errors of `RAISED`."""
     sub = typer.Typer()
     for name, (command, _, _) in RAISED.items():
@@ -188,7 +188,7 @@ def test_commands_load_lazily_so_the_sidecar_stays_small() -> None:
 
     probe = (
         "import sys\n"
-        "from infra.cli import app\n"
+        "from infra.cli.root import app\n"
         "try:\n    app(['serve', 'capture', '--help'])\n"
         "except SystemExit:\n    pass\n"
         "names = ('replayer.cli', 'duckdb', 'pyarrow', 'torch', 'capture.audit.lake.store')\n"
@@ -200,8 +200,8 @@ def test_commands_load_lazily_so_the_sidecar_stays_small() -> None:
 
 
 def test_every_source_loads() -> None:
-    from infra.cli import load_command
-    from infra.commands import SOURCES, Cmd
+    from infra.cli.commands import SOURCES, Cmd
+    from infra.cli.root import load_command
 
     for name in SOURCES:
         assert load_command(Cmd(name)) is not None, name

@@ -10,7 +10,7 @@ import typer
 
 from infra import paths
 from infra.cli_options import CacheDirOpt
-from infra.manifest import verify_model
+from infra.model.manifest import verify_model
 
 model_app = typer.Typer(help="The served model (SmolLM2-135M-Instruct), converted and verified.", no_args_is_help=True)
 
@@ -24,7 +24,7 @@ def fetch(
 
     Example: reprolane model fetch --cache-dir /cache
     """
-    from infra.model import ensure_model
+    from infra.model.cache import ensure_model
 
     started = time.monotonic()
     manifest = ensure_model(cache_dir, force=force, report=typer.echo)

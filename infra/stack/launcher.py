@@ -26,13 +26,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from infra import paths, process
-from infra.buckets import AUDIT_BUCKET, TANSU_BUCKET, S3Credentials, ensure_buckets, ensure_table_bucket
+from infra import paths
 from infra.errors import ServerStartError, StackError, StackNotRunningError
-from infra.ports import allocate_ports, require_free
-from infra.servers import SERVERS
-from infra.state import SERVER_ORDER, STATE_FILE, KafkaStorage, ServerName, ServerRecord, StackInfo, StackState
-from infra.topics import ensure_topics
+from infra.stack import process
+from infra.stack.buckets import AUDIT_BUCKET, TANSU_BUCKET, S3Credentials, ensure_buckets, ensure_table_bucket
+from infra.stack.ports import allocate_ports, require_free
+from infra.stack.servers import SERVERS
+from infra.stack.state import SERVER_ORDER, STATE_FILE, KafkaStorage, ServerName, ServerRecord, StackInfo, StackState
+from infra.stack.topics import ensure_topics
 from schemas.layout import LAKE_BUCKET
 
 Reporter = Callable[[str], None]
@@ -185,7 +186,7 @@ class LocalStack:
                 f"run `reprolane stack down` before switching to {self.kafka_storage!r}"
             )
         if "vllm" in wanted:
-            from infra.model import ensure_model  # imported here: only vLLM needs the model
+            from infra.model.cache import ensure_model  # imported here: only vLLM needs the model
 
             manifest = ensure_model(self.cache_dir, report=self.report)
             state = state.model_copy(update={"model_dir": manifest.path})
