@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from infra.cli.root import app as root_app
 from infra.cli.root import build_app
-from infra.gate_cli import build_gate_app
-from replayer.golden import golden_environment, load_golden_file, write_golden
+from infra.release.gate_cli import build_gate_app
+from replayer.gate.golden import golden_environment, load_golden_file, write_golden
+from replayer.gate.statistical import Sample, VendorCase
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
-from replayer.vendor_gate import Sample, VendorCase
-from tests.infra.known_good_support import MemoryHistory
+from tests.infra.release.known_good_support import MemoryHistory
 from tests.replayer.support import LANE_FINGERPRINT, FakeLane, make_envelope, moto_s3, seed_envelope
 
 
@@ -39,7 +39,7 @@ class Harness:
         return self.lane
 
     def fingerprint(self, name: str, **runtime: Any) -> Path:
-        from replayer.golden import GoldenSet
+        from replayer.gate.golden import GoldenSet
 
         base = golden_environment(GoldenSet("x", tuple(self.envelopes)))
         fp = base.model_copy(update={"runtime": base.runtime.model_copy(update=runtime)})
@@ -307,7 +307,7 @@ def test_bad_known_good_options_exit_2(h: Harness, flag: str, value: str, messag
 
 
 def test_without_any_s3_settings_the_gate_says_it_records_nothing(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra.gate_cli import audit_history
+    from infra.release.gate_cli import audit_history
 
     for name in ("REPROLANE_REPLAYER_S3_ENDPOINT", "REPROLANE_REPLAYER_S3_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)

@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from infra.cli.root import app as root_app
 from infra.cli.root import build_app
-from infra.gate_cli import build_gate_app
 from infra.model.manifest import load_manifest
+from infra.release.gate_cli import build_gate_app
 from infra.stack.env import stack_defaults
 from infra.stack.state import StackInfo
-from replayer.golden import GoldenSet, golden_environment, write_golden
+from replayer.gate.golden import GoldenSet, golden_environment, write_golden
 from replayer.settings import ReplayerSettings
 from tests.replayer.support import FakeLane, make_envelope
 

@@ -1,13 +1,13 @@
-"""Known-good records for the tests of `infra.environments` and the gate: a passing report, its record, and an
+"""Known-good records for the tests of `infra.release.known_good` and the gate: a passing report, its record, and an
 in-memory history (the gate's unit tests; the S3 store is tested on moto and the stack)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from infra.environments import History
-from replayer.gate import GateReport
-from replayer.golden import GoldenSet, golden_environment
+from infra.release.known_good import History
+from replayer.gate.golden import GoldenSet, golden_environment
+from replayer.gate.replay import GateReport
 from schemas import EnvironmentFingerprint
 from schemas.known_good import KnownGoodEnvironment, parse_image_ref
 from tests.replayer.support import make_envelope
@@ -31,7 +31,7 @@ def passing_report(candidate: EnvironmentFingerprint, *, at: datetime = T0) -> G
 
 
 def record(deployment: str, *, minutes: int = 0, **runtime: object) -> KnownGoodEnvironment:
-    from infra.environments import build_known_good
+    from infra.release.known_good import build_known_good
 
     env = environment(**runtime)
     return build_known_good(
@@ -44,7 +44,7 @@ def record(deployment: str, *, minutes: int = 0, **runtime: object) -> KnownGood
 
 
 class MemoryHistory:
-    """`infra.environments.KnownGoodHistory` in a dict (newest first by key, like the store)."""
+    """`infra.release.known_good.KnownGoodHistory` in a dict (newest first by key, like the store)."""
 
     def __init__(self) -> None:
         self.records: dict[str, KnownGoodEnvironment] = {}

@@ -12,8 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from replayer.errors import GateInputError
-from replayer.vendor_client import HttpSampler
-from replayer.vendor_gate import (
+from replayer.gate.statistical import (
     Assertion,
     Sample,
     VendorCase,
@@ -23,6 +22,7 @@ from replayer.vendor_gate import (
     render_statistical,
     run_statistical_gate,
 )
+from replayer.gate.vendor_client import HttpSampler
 from schemas import SamplingContract
 from tests.replayer.support import make_envelope
 

@@ -7,11 +7,11 @@ record its key names (`schemas.known_good.check_known_good`); one that is not is
 (``rejected``), never returned as a rollback target: a bucket writer who could plant a record must not be
 able to choose what a failing gate tells the operator to deploy.
 
-`build_known_good` makes the record from a passing `replayer.gate.GateReport` plus what only the deployment
+`build_known_good` makes the record from a passing `replayer.gate.replay.GateReport` plus what only the deployment
 knows (the image reference, the engine arguments) and the model manifest of the lane's model folder when it
 is the candidate's (`candidate_manifest`). `rollback_lines` is the text a failed gate prints.
 
-It lives in ``infra`` (beside `infra.gate_cli`, its one writer) because it reads the model cache's manifest
+It lives in ``infra`` (beside `infra.release.gate_cli`, its one writer) because it reads the model cache's manifest
 (`infra.model.manifest`) and builds its S3 client from `infra.clients.s3`; botocore errors become `KnownGoodError`.
 """
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from infra.clients.s3 import S3Policy, error_code, is_already_written, make_s3_client, s3_errors
 from infra.errors import InfraError
 from infra.model.manifest import verify_model
-from replayer.gate import GateReport
+from replayer.gate.replay import GateReport
 from replayer.settings import ReplayerSettings
 from schemas import ContractError
 from schemas.known_good import (

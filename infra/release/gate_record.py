@@ -2,17 +2,18 @@
 a vendor).
 
 - `record_lane`: each workload prompt runs once on the lane, greedy, top-5 logprobs, and becomes an envelope
-  (`replayer.golden.record_envelope`) whose runtime is the lane's fingerprint and whose artifacts are the model
-  folder's (verified against its manifest by `infra.fingerprint.artifacts_of`).
+  (`replayer.gate.golden.record_envelope`) whose runtime is the lane's fingerprint and whose artifacts are the model
+  folder's (verified against its manifest by `infra.release.fingerprint.artifacts_of`).
 - `record_vendor`: each workload request is sent once to an OpenAI-compatible upstream without a seed; the answer
-  and its version identifiers become a `replayer.vendor_gate.VendorCase`.
+  and its version identifiers become a `replayer.gate.statistical.VendorCase`.
 
 A workload line is ``{"request_id"?, "prompt_token_ids": [...]}`` or ``{"messages": [...]}`` / ``{"prompt": "..."}``
 (text is rendered by a vLLM server's ``/tokenize`` for the lane path), with optional ``max_tokens``,
 ``target_level`` and, for vendors, any request field (``model``, ``temperature``, ...).
 
-It lives in ``infra`` beside `infra.gate_cli`, not in ``replayer``, because a recorded envelope's artifacts are
-the model folder's hashes verified against the model cache's manifest (`infra.fingerprint`, `infra.model.manifest`).
+It lives in ``infra`` beside `infra.release.gate_cli`, not in ``replayer``, because a recorded envelope's artifacts
+are the model folder's hashes verified against the model cache's manifest (`infra.release.fingerprint`,
+`infra.model.manifest`).
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import httpx
 import typer
 
 from infra.errors import InfraError
-from infra.fingerprint import artifacts_of
+from infra.release.fingerprint import artifacts_of
 from replayer.cli_options import LaneFactory
 from replayer.errors import GateInputError
-from replayer.golden import record_envelope, write_golden
+from replayer.gate.golden import record_envelope, write_golden
+from replayer.gate.statistical import VERSION_HEADERS, Sampler, VendorCase
 from replayer.lanes.base import GenRequest, resolve_model_dir
 from replayer.settings import ReplayerSettings
-from replayer.vendor_gate import VERSION_HEADERS, Sampler, VendorCase
 from schemas import ArtifactHashes, ReproLevel, SamplingContract
 
 

@@ -1,5 +1,5 @@
 """``reprolane release fingerprint``: the environment fingerprint as JSON, ``fingerprint diff A B``, and ``fingerprint
-history`` (the known-good environments release gates passed, `infra.environments`).
+history`` (the known-good environments release gates passed, `infra.release.known_good`).
 
 ``diff`` exits like diff(1): 0 identical, 1 different (a verdict); a file that does not read or decode is bad
 input (``typer.BadParameter``, exit 2), and a fingerprint that cannot be taken a `FingerprintError` (exit 1, by
@@ -16,8 +16,8 @@ import typer
 
 from infra import paths
 from infra.cli_options import deployment_name, read_fingerprint
-from infra.environments import KnownGoodStore, describe
-from infra.fingerprint import local_environment, upstream_environment
+from infra.release.fingerprint import local_environment, upstream_environment
+from infra.release.known_good import KnownGoodStore, describe
 from replayer.cli_options import build_settings
 from schemas import diff_environments
 from schemas.known_good import DEFAULT_DEPLOYMENT

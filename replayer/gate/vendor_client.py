@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from replayer.errors import GateInputError
-from replayer.vendor_gate import VERSION_HEADERS, Sample, VendorCase
+from replayer.gate.statistical import VERSION_HEADERS, Sample, VendorCase
 
 _PATHS = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
 _DROPPED = ("seed", "stream", "stream_options", "n", "logprobs", "top_logprobs", "return_token_ids")

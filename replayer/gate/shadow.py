@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from replayer.compare import Comparison, compare
 from replayer.errors import EnvelopeNotFoundError, GateInputError
-from replayer.gate import short_text
+from replayer.gate.replay import short_text
 from replayer.report import ReportModel
 from replayer.settings import Thresholds
 from replayer.store import EnvelopeStore

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from infra.cli.root import app as root_app
 from infra.cli.root import build_app
-from infra.gate_cli import build_gate_app
+from infra.release.gate_cli import build_gate_app
 from infra.stack.state import StackInfo
-from replayer.golden import load_golden_file
+from replayer.gate.golden import load_golden_file
 from replayer.lanes import GenRequest, Lane, make_lane
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings

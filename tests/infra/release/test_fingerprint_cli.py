@@ -12,7 +12,7 @@ from infra.cli.root import app
 from infra.paths import model_dir
 
 runner = CliRunner()
-RUNTIME = Path(__file__).parents[2] / "infra" / "runtime" / "vllm-cpu.json"
+RUNTIME = Path(__file__).parents[3] / "infra" / "runtime" / "vllm-cpu.json"
 
 
 @pytest.mark.model

@@ -1,4 +1,4 @@
-"""`infra.environments.KnownGoodStore` on moto and, marked ``stack``, on the stack's SeaweedFS audit bucket:
+"""`infra.release.known_good.KnownGoodStore` on moto and, marked ``stack``, on the stack's SeaweedFS audit bucket:
 write-once records, a deployment's history newest first, planted or moved records rejected, the last known-good
 environment other than the failing candidate."""
 
@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.environments import KnownGoodStore, last_known_good, rollback_lines
+from infra.release.known_good import KnownGoodStore, last_known_good, rollback_lines
 from schemas.layout import known_good_key
-from tests.infra.known_good_support import MemoryHistory, record
+from tests.infra.release.known_good_support import MemoryHistory, record
 from tests.replayer.support import BACKENDS, S3Target, s3_backend
 
 

@@ -12,20 +12,20 @@
                    [--tokenize-url URL] | --vendor --workload-file FILE --upstream URL)
 
 SET is a JSONL file of envelopes or an S3 selector (``s3:tenant=T``, ``s3:workflow=ID``, ``s3:request-ids=a,b``);
-see `replayer.golden`. The gate logic is `replayer.gate` / `replayer.vendor_gate`, the recording of golden sets
-`infra.gate_record`; this module is the composition root's part: it reads files, takes the local fingerprint
-(``--candidate local`` = the artifacts of the lane's model folder, verified against its manifest, plus the runtime
-fingerprint the started lane reports; the lane defaults to ``REPROLANE_REPLAYER_LANE``) and gives the verdict as
-the exit code: **0** the gate passed, **1** it failed. Without a verdict it raises: ``typer.BadParameter`` for
-bad input, a `replayer.errors.ReplayerError` (``GateInputError`` for an unreadable golden set or a model folder
-that does not verify, ``LaneUnavailableError``, ``StoreError``) or a ``ContractError``, which the root of the
-command line (`infra.cli`) prints as one line on stderr with exit **2**. ``--report`` gets the JSON report;
-stdout gets the readable summary.
+see `replayer.gate.golden`. The gate logic is `replayer.gate.replay` / `replayer.gate.statistical`, the recording
+of golden sets `infra.release.gate_record`; this module is the composition root's part: it reads files, takes the
+local fingerprint (``--candidate local`` = the artifacts of the lane's model folder, verified against its manifest,
+plus the runtime fingerprint the started lane reports; the lane defaults to ``REPROLANE_REPLAYER_LANE``) and gives
+the verdict as the exit code: **0** the gate passed, **1** it failed. Without a verdict it raises:
+``typer.BadParameter`` for bad input, a `replayer.errors.ReplayerError` (``GateInputError`` for an unreadable golden
+set or a model folder that does not verify, ``LaneUnavailableError``, ``StoreError``) or a ``ContractError``, which
+the root of the command line (`infra.cli`) prints as one line on stderr with exit **2**. ``--report`` gets the JSON
+report; stdout gets the readable summary.
 
-``--shadow`` judges the production/candidate pairs shadow traffic recorded in a time window (`replayer.shadow_report`;
+``--shadow`` judges the production/candidate pairs shadow traffic recorded in a time window (`replayer.gate.shadow`;
 T is an ISO time or an age: ``30m``, ``2h``, ``1d``).
 
-Known-good environments (`infra.environments`): a passing replay gate writes the candidate's environment (its
+Known-good environments (`infra.release.known_good`): a passing replay gate writes the candidate's environment (its
 fingerprint, ``--image``, ``--engine-args`` and the lane model folder's manifest when it is the candidate's) once
 into the audit bucket under ``--deployment``'s history; a failing one names that deployment's last known-good
 environment other than the candidate, in the report (``rollback``) and on stdout, with what to deploy.
@@ -33,8 +33,8 @@ environment other than the candidate, in the report (``rollback``) and on stdout
 happens either, and stderr says so. A history that cannot be read or written is a `KnownGoodError`,
 translated to `StoreError` here: the gate then has no verdict (exit 2), like any other S3 failure of the gate.
 
-It and `infra.gate_record` live in ``infra``, not ``replayer``, because ``--candidate local`` and
-``record-golden`` fingerprint the lane's model folder against the model cache's manifest (`infra.fingerprint`,
+It and `infra.release.gate_record` live in ``infra``, not ``replayer``, because ``--candidate local`` and
+``record-golden`` fingerprint the lane's model folder against the model cache's manifest (`infra.release.fingerprint`,
 `infra.model.manifest`): the dependency direction stays infra -> replayer -> schemas.
 """
 
@@ -49,7 +49,8 @@ from typing import Annotated, NoReturn
 import typer
 
 from infra.cli_options import deployment_name, read_fingerprint
-from infra.environments import (
+from infra.release.gate_record import lane_artifacts, read_workload, record_lane, record_vendor
+from infra.release.known_good import (
     KnownGoodError,
     KnownGoodHistory,
     KnownGoodStore,
@@ -58,11 +59,9 @@ from infra.environments import (
     last_known_good,
     rollback_lines,
 )
-from infra.gate_record import lane_artifacts, read_workload, record_lane, record_vendor
 from replayer.cli_options import LaneFactory, StoreFactory, build_settings, make_lane
 from replayer.errors import LaneUnavailableError, StoreError
-from replayer.gate import GateReport, render_gate, run_gate
-from replayer.golden import (
+from replayer.gate.golden import (
     GoldenSet,
     golden_environment,
     load_golden_file,
@@ -70,12 +69,9 @@ from replayer.golden import (
     parse_s3_selector,
     write_golden,
 )
-from replayer.lanes.base import Lane, resolve_model_dir
-from replayer.settings import ReplayerSettings
-from replayer.shadow_report import ShadowBars, load_pairs, render_shadow, shadow_gate
-from replayer.store import EnvelopeStore
-from replayer.vendor_client import HttpSampler
-from replayer.vendor_gate import (
+from replayer.gate.replay import GateReport, render_gate, run_gate
+from replayer.gate.shadow import ShadowBars, load_pairs, render_shadow, shadow_gate
+from replayer.gate.statistical import (
     Assertion,
     Sampler,
     case_from_envelope,
@@ -84,6 +80,10 @@ from replayer.vendor_gate import (
     render_statistical,
     run_statistical_gate,
 )
+from replayer.gate.vendor_client import HttpSampler
+from replayer.lanes.base import Lane, resolve_model_dir
+from replayer.settings import ReplayerSettings
+from replayer.store import EnvelopeStore
 from schemas import (
     ContractError,
     EnvironmentFingerprint,

@@ -1,4 +1,4 @@
-"""The shadow report (`replayer.shadow_report`): pairs read from S3 (moto) and judged per request and as
+"""The shadow report (`replayer.gate.shadow`): pairs read from S3 (moto) and judged per request and as
 distributions; the stated rule names what failed; ``release gate --shadow`` exits as the gate (0, 1, 2)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from infra.cli.root import build_app
-from infra.gate_cli import build_gate_app, parse_when
+from infra.release.gate_cli import build_gate_app, parse_when
 from replayer.errors import GateInputError
-from replayer.shadow_report import ShadowBars, load_pairs, shadow_gate
+from replayer.gate.shadow import ShadowBars, load_pairs, shadow_gate
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput, Choice, Envelope, ShadowMarker
-from tests.infra.known_good_support import MemoryHistory
+from tests.infra.release.known_good_support import MemoryHistory
 from tests.replayer.support import S3Target, make_envelope, moto_s3, seed_envelope, seed_shadow
 
 NOW = datetime.now(UTC).replace(microsecond=0)

@@ -1,4 +1,5 @@
-"""`replayer.gate` and `replayer.golden` with fake lanes: when the gate replays, how it judges, what it reports."""
+"""`replayer.gate.replay` and `replayer.gate.golden` with fake lanes: when the gate replays, how it judges, what it
+reports."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from replayer.errors import GateInputError, NotReplayableError
-from replayer.gate import render_gate, run_gate
-from replayer.golden import (
+from replayer.gate.golden import (
     GoldenSet,
     S3Selector,
     golden_environment,
@@ -21,6 +21,7 @@ from replayer.golden import (
     record_envelope,
     write_golden,
 )
+from replayer.gate.replay import render_gate, run_gate
 from replayer.lanes.base import GenRequest, Lane
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore

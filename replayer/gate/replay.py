@@ -3,12 +3,12 @@
     reprolane release gate --baseline A --candidate B --golden SET [--lane L] [--level LEVEL] [--min-pass-rate R]
                    [--always-replay] [--report FILE.json]
 
-Inputs (parsed by the CLI, ``infra.gate_cli``; this module takes records):
+Inputs (parsed by the CLI, ``infra.release.gate_cli``; this module takes records):
 
-- **golden set** (`replayer.golden`): envelopes, each with the baseline's recorded output and its declared
+- **golden set** (`replayer.gate.golden`): envelopes, each with the baseline's recorded output and its declared
   ``target_level``.
 - **baseline** A: an `schemas.EnvironmentFingerprint` (``reprolane release fingerprint -o A.json``), or ``golden`` = the
-  environment recorded in the golden envelopes themselves (`replayer.golden.golden_environment`).
+  environment recorded in the golden envelopes themselves (`replayer.gate.golden.golden_environment`).
 - **candidate** B: an `EnvironmentFingerprint` of the candidate plus the lane that executes it, or ``local`` =
   the artifacts of the lane's model folder plus the runtime fingerprint the started lane reports.
 
@@ -40,7 +40,7 @@ from typing import Final, Literal
 from pydantic import Field
 
 from replayer.errors import NotReplayableError
-from replayer.golden import GoldenSet
+from replayer.gate.golden import GoldenSet
 from replayer.lanes.base import Lane
 from replayer.replay import replay_envelope
 from replayer.report import ReportModel, fingerprint_diff_lines
