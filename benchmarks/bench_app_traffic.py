@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 
 from infra import paths
-from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo
 from replayer.schedule.lane import ScheduleLane
 from replayer.schedule.replay import Companions, ScheduleReplayer
 from replayer.schedule.store import ScheduleStore

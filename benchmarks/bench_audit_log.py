@@ -125,8 +125,8 @@ def stack(run_dir: Path, count: int) -> None:
     from capture.audit.store import AuditStore
     from capture.audit.verify import verify_range, verify_request
     from capture.settings import CaptureSettings
-    from infra.buckets import s3_client
-    from infra.state import StackInfo
+    from infra.stack.buckets import s3_client
+    from infra.stack.state import StackInfo
     from tests.factories import envelope
 
     info = StackInfo.load(run_dir)

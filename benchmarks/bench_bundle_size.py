@@ -25,9 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra import paths
-from infra.buckets import s3_client
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 from schemas.layout import capture_day
 from tests.capture.audit.evidence.test_export_stack import BUCKET, cli_env, publish_settings
 from tests.capture.audit.support import new_key, publish_through_s3

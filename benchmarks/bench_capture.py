@@ -751,7 +751,7 @@ def phase_sinks(
     import boto3
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from infra.state import StackInfo
+    from infra.stack.state import StackInfo
     from schemas.layout import TOPIC_ENVELOPES
 
     info = StackInfo.load(args.stack_dir)

@@ -44,9 +44,9 @@ from capture.audit.lake.schema import DIVERGENCES, ENVELOPES
 from capture.audit.lake.settings import LakeSettings
 from capture.audit.lake.store import Lake
 from infra import paths
-from infra.buckets import s3_client
-from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo
 from schemas import sha256_hex
 from schemas.layout import HEADER_ENVELOPE_ID, LAKE_BUCKET
 from tests.factories import envelope, runtime

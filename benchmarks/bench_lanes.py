@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from replayer.golden import record_envelope
+from replayer.gate.golden import record_envelope
 from replayer.lanes import GenRequest, make_lane
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings

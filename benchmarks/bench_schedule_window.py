@@ -31,8 +31,8 @@ from typing import Any
 from capture.schedule.destinations import SegmentStore
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from replayer.schedule.plan import plan_replay
 from replayer.schedule.replay import window_log
 from replayer.schedule.store import ScheduleStore

@@ -45,7 +45,7 @@ import httpx
 
 from infra import paths
 from infra.demo.services import reprolane_argv
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from replayer.on_demand import live_service
 from schemas import CapturedOutput, Envelope
 from tests.replayer.schedule.scheduled_stack import chat, record_scheduled, ship_schedules

@@ -1,4 +1,4 @@
-"""``reprolane serve capture``: run the sidecar (registered by infra/cli.py as the ``capture`` sub-app).
+"""``reprolane serve capture``: run the sidecar (registered by infra/cli/root.py as the ``capture`` sub-app).
 
 Flags mirror `CaptureSettings`; a flag left out falls back to the environment (``REPROLANE_CAPTURE_*``) and
 then to the default. `build_settings` and `serve` are the programmatic entry points (infra wires

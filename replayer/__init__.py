@@ -18,10 +18,9 @@ them.
 - `request_keys`: the keys file of who may sign an on-demand replay request (0600, refused when untrustworthy).
 - `metrics`: the service's Prometheus metrics, in a registry of their own.
 - `report`: the readable report of one replay or one workflow.
-- `golden`: golden sets (JSONL of envelopes or an S3 selector) for the release gate.
-- `gate`: the release gate: a fingerprint change replays the golden set on the candidate and judges it.
-- `vendor_gate` / `vendor_client`: the statistical gate for upstreams without a seed or version, and its HTTP
-  sampler.
+- `gate/`: the release gate, one module per mode: a fingerprint change replays the golden set on the candidate
+  and judges it (`gate.replay`, the golden sets in `gate.golden`); the statistical gate for upstreams without a
+  seed or version (`gate.statistical`, its HTTP sampler `gate.vendor_client`); the shadow report (`gate.shadow`).
 - `matrix/`: the replay matrix (one request set across engine configurations and schedules), and ``explain``
   (one request re-run under targeted variations, to name what reproduces its fork).
 - `cli`: the ``replay`` and ``replayer`` commands (the matrix's ``matrix`` and ``explain`` are in `matrix.cli`).

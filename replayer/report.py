@@ -7,7 +7,7 @@ texts with the fork marked ``⟦…⟧``; the largest logprob differences; the c
 
 For a workflow (`render_workflow`): one line per step, then the first step whose target did not hold.
 
-`fingerprint_diff_lines` is shared with the release gate's summary (`replayer.gate.render_gate`), and
+`fingerprint_diff_lines` is shared with the release gate's summary (`replayer.gate.replay.render_gate`), and
 `ReportModel` is the base of every JSON document the replayer writes or reads for itself (the gates' and the
 matrix's reports, the vendor gate's cases and assertions).
 

@@ -1,7 +1,7 @@
 """Which envelopes the service replays: the flagged ones, or every one when ``settings.replay_all``.
 
 A shadow envelope (a candidate's answer to a production request, `capture.shadow`) is never selected: the
-shadow report compares it with production (`replayer.shadow_report`).
+shadow report compares it with production (`replayer.gate.shadow`).
 
 Selection is decided before replayability: an envelope that is not selected is skipped quietly; a selected one
 that cannot be replayed (an error envelope, a request rejected before tokenization) is counted as
@@ -23,9 +23,7 @@ Decision = Literal["replay", "not_selected", "not_replayable"]
 def select(envelope: Envelope, settings: ReplayerSettings) -> Decision:
     """What the consumer does with `envelope` (see module docstring)."""
     if envelope.is_started_record or envelope.shadow is not None or not (envelope.flagged or settings.replay_all):
-        return (
-            "not_selected"  # a shadow is a candidate's answer: the shadow report compares it (replayer.shadow_report)
-        )
+        return "not_selected"  # a shadow is a candidate's answer: the shadow report compares it (replayer.gate.shadow)
     if not envelope.replayable:
         return "not_replayable"
     return "replay"

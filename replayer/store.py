@@ -377,7 +377,7 @@ class EnvelopeStore:
 
     def shadow_index(self, day: str) -> list[tuple[str, str, str]]:
         """The shadow index entries of capture day `day` (``YYYY-MM-DD``): (index key, request id, captured_at as
-        the entry says it), for `replayer.shadow_report` to window by time before reading any envelope."""
+        the entry says it), for `replayer.gate.shadow` to window by time before reading any envelope."""
         prefix = shadow_index_prefix(day)
         found: list[tuple[str, str, str]] = []
         for key in self._list(prefix):

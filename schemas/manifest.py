@@ -1,7 +1,7 @@
 """What a deployment declares about the model it serves: the model manifest and the runtime file.
 
 The model manifest (``reprolane-manifest.json``, in the converted model directory) is a contract between its
-writer, ``infra`` (`infra.manifest.write_manifest`, at ``reprolane model fetch``), and its readers: ``infra``
+writer, ``infra`` (`infra.model.manifest.write_manifest`, at ``reprolane model fetch``), and its readers: ``infra``
 itself, which re-verifies the directory before every use, and the capture sidecar, which records the manifest's
 artifact hashes in every envelope and the sampling defaults upstream applies. Both read it through
 `decode_manifest`, so the format is checked once, the same way:
@@ -38,7 +38,7 @@ from schemas.errors import ContractError
 from schemas.fingerprint import RuntimeFingerprint
 
 #: 1: first; 2: config.json without the GGUF `quantization_config` (vLLM refused version 1 directories);
-#: 3: ``generation_defaults`` recorded; 4: the chat template renders tools (``infra.chat_template``).
+#: 3: ``generation_defaults`` recorded; 4: the chat template renders tools (``infra.model.chat_template``).
 MANIFEST_VERSION: Final = 4
 #: The manifest's file name inside the model directory it describes.
 MANIFEST_NAME: Final = "reprolane-manifest.json"

@@ -1,7 +1,7 @@
 """Shared fixtures. The ``stack`` fixture owns the real local stack for a whole test session.
 
 Started once (about a minute, most of it vLLM) and stopped at the end; every test that needs it gets
-the same :class:`~infra.state.StackInfo`. Tests must isolate themselves inside it (a uuid topic, a
+the same :class:`~infra.stack.state.StackInfo`. Tests must isolate themselves inside it (a uuid topic, a
 uuid object key), never by restarting it, except the few stack tests that exercise restarts.
 
 Set ``REPROLANE_TEST_RUN_DIR`` to attach to a stack you keep running (``reprolane stack up --run-dir``):
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from infra import process
-from infra.stack import LocalStack
-from infra.state import StackInfo, StackState
+from infra.stack import process
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo, StackState
 
 # Tests that are not about authentication run the sidecar without it (`capture.auth`); those that are set
 # auth_mode and a key file explicitly. Set before any CaptureSettings is built; subprocesses inherit it.

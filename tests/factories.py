@@ -128,7 +128,7 @@ def manifest_doc(**overrides: Any) -> dict[str, Any]:
 
 def lora_adapter_dir(path: Path, weights: bytes = b"lora weights", *, rank: int = 8) -> Path:
     """A directory shaped like peft's `save_pretrained` output (its bytes mean nothing: for the digest and the
-    checks around it; the stack test builds a real one, `infra.lora.build_random_adapter`)."""
+    checks around it; the stack test builds a real one, `infra.model.lora.build_random_adapter`)."""
     path.mkdir(parents=True)
     (path / "adapter_config.json").write_text(json.dumps({"r": rank, "target_modules": ["q_proj", "v_proj"]}))
     (path / "adapter_model.safetensors").write_bytes(weights)

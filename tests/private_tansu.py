@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra.probes import kafka_brokers
-from infra.servers import tansu_binary
+from infra.stack.probes import kafka_brokers
+from infra.stack.servers import tansu_binary
 
 
 def free_port() -> int:

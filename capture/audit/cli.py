@@ -4,7 +4,7 @@
 `verify_command` and `expire_command` are single commands (``app.command(...)``); `hold_app` and `audit_app`
 are groups.
 
-Settings come from ``REPROLANE_AUDIT_*`` (a running local stack provides the S3 ones, see infra/stack_env.py).
+Settings come from ``REPROLANE_AUDIT_*`` (a running local stack provides the S3 ones, see infra/stack/env.py).
 ``hold`` and ``expire`` act only for an operator key with the role (hold-admin, retention-admin) and in its tenant
 scope (`capture.audit.operators`); each decision is written to the access log first.
 Exit codes: 0 done / verified; 1 a verification failed (the first line names what) or the store failed;

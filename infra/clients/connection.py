@@ -22,7 +22,7 @@ which refuses one that anyone but its owner may change:
   ``/proc/<pid>/environ`` would see it. It reads only a path the operator configured.
 - *Never an example value.* `EXAMPLE_SECRETS` lists every value committed in ``infra/secrets/*.example`` (a test
   keeps the two in step); a service configured with one refuses to start, naming the field and the file to
-  change. The local stack (`infra.stack`) makes its own random S3 secret, which is never one of them.
+  change. The local stack (`infra.stack.launcher`) makes its own random S3 secret, which is never one of them.
 - *SASL needs a user.* Under ``SASL_PLAINTEXT`` / ``SASL_SSL`` a username and a password are required: a client
   that would log in as the empty user fails at start, not at its first produce.
 """

@@ -27,7 +27,7 @@ from infra.console.replay_now import ReplayPublisher
 from infra.console.sessions import SessionStore
 from infra.console.settings import ConsoleSettings
 from infra.console.tokens import TokenDecoder
-from infra.stack_env import apply_to_process
+from infra.stack.env import apply_to_process
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 

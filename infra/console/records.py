@@ -35,7 +35,7 @@ from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
 from capture.audit.verify import verify_request
 from replayer.errors import EnvelopeNotFoundError, ReplayerError
-from replayer.gate import GateReport
+from replayer.gate.replay import GateReport
 from replayer.store import EnvelopeStore
 from schemas import Envelope, ReplayResult
 from schemas.access_log import AccessRecord

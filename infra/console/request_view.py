@@ -13,7 +13,7 @@ different tokens (the chart says so).
 
 A shadow pair (`shadow_view`: production's answer and a candidate's, `capture.shadow`) is read the same way,
 production in the recorded place and the candidate in the replayed one; the comparison is the shadow report's
-(`replayer.shadow_report.compare_shadow`), never a second one written here.
+(`replayer.gate.shadow.compare_shadow`), never a second one written here.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from replayer.gate.shadow import ShadowPair, compare_shadow
 from replayer.settings import Thresholds
-from replayer.shadow_report import ShadowPair, compare_shadow
 from schemas import Choice, Envelope, FieldDiff, ReplayResult, StepLogprobs, TopCandidate, diff_fingerprints
 from schemas.replay import FirstDivergence, StepCandidates
 
@@ -203,7 +203,7 @@ def replay_view(envelope: Envelope, result: ReplayResult, spell: Spell | None = 
 @dataclass(frozen=True)
 class ShadowView:
     """A production answer and its candidate's shadow (`capture.shadow`), compared as the shadow report compares
-    them (`replayer.shadow_report.compare_shadow`, i.e. `replayer.compare`): here "recorded" is production and
+    them (`replayer.gate.shadow.compare_shadow`, i.e. `replayer.compare`): here "recorded" is production and
     "replayed" is the candidate."""
 
     shadow: Envelope

@@ -4,7 +4,7 @@ The console reads what other services wrote, with their own settings: the audit 
 checkpoints, the access log) through `capture.audit.settings.AuditSettings` (``REPROLANE_AUDIT_*``), the lake
 through `capture.audit.lake.settings.LakeSettings` (``REPROLANE_ARCHIVER_*``), envelopes, replay results and the
 on-demand topic through `replayer.settings.ReplayerSettings` (``REPROLANE_REPLAYER_*``). A running local stack
-fills all three in (`infra.stack_env`). Whose keys it accepts and how long access records are retained are the
+fills all three in (`infra.stack.env`). Whose keys it accepts and how long access records are retained are the
 CLI's operator settings (`capture.audit.operators.OperatorSettings`: ``REPROLANE_OPERATOR_KEYS_PATH``,
 ``REPROLANE_OPERATOR_ACCESS_LOG_RETENTION_DAYS``), one store and one log for both doors. These fields are the
 console's own: where it listens, how its sessions behave, and the key it signs on-demand replay requests with.

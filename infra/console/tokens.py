@@ -3,7 +3,7 @@
 A chat envelope keeps the prompt's token ids (what the model saw), not its rendered text, and a step's top-k
 candidates keep ids. To show them as text the console decodes them with a tokenizer from a model directory
 (the replayer's ``model_dir``), and only for an envelope whose ``artifacts.tokenizer_sha256`` is that
-directory's (`infra.manifest.tokenizer_sha256_of`, computed once at start): text decoded with another
+directory's (`infra.model.manifest.tokenizer_sha256_of`, computed once at start): text decoded with another
 tokenizer would be a plausible lie. Otherwise the page shows ids only and says why.
 
 The ``tokenizers`` library reads ``tokenizer.json`` (no model, no torch); it is imported in `load` only.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.manifest import tokenizer_sha256_of
+from infra.model.manifest import tokenizer_sha256_of
 
 MAX_DECODED_IDS = 32_768
 

@@ -8,5 +8,5 @@
 
 It sits at the top of the house: it may import every service (capture, replayer, the audit jobs: it mints
 operator keys and checks its run's proofs and lake) and infra's basement (the clients, the stack). Nothing
-imports it; the command tree loads its command by name (`infra.commands`).
+imports it; the command tree loads its command by name (`infra.cli.commands`).
 """

@@ -1,7 +1,7 @@
 """The demo's audit side: what lets its records prove themselves and be found afterwards (issue 30).
 
 - **The audit signing key** (`ensure_audit_key`): ``<run dir>/audit-signing.pem`` (0600) and its ``.pub``, made
-  with `capture.audit.signing_keys.keygen` when the stack has none, reused when it has. `infra.stack_env` hands
+  with `capture.audit.signing_keys.keygen` when the stack has none, reused when it has. `infra.stack.env` hands
   its path to every command run against the stack (``REPROLANE_AUDIT_SIGNING_KEY``), so the checkpointer signs
   with it, and ``reprolane audit verify``, ``audit evidence export`` and the console's inclusion and "download evidence"
   use it without a flag. Its fingerprint is what a verifier pins (``audit evidence verify --key-fingerprint``).
@@ -30,8 +30,8 @@ from capture.audit.settings import AuditSettings
 from capture.audit.signing_keys import keygen, load_private, public_of
 from capture.audit.store import AuditStore
 from capture.audit.verify import verify_request
-from infra.stack_env import AUDIT_SIGNING_KEY_FILE, stack_defaults
-from infra.state import StackInfo
+from infra.stack.env import AUDIT_SIGNING_KEY_FILE, stack_defaults
+from infra.stack.state import StackInfo
 from schemas.note import key_fingerprint
 
 #: How often the demo's checkpointer signs and its archiver writes the lake (seconds).

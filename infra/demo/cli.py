@@ -1,6 +1,6 @@
 """``reprolane demo``: run the whole pipeline on the local stack with a bundled workload (see `infra.demo.run`).
 
-A single command (`infra.commands.TREE`'s ``demo``), not a group.
+A single command (`infra.cli.commands.TREE`'s ``demo``), not a group.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``reprolane demo``: the whole product on one machine, end to end, in a few minutes.
 
-1. the local stack (`infra.stack.LocalStack`: SeaweedFS, Tansu, vLLM CPU), reused when it already runs;
+1. the local stack (`infra.stack.launcher.LocalStack`: SeaweedFS, Tansu, vLLM CPU), reused when it already runs;
 2. the capture sidecar in front of vLLM (the production lane: dynamic batching, bfloat16), guaranteed mode, with
    authentication on (a fresh API key per tenant in ``<run dir>/demo/api-keys.json``, 0600);
 3. the replayer service on the in-process vLLM lane (the deterministic lane: one sequence at a time), in a fresh
@@ -60,10 +60,10 @@ from infra.demo.services import (
 from infra.demo.summary import DemoFacts, auditor_pick, render_summary, worst
 from infra.demo.workload import Sent, count_requests, drive, load_workload, tenants
 from infra.errors import DemoError, InfraError
-from infra.ports import allocate_ports, is_port_free
-from infra.servers import SCHEDULE_FILE
-from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.stack.launcher import LocalStack
+from infra.stack.ports import allocate_ports, is_port_free
+from infra.stack.servers import SCHEDULE_FILE
+from infra.stack.state import StackInfo
 from replayer.errors import ReplayerError
 from replayer.report import render_divergence
 from replayer.settings import ReplayerSettings

@@ -2,9 +2,9 @@
 checkpointer, the archiver), the auditor's CLI call, and (when asked) the auditors' console, with the operator
 keys and the replay-request key the demo mints for it.
 
-Each runs the real ``reprolane`` command line in a session of its own (`infra.process.spawn`): Ctrl-C in the
+Each runs the real ``reprolane`` command line in a session of its own (`infra.stack.process.spawn`): Ctrl-C in the
 terminal reaches only the demo, which then stops them by process group (SIGTERM, wait, SIGKILL) in its
-``finally``. Their settings come from the stack's addresses (`infra.stack_env.stack_defaults`, which *replace*
+``finally``. Their settings come from the stack's addresses (`infra.stack.env.stack_defaults`, which *replace*
 whatever the demo's own environment holds: the stack named by ``--run-dir`` wins) plus the demo's choices.
 """
 
@@ -26,11 +26,12 @@ from capture.audit.operators import OPERATOR_KEYS
 from capture.auth import new_key
 from capture.ledger.key_file import new_key as new_operator_key
 from capture.ledger.key_file import write_key_file
-from infra import paths, process
+from infra import paths
 from infra.errors import DemoError
-from infra.process import ProcessRef
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack import process
+from infra.stack.env import stack_defaults
+from infra.stack.process import ProcessRef
+from infra.stack.state import StackInfo
 
 Echo = Callable[[str], None]
 _SERVICE_PREFIXES = (
@@ -51,7 +52,7 @@ def reprolane_argv() -> list[str]:
     script = Path(sys.executable).parent / "reprolane"
     if script.is_file():
         return [str(script)]
-    return [sys.executable, "-c", "from infra.cli import app; app()"]
+    return [sys.executable, "-c", "from infra.cli.root import app; app()"]
 
 
 def clean_environment(run_dir: Path) -> dict[str, str]:
@@ -238,7 +239,7 @@ def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Pa
 
 def start_checkpointer(info: StackInfo, *, every_s: float, metrics_port: int, log: Path) -> Service:
     """``reprolane serve checkpointer``: signs a C2SP checkpoint of every day log that grew, every `every_s`
-    seconds, with the stack's audit signing key (``<run dir>/audit-signing.pem``, `infra.stack_env`)."""
+    seconds, with the stack's audit signing key (``<run dir>/audit-signing.pem``, `infra.stack.env`)."""
     env = {**clean_environment(info.run_dir), **stack_defaults(info)}
     args = ["serve", "checkpointer", "--every", str(every_s), "--metrics-port", str(metrics_port)]
     return _spawn("checkpointer", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)

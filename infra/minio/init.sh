@@ -9,7 +9,7 @@
 #    docs/SECURITY.md "Operators"): created, not attached. An operator's S3 identity gets the policy of its role
 #    (`mc admin policy attach local reprolane-hold-admin --user ALICE`), so that S3 refuses what reprolane's own
 #    operator-key check would refuse, even to a CLI that skipped it.
-# A bucket that already exists WITHOUT Object Lock is an error, never papered over (infra/buckets.py does the
+# A bucket that already exists WITHOUT Object Lock is an error, never papered over (infra/stack/buckets.py does the
 # same for the local stack).
 set -eu
 

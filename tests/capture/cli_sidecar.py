@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.ports import allocate_ports
+from infra.stack.ports import allocate_ports
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
-_LAUNCH = "from infra.cli import app; app()"
+_LAUNCH = "from infra.cli.root import app; app()"
 
 
 @dataclass

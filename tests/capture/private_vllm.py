@@ -1,5 +1,5 @@
 """A second, private vLLM server for tests that need a candidate beside the stack's: the same model folder and
-command as the stack's (`infra.servers.VllmServer`) with other flags (a dtype, a scheduling limit), on a free
+command as the stack's (`infra.stack.servers.VllmServer`) with other flags (a dtype, a scheduling limit), on a free
 port, stopped by its process group at the end. About 750 MB and a minute of start-up on this machine kind: one
 per test module at most."""
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import httpx
 
-from infra import process
-from infra.ports import allocate_ports
-from infra.servers import VLLM_RUNTIME
-from infra.state import StackInfo
+from infra.stack import process
+from infra.stack.ports import allocate_ports
+from infra.stack.servers import VLLM_RUNTIME
+from infra.stack.state import StackInfo
 
 
 @dataclass(frozen=True)

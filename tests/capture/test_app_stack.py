@@ -18,7 +18,7 @@ import pytest
 from capture.app import build_app
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from schemas import CapturedOutput, Envelope, decode_envelope
 from tests.capture.fake_upstream import serve
 from tests.capture.keys import write_test_keys

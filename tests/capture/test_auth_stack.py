@@ -23,10 +23,10 @@ import httpx
 import openai
 import pytest
 
-from infra import process
 from infra.demo.services import reprolane_argv
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack import process
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 from replayer.errors import EnvelopeNotFoundError
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore

@@ -20,7 +20,7 @@ from capture.outgoing import Outgoing
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
-from infra.cli import build_app
+from infra.cli.root import build_app
 from replayer.cli import build_replay_app
 from replayer.errors import EnvelopeNotFoundError, StoreError
 from replayer.store import EnvelopeStore

@@ -30,9 +30,9 @@ from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.buckets import s3_client
-from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo
 from schemas import decode_envelope, envelope_bytes
 from schemas.layout import (
     ENCODING_COMPACT,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from tests.capture.cli_sidecar import RunningSidecar, cli_sidecar
 from tests.capture.edge_fuzz import FuzzRequest, any_requests, send_raw
 from tests.capture.keys import ApiKeys, write_test_keys

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from capture.http_server import Parser
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from tests.capture.cli_sidecar import bystander, cli_sidecar, exchange
 from tests.capture.test_edge_security import assert_untouched, hostile_targets
 

@@ -23,9 +23,9 @@ from capture.app import build_app
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra import paths
-from infra.manifest import load_manifest, write_manifest
-from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.model.manifest import load_manifest, write_manifest
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo
 from schemas.manifest import MANIFEST_NAME
 from tests.capture.fake_upstream import serve
 from tests.capture.test_app_stack import envelope_of

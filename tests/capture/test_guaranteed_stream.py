@@ -239,7 +239,7 @@ async def test_a_sidecar_killed_mid_stream_leaves_a_durable_incomplete_record(tm
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            "from infra.cli import app; app()",
+            "from infra.cli.root import app; app()",
             "capture",
             "serve",
             "--upstream",

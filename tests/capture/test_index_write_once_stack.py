@@ -24,8 +24,8 @@ from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from replayer.store import EnvelopeStore
 from schemas import envelope_bytes
 from schemas.layout import envelope_key, request_index_key

@@ -29,8 +29,8 @@ from capture.quarantine import quarantine_dir
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from schemas import Envelope, SamplingContract, WorkflowRef, sha256_hex
 from schemas.claim_check import decode_claim_check, verify_claimed
 from schemas.layout import (

@@ -25,7 +25,7 @@ from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.spool import Spool
 from infra.demo.services import reprolane_argv
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from replayer.store import EnvelopeStore
 from schemas import CapturedOutput, decode_envelope
 from tests.capture.audit.conftest import eventually

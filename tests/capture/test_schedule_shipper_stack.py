@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from replayer.errors import StoreError
 from replayer.schedule.store import ScheduleStore
 from schemas import Envelope
@@ -39,7 +39,7 @@ from tests.schedule_segments import FakeEngine, encode, write_segment
 pytestmark = pytest.mark.stack
 
 REPO = Path(__file__).resolve().parents[2]
-_LAUNCH = "from infra.cli import app; app()"
+_LAUNCH = "from infra.cli.root import app; app()"
 
 
 def _start(stack: StackInfo, schedule_dir: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -20,7 +20,7 @@ from capture.metrics import CaptureMetrics
 from capture.outgoing import Outgoing
 from capture.shadow import candidate_body, sampled
 from capture.spool import SpoolEntry
-from infra.ports import allocate_ports
+from infra.stack.ports import allocate_ports
 from schemas import CapturedError, CapturedOutput, Envelope, ShadowMarker
 from schemas.layout import capture_day, shadow_index_key
 from tests.capture.fake_spool import FakeSpool

@@ -32,12 +32,12 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import app as root_app
-from infra.servers import VLLM_RUNTIME_FILE
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.cli.root import app as root_app
+from infra.stack.env import stack_defaults
+from infra.stack.servers import VLLM_RUNTIME_FILE
+from infra.stack.state import StackInfo
 from replayer.errors import EnvelopeNotFoundError
-from replayer.shadow_report import load_pairs
+from replayer.gate.shadow import load_pairs
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput
 from tests.capture.cli_sidecar import cli_sidecar

@@ -17,7 +17,7 @@ import pytest
 
 from capture.telemetry import trace_parent
 from infra.clients.otel import OtelFields, capture_span_id, export_config, request_trace_id
-from infra.ports import allocate_ports
+from infra.stack.ports import allocate_ports
 from tests.capture.fake_upstream import FINGERPRINT
 from tests.capture.support import CHAT, MODEL, only, sidecar
 from tests.otlp_receiver import otlp_grpc_receiver, otlp_receiver

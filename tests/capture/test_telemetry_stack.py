@@ -16,8 +16,8 @@ import pytest
 
 from capture.spool import Spool
 from infra.clients.otel import capture_span_id, request_trace_id
-from infra.ports import allocate_ports
-from infra.state import StackInfo
+from infra.stack.ports import allocate_ports
+from infra.stack.state import StackInfo
 from replayer.lanes import make_lane
 from replayer.service import ReplayerService
 from replayer.store import EnvelopeStore

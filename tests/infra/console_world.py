@@ -34,14 +34,14 @@ from capture.audit.lake.settings import LakeSettings
 from capture.audit.operators import OPERATOR_KEYS
 from capture.audit.store import AuditStore
 from capture.ledger.key_file import new_key, write_key_file
-from infra.buckets import ensure_buckets, s3_client
 from infra.demo.services import clean_environment, reprolane_argv, start_capture, write_demo_keys
 from infra.demo.workload import Workload, drive, load_workload, tenants
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack.buckets import ensure_buckets, s3_client
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 from replayer.errors import EnvelopeNotFoundError
-from replayer.gate import run_gate
-from replayer.golden import GoldenSet, golden_environment
+from replayer.gate.golden import GoldenSet, golden_environment
+from replayer.gate.replay import run_gate
 from replayer.lanes.base import GenRequest
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
@@ -182,7 +182,7 @@ def _replay(
 
 
 def _gate_runs(envelopes: list[Envelope], diverged: Envelope, out: Path) -> None:
-    """Two release-gate runs over the captured envelopes as the golden set (`replayer.gate.run_gate`, the CLI's
+    """Two release-gate runs over the captured envelopes as the golden set (`replayer.gate.replay.run_gate`, the CLI's
     own logic): one on a lane that echoes every answer (passes), one on the drifting lane (fails)."""
     golden = GoldenSet("s3:console-test", tuple(envelopes))
     baseline = golden_environment(golden)

@@ -38,11 +38,11 @@ from capture.ledger.store import LedgerStore
 from capture.s3_sink import S3Sink
 from capture.s3_workers import Put, PutOutcome, run_put
 from capture.settings import CaptureSettings
-from infra.buckets import S3Credentials, s3_client
 from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
 from infra.clients.kafka import aiokafka_kwargs, faststream_security, start_client, stop_quietly
 from infra.clients.s3 import S3Policy, is_already_written, is_missing, make_s3_client
 from infra.clients.shutdown import stop_on_signals
+from infra.stack.buckets import S3Credentials, s3_client
 from replayer.errors import StoreError
 from replayer.schedule.store import ScheduleStore
 from replayer.service import ReplayerService
@@ -139,7 +139,7 @@ def test_no_bootstrap_is_refused() -> None:
 
 
 async def test_every_kafka_client_that_asks_for_ssl_gets_a_context(tmp_path: Path) -> None:
-    """The sidecar's producer, the archiver's consumer, an admin client (infra.topics) and the replayer's broker,
+    """The sidecar's producer, the archiver's consumer, an admin client (infra.stack.topics) and the replayer's broker,
     each built from its own settings with SSL: aiokafka refuses SSL without a context, so building is the check."""
     cert, _ = self_signed(tmp_path)
     ssl_fields: dict[str, Any] = {"kafka_security_protocol": "SSL", "kafka_ssl_cafile": cert}

@@ -2,7 +2,7 @@
 
 - docker-compose.yml against the Compose Specification schema (the copy check-jsonschema vendors), raw and
   after interpolating its defaults; pinned images, loopback-only ports, internal networks, secrets from files;
-- every ``reprolane ...`` command line of a service parsed by the real CLI (`infra.cli.app`), and every
+- every ``reprolane ...`` command line of a service parsed by the real CLI (`infra.cli.root.app`), and every
   ``REPROLANE_*`` variable of a service fed to the real settings object of that service;
 - the image entrypoint's secret-file handling and the topic script, run with stand-ins for their tools;
 - Prometheus config and rules through ``promtool check`` and ``promtool test rules`` (alerts.test.yml), and
@@ -120,7 +120,7 @@ def _env(service: dict[str, Any]) -> dict[str, str]:
 
 def _parse_cli(argv: list[str]) -> dict[str, Any]:
     """Parse ``reprolane ARGV`` with the real app, down to the leaf command, without running it."""
-    from infra.cli import app
+    from infra.cli.root import app
 
     command = typer.main.get_command(app)
     path = ["reprolane"]

@@ -22,14 +22,17 @@ from capture.audit.errors import SigningKeyError
 from capture.audit.settings import AuditSettings
 from capture.audit.signing_keys import keygen, load_private, signing_key
 from capture.settings import CaptureSettings
-from infra.buckets import S3Credentials
 from infra.clients.connection import read_private_file
-from infra.stack_env import apply_stack_defaults
-from infra.state import ServerRecord, StackState
+from infra.stack.buckets import S3Credentials
+from infra.stack.env import apply_stack_defaults
+from infra.stack.state import ServerRecord, StackState
 from replayer.settings import ReplayerSettings
 
 SECRET = "0123456789abcdef0123456789abcdef"
-STATE_FILE, S3_SECRET_FILE = "stack.json", "s3_secret_key"  # infra.state's names, spelled out: a test of the layout
+STATE_FILE, S3_SECRET_FILE = (
+    "stack.json",
+    "s3_secret_key",
+)  # infra.stack.state's names, spelled out: a test of the layout
 
 
 @pytest.fixture

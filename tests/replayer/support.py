@@ -170,7 +170,7 @@ class S3Target:
 
     @classmethod
     def from_stack(cls, info: Any) -> S3Target:
-        """The audit bucket of the session's stack (`infra.state.StackInfo`)."""
+        """The audit bucket of the session's stack (`infra.stack.state.StackInfo`)."""
         return cls(info.s3_endpoint, info.s3_access_key, info.s3_secret_key, info.audit_bucket, info.s3_region)
 
     def client(self) -> S3Client:
@@ -335,7 +335,7 @@ def record_from_stack(
     stack: Any, request_id: str, messages: list[dict[str, str]], *, max_tokens: int, top_k: int = 5,
     target_level: ReproLevel = "bitwise",
 ) -> Envelope:  # fmt: skip
-    """One lone greedy ``/v1/completions`` request to the stack's vLLM server (`infra.state.StackInfo`), the
+    """One lone greedy ``/v1/completions`` request to the stack's vLLM server (`infra.stack.state.StackInfo`), the
     chat prompt tokenised by the server, as an envelope (`envelope_from_completion`)."""
     import httpx
 

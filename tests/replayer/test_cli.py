@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import build_app
+from infra.cli.root import build_app
 from replayer.cli import build_replay_app, build_replayer_app
 from replayer.settings import ReplayerSettings
 from schemas import CapturedError, PromptRecord, Timings, decode_replay_result

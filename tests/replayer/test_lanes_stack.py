@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import pytest
 
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from replayer.lanes import GenRequest, Lane, make_lane
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings

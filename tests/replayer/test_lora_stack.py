@@ -1,6 +1,6 @@
 """LoRA adapters end to end on the real stack (issue 29, deliverable 6).
 
-The test builds two random LoRA adapters for the model itself (`infra.lora.build_random_adapter`, seeds 1 and 2:
+The test builds two random LoRA adapters for the model itself (`infra.model.lora.build_random_adapter`, seeds 1 and 2:
 outputs differ, nothing is downloaded). The stack's launcher starts a private vLLM serving the first as ``tone``
 (the stack's flags plus ``--enable-lora --lora-modules tone=PATH``); the real sidecar, told the same adapter
 (``lora_modules``), captures a request naming ``tone`` and one naming the base model. Then:
@@ -33,12 +33,12 @@ import pytest
 from capture.app import build_app
 from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
-from infra import servers
 from infra.clients.digest import directory_sha256
 from infra.errors import StackError
-from infra.lora import build_random_adapter
-from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.model.lora import build_random_adapter
+from infra.stack import servers
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo
 from replayer.errors import NotReplayableError
 from replayer.lanes.vllm_lane import VllmLane
 from replayer.replay import replay_envelope
@@ -68,7 +68,7 @@ def adapters(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 @contextlib.contextmanager
 def lora_vllm(adapter: Path, run_dir: Path) -> Iterator[str]:
-    """A private vLLM launched by `infra.stack` with the stack's flags, serving ``adapter`` as ``tone``."""
+    """A private vLLM launched by `infra.stack.launcher` with the stack's flags, serving ``adapter`` as ``tone``."""
     patch = pytest.MonkeyPatch()
     launch = servers.VllmServer.launch
 

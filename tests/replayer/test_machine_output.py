@@ -87,7 +87,7 @@ def test_engine_logs_go_to_stderr_unless_the_user_chose_a_stream() -> None:
 TEXT_REPLAY = textwrap.dedent(
     """
     import os
-    from infra.cli import build_app
+    from infra.cli.root import build_app
     from replayer.cli import build_replay_app
     from tests.replayer.support import FakeLane, make_envelope
 

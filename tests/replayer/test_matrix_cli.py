@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import build_app
+from infra.cli.root import build_app
 from replayer.errors import StoreError
 from replayer.matrix.cli import s3_prefix
 from replayer.store import EnvelopeStore

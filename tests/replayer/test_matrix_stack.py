@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from replayer.compare import compare
 from replayer.lanes.batch_engine import probe_platform, render_chat
 from replayer.matrix.dimensions import BASELINE_CELL, plan_cells

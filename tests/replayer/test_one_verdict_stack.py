@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from infra.demo.services import reprolane_argv
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from replayer.on_demand import live_service
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore

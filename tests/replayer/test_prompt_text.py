@@ -1,6 +1,6 @@
 """`replayer.prompt_text`: a prompt's text is decoded only with the tokenizer the envelope was recorded with.
 
-A model directory with a manifest (`infra.manifest.write_manifest`) and a tiny word-level ``tokenizer.json``;
+A model directory with a manifest (`infra.model.manifest.write_manifest`) and a tiny word-level ``tokenizer.json``;
 the envelope names that directory's ``tokenizer_sha256`` or another one.
 """
 
@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from infra.manifest import write_manifest
+from infra.model.manifest import write_manifest
 from replayer.prompt_text import decode_prompts
 from schemas import ArtifactHashes, Envelope, PromptRecord
 from schemas.manifest import ModelSource

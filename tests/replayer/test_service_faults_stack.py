@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
-from infra import process
-from infra.buckets import AUDIT_BUCKET, TANSU_BUCKET, S3Credentials, ensure_buckets
-from infra.ports import allocate_ports, require_free
-from infra.servers import SERVERS
-from infra.state import StackState
+from infra.stack import process
+from infra.stack.buckets import AUDIT_BUCKET, TANSU_BUCKET, S3Credentials, ensure_buckets
+from infra.stack.ports import allocate_ports, require_free
+from infra.stack.servers import SERVERS
+from infra.stack.state import StackState
 from replayer.store import EnvelopeStore, result_key
 from schemas import Envelope
 from tests.replayer.service_harness import Records, Topics, Worker, events, results_by_request, wait_for_marker
@@ -95,8 +95,8 @@ async def test_three_replayers_one_killed_mid_run_replay_and_count_each_envelope
 
 class PrivateS3:
     """A SeaweedFS of one test's own (the stack's is shared by every test), on ports drawn once and a data dir
-    kept across `stop` and `start`: the stack's S3 server definition (`infra.servers`: argv, ports, readiness)
-    run with `infra.process`, as `LocalStack` runs it. Not `LocalStack` itself: its ``up`` ends by describing
+    kept across `stop` and `start`: the stack's S3 server definition (`infra.stack.servers`: argv, ports, readiness)
+    run with `infra.stack.process`, as `LocalStack` runs it. Not `LocalStack` itself: its ``up`` ends by describing
     the stack (`StackState.info`), which needs a Kafka, and this one has none."""
 
     def __init__(self, run_dir: Path) -> None:

@@ -2,7 +2,7 @@
 
 Against a moto S3 seeded as the capture side writes (plain and sealed envelopes, their index objects, a wrapped
 data key); the same command on the real stack, its ``--json`` stdout compared with the stored bytes, is in
-tests/infra/test_json_output.py.
+tests/infra/cli/test_json_output.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import build_app
+from infra.cli.root import build_app
 from replayer.cli import build_show_command
 from replayer.store import EnvelopeStore
 from schemas.layout import client_request_index_key, envelope_key, index_body

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli import app
+from infra.cli.root import app
 from tests.factories import envelope
 
 runner = CliRunner()

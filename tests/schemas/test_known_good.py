@@ -9,7 +9,7 @@ import pytest
 from schemas import ContractError
 from schemas.known_good import check_known_good, decode_known_good, parse_image_ref
 from schemas.layout import known_good_key, known_good_prefix
-from tests.infra.known_good_support import record
+from tests.infra.release.known_good_support import record
 
 DIGEST = "sha256:" + "0f" * 32
 

@@ -1,7 +1,7 @@
 """Settings of the audit lake: the archiver service, ``reprolane audit lake|query`` and ``reprolane keys``.
 
 Env prefix ``REPROLANE_ARCHIVER_`` (a running local stack provides the Kafka and S3 defaults, see
-`infra.stack_env`). ``s3_bucket`` is the audit bucket (where the request-id index lives); the lake and the
+`infra.stack.env`). ``s3_bucket`` is the audit bucket (where the request-id index lives); the lake and the
 wrapped data keys live in ``lake_bucket`` / ``keys_bucket``, which must not be under Object Lock.
 """
 

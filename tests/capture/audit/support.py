@@ -20,7 +20,7 @@ from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from schemas import Envelope
 from schemas.access_log import AccessRecord, decode_access_record
 from schemas.layout import access_log_day_prefix
@@ -69,7 +69,7 @@ def audit_cli(
         **{f"REPROLANE_AUDIT_{key.upper()}": value for key, value in env.items()},
     }
     return subprocess.run(
-        [sys.executable, "-c", "from infra.cli import app; app()", *args],
+        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
         env=environ,
         capture_output=True,
         text=True,

@@ -29,8 +29,8 @@ from capture.outgoing import Outgoing
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from schemas import ContractError, Envelope, sha256_hex
 from schemas.envelope_compact import decode_compact, is_compact
 from schemas.layout import envelope_key, index_body, request_index_key

@@ -16,7 +16,7 @@ from capture.audit.operators import OPERATOR_KEYS, OperatorGate, OperatorSetting
 from capture.audit.store import AuditStore
 from capture.auth import new_key as new_api_key
 from capture.ledger.key_file import load_key_file, new_key, write_key_file
-from infra.cli import build_app
+from infra.cli.root import build_app
 from schemas.access_log import AccessRecord, decode_access_record
 from schemas.layout import ACCESS_LOG_PREFIX
 from tests.moto_s3 import moto_client

@@ -27,8 +27,8 @@ from capture.audit.retention import expire, set_hold
 from capture.audit.store import AuditStore
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from schemas import Envelope, WorkflowRef, envelope_bytes
 from schemas.layout import envelope_key
 from tests.capture.audit.support import access_records, audit_cli, operator_keys, publish_through_s3

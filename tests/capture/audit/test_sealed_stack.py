@@ -21,7 +21,7 @@ from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.cli import build_app
+from infra.cli.root import build_app
 from replayer.cli import build_replay_app
 from replayer.errors import NotReplayableError
 from replayer.store import EnvelopeStore
@@ -290,6 +290,6 @@ def audit_cli_keys(a: AuditStack, *args: str, operators: OperatorKeys) -> Any:
         "REPROLANE_ARCHIVER_KEYS_BUCKET": a.bucket,
     }
     return subprocess.run(
-        [sys.executable, "-c", "from infra.cli import app; app()", *args],
+        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
         env=environ, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

@@ -28,8 +28,8 @@ from capture.outgoing import Outgoing
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from schemas import Envelope
 from schemas.layout import checkpoint_key, envelope_key, leaves_key
 from schemas.merkle import LEAF_BATCH_MAGIC, LeafEntry, merkle_root, sign_checkpoint

@@ -17,7 +17,7 @@ import pytest
 
 from infra.demo.services import start_capture, write_demo_keys
 from infra.demo.workload import Workload, drive, load_workload, tenants
-from infra.state import StackInfo
+from infra.stack.state import StackInfo
 from replayer.errors import EnvelopeNotFoundError
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore

@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 import pytest
 
-from infra import process
 from infra.demo.run import Demo, DemoOptions
 from infra.demo.services import Service, reprolane_argv
-from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.stack import process
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo
 from schemas import CapturedOutput
 
 pytestmark = pytest.mark.stack

@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 
 from capture.audit.evidence.bundle import write_zip
-from infra.buckets import s3_client
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 from schemas import CapturedOutput, Envelope, decode_envelope
 from schemas.envelope_compact import encode_compact
 from schemas.layout import capture_day
@@ -51,7 +51,7 @@ PROMPTS = ["Name three rivers in Europe.", "What is a prime number?", "Describe 
 
 def reprolane(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from infra.cli import app; app()", *args],
+        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ from capture.audit.evidence.bundle import MODEL_MANIFEST, REEXECUTION, SCHEDULE
 from capture.audit.evidence.export import EvidenceError, export_bundle
 from capture.audit.evidence.verify import PinnedKey
 from capture.audit.signing_keys import public_of
-from infra.cli import build_app
+from infra.cli.root import build_app
 from infra.reexecution.run import reexecute
 from infra.reexecution.window import shapes_only
 from replayer.errors import NotReplayableError

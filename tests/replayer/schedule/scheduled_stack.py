@@ -28,9 +28,9 @@ from capture.metrics import CaptureMetrics
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings
-from infra import servers
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack import servers
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
 from replayer.schedule.lane import ScheduleLane, ScheduleReplay
 from replayer.schedule.replay import period_members, replay_on_schedule, replay_period_on_schedule

@@ -2,7 +2,7 @@
 window replayed with filler companions cannot reproduce a batch, and one replayed with the real content of every
 request of it can.
 
-The model is a tiny Mixtral the test builds itself (`infra.tiny_moe`: random weights, a config of a family vLLM
+The model is a tiny Mixtral the test builds itself (`infra.model.tiny_moe`: random weights, a config of a family vLLM
 serves, SmolLM2's tokenizer; saved locally, nothing downloaded). "Production" is an in-process vLLM engine with the
 recorder (`replayer.schedule.engine.StepDriver`): four requests arrive within two steps, so they share
 batches; the schedule lane replays their window once with all four (`ScheduleLane.replay_requests`), bitwise, and
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from infra.tiny_moe import build_tiny_moe
+from infra.model.tiny_moe import build_tiny_moe
 from tests.replayer.schedule.test_lane_model import model_dir
 
 pytestmark = pytest.mark.model

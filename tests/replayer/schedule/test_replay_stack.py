@@ -36,11 +36,11 @@ from capture.metrics import CaptureMetrics
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings
-from infra import servers
 from infra.errors import StackError
-from infra.stack import LocalStack
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack import servers
+from infra.stack.env import stack_defaults
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
 from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.schedule.lane import ScheduleLane
@@ -66,8 +66,8 @@ MAX_NUM_BATCHED_TOKENS = 256
 
 @pytest.fixture(scope="module")
 def recording_vllm(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
-    """A private vLLM launched by `infra.stack` with the real recorder and a small token budget per step, as the
-    session stack's info with that vLLM and run dir (a stack of vLLM alone has no S3 or Kafka of its own)."""
+    """A private vLLM launched by `infra.stack.launcher` with the real recorder and a small token budget per step, as
+    the session stack's info with that vLLM and run dir (a stack of vLLM alone has no S3 or Kafka of its own)."""
     patch = pytest.MonkeyPatch()
     launch = servers.VllmServer.launch
 

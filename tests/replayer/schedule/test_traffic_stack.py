@@ -25,9 +25,9 @@ import pytest
 from capture.app import build_app
 from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
-from infra import servers
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack import servers
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 from replayer.schedule.lane import ScheduleLane
 from replayer.schedule.store import ScheduleStore, ScheduleWindow
 from replayer.schedule.window import read_window

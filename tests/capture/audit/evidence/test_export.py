@@ -28,7 +28,7 @@ from capture.audit.store import AuditStore
 from capture.audit.verify import verify_request
 from capture.ledger.merkle_log import append_leaves
 from capture.settings import CaptureSettings
-from infra.cli import build_app
+from infra.cli.root import build_app
 from schemas import Envelope, envelope_bytes, sha256_hex
 from schemas.envelope_compact import encode_compact, is_compact
 from schemas.layout import checkpoint_key, index_body, replay_key, request_index_key

@@ -32,8 +32,8 @@ import pytest
 from capture.audit.evidence.bundle import write_zip
 from capture.audit.store import AuditStore
 from capture.settings import CaptureSettings
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from replayer.lanes import make_lane
 from replayer.replay import replay_envelope
 from replayer.settings import ReplayerSettings
@@ -119,7 +119,7 @@ def rezip(bundle: bytes, name: str, change: Any) -> bytes:
 
 def reprolane(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from infra.cli import app; app()", *args],
+        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -152,7 +152,7 @@ def checkpointer_signs(env: dict[str, str], store: AuditStore, day: str) -> None
         [
             sys.executable,
             "-c",
-            "from infra.cli import app; app()",
+            "from infra.cli.root import app; app()",
             "audit",
             "checkpointer",
             "--every",

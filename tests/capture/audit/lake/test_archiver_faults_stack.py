@@ -57,7 +57,7 @@ class ArchiverProcess:
             if value is not None:
                 text = value.get_secret_value() if hasattr(value, "get_secret_value") else str(value)
                 env[f"REPROLANE_ARCHIVER_{key.upper()}"] = text
-        argv = ["-c", "from infra.cli import app; app()", "serve", "archiver"]
+        argv = ["-c", "from infra.cli.root import app; app()", "serve", "archiver"]
         if kill_after_flush:
             env["REPROLANE_TEST_KILL_AFTER_FLUSH"] = str(kill_after_flush)
             argv = ["-m", "tests.capture.audit.lake.archiver_worker"]

@@ -36,8 +36,8 @@ from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.buckets import s3_client
-from infra.state import StackInfo
+from infra.stack.buckets import s3_client
+from infra.stack.state import StackInfo
 from replayer.lanes import make_lane
 from replayer.service import ReplayerService
 from replayer.store import EnvelopeStore

@@ -12,8 +12,8 @@ from capture.audit.lake.cli import open_lake
 from capture.audit.lake.iceberg import ICEBERG_TABLES, TABLE_PROPERTIES, catalog_properties
 from capture.audit.lake.settings import LakeSettings
 from capture.audit.lake.store import Lake
-from infra.stack_env import stack_defaults
-from infra.state import StackInfo
+from infra.stack.env import stack_defaults
+from infra.stack.state import StackInfo
 
 
 def settings(**overrides: object) -> LakeSettings:

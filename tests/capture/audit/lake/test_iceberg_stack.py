@@ -3,7 +3,7 @@ Kafka consumer groups.
 
 The catalog is the session stack's when it serves one (``StackInfo.iceberg_url``); a stack recorded before the
 catalog joined it has it off, and then this module starts a PRIVATE stack (SeaweedFS with the catalog on free
-loopback ports, in-memory Tansu) through `infra.stack.LocalStack`, and takes it down at the end.
+loopback ports, in-memory Tansu) through `infra.stack.launcher.LocalStack`, and takes it down at the end.
 
 - redelivered envelopes and events (the same ids in several flushes) are in the tables once; the query views work;
 - two lakes committing overlapping batches at once: the catalog refuses one commit, the anti-join runs again,
@@ -36,8 +36,8 @@ from capture.audit.lake.iceberg import ICEBERG_TABLES, TABLE_PROPERTIES, Iceberg
 from capture.audit.lake.query import run_query
 from capture.audit.lake.schema import ADDED_COLUMNS, envelope_row
 from capture.audit.lake.settings import LakeSettings
-from infra.stack import LocalStack
-from infra.state import StackInfo
+from infra.stack.launcher import LocalStack
+from infra.stack.state import StackInfo
 from tests.capture.audit.lake.test_archiver_faults_stack import (
     ArchiverProcess,
     create_topics,

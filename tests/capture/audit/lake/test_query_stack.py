@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from capture.audit.lake.archiver import Archiver
-from infra.cli import build_app
+from infra.cli.root import build_app
 from tests.capture.audit.conftest import AuditStack
 from tests.factories import envelope
 

@@ -21,7 +21,7 @@ from capture.publisher import Publisher
 from capture.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
-from infra.cli import build_app
+from infra.cli.root import build_app
 from replayer.errors import EnvelopeNotFoundError, StoreError
 from replayer.store import EnvelopeStore
 from schemas import DivergenceEvent, Envelope, FirstDivergence, StepCandidates, WorkflowRef
