@@ -1,8 +1,9 @@
 """``reprolane audit evidence``, whole: the audit side's ``export`` (with ``--reexecutable``, which reads the
 replayer's schedule store), ``verify`` and ``key`` (`capture.audit.evidence.cli`), and ``reexecute``.
 
-Exit codes of ``reexecute`` (through `infra.cli`): 0 the request was reproduced bit for bit in its recorded
-schedule; 1 it was not (the report shows the first divergent token and the top-k on both sides), or the bundle
+``reexecute`` takes one bundle or several (a workflow's folder, as ``export --workflow`` writes it): each is checked
+before any runs, and the bundles of one recorded engine share one lane. Exit codes (through `infra.cli`): 0 every
+request was reproduced bit for bit in its recorded schedule; 1 one was not (the report shows the first divergent token and the top-k on both sides), or the bundle
 fails its check (the part named) or is not re-executable; 2 this machine cannot replay it (a model file or a
 numeric field of the runtime differs: each named), bad arguments, a file that is no bundle.
 """
@@ -33,30 +34,49 @@ def _members() -> ExtraMembers:
 evidence_app = build_evidence_app(reexecutable=_members)
 
 
+def _bundle_files(paths: list[Path]) -> list[Path]:
+    """The bundles named: files as given, a folder (``export --workflow``'s) as its ``*.zip`` in name order."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.glob("*.zip"))
+            if not found:
+                raise typer.BadParameter(f"{path}: a folder with no bundle (*.zip) in it")
+            files += found
+        else:
+            files.append(path)
+    return files
+
+
 @evidence_app.command("reexecute")
 def reexecute_cmd(
-    bundle: Annotated[Path, typer.Argument(help="a bundle exported with --reexecutable")],
+    bundles: Annotated[
+        list[Path], typer.Argument(help="bundles exported with --reexecutable, or the folder of a workflow's")
+    ],
     model_dir: Annotated[Path, typer.Option("--model-dir", help="the model files, as the bundle's manifest lists")],
     key: KeyOpt = None,
     key_fingerprint_: KeyFingerprintOpt = None,
 ) -> None:
-    """Re-execute a bundle offline: check it, the model files and this runtime; replay; say if it is bit for bit.
+    """Re-execute bundles offline: check each, the model files and this runtime; replay; say if each is bit for bit.
 
     Example: reprolane audit evidence reexecute evidence.zip --model-dir smollm2 --key-fingerprint sha256:ab12
     """
-    from infra.reexecution.run import reexecute
+    from infra.reexecution.run import reexecute_all
     from replayer.machine_output import machine_output
     from replayer.report import render_request
 
-    data, pin = pinned_bundle(bundle, key, key_fingerprint_)
-    with machine_output(True) as document:  # the verdict alone on stdout: the engine's logs on stderr
-        done = reexecute(data, pin, model_dir)
-        verdict = (
-            f"reproduced bit for bit: request {done.envelope.request_id}, "
-            f"{len(done.result.replayed.token_ids)} tokens and their logprobs, in its recorded schedule"
-            if done.reproduced
-            else f"NOT reproduced: request {done.envelope.request_id}\n"
-            + render_request(done.envelope, done.result).rstrip("\n")
-        )
-        document("\n".join([*done.report.lines, verdict]))
-    raise typer.Exit(0 if done.reproduced else 1)
+    pinned = [pinned_bundle(path, key, key_fingerprint_) for path in _bundle_files(bundles)]
+    with machine_output(True) as document:  # the verdicts alone on stdout: the engine's logs on stderr
+        done = reexecute_all([data for data, _ in pinned], pinned[0][1], model_dir)
+        lines: list[str] = []
+        for one in done:
+            lines += one.report.lines
+            lines.append(
+                f"reproduced bit for bit: request {one.envelope.request_id}, "
+                f"{len(one.result.replayed.token_ids)} tokens and their logprobs, in its recorded schedule"
+                if one.reproduced
+                else f"NOT reproduced: request {one.envelope.request_id}\n"
+                + render_request(one.envelope, one.result).rstrip("\n")
+            )
+        document("\n".join(lines))
+    raise typer.Exit(0 if all(one.reproduced for one in done) else 1)

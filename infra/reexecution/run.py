@@ -20,7 +20,7 @@ Nothing here opens a network connection: the bundle and the model directory are 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from infra.reexecution.window import window_of
 from replayer.errors import NotReplayableError
 from replayer.schedule.lane import ScheduleLane
 from replayer.schedule.replay import replay_on_schedule
+from replayer.schedule.store import ScheduleWindow
 from replayer.settings import ReplayerSettings
 from schemas import ContractError, Envelope, ReplayResult, decode_envelope
 from schemas.manifest import MANIFEST_NAME, decode_manifest
@@ -69,10 +70,19 @@ def model_differences(model_dir: Path, files: dict[str, str]) -> list[str]:
     return out
 
 
-def reexecute(data: bytes, pin: PinnedKey, model_dir: Path, *, lane_factory: LaneFactory = ScheduleLane) -> Reexecuted:
-    """Re-execute the bundle `data` (module doc). `EvidenceError` (exit 1) when the bundle fails its check or is not
-    re-executable; `NotReplayableError` (exit 2) when this machine cannot replay it (the model files, the
-    runtime); `ContractError` (exit 2) when it is no bundle."""
+@dataclass(frozen=True)
+class Checked:
+    """A bundle that passed steps 1 to 3 (module doc) but the runtime's: what its replay needs."""
+
+    report: BundleReport
+    envelope: Envelope
+    window: ScheduleWindow
+
+
+def check(data: bytes, pin: PinnedKey, model_dir: Path) -> Checked:
+    """Steps 1 to 3 of the module doc but the runtime's (the lane checks it when it starts). `EvidenceError` (exit 1)
+    when the bundle fails its check or is not re-executable; `NotReplayableError` (exit 2) when the model files are
+    not the recorded ones; `ContractError` (exit 2) when it is no bundle."""
     report = verify_bundle(data, pin)
     if not report.ok:
         raise EvidenceError(f"the bundle does not verify: {report.problems[0].line()}")
@@ -93,11 +103,37 @@ def reexecute(data: bytes, pin: PinnedKey, model_dir: Path, *, lane_factory: Lan
     if local:
         shown = "; ".join(local[:8]) + ("; ..." if len(local) > 8 else "")
         raise NotReplayableError(f"{model_dir} is not the recorded model ({len(local)} file(s)): {shown}")
-    assert window.engine is not None
+    if window.engine is None:
+        raise EvidenceError("the bundle's schedule records name no engine")
+    return Checked(report, envelope, window)
+
+
+def reexecute_all(
+    bundles: Sequence[bytes], pin: PinnedKey, model_dir: Path, *, lane_factory: LaneFactory = ScheduleLane
+) -> list[Reexecuted]:
+    """Re-execute every bundle (a workflow's steps, say): each is checked before any runs (the first that fails
+    raises, as `check` says), then replayed on one lane per recorded engine configuration, started once."""
+    checked = [check(data, pin, model_dir) for data in bundles]
     settings = ReplayerSettings(model_dir=model_dir)
-    lane = lane_factory(settings, window.engine)
+    lanes: dict[str, ScheduleLane] = {}
+    done: list[Reexecuted] = []
     try:
-        result, _ = replay_on_schedule(envelope, window, lane, settings)
+        for item in checked:
+            engine = item.window.engine
+            assert engine is not None  # `check`
+            key = engine.model_dump_json()  # one lane per recorded engine: bundles of one engine share it
+            lane = lanes.get(key)
+            if lane is None:
+                lane = lanes[key] = lane_factory(settings, engine)
+            result, _ = replay_on_schedule(item.envelope, item.window, lane, settings)
+            done.append(Reexecuted(item.report, item.envelope, result))
     finally:
-        lane.close()
-    return Reexecuted(report, envelope, result)
+        for lane in lanes.values():
+            lane.close()
+    return done
+
+
+def reexecute(data: bytes, pin: PinnedKey, model_dir: Path, *, lane_factory: LaneFactory = ScheduleLane) -> Reexecuted:
+    """Re-execute the bundle `data` (module doc; `reexecute_all` of one)."""
+    (done,) = reexecute_all([data], pin, model_dir, lane_factory=lane_factory)
+    return done

@@ -105,6 +105,24 @@ def key_cmd() -> None:
     typer.echo(f"vkey: {vkey.encode()}\nfingerprint: {key_fingerprint(vkey.public_raw)}")
 
 
+def _make_folder(path: Path) -> None:
+    """The folder a workflow's bundles go to (0700: they hold the records)."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise typer.BadParameter(f"{path}: cannot make the folder: {exc.strerror}") from exc
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a bundle 0600 (it holds the record)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+    except OSError as exc:
+        raise typer.BadParameter(f"{path}: cannot write: {exc.strerror}") from exc
+
+
 def build_evidence_app(*, reexecutable: Callable[[], ExtraMembers] | None = None) -> typer.Typer:
     """The ``audit evidence`` commands. ``reexecutable`` makes what ``export --reexecutable`` adds (the replay
     window, the model manifest): `infra.reexecution`, which reads the replayer's schedule store, passes it (this
@@ -115,8 +133,10 @@ def build_evidence_app(*, reexecutable: Callable[[], ExtraMembers] | None = None
 
     @app.command("export")
     def export_cmd(
-        request_id: Annotated[str, typer.Argument(help="request id of the envelope")],
-        output: Annotated[Path, typer.Option("-o", "--output", help="the bundle file to write (a zip)")],
+        request_id: Annotated[str, typer.Argument(help="request id of the envelope (with --workflow: a workflow id)")],
+        output: Annotated[
+            Path, typer.Option("-o", "--output", help="the bundle file to write (a zip; with --workflow: a folder)")
+        ],
         force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
         reexecute: Annotated[
             bool,
@@ -125,37 +145,47 @@ def build_evidence_app(*, reexecutable: Callable[[], ExtraMembers] | None = None
                 help="add what re-executing it needs: its schedule window as shapes, the model manifest",
             ),
         ] = False,
+        workflow: Annotated[
+            bool, typer.Option("--workflow", help="the id is a workflow's: one bundle per recorded step")
+        ] = False,
+        tenant: Annotated[
+            str | None, typer.Option("--tenant", help="with --workflow: the tenant whose steps (needed when several)")
+        ] = None,
     ) -> None:
         """Write the evidence bundle of one request: stored bytes, inclusion proof, checkpoint, replays, holds.
 
         Example: reprolane audit evidence export rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375 --output evidence.zip
         """
-        from capture.audit.evidence.export import export_bundle
+        from capture.audit.evidence.export import export_bundle, workflow_requests
         from capture.audit.settings import AuditSettings
         from capture.audit.store import AuditStore
 
-        if output.exists() and not force:
+        if output.exists() and not force and not (workflow and output.is_dir() and not any(output.iterdir())):
             raise typer.BadParameter(f"{output} exists: pass --force to overwrite it")
         if reexecute and reexecutable is None:
             raise typer.BadParameter("--reexecutable: this build of the command cannot read schedules")
+        if tenant is not None and not workflow:
+            raise typer.BadParameter("--tenant: only with --workflow (a request id names one record)")
         settings = AuditSettings()
         private = signing_keys.signing_key(settings)
         extra = reexecutable() if reexecute and reexecutable is not None else None
         store = AuditStore.from_settings(settings)
-        done = export_bundle(store, request_id, private, settings.log_origin, extra=extra)
-        try:
-            fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(done.bundle)
-        except OSError as exc:
-            raise typer.BadParameter(f"{output}: cannot write: {exc.strerror}") from exc
-        place = done.place
-        typer.echo(
-            f"wrote {output} ({len(done.bundle)} bytes): request {place.request_id}, leaf {place.leaf_index} of "
-            f"{place.origin}, checkpoint size {place.tree_size}, {done.replays} replay result(s)"
-            + (", re-executable" if extra is not None else "")
-        )
-        typer.echo(f"verify offline: reprolane audit evidence verify {output} --key-fingerprint {place.fingerprint}")
+        if not workflow:
+            targets = [(output, request_id)]
+        else:
+            steps = workflow_requests(store, request_id, tenant)
+            _make_folder(output)
+            targets = [(output / f"step-{step:06d}-{rid}.zip", rid) for step, rid in steps]
+        for path, rid in targets:
+            done = export_bundle(store, rid, private, settings.log_origin, extra=extra)
+            _write_private(path, done.bundle)
+            place = done.place
+            typer.echo(
+                f"wrote {path} ({len(done.bundle)} bytes): request {place.request_id}, leaf {place.leaf_index} of "
+                f"{place.origin}, checkpoint size {place.tree_size}, {done.replays} replay result(s)"
+                + (", re-executable" if extra is not None else "")
+            )
+            typer.echo(f"verify offline: reprolane audit evidence verify {path} --key-fingerprint {place.fingerprint}")
 
     app.command("verify")(verify_cmd)
     app.command("key")(key_cmd)

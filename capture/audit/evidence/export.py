@@ -3,6 +3,8 @@ in one file.
 
 The bundle's format is `capture.audit.evidence.bundle`'s. Export reads, never writes, the audit bucket:
 
+A workflow id (`workflow_requests`) names every recorded step of a workflow: one bundle per step.
+
 1. the request index -> the envelope object, its bytes exactly as stored;
 2. the day log: the envelope's first leaf, which must commit to those bytes (export packages only what
    verifies: a record ``reprolane audit verify`` would fail is refused, naming why);
@@ -49,12 +51,14 @@ from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import read_leaves
 from schemas import ContractError, decode_envelope, sha256_hex
+from schemas.envelope import is_valid_request_id
 from schemas.layout import (
     REPLAYS_PREFIX,
     capture_day_of_key,
     date_prefix,
     envelope_id_of_key,
     request_index_key,
+    workflow_index_prefix,
 )
 from schemas.merkle import inclusion_proof, object_digest, root_from_hashes
 from schemas.note import TlogProof, VerifierKey, key_fingerprint, sign_note
@@ -246,6 +250,43 @@ def export_bundle(
     manifest = Manifest(request_id, envelope_id, origin, index, exported.isoformat(), tuple(parts))
     members[MANIFEST] = sign_note(manifest.text(), key_name, private_raw).encode()
     return Exported(write_zip(members, exported), place, len(replays))
+
+
+def workflow_requests(store: AuditStore, workflow_id: str, tenant: str | None = None) -> list[tuple[int, str]]:
+    """(step, request id) of every recorded step of a workflow, by step: `tenant`'s only. A workflow id is the
+    client's label, not an identity (any caller may send the same one), so without `tenant` steps of more than one
+    tenant are refused, naming them; a step whose record says another workflow is refused too. `UnknownIdError`
+    when none is indexed."""
+    if not is_valid_request_id(workflow_id):
+        raise UnknownIdError(f"{workflow_id!r} is not a valid workflow id")
+    filed: list[tuple[int, str]] = []
+    for key, _ in store.list_keys(workflow_index_prefix(workflow_id)):
+        number, sep, request_id = key.rsplit("/", 1)[-1].removesuffix(".json").partition("-")
+        if number.isdigit() and sep and is_valid_request_id(request_id):
+            filed.append((int(number), request_id))
+    by_tenant: dict[str, list[tuple[int, str]]] = {}
+    for step, request_id in sorted(filed):
+        key, _ = _pointer(store, request_id)
+        body = store.get(key)
+        if body is None:
+            raise EvidenceError(f"envelope object {key} of workflow {workflow_id!r} step {step} is gone")
+        try:
+            facts = _record_facts(body)
+        except ContractError as exc:
+            raise EvidenceError(f"envelope object {key} does not decode: {exc}") from exc
+        said = facts["workflow"] or {}
+        if said.get("workflow_id") != workflow_id or said.get("step") != step:
+            raise EvidenceError(
+                f"request {request_id} is filed as step {step} of {workflow_id!r}, its record says {said}"
+            )
+        by_tenant.setdefault(facts["tenant"], []).append((step, request_id))
+    what = f"workflow {workflow_id!r}" + ("" if tenant is None else f" of tenant {tenant!r}")
+    if tenant is None and len(by_tenant) > 1:
+        raise UnknownIdError(f"{what} has steps of tenants {', '.join(sorted(by_tenant))}: name the tenant (--tenant)")
+    steps = by_tenant.get(tenant, []) if tenant is not None else next(iter(by_tenant.values()), [])
+    if not steps:
+        raise UnknownIdError(f"no envelope is indexed under {what} in s3://{store.bucket}")
+    return steps
 
 
 def proof_origin(checkpoint: bytes) -> str:

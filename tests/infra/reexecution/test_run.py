@@ -13,12 +13,13 @@ import pytest
 from typer.testing import CliRunner
 
 from capture.audit.checkpoint import write_checkpoint
+from capture.audit.errors import UnknownIdError
 from capture.audit.evidence.bundle import MODEL_MANIFEST, REEXECUTION, SCHEDULE
-from capture.audit.evidence.export import EvidenceError, export_bundle
+from capture.audit.evidence.export import EvidenceError, export_bundle, workflow_requests
 from capture.audit.evidence.verify import PinnedKey
 from capture.audit.signing_keys import public_of
 from infra.cli.root import build_app
-from infra.reexecution.run import reexecute
+from infra.reexecution.run import reexecute, reexecute_all
 from infra.reexecution.window import shapes_only
 from replayer.errors import NotReplayableError
 from schemas import Envelope
@@ -49,10 +50,16 @@ def _model(path: Path) -> ModelManifest:
     )
 
 
-def _record() -> Envelope:
-    envelope = _scheduled(make_envelope(1, prefix=uuid.uuid4().hex[:8]))
+def _record(i: int = 1, workflow: str | None = None) -> Envelope:
+    envelope = _scheduled(make_envelope(i, prefix=uuid.uuid4().hex[:8], workflow=workflow))
     artifacts = ArtifactHashes(model_sha256="a" * 64, tokenizer_sha256="b" * 64, chat_template_sha256="c" * 64)
     return envelope.model_copy(update={"artifacts": artifacts, "captured_at": FIXED_TIME})
+
+
+def _extra(envelope: Envelope, manifest: ModelManifest) -> dict[str, bytes]:
+    """What ``export --reexecutable`` adds for `envelope`, from its fake window."""
+    schedule, settings = shapes_only(_window(envelope))
+    return {SCHEDULE: schedule, REEXECUTION: settings, MODEL_MANIFEST: manifest.model_dump_json().encode()}
 
 
 async def _bundle(
@@ -62,8 +69,7 @@ async def _bundle(
     store = await published(moto, tmp_path / "spool", [envelope])
     private = private or load_private_fresh()
     assert write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME) is not None
-    schedule, settings = shapes_only(_window(envelope))
-    extra = {SCHEDULE: schedule, REEXECUTION: settings, MODEL_MANIFEST: manifest.model_dump_json().encode()}
+    extra = _extra(envelope, manifest)
     done = export_bundle(store, envelope.request_id, private, KEY_NAME, extra=lambda body: extra)
     return done.bundle, private
 
@@ -87,6 +93,43 @@ async def test_a_bundle_reexecutes_to_its_verdict(moto_endpoint: str, tmp_path: 
     assert done.result.event.lane == "schedule"
     assert lanes[0].closed  # the lane is closed whatever the verdict
     assert (done.result.event.verdict == "bitwise") is (not fork)
+
+
+async def test_a_workflows_steps_export_one_bundle_each_and_reexecute_on_one_lane(
+    moto_endpoint: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    workflow = f"wf-{uuid.uuid4().hex[:12]}"
+    steps = [_record(i, workflow) for i in (1, 2)]
+    other_tenant = _record(3, workflow).model_copy(update={"tenant": "other"})
+    manifest = _model(tmp_path / "model")
+    store = await published(moto_endpoint, tmp_path / "spool", [*steps, other_tenant])
+    private = load_private_fresh()
+    assert write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME) is not None
+    with pytest.raises(UnknownIdError, match=r"steps of tenants .*: name the tenant"):
+        workflow_requests(store, workflow)  # a workflow id is a label: two tenants' steps are never mixed
+    found = workflow_requests(store, workflow, steps[0].tenant)
+    assert found == [(1, steps[0].request_id), (2, steps[1].request_id)]
+    with pytest.raises(UnknownIdError, match="no envelope is indexed"):
+        workflow_requests(store, f"wf-{uuid.uuid4().hex[:12]}")
+    bundles = [
+        export_bundle(store, rid, private, KEY_NAME, extra=lambda body, e=e: _extra(e, manifest)).bundle  # type: ignore[misc]
+        for e, (_, rid) in zip(steps, found, strict=True)
+    ]
+    echo = FakeLane()
+    echo.learn(steps[0])
+    echo.learn(steps[1], diverge_at=1)
+    lanes: list[FakeScheduleLane] = []
+
+    def lane(settings: object, engine: object) -> FakeScheduleLane:
+        lanes.append(FakeScheduleLane(echo))
+        return lanes[-1]
+
+    done = reexecute_all(bundles, PinnedKey(public_of(private)), tmp_path / "model", lane_factory=lane)  # type: ignore[arg-type]
+    assert [d.envelope.request_id for d in done] == [e.request_id for e in steps]
+    assert [d.reproduced for d in done] == [True, False]
+    assert len(lanes) == 1  # one engine recorded both: its lane started once
+    assert lanes[0].closed
 
 
 async def test_a_plain_bundle_a_wrong_model_and_junk_are_refused(moto_endpoint: str, tmp_path: Path) -> None:  # noqa: F811
