@@ -99,8 +99,8 @@ def seen_memory(n: int) -> None:
 
 
 async def publish(settings, envs, audit: bool) -> float:  # type: ignore[no-untyped-def]
-    from capture.publisher import Publisher
-    from capture.s3_sink import S3Sink
+    from capture.publishing.publisher import Publisher
+    from capture.publishing.s3_sink import S3Sink
     from capture.spool import Spool
 
     settings = settings.model_copy(update={"audit_log": audit, "spool_dir": Path(tempfile.mkdtemp())})

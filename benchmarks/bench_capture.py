@@ -18,14 +18,14 @@ Phases, all in one run:
 
 1. latency: for each client count, direct / floor / best_effort / guaranteed / LiteLLM back to back; added latency
    is pXX(through the proxy) - pXX(direct), percentiles of each distribution subtracted. The floor (``--no-floor``
-   skips it) is a forwarder built from the sidecar's own parts (uvicorn, uvloop, httptools, ``capture.upstream``)
-   that captures nothing, on the proxies' core: what it adds is this machine's price for any proxy on that stack,
-   and the sidecar's added latency minus the floor's is what capturing costs. One client sends back to back (closed
-   loop). More clients send at a fixed total rate for each of ``--rates`` (open loop: client i of N sends at t0 +
-   i/R + k*N/R; latency is measured from that *scheduled* time, so a target that falls behind is charged for the
-   wait, with no coordinated omission): back-to-back clients would only measure a queue (50 clients / the target's
-   capacity), not what one request pays for going through the proxy. ``CPU ms/req`` is the CPU time (user + system,
-   all threads and child processes) the target process spent per request: on a shared, loaded machine it is the
+   skips it) is a forwarder built from the sidecar's own parts (uvicorn, uvloop, httptools,
+   ``capture.request.upstream``) that captures nothing, on the proxies' core: what it adds is this machine's price for
+   any proxy on that stack, and the sidecar's added latency minus the floor's is what capturing costs. One client sends
+   back to back (closed loop). More clients send at a fixed total rate for each of ``--rates`` (open loop: client i of N
+   sends at t0 + i/R + k*N/R; latency is measured from that *scheduled* time, so a target that falls behind is charged
+   for the wait, with no coordinated omission): back-to-back clients would only measure a queue (50 clients / the
+   target's capacity), not what one request pays for going through the proxy. ``CPU ms/req`` is the CPU time (user +
+   system, all threads and child processes) the target process spent per request: on a shared, loaded machine it is the
    figure that contention distorts least (latency and req/s mostly measure the scheduler). For ``direct`` it is the
    fake upstream's own cost.
 2. throughput: each mode for ``--throughput-s`` at 50 clients; requests/s overall and the slowest 1-s bucket;
@@ -153,7 +153,7 @@ def _answer(body: dict[str, Any]) -> bytes:
 
 def _completion_answer(body: dict[str, Any]) -> bytes:
     """A ``/v1/completions`` answer with token ids and top-k logprobs spelled ``token_id:N``: what the shadow
-    sender (`capture.shadow`) asks a candidate for, so bench_shadow.py's candidates answer it in full."""
+    sender (`capture.request.shadow`) asks a candidate for, so bench_shadow.py's candidates answer it in full."""
     k = int(body.get("logprobs") or 0)
     logprobs = {
         "tokens": [f"token_id:{t}" for t in OUTPUT_IDS],
@@ -357,11 +357,11 @@ def run_sidecar_null_sink(argv: list[str]) -> None:
     """`capture.cli.serve` with a publisher draining to a sink that accepts everything (the memory phase)."""
     import uvicorn
 
-    from capture.app import build_app
     from capture.cli import build_settings, build_spool
-    from capture.http_server import uvicorn_config
     from capture.metrics import CaptureMetrics
-    from capture.publisher import Publisher
+    from capture.publishing.publisher import Publisher
+    from capture.request.app import build_app
+    from capture.request.http_server import uvicorn_config
 
     class NullSink:
         name = "null"
@@ -386,12 +386,12 @@ def run_sidecar_null_sink(argv: list[str]) -> None:
 
 
 def run_forwarder(argv: list[str]) -> None:
-    """The floor: a proxy on the sidecar's own stack (uvicorn + uvloop + httptools, `capture.upstream.Upstream`
+    """The floor: a proxy on the sidecar's own stack (uvicorn + uvloop + httptools, `capture.request.upstream.Upstream`
     over aiohttp) that forwards the client's body as is and answers upstream's bytes, capturing nothing. What it
     adds is what any proxy built from these parts adds on this machine, before a byte of capture work."""
     import uvicorn
 
-    from capture.upstream import Upstream
+    from capture.request.upstream import Upstream
 
     port, base = int(argv[0]), argv[1]
     upstream = Upstream(base, timeout_s=60.0)

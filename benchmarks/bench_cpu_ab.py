@@ -64,9 +64,9 @@ def switch_off(parts: list[str]) -> None:
     """Replace the named parts of the capture with no-ops, in the sidecar process (before it serves)."""
     if not parts:
         return
-    import capture.envelope_writer as envelope_writer
-    import capture.non_streaming as non_streaming
     import capture.protocol.output as output
+    import capture.request.envelope_writer as envelope_writer
+    import capture.request.non_streaming as non_streaming
 
     async def nothing(*_: object) -> None:
         return None

@@ -5,15 +5,15 @@
 For each shape (16 tokens x top-5: the capture benchmark's; 256 tokens x top-20: a long answer at the highest
 audit k) it times, per request, in one process and one run:
 
-- ``parse+collect``: `capture.edge.decode_json` of upstream's body (msgspec) and `OutputCollector.add` (the
+- ``parse+collect``: `capture.request.edge.decode_json` of upstream's body (msgspec) and `OutputCollector.add` (the
   same on both paths);
-- ``build``: reference `capture.assembly.build_envelope_checked` (one pydantic model per record, ~100 for
+- ``build``: reference `capture.request.assembly.build_envelope_checked` (one pydantic model per record, ~100 for
   16 x 5) against `build_envelope` (the whole envelope validated once from plain data);
 - ``encode``: reference ``canonical_json(model_dump(mode="json", exclude_none=True))`` (= the generic
   `schemas.canonical.canonical_bytes`) against `Envelope.canonical()` (logprobs written by the specialised
   encoder);
 - ``sidecar bytes``: reference build + encode against `build_envelope_bytes` (what the sidecar runs: no
-  logprob records at all, see `capture.assembly`);
+  logprob records at all, see `capture.request.assembly`);
 
 and asserts that both paths give the same envelope and the same bytes. Figures are the best of ``--rounds``
 rounds (the machine is shared: the minimum is the least disturbed). Logprobs are float32 values widened to
@@ -36,7 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capture.assembly import (
+from capture.protocol.audit_fields import prepare
+from capture.protocol.output import OutputCollector
+from capture.request.assembly import (
     EnvelopeInputs,
     RequestContext,
     build_envelope,
@@ -44,10 +46,8 @@ from capture.assembly import (
     build_envelope_checked,
     prompt_record,
 )
-from capture.edge import decode_json
-from capture.policy import NOT_FLAGGED
-from capture.protocol.audit_fields import prepare
-from capture.protocol.output import OutputCollector
+from capture.request.edge import decode_json
+from capture.request.policy import NOT_FLAGGED
 from schemas import ArtifactHashes, Envelope, RuntimeFingerprint
 from schemas.canonical import canonical_json
 

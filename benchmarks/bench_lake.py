@@ -65,7 +65,8 @@ QUERIES = {
 
 
 async def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    """Like `capture.kafka_sink.KafkaSink`: the envelope id header rides along (the archiver then skips re-hashing)."""
+    """Like `capture.publishing.kafka_sink.KafkaSink`: the envelope id header rides along (the archiver then skips
+    re-hashing)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:

@@ -4,7 +4,7 @@
         [--mode guaranteed] [--slow-delay-s 2] [--shadow-timeout-s 0.5] [--shadow-queue 64]
         [--settle-s 20] [--no-pin] [--markdown] [--json FILE]
 
-Shadowing must never delay, change or fail the client's answer (`capture.shadow`: the request path only hashes
+Shadowing must never delay, change or fail the client's answer (`capture.request.shadow`: the request path only hashes
 the request id and ``put_nowait``s the envelope; workers send it later). This measures that promise from the
 client's side. Built from bench_capture.py's parts (its fast fake upstream, load generator, process handling,
 percentiles), every piece in its own process on 127.0.0.1:

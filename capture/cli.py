@@ -21,13 +21,13 @@ import typer
 import uvicorn
 from pydantic import ValidationError
 
-from capture.app import build_app
-from capture.auth import load_key_file, new_key
 from capture.errors import CaptureError
-from capture.http_server import uvicorn_config
 from capture.ledger.key_file import write_key_file
 from capture.metrics import CaptureMetrics
-from capture.publisher import Publisher
+from capture.publishing.publisher import Publisher
+from capture.request.app import build_app
+from capture.request.auth import load_key_file, new_key
+from capture.request.http_server import uvicorn_config
 from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings
 from capture.spool import Spool
@@ -92,7 +92,7 @@ def build_spool(settings: CaptureSettings, metrics: CaptureMetrics | None = None
 
 def serve(settings: CaptureSettings) -> None:
     """Run the sidecar until interrupted (uvloop when installed; the HTTP parser and the bounds of the edge as
-    `capture.http_server.uvicorn_config` sets them from `settings`).
+    `capture.request.http_server.uvicorn_config` sets them from `settings`).
 
     uvicorn, because nothing measured cheaper for this app: granian (ASGI, one worker, uvloop, pinned to the same
     core) spent more CPU per captured request (BENCHMARKS.md "Capture sidecar" has the figures).

@@ -119,8 +119,8 @@ class CaptureMetrics:
 
         self.shadow_total = counter(
             "shadow_total",
-            "Shadow requests to the candidate (capture/shadow.py) by outcome: recorded, candidate_error, timeout, "
-            "skipped (nothing to compare: no token ids, an error), dropped_queue (queue full), dropped_spool "
+            "Shadow requests to the candidate (capture/request/shadow.py) by outcome: recorded, candidate_error, "
+            "timeout, skipped (nothing to compare: no token ids, an error), dropped_queue (queue full), dropped_spool "
             "(spool above its shadow share), dropped_shutdown",
             ["outcome"],
         )

@@ -19,7 +19,8 @@ from infra.clients.otel import OtelFields
 
 class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, DataKeyFields, OtelFields):
     """The sidecar's settings; the Kafka, S3 and data-key fields come from `infra.clients.connection`, the
-    OpenTelemetry export's (``otel_*``: a span per captured request, `capture.telemetry`) from `infra.clients.otel`."""
+    OpenTelemetry export's (``otel_*``: a span per captured request, `capture.request.telemetry`) from
+    `infra.clients.otel`."""
 
     model_config = SettingsConfigDict(env_prefix="REPROLANE_CAPTURE_", extra="forbid", frozen=True)
 
@@ -95,7 +96,7 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     sample_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     default_tenant: str = "default"
 
-    # --- shadow traffic (capture/shadow.py): a sample of live requests sent again to a candidate server
+    # --- shadow traffic (capture/request/shadow.py): a sample of live requests sent again to a candidate server
     shadow_upstream: str | None = Field(
         default=None, description="base URL of the candidate server (production configuration, batching on)"
     )
@@ -136,7 +137,8 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         ge=0,
         le=64,
         description="worker processes for S3 PUTs (0: threads of the sidecar process); boto3's CPU per PUT is more "
-        "than a captured request's: above a few hundred envelopes/s give it processes (capture/s3_workers.py)",
+        "than a captured request's: above a few hundred envelopes/s give it processes "
+        "(capture/publishing/s3_workers.py)",
     )
     retention_days: int = Field(default=1, ge=0, description="Object Lock retention; 0 = no retention header")
     retention_days_by_tenant: dict[str, Annotated[int, Field(ge=0)]] = Field(
@@ -159,7 +161,8 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     )
     data_key_cache_s: float = Field(default=300.0, ge=0.0, description="how long a data key is reused from memory")
 
-    # --- bounds of the HTTP edge (what one client may hold of the sidecar: capture/cli.py, capture/http_server.py)
+    # --- bounds of the HTTP edge (what one client may hold of the sidecar: capture/cli.py,
+    # capture/request/http_server.py)
     http_parser: Literal["httptools", "h11"] = Field(
         default="httptools",
         description="uvicorn's HTTP parser, pinned so the dev install and the image parse request targets alike",
@@ -171,7 +174,7 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         default=4096,
         ge=1,
         description="open connections at once; a newcomer closes the oldest that has presented no valid key, or "
-        "gets 503 when every one has (capture/connection_limits.py)",
+        "gets 503 when every one has (capture/request/connection_limits.py)",
     )
     max_anonymous_per_address: int = Field(
         default=256,
@@ -195,7 +198,7 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         "trickled slower is cut)",
     )
 
-    # --- who may call (capture/auth.py): the tenant and the right to flag come from the caller's credential
+    # --- who may call (capture/request/auth.py): the tenant and the right to flag come from the caller's credential
     auth_mode: Literal["keys", "anonymous-allowed", "trusted-proxy", "off"] = Field(
         default="keys",
         description="keys: an API key of api_keys_path on every request (401 without); anonymous-allowed: a request "

@@ -36,7 +36,7 @@ def is_valid_request_id(value: str) -> bool:
     return bool(_ID_RE.match(value))
 
 
-#: The sidecar's own request ids: this prefix and 128 random bits in hex (``capture.request_headers``).
+#: The sidecar's own request ids: this prefix and 128 random bits in hex (``capture.request.request_headers``).
 SIDECAR_REQUEST_ID_PREFIX: Final = "rl-"
 _SIDECAR_ID_RE = re.compile(rf"^{SIDECAR_REQUEST_ID_PREFIX}[0-9a-f]{{32}}$")
 
@@ -187,7 +187,7 @@ class ExecutionContext(Record):
 class ShadowMarker(Record):
     """Set on the envelope of a *shadow* request: the sidecar sent a sampled production request again, with the same
     prompt token ids and sampling contract, to a candidate server after the client had its answer
-    (`capture.shadow`). The envelope has the production envelope's request id and the candidate's runtime
+    (`capture.request.shadow`). The envelope has the production envelope's request id and the candidate's runtime
     fingerprint and outcome; it is indexed apart (`schemas.layout.shadow_index_key`), never as the request's own.
     (No float here: `schemas.envelope_codec` writes an envelope fast only while it knows every float it holds.)"""
 

@@ -22,7 +22,7 @@ from infra.stack import process
 from infra.stack.launcher import LocalStack
 from infra.stack.state import StackInfo, StackState
 
-# Tests that are not about authentication run the sidecar without it (`capture.auth`); those that are set
+# Tests that are not about authentication run the sidecar without it (`capture.request.auth`); those that are set
 # auth_mode and a key file explicitly. Set before any CaptureSettings is built; subprocesses inherit it.
 os.environ.setdefault("REPROLANE_CAPTURE_AUTH_MODE", "off")
 

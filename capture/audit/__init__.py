@@ -13,5 +13,5 @@ run anywhere with access to the buckets, not on the request path.
 - `settings`: `AuditSettings` (``REPROLANE_AUDIT_*``); `cli`: the typer apps; `errors`: the exception tree.
 
 Imports: `schemas`, `infra.clients` and `capture.ledger` only; never a module of the sidecar (`capture.errors`,
-`capture.settings`, `capture.sinks`, `capture.spool`, ...), and the sidecar never imports this package.
+`capture.settings`, `capture.publishing.sinks`, `capture.spool`, ...), and the sidecar never imports this package.
 """

@@ -1,6 +1,6 @@
 """Hashed key files: one format, and one way to mint, store and prove a key, for every kind of key we issue.
 
-The sidecar's API keys (`capture.auth`) and the operators' keys (`capture.audit.operators`) are both bearer
+The sidecar's API keys (`capture.request.auth`) and the operators' keys (`capture.audit.operators`) are both bearer
 secrets that a file of salted hashes maps to an identity (an id, a tenant or none, roles). A `KeyKind` says what
 differs between them: the token prefix, the roles a key may hold, whether a tenant is required. Everything else
 is written here once:

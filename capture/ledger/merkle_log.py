@@ -11,8 +11,8 @@ what the format-1 leaves of older logs (the id alone) could not prove. The day i
 (the ``date=`` of its object key), so a day's log and a day's objects can be compared one to one.
 
 Order is fixed at append time. The publisher hands every batch to `MerkleLogWriter` (through the sidecar's
-``audit-log`` sink, `capture.sinks.AuditLogSink`) only after *every* sink (Kafka and S3) confirmed it, and acks
-the spool only after the writer confirmed: a leaf never precedes its object. The writer appends one leaf batch
+``audit-log`` sink, `capture.publishing.sinks.AuditLogSink`) only after *every* sink (Kafka and S3) confirmed it, and
+acks the spool only after the writer confirmed: a leaf never precedes its object. The writer appends one leaf batch
 object per day per publisher batch with a conditional create of ``<start>.bin`` (If-None-Match): two writers
 racing for the same start index cannot both win; the loser relists and takes the next free index. Each batch
 object is written once, under Object Lock when retention is set.

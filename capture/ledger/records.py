@@ -1,7 +1,7 @@
 """What the ledger reads of a record the sidecar stores: `StoredRecord`.
 
-The sidecar's `capture.outgoing.Outgoing` (a spooled envelope with the fields it is routed by) extends it; the
-ledger declares the fields it reads, once, here, so it never imports the sidecar and the sidecar does not declare
+The sidecar's `capture.publishing.outgoing.Outgoing` (a spooled envelope with the fields it is routed by) extends it;
+the ledger declares the fields it reads, once, here, so it never imports the sidecar and the sidecar does not declare
 them again. The Merkle log takes the spool order, the envelope id and the capture day; the sealer the rest, and
 hands the sealed record back through `with_payload`.
 """

@@ -12,12 +12,12 @@ time; the newest is the tenant's current key, and older ones stay readable for t
   running sidecar for at most that long, and those records are unreadable too (their key is gone).
 - `Keyring.shred` deletes every version (and delete marker) of every wrapped key of the tenant, then checks
   that none is left. The envelope objects stay in place, write-once, and can never be opened again.
-- `Sealer` turns a record of an encrypted tenant (the sidecar's `capture.outgoing.Outgoing`: any
+- `Sealer` turns a record of an encrypted tenant (the sidecar's `capture.publishing.outgoing.Outgoing`: any
   `capture.ledger.records.StoredRecord`) into the sealed record the sinks send instead.
 
 boto3 is blocking: the publisher calls `Sealer.seal_batch` in a worker thread. Every botocore error becomes
 `KeyringError`. The KEK is read from the data-key fields every settings class with data keys inherits
-(`infra.clients.connection.DataKeyFields`); the sidecar builds its sealer (`capture.publisher`).
+(`infra.clients.connection.DataKeyFields`); the sidecar builds its sealer (`capture.publishing.publisher`).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ parts both endpoints share:
 - `token_text`: how upstream spells a token (``token_id:N``) and the text kept for it.
 - `sse`: the framing of a streamed answer (server-sent events).
 
-May import `schemas` (and pydantic); nothing else of the sidecar's: not its IO (`capture.edge`,
-`capture.upstream`, the spool) nor `capture.audit`. The request flow (`capture.proxy`, `capture.non_streaming`,
-`capture.streaming`) calls this package, never the other way round.
+May import `schemas` (and pydantic); nothing else of the sidecar's: not its IO (`capture.request.edge`,
+`capture.request.upstream`, the spool) nor `capture.audit`. The request flow (`capture.request.proxy`,
+`capture.request.non_streaming`, `capture.request.streaming`) calls this package, never the other way round.
 """
 
 from schemas.envelope import Endpoint

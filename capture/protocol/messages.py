@@ -6,7 +6,7 @@ no ``seed``, no logprobs and no token ids, and vLLM ignores fields it does not k
 return (`LIMITS`) is recorded on every envelope:
 
 - prompt token ids: computed by the sidecar through upstream's ``/tokenize`` with the messages as vLLM converts
-  them (same chat template; tests/capture/test_responses_messages_stack.py proves them equal to what the same
+  them (same chat template; tests/capture/request/test_responses_messages_stack.py proves them equal to what the same
   conversation gets from ``/v1/chat/completions``); a request whose conversion the sidecar does not mirror
   (images, tool blocks, inline system messages, tools, thinking) records none and is not replayable;
 - output token ids: the answer's text re-tokenized (``/tokenize``, no special tokens): the end-of-sequence

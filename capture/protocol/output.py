@@ -2,7 +2,7 @@
 
 `OutputCollector.add` records one response object (call it before `capture.protocol.audit_fields.strip`, which
 leaves the recorded object as it is). The collected choices are then given in three forms, for the three
-envelope builders of `capture.assembly`: plain data (`choices_data`), the canonical text of each choice's
+envelope builders of `capture.request.assembly`: plain data (`choices_data`), the canonical text of each choice's
 logprobs (`logprobs_texts`, for the fast path), and contract records (`choices_record`). Logprobs are kept only
 where there is one step per token id; under echo, only the generated tokens' steps.
 """

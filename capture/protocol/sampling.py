@@ -23,7 +23,7 @@ from schemas.sampling import CONSTRAINT_FIELDS
 
 # vLLM 0.32's own defaults for a request that leaves a field out (ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS);
 # the served model's generation_config.json overrides them unless vLLM runs with --generation-config vllm
-# (`SamplingDefaults`, `capture.runtime.load_sampling_defaults`).
+# (`SamplingDefaults`, `capture.request.runtime.load_sampling_defaults`).
 VLLM_DEFAULTS: Final[dict[str, float | int]] = {
     "temperature": 1.0,
     "top_p": 1.0,

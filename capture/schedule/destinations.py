@@ -12,7 +12,7 @@ Both ends are written once or collapse duplicates, so the shipper may publish a 
   engine id, seq and sha256, ``acks="all"``; at least once (consumers collapse by engine id and seq). A record
   the broker refuses for good is `RecordsRefused`, anything else a `SinkError` (retried).
 
-Every botocore and aiokafka exception is translated here (`capture.s3_workers.run_put` for S3 PUTs).
+Every botocore and aiokafka exception is translated here (`capture.publishing.s3_workers.run_put` for S3 PUTs).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from capture.errors import RecordsRefused, SinkError
-from capture.s3_workers import Put, PutOutcome, PutRefusedError, run_put
+from capture.publishing.s3_workers import Put, PutOutcome, PutRefusedError, run_put
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors, start_client, stop_quietly
 from infra.clients.s3 import S3Policy, make_s3_client
 from schemas.layout import (

@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 
 from capture.audit.operators import OPERATOR_KEYS
-from capture.auth import new_key
 from capture.ledger.key_file import new_key as new_operator_key
 from capture.ledger.key_file import write_key_file
+from capture.request.auth import new_key
 from infra import paths
 from infra.errors import DemoError
 from infra.stack import process

@@ -1,5 +1,5 @@
 """API keys for tests of the sidecar with authentication on: a key file written as the operator would (0600),
-by hand from the format `capture.auth` documents (so the test also pins that format)."""
+by hand from the format `capture.request.auth` documents (so the test also pins that format)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A sidecar's durability half in its own process, for the SIGKILL test (tests/capture/test_durability_stack.py).
+"""A sidecar's durability half in its own process, for the SIGKILL test
+(tests/capture/publishing/test_durability_stack.py).
 
     python -m tests.capture.spool_worker SPOOL_DIR TOPIC PREFIX COUNT
 
@@ -15,9 +16,9 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from capture.kafka_sink import KafkaSink
-from capture.publisher import Publisher
-from capture.s3_sink import S3Sink
+from capture.publishing.kafka_sink import KafkaSink
+from capture.publishing.publisher import Publisher
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from tests.factories import envelope

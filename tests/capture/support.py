@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from capture.app import build_app
 from capture.metrics import CaptureMetrics
+from capture.request.app import build_app
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from schemas import CapturedError, Envelope

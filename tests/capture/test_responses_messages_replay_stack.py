@@ -19,10 +19,10 @@ import anthropic
 import openai
 import pytest
 
-from capture.app import build_app
-from capture.kafka_sink import KafkaSink
-from capture.publisher import Publisher
-from capture.s3_sink import S3Sink
+from capture.publishing.kafka_sink import KafkaSink
+from capture.publishing.publisher import Publisher
+from capture.publishing.s3_sink import S3Sink
+from capture.request.app import build_app
 from capture.spool import Spool
 from infra.demo.services import reprolane_argv
 from infra.stack.state import StackInfo
@@ -31,7 +31,7 @@ from schemas import CapturedOutput, decode_envelope
 from tests.capture.audit.conftest import eventually
 from tests.capture.fake_upstream import serve
 from tests.capture.keys import write_test_keys
-from tests.capture.test_responses_messages_stack import QUESTION, responses_params, sidecar_settings
+from tests.capture.request.test_responses_messages_stack import QUESTION, responses_params, sidecar_settings
 from tests.replayer.service_harness import Topics, worker_environment
 from tests.replayer.support import S3Target
 

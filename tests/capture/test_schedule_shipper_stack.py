@@ -33,7 +33,7 @@ from schemas.layout import (
 )
 from schemas.schedule_delivery import ScheduleRef, external_request_id_for
 from tests import factories
-from tests.capture.test_publisher_quarantine_stack import consume
+from tests.capture.publishing.test_publisher_quarantine_stack import consume
 from tests.schedule_segments import FakeEngine, encode, write_segment
 
 pytestmark = pytest.mark.stack

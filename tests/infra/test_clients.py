@@ -31,12 +31,12 @@ from capture.audit.lake.settings import LakeSettings
 from capture.audit.lake.store import Lake
 from capture.audit.store import AuditStore
 from capture.errors import SinkError
-from capture.kafka_sink import KafkaSink
 from capture.ledger.errors import KeyringError, LedgerStoreError
 from capture.ledger.sealing import Keyring
 from capture.ledger.store import LedgerStore
-from capture.s3_sink import S3Sink
-from capture.s3_workers import Put, PutOutcome, run_put
+from capture.publishing.kafka_sink import KafkaSink
+from capture.publishing.s3_sink import S3Sink
+from capture.publishing.s3_workers import Put, PutOutcome, run_put
 from capture.settings import CaptureSettings
 from infra.clients.connection import KafkaConnectionFields, S3ConnectionFields
 from infra.clients.kafka import aiokafka_kwargs, faststream_security, start_client, stop_quietly

@@ -23,8 +23,8 @@ from capture.audit.errors import LakeError
 from capture.audit.lake.archiver import Archiver
 from capture.audit.lake.settings import LakeSettings
 from capture.audit.lake.store import Lake
-from capture.kafka_sink import KafkaSink
-from capture.outgoing import Outgoing
+from capture.publishing.kafka_sink import KafkaSink
+from capture.publishing.outgoing import Outgoing
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
 from infra.clients.kafka import aiokafka_kwargs

@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 import pytest
 
-from capture.app import build_app
 from capture.metrics import CaptureMetrics
+from capture.request.app import build_app
 from capture.settings import CaptureSettings
 from infra.clients.digest import directory_sha256
 from infra.errors import StackError

@@ -16,8 +16,8 @@ from typing import Any
 from capture.audit.operators import OPERATOR_KEYS
 from capture.ledger.key_file import new_key as new_operator_key
 from capture.ledger.key_file import write_key_file
-from capture.publisher import Publisher
-from capture.s3_sink import S3Sink
+from capture.publishing.publisher import Publisher
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra.stack.state import StackInfo

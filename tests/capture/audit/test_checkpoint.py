@@ -17,8 +17,8 @@ from capture.audit.errors import AuditError, InconsistentLogError
 from capture.audit.signing_keys import keygen, load_private, load_public, public_of
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import append_leaves, read_leaves
-from capture.outgoing import Outgoing
-from capture.s3_sink import S3Sink
+from capture.publishing.outgoing import Outgoing
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
 from schemas.layout import checkpoint_key, leaves_key

@@ -25,8 +25,8 @@ from capture.audit.checkpoint import write_checkpoint
 from capture.audit.store import AuditStore
 from capture.audit.verify import Verdict, verify_range, verify_request
 from capture.ledger.sealing import Keyring, Sealer
-from capture.outgoing import Outgoing
-from capture.s3_sink import S3Sink
+from capture.publishing.outgoing import Outgoing
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
 from infra.stack.buckets import s3_client

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from capture.audit.errors import AccessDenied, AuditStoreError
 from capture.audit.operators import OPERATOR_KEYS, OperatorGate, OperatorSettings
 from capture.audit.store import AuditStore
-from capture.auth import new_key as new_api_key
 from capture.ledger.key_file import load_key_file, new_key, write_key_file
+from capture.request.auth import new_key as new_api_key
 from infra.cli.root import build_app
 from schemas.access_log import AccessRecord, decode_access_record
 from schemas.layout import ACCESS_LOG_PREFIX

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 from capture.audit.access_log import hold_decisions
 from capture.audit.retention import expire, set_hold
 from capture.audit.store import AuditStore
-from capture.s3_sink import S3Sink
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from infra.stack.buckets import s3_client
 from infra.stack.state import StackInfo

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from capture.kafka_sink import KafkaSink
 from capture.ledger.sealing import Keyring
-from capture.publisher import Publisher
-from capture.s3_sink import S3Sink
+from capture.publishing.kafka_sink import KafkaSink
+from capture.publishing.publisher import Publisher
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra.cli.root import build_app

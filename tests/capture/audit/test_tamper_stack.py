@@ -24,8 +24,8 @@ from capture.audit.errors import InconsistentLogError
 from capture.audit.store import AuditStore
 from capture.audit.verify import verify_range, verify_request
 from capture.ledger.merkle_log import read_leaves
-from capture.outgoing import Outgoing
-from capture.s3_sink import S3Sink
+from capture.publishing.outgoing import Outgoing
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
 from infra.stack.buckets import s3_client

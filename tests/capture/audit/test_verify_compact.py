@@ -16,7 +16,7 @@ from capture.audit.checkpoint import reconcile
 from capture.audit.store import AuditStore
 from capture.audit.verify import check_object
 from capture.ledger.merkle_log import read_leaves, stored_digest
-from capture.outgoing import Outgoing
+from capture.publishing.outgoing import Outgoing
 from capture.spool import SpoolEntry
 from schemas import sha256_hex
 from schemas.envelope_compact import encode_compact, is_compact

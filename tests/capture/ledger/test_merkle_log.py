@@ -15,9 +15,9 @@ import pytest
 from capture.errors import SinkError
 from capture.ledger.merkle_log import MerkleLogWriter, append_leaves, log_size, read_leaves
 from capture.ledger.store import LedgerStore
-from capture.outgoing import Outgoing
-from capture.publisher import Publisher
-from capture.s3_sink import S3Sink
+from capture.publishing.outgoing import Outgoing
+from capture.publishing.publisher import Publisher
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool, SpoolEntry
 from schemas.layout import leaves_key

@@ -1,5 +1,5 @@
 """Sealing without the stack: KEK loading, and a sealer that seals only the configured tenants (the publisher that
-cannot seal refuses to start: tests/capture/test_publisher.py)."""
+cannot seal refuses to start: tests/capture/publishing/test_publisher.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from capture.ledger.errors import KeyringError
 from capture.ledger.sealing import Sealer, load_kek
-from capture.outgoing import Outgoing
+from capture.publishing.outgoing import Outgoing
 from capture.settings import CaptureSettings
 from capture.spool import SpoolEntry
 from schemas.sealed import decode_sealed, new_data_key, open_envelope

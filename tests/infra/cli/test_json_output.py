@@ -1,6 +1,6 @@
 """Machine output: every command with a ``--json`` option prints exactly one JSON document on stdout.
 
-What they read is what the sidecar writes: the envelope goes through the real publisher (`capture.publisher`:
+What they read is what the sidecar writes: the envelope goes through the real publisher (`capture.publishing.publisher`:
 compact by default, sealed for an encrypted tenant), so ``show --json`` must decode every stored form into the
 canonical JSON (it once decoded the compact bytes as UTF-8 and crashed on every stored envelope: issue 30). A fast
 test drives the real sidecar app (fake upstream) and publisher into a moto S3.

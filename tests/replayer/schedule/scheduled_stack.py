@@ -1,7 +1,7 @@
 """Envelopes that name their engine schedule, recorded on the session stack, their schedule shipped to its S3.
 
 The stack's vLLM records its schedule (`capture.schedule.recorder`, started by the stack's launcher); the real
-sidecar app (`capture.app.build_app`, a fake spool) sends the requests to it, so each envelope names its engine
+sidecar app (`capture.request.app.build_app`, a fake spool) sends the requests to it, so each envelope names its engine
 request; the envelopes and their indexes are written to the stack's S3 as the capture side lays them out; the
 real shipper (`capture.schedule.shipper.Shipper`) ships the closed segments, with their per-arrival index entries,
 to the same S3. It ships a *copy* of the segments (the shipper deletes what it shipped): the stack's own directory
@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from capture.app import build_app
 from capture.metrics import CaptureMetrics
+from capture.request.app import build_app
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings

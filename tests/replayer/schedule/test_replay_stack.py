@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import pytest
 
-from capture.app import build_app
 from capture.metrics import CaptureMetrics
+from capture.request.app import build_app
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings

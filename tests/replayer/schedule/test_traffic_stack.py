@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from capture.app import build_app
 from capture.metrics import CaptureMetrics
+from capture.request.app import build_app
 from capture.settings import CaptureSettings
 from infra.stack import servers
 from infra.stack.env import stack_defaults

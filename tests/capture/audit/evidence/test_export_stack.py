@@ -41,7 +41,7 @@ from replayer.store import EnvelopeStore
 from schemas import Envelope
 from schemas.layout import capture_day, envelope_key, leaves_key
 from tests.capture.audit.support import new_key, publish_through_s3, random_day
-from tests.capture.test_app_stack import envelope_of, through_sidecar
+from tests.capture.request.test_app_stack import envelope_of, through_sidecar
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack

@@ -19,9 +19,9 @@ from capture.audit.lake.archiver import Archiver
 from capture.audit.lake.query import run_query
 from capture.audit.lake.settings import LakeSettings
 from capture.audit.lake.store import Lake
-from capture.kafka_sink import KafkaSink
-from capture.publisher import Publisher
-from capture.s3_sink import S3Sink
+from capture.publishing.kafka_sink import KafkaSink
+from capture.publishing.publisher import Publisher
+from capture.publishing.s3_sink import S3Sink
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from schemas import SamplingContract

@@ -24,16 +24,16 @@ from typing import Any
 import openai
 import pytest
 
-from capture.app import build_app
 from capture.audit.checkpoint import write_checkpoint
 from capture.audit.lake.archiver import Archiver
 from capture.audit.lake.query import run_query
 from capture.audit.lake.settings import LakeSettings
 from capture.audit.lake.store import Lake
 from capture.audit.store import AuditStore
-from capture.kafka_sink import KafkaSink
-from capture.publisher import Publisher
-from capture.s3_sink import S3Sink
+from capture.publishing.kafka_sink import KafkaSink
+from capture.publishing.publisher import Publisher
+from capture.publishing.s3_sink import S3Sink
+from capture.request.app import build_app
 from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra.stack.buckets import s3_client

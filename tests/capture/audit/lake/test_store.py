@@ -14,7 +14,7 @@ from capture.audit.lake.query import QueryError, render_csv, render_json, render
 from capture.audit.lake.schema import ENVELOPES, envelope_row, sealed_row
 from capture.audit.lake.settings import LakeSettings
 from capture.audit.lake.store import Lake, index_body
-from capture.outgoing import Outgoing
+from capture.publishing.outgoing import Outgoing
 from capture.spool import SpoolEntry
 from schemas import CapturedError, Timings
 from schemas.envelope_compact import encode_compact
