@@ -1,6 +1,6 @@
 """Which envelopes the service replays: the flagged ones, or every one when ``settings.replay_all``.
 
-A shadow envelope (a candidate's answer to a production request, `capture.shadow`) is never selected: the
+A shadow envelope (a candidate's answer to a production request, `capture.request.shadow`) is never selected: the
 shadow report compares it with production (`replayer.gate.shadow`).
 
 Selection is decided before replayability: an envelope that is not selected is skipped quietly; a selected one

@@ -1,5 +1,5 @@
 """One OpenTelemetry span per replay the replayer service publishes (optional, off by default; the settings and
-the export are `infra.clients.otel`'s, as for the sidecar's spans in `capture.telemetry`).
+the export are `infra.clients.otel`'s, as for the sidecar's spans in `capture.request.telemetry`).
 
 The span is the verdict beside the request it judges: it is a child of the request's capture span, in the
 request's trace, both found from the envelope's request id alone (`infra.clients.otel.request_trace_id`,

@@ -2,7 +2,7 @@
 
 The model manifest (`infra.model.manifest`) summarises a model directory with these digests, and a LoRA adapter's
 identity is the same digest over every file of its directory (`directory_sha256`): the capture sidecar computes it
-for each adapter it is told upstream serves (`capture.runtime.load_adapters`), and a replay lane for the adapter
+for each adapter it is told upstream serves (`capture.request.runtime.load_adapters`), and a replay lane for the adapter
 it is about to load (`replayer.lanes.base.LocalAdapters`). Written once here, the leaf both services may import,
 so what the sidecar records and what a lane compares it with cannot drift apart.
 

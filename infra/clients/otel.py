@@ -1,7 +1,8 @@
 """OpenTelemetry span export, written once for the sidecar and the replayer service (optional, off by default).
 
 Observability teams run OTLP pipelines (Phoenix, Langfuse, Datadog, a Collector); with an endpoint configured,
-each captured request becomes one span there (`capture.telemetry`) and each replay one more (`replayer.telemetry`).
+each captured request becomes one span there (`capture.request.telemetry`) and each replay one more
+(`replayer.telemetry`).
 This module is how those spans leave the process; what they say is the two telemetry modules' business.
 The ``opentelemetry`` packages (the ``otel`` extra) are imported here and in those two modules only, and only
 when export is on: a service without an endpoint never loads them.
@@ -23,7 +24,7 @@ after the exporter's own bounded retries, on that thread. The counts are read by
 Trace ids (`request_trace_id`, `capture_span_id`): the sidecar's request id is ``rl-`` and 128 random bits, so the
 request's trace id is those bits and its capture span's id a hash of the request id. The replayer knows the
 request id from the envelope and so finds both without anything else being stored: its replay span is a child of
-the capture span, in the same trace (see `capture.telemetry` for a client that sent its own ``traceparent``).
+the capture span, in the same trace (see `capture.request.telemetry` for a client that sent its own ``traceparent``).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ class RequestRecord:
     results: list[ReplayResult]
     inclusion: Inclusion
     hold: Hold
-    #: The candidate's shadow of this request (`capture.shadow`), when one was recorded and pairs with it.
+    #: The candidate's shadow of this request (`capture.request.shadow`), when one was recorded and pairs with it.
     shadow: Envelope | None = None
     #: Why a shadow that was found is not shown (another tenant's, not this envelope's, does not read).
     shadow_problem: str | None = None

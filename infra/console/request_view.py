@@ -11,7 +11,7 @@ The logprob difference per token is the recorded minus the replayed logprob of t
 the fork on the two sides chose different tokens, so the plot marks the fork and the values after it compare
 different tokens (the chart says so).
 
-A shadow pair (`shadow_view`: production's answer and a candidate's, `capture.shadow`) is read the same way,
+A shadow pair (`shadow_view`: production's answer and a candidate's, `capture.request.shadow`) is read the same way,
 production in the recorded place and the candidate in the replayed one; the comparison is the shadow report's
 (`replayer.gate.shadow.compare_shadow`), never a second one written here.
 """
@@ -202,7 +202,7 @@ def replay_view(envelope: Envelope, result: ReplayResult, spell: Spell | None = 
 
 @dataclass(frozen=True)
 class ShadowView:
-    """A production answer and its candidate's shadow (`capture.shadow`), compared as the shadow report compares
+    """A production answer and its candidate's shadow (`capture.request.shadow`), compared as the shadow report compares
     them (`replayer.gate.shadow.compare_shadow`, i.e. `replayer.compare`): here "recorded" is production and
     "replayed" is the candidate."""
 

@@ -68,7 +68,7 @@ COPY schemas ./schemas
 COPY capture ./capture
 COPY replayer ./replayer
 COPY infra ./infra
-# httptools: the HTTP parser `capture serve` pins (capture/http_server.py), the same as in the dev install;
+# httptools: the HTTP parser `capture serve` pins (capture/request/http_server.py), the same as in the dev install;
 # infra.cli.root: the `reprolane` entry point, whose imports must resolve in the image
 RUN pip install . && python -c "import infra.cli, httptools, uvloop; import infra.cli.root"
 

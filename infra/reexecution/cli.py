@@ -1,11 +1,12 @@
 """``reprolane audit evidence``, whole: the audit side's ``export`` (with ``--reexecutable``, which reads the
 replayer's schedule store), ``verify`` and ``key`` (`capture.audit.evidence.cli`), and ``reexecute``.
 
-``reexecute`` takes one bundle or several (a workflow's folder, as ``export --workflow`` writes it): each is checked
-before any runs, and the bundles of one recorded engine share one lane. Exit codes (through `infra.cli`): 0 every
-request was reproduced bit for bit in its recorded schedule; 1 one was not (the report shows the first divergent token and the top-k on both sides), or the bundle
-fails its check (the part named) or is not re-executable; 2 this machine cannot replay it (a model file or a
-numeric field of the runtime differs: each named), bad arguments, a file that is no bundle.
+``reexecute`` takes one bundle or several (a workflow's folder, as ``export --workflow`` writes it): each is
+checked before any runs, and the bundles of one recorded engine share one lane. Exit codes (through
+`infra.cli`): 0 every request was reproduced bit for bit in its recorded schedule; 1 one was not (the report
+shows the first divergent token and the top-k on both sides), or a bundle fails its check (the part named) or is
+not re-executable; 2 this machine cannot replay them (a model file or a numeric field of the runtime differs: each
+named), bad arguments, a file that is no bundle.
 """
 
 from __future__ import annotations

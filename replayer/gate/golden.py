@@ -105,7 +105,7 @@ def _finish(source: str, envelopes: Iterable[Envelope]) -> GoldenSet:
         if eid in seen:
             continue
         seen.add(eid)
-        if env.shadow is not None:  # a candidate's answer (`capture.shadow`), not production's: no baseline
+        if env.shadow is not None:  # a candidate's answer (`capture.request.shadow`), not production's: no baseline
             excluded.append((env.request_id, "a shadow envelope (the candidate's answer, not production's)"))
         elif env.replayable:
             kept.append(env)

@@ -1,4 +1,4 @@
-"""The shadow report: production vs candidate over the paired envelopes of a time window (`capture.shadow`).
+"""The shadow report: production vs candidate over the paired envelopes of a time window (`capture.request.shadow`).
 
     reprolane release gate --shadow --since T [--until T] [--level LEVEL] [--min-pass-rate R] [--min-similarity S]
                    [--max-length-change L] [--max-finish-shift F] [--report FILE.json]
