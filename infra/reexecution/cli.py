@@ -79,5 +79,7 @@ def reexecute_cmd(
                 else f"NOT reproduced: request {one.envelope.request_id}\n"
                 + render_request(one.envelope, one.result).rstrip("\n")
             )
+        engines = len({one.engine for one in done})
+        lines.append(f"{len(done)} request(s) re-executed on {engines} engine(s) started here")
         document("\n".join(lines))
     raise typer.Exit(0 if all(one.reproduced for one in done) else 1)

@@ -49,6 +49,7 @@ class Reexecuted:
     report: BundleReport
     envelope: Envelope
     result: ReplayResult
+    engine: int = 0  # which engine started here replayed it (`reexecute_all` starts one per recorded engine)
 
     @property
     def reproduced(self) -> bool:
@@ -126,7 +127,7 @@ def reexecute_all(
             if lane is None:
                 lane = lanes[key] = lane_factory(settings, engine)
             result, _ = replay_on_schedule(item.envelope, item.window, lane, settings)
-            done.append(Reexecuted(item.report, item.envelope, result))
+            done.append(Reexecuted(item.report, item.envelope, result, list(lanes).index(key)))
     finally:
         for lane in lanes.values():
             lane.close()

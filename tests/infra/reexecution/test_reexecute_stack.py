@@ -1,14 +1,16 @@
-"""Issue 33 on the real stack: a batched request's evidence, exported re-executable and re-executed offline.
+"""Issue 33 on the real stack: requests' evidence, exported re-executable and re-executed offline.
 
-Three requests sent at once through the real sidecar to the stack's recording vLLM (they share steps); their
-envelopes published by the real publisher with the Merkle log, their schedule shipped by the real shipper, the
-day signed by ``reprolane audit checkpoint``; then, as the people involved run them, in child processes:
+Seven requests through the real sidecar to the stack's recording vLLM: three at once (they share steps), two
+staggered (each arriving while others run), and a two-step workflow; their envelopes published by the real
+publisher with the Merkle log, their schedule shipped by the real shipper, the day signed by ``reprolane audit
+checkpoint``; then, as the people involved run them, in child processes:
 
-- the operator: ``reprolane audit evidence export ID --reexecutable`` for two of the three;
-- the regulator: ``reprolane audit evidence reexecute BUNDLE --model-dir DIR --key-fingerprint F`` in a process
-  whose environment names no S3, no Kafka and no stack (anything that reached for S3 would fail), which verifies the
-  bundle, checks the model files, replays the request inside its recorded batch with fillers, and reproduces it
-  bit for bit;
+- the operator: ``reprolane audit evidence export ID --reexecutable`` for two batched requests and a staggered one,
+  and ``export WORKFLOW --workflow --reexecutable`` for the workflow (one bundle per step, in a folder);
+- the regulator: ``reprolane audit evidence reexecute BUNDLE... --model-dir DIR --key-fingerprint F`` in a process
+  whose environment names no S3, no Kafka and no stack (anything that reached for S3 would fail), which verifies
+  every bundle, checks the model files, replays each request inside its recorded batch with fillers on one engine,
+  and reproduces all five bit for bit;
 - tampering: one token id of the recorded output, one logprob, one schedule record (a step's shapes), the
   runtime fingerprint (the engine record), the model manifest: each is caught and named by the signed manifest
   before anything runs; a model directory with one changed file is refused, naming the file.
@@ -24,11 +26,13 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from capture.audit.evidence.bundle import write_zip
@@ -40,13 +44,16 @@ from schemas.envelope_compact import encode_compact
 from schemas.layout import capture_day
 from tests.capture.audit.evidence.test_export_stack import BUCKET, cli_env, publish_settings
 from tests.capture.audit.support import new_key, publish_through_s3
+from tests.capture.fake_upstream import serve
 from tests.replayer.schedule.scheduled_stack import chat, ship_schedules, stack_replayer_settings, stack_sidecar
 from tests.replayer.schedule.test_lane_model import model_dir
-from tests.replayer.schedule.test_replay_stack import _send, _spooled
+from tests.replayer.schedule.test_replay_stack import _spooled
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
 
 PROMPTS = ["Name three rivers in Europe.", "What is a prime number?", "Describe the colour of the sea."]
+STAGGERED = ["Why do cats purr?", "Give two facts about the moon."]
+WORKFLOW = ["Suggest a name for a bakery.", "Now write a one-line slogan for it."]
 
 
 def reprolane(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -60,6 +67,11 @@ def reprolane(*args: str, env: dict[str, str], timeout: float = 600) -> subproce
     )
 
 
+def _records(bundle: bytes) -> list[dict[str, Any]]:
+    with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
+        return [json.loads(line) for line in zf.read("schedule.jsonl").splitlines()]
+
+
 def rezip(bundle: bytes, name: str, change: Any) -> bytes:
     with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
         members = {n: zf.read(n) for n in zf.namelist()}
@@ -67,13 +79,37 @@ def rezip(bundle: bytes, name: str, change: Any) -> bytes:
     return write_zip(members, datetime.now(UTC))
 
 
-async def _captured(stack: StackInfo, tmp_path: Path) -> list[Envelope]:
+async def _send_all(app: Any, workflow: str) -> tuple[list[str], list[str], list[str]]:
+    """Through the sidecar, together: three at once, two staggered, a two-step workflow (step 2 after step 1's
+    answer); their request ids by group."""
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=600.0) as client:
+
+        async def one(delay_s: float, prompt: str, headers: dict[str, str] | None = None) -> str:
+            await asyncio.sleep(delay_s)
+            reply = await client.post("/v1/chat/completions", json=chat(prompt, 12), headers=headers)
+            assert reply.status_code == 200, reply.text
+            return reply.headers["x-reprolane-request-id"]
+
+        async def steps() -> list[str]:
+            return [
+                await one(0.2 if step == 1 else 0.0, prompt, {"X-Reprolane-Workflow-Id": workflow,
+                                                              "X-Reprolane-Step": str(step)})
+                for step, prompt in enumerate(WORKFLOW, start=1)
+            ]  # fmt: skip
+
+        batched = asyncio.gather(*(one(0.0, p) for p in PROMPTS))
+        staggered = asyncio.gather(*(one(0.5 + 0.4 * i, p) for i, p in enumerate(STAGGERED)))
+        return await asyncio.gather(batched, staggered, steps())
+
+
+async def _captured(stack: StackInfo, tmp_path: Path, workflow: str) -> tuple[list[Envelope], ...]:
     app, spool = stack_sidecar(stack)
-    ids = await _send(app, [chat(p, 12) for p in PROMPTS], 0.0)
-    envelopes = await _spooled(spool, ids)
+    groups = await _send_all(app, workflow)
+    envelopes = await _spooled(spool, [rid for group in groups for rid in group])
     await publish_through_s3(publish_settings(stack, tmp_path / "spool", BUCKET), envelopes, tmp_path / "spool")
     await ship_schedules(stack, stack_replayer_settings(stack), envelopes, tmp_path / "ship")
-    return envelopes
+    by_id = {e.request_id: e for e in envelopes}
+    return tuple([by_id[rid] for rid in group] for group in groups)
 
 
 def _offline(tmp_path: Path) -> dict[str, str]:
@@ -99,25 +135,26 @@ def _changed_model(tmp_path: Path) -> Path:
     return copy
 
 
-def test_a_batched_request_reexecutes_offline_bit_for_bit_and_every_tamper_is_named(
+def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_and_every_tamper_is_named(
     stack: StackInfo, tmp_path: Path
 ) -> None:
     client = s3_client(stack.s3_endpoint, stack.s3_credentials)
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
         client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
-    envelopes = asyncio.run(_captured(stack, tmp_path))
+    workflow = f"wf-{uuid.uuid4().hex[:12]}"
+    batched, staggered, steps = asyncio.run(_captured(stack, tmp_path, workflow))
     private, _public = new_key()
     env = {
         **cli_env(stack, private, BUCKET),
         **{k: v for k, v in stack_defaults(stack).items() if k.startswith("REPROLANE_REPLAYER_")},
         "REPROLANE_REPLAYER_MODEL_DIR": str(model_dir()),
     }
-    signed = reprolane("audit", "checkpoint", "--day", capture_day(envelopes[0].captured_at), env=env)
+    signed = reprolane("audit", "checkpoint", "--day", capture_day(batched[0].captured_at), env=env)
     assert "checkpoint size" in signed.stdout, signed.stdout + signed.stderr
     offline = _offline(tmp_path)
 
     bundles = []
-    for target in (envelopes[0], envelopes[2]):
+    for target in (batched[0], batched[2], staggered[1]):
         path = tmp_path / f"{target.request_id}.zip"
         done = reprolane("audit", "evidence", "export", target.request_id, "-o", str(path), "--reexecutable", env=env)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -125,16 +162,29 @@ def test_a_batched_request_reexecutes_offline_bit_for_bit_and_every_tamper_is_na
         fingerprint = done.stdout.rsplit("--key-fingerprint ", 1)[1].strip()
         with zipfile.ZipFile(path) as zf:
             schedule = zf.read("schedule.jsonl")
-        assert max(len(json.loads(line).get("scheduled", ())) for line in schedule.splitlines()) > 1, "not batched"
-        others = [e.request_id.removeprefix("rl-") for e in envelopes if e is not target]
+        records = [json.loads(line) for line in schedule.splitlines()]
+        assert max(len(r.get("scheduled", ())) for r in records) > 1, "not batched"
+        others = [e.request_id.removeprefix("rl-") for e in (*batched, *staggered, *steps) if e is not target]
         assert not any(other.encode() in schedule for other in others)  # shapes only: no other request's id
-        ran = reprolane(
-            "audit", "evidence", "reexecute", str(path), "--model-dir", str(model_dir()),
-            "--key-fingerprint", fingerprint, env=offline,
-        )  # fmt: skip
-        assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
-        assert f"reproduced bit for bit: request {target.request_id}" in ran.stdout
         bundles.append((target, path.read_bytes(), fingerprint))
+    arrivals = {r["step"] for r in _records(bundles[2][1]) if r["kind"] == "arrival"}
+    assert len(arrivals) > 1, "the staggered request's window holds one arrival step"
+    folder = tmp_path / "workflow"
+    done = reprolane(
+        "audit", "evidence", "export", workflow, "--workflow", "--reexecutable", "-o", str(folder), env=env
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == [f"step-{i:06d}-{e.request_id}.zip" for i, e in
+                                                        enumerate(steps, start=1)]  # fmt: skip
+
+    ran = reprolane(
+        "audit", "evidence", "reexecute", *(str(tmp_path / f"{t.request_id}.zip") for t, _, _ in bundles), str(folder),
+        "--model-dir", str(model_dir()), "--key-fingerprint", fingerprint, env=offline,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+    for target in (*(t for t, _, _ in bundles), *steps):
+        assert f"reproduced bit for bit: request {target.request_id}" in ran.stdout
+    assert "5 request(s) re-executed on 1 engine(s) started here" in ran.stdout  # one recorded engine: one here
 
     target, bundle, fingerprint = bundles[0]
     cases: dict[str, bytes] = {

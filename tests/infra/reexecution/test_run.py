@@ -129,6 +129,7 @@ async def test_a_workflows_steps_export_one_bundle_each_and_reexecute_on_one_lan
     assert [d.envelope.request_id for d in done] == [e.request_id for e in steps]
     assert [d.reproduced for d in done] == [True, False]
     assert len(lanes) == 1  # one engine recorded both: its lane started once
+    assert [d.engine for d in done] == [0, 0]
     assert lanes[0].closed
 
 
