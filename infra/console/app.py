@@ -387,6 +387,8 @@ def build_console_app(console: Console) -> Starlette:
             "rate": charts.divergence_rate_chart(data.by_runtime),
             "positions": charts.position_histogram(data.positions, data.replays),
             "lag": charts.lag_histogram(data.lags_s),
+            "verified": charts.verified_chart(data.verified),
+            "lag_over_time": charts.lag_chart(data.verified),
             "gates": charts.gate_chart(
                 [
                     (f"{n}. {g.finished_at:%Y-%m-%d %H:%M:%S}", g.pass_rate or 0.0, g.gate_passed)

@@ -159,6 +159,56 @@ def lag_histogram(lags_s: list[float]) -> str:
     )
 
 
+VERIFIED_TITLE = "traffic verified, per hour of capture"
+LAG_TITLE = "verification lag, per hour of capture (replayed at - captured at)"
+NO_TRAFFIC = "no verifiable envelope in the lake yet"
+
+
+def verified_chart(rows: list[dict[str, Any]]) -> str:
+    """The share of verifiable traffic that has a replay result, per hour of capture; each point labelled with the
+    counts it is made of (``verified`` of ``envelopes``)."""
+    import plotly.graph_objects as go
+
+    if not rows:
+        return empty(VERIFIED_TITLE, NO_TRAFFIC)
+    return _figure(
+        [
+            go.Scatter(
+                x=[r["hour"].strftime("%Y-%m-%d %H:00") for r in rows],
+                y=[int(r["verified"]) / int(r["envelopes"]) for r in rows],
+                mode="lines+markers+text",
+                text=[f"{r['verified']} of {r['envelopes']} verified" for r in rows],
+                textposition="top center",
+                marker={"size": 10, "color": "#31a354"},
+                hovertemplate="%{x}: %{y:.1%} (%{text})<extra></extra>",
+            )
+        ],
+        title=VERIFIED_TITLE,
+        xaxis={"type": "category", "title": "hour of capture (UTC)"},
+        yaxis={"title": "verified share", "range": [-0.05, 1.1], "tickformat": ".0%", "zeroline": True},
+    )
+
+
+def lag_chart(rows: list[dict[str, Any]]) -> str:
+    """The verification lag over time: median and 95th percentile per hour of capture, of the verified envelopes."""
+    import plotly.graph_objects as go
+
+    points = [r for r in rows if r["lag_p50"] is not None]
+    if not points:
+        return empty(LAG_TITLE, NO_REPLAYS)
+    hours = [r["hour"].strftime("%Y-%m-%d %H:00") for r in points]
+    return _figure(
+        [
+            go.Scatter(x=hours, y=[r["lag_p50"] for r in points], name="median", mode="lines+markers"),
+            go.Scatter(x=hours, y=[r["lag_p95"] for r in points], name="95th percentile", mode="lines+markers"),
+        ],
+        title=LAG_TITLE,
+        xaxis={"type": "category", "title": "hour of capture (UTC)"},
+        yaxis={"title": "seconds", "rangemode": "tozero"},
+        legend={"orientation": "h", "y": -0.3},
+    )
+
+
 def gate_chart(runs: list[tuple[str, float, bool]]) -> str:
     """Pass rate per release-gate run (oldest left), green when the gate passed."""
     import plotly.graph_objects as go

@@ -168,12 +168,18 @@ class Overview:
     by_runtime: list[dict[str, Any]] = field(default_factory=list)
     positions: list[tuple[int, int]] = field(default_factory=list)
     lags_s: list[float] = field(default_factory=list)
+    verified: list[dict[str, Any]] = field(default_factory=list)  # `VERIFIED_SQL`'s rows
     gate_runs: list[GateReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
     def replays(self) -> int:
         return sum(int(r["replays"]) for r in self.by_runtime)
+
+    @property
+    def verified_share(self) -> tuple[int, int]:
+        """(verified, verifiable) envelopes over every hour shown."""
+        return sum(int(r["verified"]) for r in self.verified), sum(int(r["envelopes"]) for r in self.verified)
 
     @property
     def diverged(self) -> int:
@@ -227,6 +233,15 @@ GROUP BY ALL ORDER BY ALL
 LAG_SQL = """
 SELECT epoch(d.replayed_at) - epoch(e.captured_at) FROM divergences d JOIN envelopes e USING (envelope_id)
 WHERE $tenant IS NULL OR e.tenant = $tenant
+"""
+
+#: Per hour of capture: the traffic that can be verified, how much of it was (the lake's ``verification`` view),
+#: and the lag of the verified part (median, 95th percentile).
+VERIFIED_SQL = """
+SELECT date_trunc('hour', captured_at) AS hour, count(*) AS envelopes, count(*) FILTER (WHERE verified) AS verified,
+       quantile_cont(lag_s, 0.5) AS lag_p50, quantile_cont(lag_s, 0.95) AS lag_p95
+FROM verification WHERE verifiable AND ($tenant IS NULL OR tenant = $tenant)
+GROUP BY ALL ORDER BY ALL
 """
 
 
@@ -415,6 +430,7 @@ class Records:
         by_runtime: list[dict[str, Any]] = []
         positions: list[tuple[int, int]] = []
         lags: list[float] = []
+        verified: list[dict[str, Any]] = []
         try:
             con = self._lake()
             try:
@@ -423,12 +439,14 @@ class Records:
                 by_runtime = [dict(zip(cols, r, strict=True)) for r in con.execute(BY_RUNTIME_SQL, params).fetchall()]
                 positions = [(int(p), int(n)) for p, n in con.execute(POSITIONS_SQL, params).fetchall()]
                 lags = [float(v) for (v,) in con.execute(LAG_SQL, params).fetchall() if v is not None]
+                shares = ("hour", "envelopes", "verified", "lag_p50", "lag_p95")
+                verified = [dict(zip(shares, r, strict=True)) for r in con.execute(VERIFIED_SQL, params).fetchall()]
             finally:
                 con.close()
         except AuditError as exc:
             problems.append(str(exc))
         gates, gate_problems = self.gate_runs() if scope is None else ([], [])
-        return Overview(by_runtime, positions, lags, gates, problems + gate_problems)
+        return Overview(by_runtime, positions, lags, verified, gates, problems + gate_problems)
 
     def gate_runs(self) -> tuple[list[GateReport], list[str]]:
         """Release-gate reports (``release gate --report FILE.json``) in the configured folder, newest first. Gate runs

@@ -181,8 +181,16 @@ def test_login_search_and_the_fork_with_both_top_k_tables(browser: Any, world: W
     shot(page, "workflow", world.tmp)
 
     page.goto(world.url + "/overview")
-    for chart in ("rate", "positions", "lag", "gates"):
+    for chart in ("verified", "lag_over_time", "rate", "positions", "lag", "gates"):
         page.wait_for_selector(f"#chart-{chart} .main-svg")
+    share = re.fullmatch(
+        r"(\d+) of (\d+) verifiable envelopes verified \(.*\)\.", page.inner_text("#overview-verified")
+    )
+    assert share is not None, page.inner_text("#overview-verified")
+    assert 0 < int(share[1]) <= int(share[2])  # the world's replayed envelopes, out of its traffic
+    labels = page.locator("#chart-verified .textpoint").all_text_contents()
+    assert labels
+    assert all(re.fullmatch(r"\d+ of \d+ verified", t) for t in labels), labels
     verdicts = page.locator("#gate-runs tbody tr td:nth-child(5)").all_inner_texts()
     assert sorted(verdicts) == ["FAIL", "PASS"]
     shot(page, "overview", world.tmp)

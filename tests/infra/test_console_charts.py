@@ -70,6 +70,23 @@ def test_empty_charts_say_there_is_nothing_to_show_and_draw_no_axes() -> None:
     assert note_of(figure(charts.position_histogram([], 7))) == none_forked
     assert note_of(figure(charts.lag_histogram([]))) == charts.NO_REPLAYS
     assert "no release-gate runs" in note_of(figure(charts.gate_chart([])))
+    assert note_of(figure(charts.verified_chart([]))) == charts.NO_TRAFFIC
+    unverified = {"hour": datetime(2026, 12, 1, 9, tzinfo=UTC), "envelopes": 3, "verified": 0, "lag_p50": None,
+                  "lag_p95": None}  # fmt: skip
+    assert note_of(figure(charts.lag_chart([unverified]))) == charts.NO_REPLAYS
+
+
+def test_the_verified_share_is_a_rate_with_its_counts_and_the_lag_is_drawn_over_time() -> None:
+    rows = [
+        {"hour": datetime(2026, 12, 1, 9, tzinfo=UTC), "envelopes": 40, "verified": 40, "lag_p50": 2.0, "lag_p95": 9.5},
+        {"hour": datetime(2026, 12, 1, 10, tzinfo=UTC), "envelopes": 8, "verified": 2, "lag_p50": 3.0, "lag_p95": 4.0},
+    ]
+    (share,) = figure(charts.verified_chart(rows))["data"]
+    assert share["y"] == [1.0, 0.25]
+    assert share["text"] == ["40 of 40 verified", "2 of 8 verified"]
+    lag = figure(charts.lag_chart(rows))
+    assert [(t["name"], t["y"]) for t in lag["data"]] == [("median", [2.0, 3.0]), ("95th percentile", [9.5, 4.0])]
+    assert lag["layout"]["yaxis"]["rangemode"] == "tozero"
 
 
 def test_a_first_divergence_histogram_counts_from_zero() -> None:

@@ -26,6 +26,10 @@ Views (every query sees these names):
 - ``divergences``: one row per replay result id;
 - ``replays``: result id, envelope, lane, verdict and the replay result's S3 key (needs the envelope's
   capture day, so ``s3_key`` is NULL for a result whose envelope is not in the lake);
+- ``verification``: one row per production envelope: ``verified`` (a replay result of it is in the lake), the
+  first one's ``result_id``, ``lane``, ``verdict`` and ``replayed_at``, and ``lag_s`` (replayed at - captured at);
+  ``verifiable`` is false for a record with no output to replay (an error, a started record): the share of
+  traffic verified is ``avg(verified::int) FILTER (WHERE verifiable)``;
 - ``envelopes_raw`` / ``divergences_raw``: the files as written, duplicates (and shadows) included.
 
 A file written before the shadow columns existed reads them as NULL, and NULL is "not a shadow"; one written before
@@ -105,6 +109,17 @@ CREATE VIEW replays AS
     FROM divergences d LEFT JOIN envelopes e USING (envelope_id);
 """
 
+#: Over ``envelopes`` and ``replays``, in both lakes (module docstring).
+VERIFICATION_VIEW = """
+CREATE VIEW verification AS
+    SELECT e.envelope_id, e.request_id, e.tenant, e.date, e.captured_at, e.flagged,
+           coalesce(e.sealed OR e.outcome_kind = 'output', false) AS verifiable,
+           v.result_id IS NOT NULL AS verified, v.result_id, v.lane, v.verdict, v.replayed_at,
+           epoch(v.replayed_at) - epoch(e.captured_at) AS lag_s
+    FROM envelopes e LEFT JOIN (
+        SELECT * FROM replays QUALIFY row_number() OVER (PARTITION BY envelope_id ORDER BY replayed_at, result_id) = 1
+    ) v USING (envelope_id);
+"""
 
 #: Applied after the lake's datasets are registered; ``lock_configuration`` last, so nothing after it can
 #: change the others (DuckDB's names, checked against the installed version by tests/capture/audit/lake/test_query.py).
@@ -152,6 +167,7 @@ def _connect_iceberg(con: Any, lake: IcebergLake, day: str | None) -> None:
     for table in (*TABLES, "replays"):
         con.register(f"{table}_table", lake.dataset(table, day))
     con.execute(ICEBERG_VIEWS)
+    con.execute(VERIFICATION_VIEW)
 
 
 def connect(lake: Lake | IcebergLake, day: str | None = None) -> Any:
@@ -172,6 +188,7 @@ def connect(lake: Lake | IcebergLake, day: str | None = None) -> Any:
         con.execute(TABLE_VIEWS.format(t=table, view=DEDUPED_VIEW[table], key=DEDUPE_KEY[table]))
     con.execute(SHADOW_VIEWS)
     con.execute(VIEWS)
+    con.execute(VERIFICATION_VIEW)
     for statement in LOCKDOWN:
         con.execute(statement)
     return con

@@ -83,3 +83,38 @@ def test_the_connection_is_locked_down(lake: Lake) -> None:
 def test_a_python_variable_is_not_a_table(lake: Lake) -> None:
     with pytest.raises(QueryError):
         run_query(lake, "SELECT * FROM lake")  # run_query's own local: DuckDB's replacement scan would find it
+
+
+async def test_the_verification_view_says_per_envelope_whether_and_by_which_replay_it_was_verified(lake: Lake) -> None:
+    from datetime import timedelta
+
+    from schemas import CapturedError
+    from tests.capture.audit.lake.test_store_stack import event_for
+
+    verified, waiting = envelope(request_id="v"), envelope(request_id="w")
+    failed = envelope(
+        request_id="f",
+        outcome=CapturedError(error_type="upstream_error", message="x", timings=verified.outcome.timings),
+    )
+    first = event_for(verified, "bitwise", None)
+    first = first.model_copy(update={"replayed_at": verified.captured_at + timedelta(seconds=3)})
+    later = {
+        "replayed_at": first.replayed_at + timedelta(seconds=60),
+        "lane": "schedule",
+        "lane_fingerprint_sha256": "e" * 64,
+    }
+    again = first.model_copy(update=later)  # another lane's replay: another result id
+    archiver = Archiver(SETTINGS, lake)
+    for env in (verified, waiting, failed):
+        archiver.add(SETTINGS.envelope_topic, env.canonical())
+    for event in (again, first):  # delivered late first: the first replay still counts
+        archiver.add(SETTINGS.divergence_topic, event.model_dump_json().encode())
+    await archiver.flush()
+    rows = run_query(
+        lake, "SELECT request_id, verifiable, verified, lane, verdict, lag_s FROM verification ORDER BY request_id"
+    ).rows
+    assert rows == [
+        ("f", False, False, None, None, None),
+        ("v", True, True, "vllm", "bitwise", 3.0),
+        ("w", True, False, None, None, None),
+    ]
