@@ -88,6 +88,18 @@ def _pointer(store: AuditStore, request_id: str) -> tuple[str, str]:
         raise UnknownIdError(f"index entry of {request_id!r} is unreadable: {exc!r}") from exc
 
 
+def _stored_record(store: AuditStore, key: str) -> tuple[bytes, dict[str, Any]]:
+    """The envelope object's stored bytes and what they say (`_record_facts`); `EvidenceError` when it is gone or
+    does not decode."""
+    body = store.get(key)
+    if body is None:
+        raise EvidenceError(f"envelope object {key} is gone")
+    try:
+        return body, _record_facts(body)
+    except ContractError as exc:
+        raise EvidenceError(f"envelope object {key} does not decode: {exc}") from exc
+
+
 def _record_facts(body: bytes) -> dict[str, Any]:
     """What the stored bytes say about the record (all of it when plaintext, the clear metadata when sealed)."""
     sealed = decode_sealed(body) if is_sealed(body) else None
@@ -175,13 +187,7 @@ def export_bundle(
         raise EvidenceError(
             f"index entry of {request_id!r} does not match its object {key}: run `reprolane audit verify`"
         )
-    body = store.get(key)
-    if body is None:
-        raise EvidenceError(f"envelope object {key} is gone")
-    try:
-        facts = _record_facts(body)
-    except ContractError as exc:
-        raise EvidenceError(f"envelope object {key} does not decode: {exc}") from exc
+    body, facts = _stored_record(store, key)
     leaves = read_leaves(store, day)
     if leaves.problems:
         raise EvidenceError(
@@ -266,14 +272,7 @@ def workflow_requests(store: AuditStore, workflow_id: str, tenant: str | None = 
             filed.append((int(number), request_id))
     by_tenant: dict[str, list[tuple[int, str]]] = {}
     for step, request_id in sorted(filed):
-        key, _ = _pointer(store, request_id)
-        body = store.get(key)
-        if body is None:
-            raise EvidenceError(f"envelope object {key} of workflow {workflow_id!r} step {step} is gone")
-        try:
-            facts = _record_facts(body)
-        except ContractError as exc:
-            raise EvidenceError(f"envelope object {key} does not decode: {exc}") from exc
+        _, facts = _stored_record(store, _pointer(store, request_id)[0])
         said = facts["workflow"] or {}
         if said.get("workflow_id") != workflow_id or said.get("step") != step:
             raise EvidenceError(
