@@ -196,6 +196,10 @@ OPTIONS: dict[str, Any] = {
         float | None, typer.Option("--sample-rate", help="fraction of requests flagged for replay")
     ],
     "sidecar_id": Annotated[str | None, typer.Option("--sidecar-id", help="name recorded in every envelope")],
+    "engine_key": Annotated[
+        str | None,
+        typer.Option("--engine-key", help="the engine behind --upstream: the Kafka key of every envelope"),
+    ],
     "schedule_recorder": Annotated[
         str | None,
         typer.Option(

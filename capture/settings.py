@@ -68,6 +68,15 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
         description="upstream records its engine schedule (vLLM with reprolane's recording scheduler): every "
         "envelope that went upstream says where its schedule is, under this recorder name (e.g. vllm-scheduler)",
     )
+    engine_key: str | None = Field(
+        default=None,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._:/\-]+$",
+        description="the engine behind --upstream: every envelope is keyed by it on Kafka, so one member of the "
+        "replayers' consumer group owns the engine's busy periods (in order, each replayed once, moved to another "
+        "member when it fails); None: the upstream URL when a schedule recorder is named (one recording engine "
+        "behind), else each envelope's request id",
+    )
     version_headers: tuple[str, ...] = Field(
         default=("openai-version", "openai-model", "x-model-version", "x-api-version", "anthropic-version"),
         description="response headers recorded as the vendor version of upstreams without an engine version",
@@ -211,6 +220,13 @@ class CaptureSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, D
     trusted_proxies: tuple[str, ...] = Field(
         default=(), description="trusted-proxy mode: the networks (CIDR) whose identity headers are trusted"
     )
+
+    @property
+    def kafka_key(self) -> str | None:
+        """What every envelope is keyed by on Kafka (`engine_key`'s rule); None: each by its request id."""
+        if self.engine_key is not None:
+            return self.engine_key
+        return self.upstream if self.schedule_recorder is not None else None
 
     @property
     def injects_seed(self) -> bool:

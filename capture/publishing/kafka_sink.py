@@ -3,7 +3,9 @@
 `KafkaSink` takes a batch of `capture.publishing.outgoing.Outgoing` records and either confirms *every* record or raises
 `SinkError`; every aiokafka exception is translated here, so the publisher only ever sees `SinkError`.
 
-Topic `schemas.layout.TOPIC_ENVELOPES`, key = request id, value = the envelope's bytes (compact or canonical JSON,
+Topic `schemas.layout.TOPIC_ENVELOPES`, key = the engine behind the sidecar (`CaptureSettings.kafka_key`: so one
+member of the replayers' consumer group owns an engine's busy periods) or else the request id, value = the
+envelope's bytes (compact or canonical JSON,
 or its sealed record), headers ``reprolane-envelope-id``, ``reprolane-schema`` and ``reprolane-encoding``;
 ``acks="all"``, linger 5 ms, all sends of a batch awaited together. Idempotence is off on purpose: Tansu refuses
 InitProducerId, and delivery is at-least-once anyway (duplicates collapse by envelope id downstream). An envelope
@@ -88,6 +90,7 @@ class KafkaSink:
         self.topic = topic
         self.dead_letter_topic = dead_letter_topic
         self._settings = settings
+        self._key = None if settings.kafka_key is None else settings.kafka_key.encode()  # None: the request id
         self._request_timeout_ms = request_timeout_ms
         self._producer: Any = None
 
@@ -134,7 +137,8 @@ class KafkaSink:
                     value = claim_check_for(item.envelope_id, item.object_key, item.payload).encode()
                     headers.append((HEADER_CLAIM_CHECK, b"1"))
                 try:
-                    future = await producer.send(self.topic, value=value, key=item.request_id.encode(), headers=headers)
+                    key = self._key or item.request_id.encode()
+                    future = await producer.send(self.topic, value=value, key=key, headers=headers)
                 except refusals as exc:  # the producer's own checks (max_request_size) refuse before sending
                     refused[item.seq] = (type(exc).__name__, f"kafka refused the record: {exc!r}"[:_REASON_LIMIT])
                     continue

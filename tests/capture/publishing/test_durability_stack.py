@@ -273,3 +273,49 @@ async def test_sigkill_mid_run_loses_no_appended_envelope(stack: StackInfo, tmp_
     seen = await kafka_envelope_ids(stack, topic, printed)
     assert printed - seen.keys() == set(), f"{len(printed - seen.keys())} acknowledged envelopes missing from Kafka"
     assert printed <= s3_envelope_ids(s3_client(stack.s3_endpoint, stack.s3_credentials), stack.audit_bucket, prefix)
+
+
+async def test_an_engines_envelopes_share_one_partition_and_two_engines_two(stack: StackInfo, tmp_path: Path) -> None:
+    """Issue 32: keyed by the engine behind the sidecar, every envelope of one engine lands in one partition of the
+    envelope topic, so one member of the replayers' consumer group owns that engine's busy periods; two engines
+    (keys the default partitioner puts apart) land in two, so two members verify them in parallel."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from capture.publishing.outgoing import Outgoing
+    from capture.spool import SpoolEntry
+    from infra.stack.topics import ensure_topics
+
+    topic = unique("envelopes")
+    ensure_topics(stack.kafka_bootstrap, [topic], partitions=3)
+    engines = {"engine-a": [envelope(request_id=unique("a")) for _ in range(6)],
+               "engine-b": [envelope(request_id=unique("b")) for _ in range(6)]}  # fmt: skip
+    partitioner = DefaultPartitioner()
+    assert len({partitioner(e.encode(), [0, 1, 2], [0, 1, 2]) for e in engines}) == 2  # keys that part ways
+    for engine, envs in engines.items():
+        settings = settings_for(stack, tmp_path / engine).model_copy(update={"engine_key": engine})
+        sink = KafkaSink(settings, topic=topic)
+        try:
+            await sink.publish([Outgoing.from_entry(SpoolEntry(i, e.canonical())) for i, e in enumerate(envs)])
+        finally:
+            await sink.close()
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=stack.kafka_bootstrap, group_id=unique("partitions"), auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )  # fmt: skip
+    await consumer.start()
+    placed: dict[str, set[int]] = {}
+    want, seen = sum(len(v) for v in engines.values()), 0
+    try:
+        deadline = asyncio.get_running_loop().time() + 60
+        while seen < want and asyncio.get_running_loop().time() < deadline:
+            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                for record in records:
+                    assert record.key is not None
+                    placed.setdefault(record.key.decode(), set()).add(tp.partition)
+                    seen += 1
+    finally:
+        await consumer.stop()
+    assert seen == want
+    assert set(placed) == set(engines)  # keyed by the engine, not the request
+    assert all(len(parts) == 1 for parts in placed.values()), placed
+    assert placed["engine-a"] != placed["engine-b"]

@@ -360,3 +360,29 @@ async def test_kafka_answers_are_classified_per_record(
     else:
         assert isinstance(caught.value, RecordsRefused)
         assert set(caught.value.refused) == refused
+
+
+@pytest.mark.parametrize(
+    ("update", "key"),
+    [
+        ({}, None),  # no engine named, none recording: each envelope by its request id
+        ({"engine_key": "engine-7"}, b"engine-7"),
+        ({"schedule_recorder": "vllm-scheduler"}, b"http://127.0.0.1:9"),  # one recording engine: its URL
+        ({"schedule_recorder": "vllm-scheduler", "engine_key": "engine-7"}, b"engine-7"),
+    ],
+)
+async def test_envelopes_are_keyed_by_the_engine_behind_the_sidecar(
+    settings: CaptureSettings, update: dict[str, str], key: bytes | None
+) -> None:
+    keys: list[bytes] = []
+
+    class Keys(FakeProducer):
+        async def send(self, topic: str, *, value: bytes, key: bytes, headers: Any) -> asyncio.Future[None]:
+            keys.append(key)
+            return await super().send(topic, value=value, key=key, headers=headers)
+
+    chosen = CaptureSettings.model_validate({**settings.model_dump(), "kafka_bootstrap": "127.0.0.1:9", **update})
+    sink = KafkaSink(chosen)
+    sink._producer = Keys({})
+    await sink.publish([Outgoing.from_entry(SpoolEntry(i, envelope(request_id=f"r{i}").canonical())) for i in (1, 2)])
+    assert keys == ([b"r1", b"r2"] if key is None else [key, key])
