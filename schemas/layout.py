@@ -81,6 +81,9 @@ ALL_TOPICS: Final = (
 MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
 
 HEADER_ENVELOPE_ID: Final = "reprolane-envelope-id"
+#: The request id of an envelope record: its Kafka key is the engine it ran on (`capture.settings`'s ``kafka_key``),
+#: so a reader that looks for requests reads this header.
+HEADER_REQUEST_ID: Final = "reprolane-request-id"
 HEADER_SCHEMA: Final = "reprolane-schema"
 HEADER_DLQ_REASON: Final = "reprolane-dlq-reason"
 HEADER_DLQ_SOURCE: Final = "reprolane-dlq-source"

@@ -6,7 +6,8 @@
 Topic `schemas.layout.TOPIC_ENVELOPES`, key = the engine behind the sidecar (`CaptureSettings.kafka_key`: so one
 member of the replayers' consumer group owns an engine's busy periods) or else the request id, value = the
 envelope's bytes (compact or canonical JSON,
-or its sealed record), headers ``reprolane-envelope-id``, ``reprolane-schema`` and ``reprolane-encoding``;
+or its sealed record), headers ``reprolane-envelope-id``, ``reprolane-request-id``, ``reprolane-schema`` and
+``reprolane-encoding``;
 ``acks="all"``, linger 5 ms, all sends of a batch awaited together. Idempotence is off on purpose: Tansu refuses
 InitProducerId, and delivery is at-least-once anyway (duplicates collapse by envelope id downstream). An envelope
 over `schemas.layout.CLAIM_CHECK_BYTES` is sent as a `schemas.claim_check.ClaimCheck` naming its envelope object
@@ -37,6 +38,7 @@ from schemas.layout import (
     HEADER_DLQ_SINK,
     HEADER_ENCODING,
     HEADER_ENVELOPE_ID,
+    HEADER_REQUEST_ID,
     HEADER_SCHEMA,
     MAX_MESSAGE_BYTES,
     TOPIC_DEAD_LETTER,
@@ -129,6 +131,7 @@ class KafkaSink:
                     item.payload,
                     [
                         (HEADER_ENVELOPE_ID, item.envelope_id.encode()),
+                        (HEADER_REQUEST_ID, item.request_id.encode()),
                         (HEADER_SCHEMA, item.schema_version.encode()),
                         (HEADER_ENCODING, item.encoding.encode()),
                     ],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -21,6 +22,7 @@ from aiokafka.errors import KafkaError
 from infra.clients.connection import KafkaConnectionFields
 from infra.clients.kafka import aiokafka_kwargs
 from infra.errors import DemoError
+from schemas.layout import HEADER_REQUEST_ID
 
 Progress = Callable[[int], None]
 _POLL_MS = 500
@@ -85,6 +87,13 @@ async def start_group_at(bootstrap: str, group_id: str, at: Mark) -> None:
         await consumer.stop()
 
 
+def _request_id(record: Any) -> str:
+    """The request a record is about: an envelope's request-id header (its key is the engine it ran on), else the
+    key (a divergence event is keyed by its request id)."""
+    said = dict(record.headers or ()).get(HEADER_REQUEST_ID) or record.key or b""
+    return bytes(said).decode("utf-8", "replace")
+
+
 async def collect(
     bootstrap: str,
     since: Mark,
@@ -94,7 +103,8 @@ async def collect(
     timeout_s: float,
     progress: Progress | None = None,
 ) -> dict[str, bytes]:
-    """Records of ``since.topic`` after the mark whose key passes ``wanted``, by key (last one wins).
+    """Records of ``since.topic`` after the mark whose request id (`_request_id`) passes ``wanted``, by request id
+    (last one wins).
 
     Reads until ``until(found)`` holds, then returns; after ``timeout_s`` returns what it has (the caller says
     what is missing). ``progress(len(found))`` is called whenever the count changes.
@@ -115,7 +125,7 @@ async def collect(
             before = len(found)
             for records in batches.values():
                 for record in records:
-                    key = record.key.decode("utf-8", "replace") if record.key else ""
+                    key = _request_id(record)
                     if wanted(key) and record.value is not None:
                         found[key] = record.value
             if progress is not None and len(found) != before:

@@ -38,6 +38,7 @@ from schemas.layout import (
     ENCODING_COMPACT,
     HEADER_ENCODING,
     HEADER_ENVELOPE_ID,
+    HEADER_REQUEST_ID,
     HEADER_SCHEMA,
     envelope_key,
     request_index_key,
@@ -102,7 +103,9 @@ async def kafka_envelope_ids(stack: StackInfo, topic: str, want: set[str], withi
                     env_id = headers[HEADER_ENVELOPE_ID].decode()
                     assert headers[HEADER_SCHEMA] == b"reprolane.envelope/1"
                     assert headers[HEADER_ENCODING] == ENCODING_COMPACT.encode()  # the default encoding
-                    assert decode_envelope(record.value).envelope_id() == env_id
+                    decoded = decode_envelope(record.value)
+                    assert decoded.envelope_id() == env_id
+                    assert headers[HEADER_REQUEST_ID] == decoded.request_id.encode()  # the key names the engine
                     seen[env_id] = seen.get(env_id, 0) + 1
     finally:
         await consumer.stop()
