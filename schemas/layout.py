@@ -3,8 +3,9 @@
 Every key, prefix and partition path any service writes or reads is a function or constant here; nobody else
 spells ``"index/..."``. Kafka (at-least-once: duplicates are expected and collapse by envelope id):
 
-    reprolane.envelopes.v1        key = request_id, value = the envelope: canonical JSON or compact (header
-                                  `HEADER_ENCODING`; `schemas.envelope_compact`)
+    reprolane.envelopes.v1        key = the engine it ran on (else request_id; header `HEADER_REQUEST_ID`),
+                                  value = the envelope: canonical JSON or compact (header `HEADER_ENCODING`;
+                                  `schemas.envelope_compact`)
     reprolane.divergences.v1      key = request_id, value = DivergenceEvent JSON
     reprolane.replay-requests.v1  key = request_id, value = ReplayRequest JSON (on-demand replays)
     reprolane.dead-letter.v1      key = original key, value = original bytes, reason in headers
