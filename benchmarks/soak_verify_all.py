@@ -244,7 +244,8 @@ def main() -> int:
     if first and last:
         p95_first = _p95([x for w in first for x in w.lags_s])
         p95_last = _p95([x for w in last for x in w.lags_s])
-        print(f"lag p95: first quarter {p95_first:.1f} s, last quarter {p95_last:.1f} s (bounded: not growing)")
+        trend = "bounded" if p95_last <= 1.5 * p95_first else "GROWING: more arrive than this box verifies"
+        print(f"lag p95: first quarter {p95_first:.1f} s, last quarter {p95_last:.1f} s ({trend})")
     for name in services:
         print(f"RSS {name}: {warm.rss_mib[name]:.1f} MiB after warm-up, {windows[-1].rss_mib[name]:.1f} MiB at the end")
     for rid in missing[:10]:
