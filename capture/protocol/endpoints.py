@@ -55,8 +55,9 @@ class EndpointProtocol:
     """The output bound the request sets, as upstream reads it (None: upstream's default applies)."""
     tokenize_doc: Callable[[Json], Json | None]
     """The ``/tokenize`` document that renders the request's prompt as upstream does (None: it cannot)."""
-    error_of: Callable[[Json], Any]
-    """Upstream's error in one answer object or stream event, or None."""
+    error_of: Callable[[Json], Any] | None = None
+    """Typed family: upstream's error in one answer object or stream event, or None. (A choices-family error is a
+    document with ``error`` and no ``choices``, whatever its value: `read_event`.)"""
     injects_seed: bool = True
     """A sampled request without a seed may get one (policy); Messages forwards no field of ours."""
     raw_prompts: bool = False
@@ -91,14 +92,18 @@ class EndpointProtocol:
         None for any other event (`capture.protocol.sse`)."""
         return split_typed_data(event) if self.typed else split_data(event)
 
-    def read_event(self, collector: Any, obj: Json) -> Any:
-        """Record one streamed answer object into `collector`; the error upstream reported in it, or None. A
-        choices-family error document is no answer and records nothing; a typed event is recorded either way (a
-        failed response still holds what was partial)."""
-        said = self.error_of(obj)
-        if said is None or self.typed:
+    def read_event(self, collector: Any, obj: Json) -> tuple[bool, Any]:
+        """Record one streamed answer object into `collector`; whether upstream reported an error in it, and what it
+        said. A choices-family error document is no answer and records nothing; a typed event is recorded either
+        way (a failed response still holds what was partial)."""
+        if self.choices is not None:
+            if "error" in obj and "choices" not in obj:
+                return True, obj["error"]
             collector.add(obj)
-        return said
+            return False, None
+        said = None if self.error_of is None else self.error_of(obj)
+        collector.add(obj)
+        return said is not None, said
 
 
 def _choices_ask(ask_logprobs: Callable[[Json, Json, int], tuple[bool, Any]]) -> Callable[[Json, Json, int], Asked]:
@@ -111,11 +116,6 @@ def _choices_ask(ask_logprobs: Callable[[Json, Json, int], tuple[bool, Any]]) ->
         return client_token_ids, client_logprobs, recorded_k if isinstance(recorded_k, int) else None
 
     return ask
-
-
-def _choices_error(obj: Json) -> Any:
-    """A choices-family stream's error: a document with ``error`` and no ``choices``."""
-    return obj["error"] if "error" in obj and "choices" not in obj else None
 
 
 def _chat_spelled_max_tokens(body: Json) -> Any:
@@ -136,7 +136,6 @@ ENDPOINTS: Final[dict[Endpoint, EndpointProtocol]] = {
         ask=_choices_ask(chat.ask_logprobs),
         max_tokens=chat.max_tokens,
         tokenize_doc=chat.tokenize_doc,
-        error_of=_choices_error,
         choices=chat,
     ),
     "completions": EndpointProtocol(
@@ -145,7 +144,6 @@ ENDPOINTS: Final[dict[Endpoint, EndpointProtocol]] = {
         ask=_choices_ask(completions.ask_logprobs),
         max_tokens=completions.max_tokens,
         tokenize_doc=_prompt_doc,
-        error_of=_choices_error,
         raw_prompts=True,
         choices=completions,
     ),

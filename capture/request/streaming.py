@@ -115,7 +115,7 @@ def rewrite_event(event: bytes, collector: OutputCollector, prepared: Prepared) 
         return event, None
     if not isinstance(obj, dict):
         return event, None
-    said = protocol.read_event(collector, obj)
-    if said is not None:
+    failed, said = protocol.read_event(collector, obj)
+    if failed:
         return event, f"upstream error in stream: {json.dumps(said)}"  # upstream_said cuts it
     return prefix + encode(strip(obj, prepared)) + ending, None

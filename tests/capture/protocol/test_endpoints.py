@@ -37,11 +37,12 @@ def test_an_endpoint_reads_its_answer_one_way() -> None:
 def test_a_streamed_error_is_recorded_only_where_it_holds_part_of_the_answer() -> None:
     chat_collector = OutputCollector("chat.completions")
     said = ENDPOINTS["chat.completions"].read_event(chat_collector, {"error": {"message": "boom"}})
-    assert said == {"message": "boom"}
+    assert said == (True, {"message": "boom"})
+    assert ENDPOINTS["chat.completions"].read_event(chat_collector, {"error": None}) == (True, None)  # still one
     assert chat_collector.chunks == 0
     typed = OutputCollector("responses")
     failed = {"type": "response.failed", "response": {"object": "response", "error": "x", "output": []}}
-    assert ENDPOINTS["responses"].read_event(typed, failed) == "x"
+    assert ENDPOINTS["responses"].read_event(typed, failed) == (True, "x")
     assert typed.chunks == 1
 
 
