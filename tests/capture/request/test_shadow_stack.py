@@ -108,6 +108,19 @@ async def _wait_counts(client: httpx.AsyncClient, total: float, within_s: float)
         await asyncio.sleep(0.5)
 
 
+async def _wait_drained(client: httpx.AsyncClient, within_s: float = 120.0) -> None:
+    """Until the sidecar's spool is empty: every envelope it wrote, shadows included, is published. A sidecar
+    stopped earlier keeps the rest in its spool (published when it starts again), not in S3 where this test reads."""
+    deadline = time.monotonic() + within_s
+    while True:
+        lines = (await client.get("/metrics")).text.splitlines()
+        depth = [float(line.split()[-1]) for line in lines if line.startswith("reprolane_capture_spool_depth ")]
+        if depth == [0.0]:
+            return
+        assert time.monotonic() < deadline, f"spool depth {depth} after {within_s} s"
+        await asyncio.sleep(0.5)
+
+
 async def _all_stored(store: EnvelopeStore, request_ids: list[str], within_s: float = 120.0) -> None:
     deadline = time.monotonic() + within_s
     pending = list(request_ids)
@@ -141,6 +154,7 @@ async def test_shadow_traffic_on_the_real_stack(
             first = await _wait_counts(client, len(PROMPTS), within_s=600)
             assert first == {"recorded": len(PROMPTS)}
             until = datetime.now(UTC)
+            await _wait_drained(client)
 
     # slowed past its timeout, then killed: the clients notice nothing. A sidecar of its own with a short shadow
     # timeout (the one above needs a long one: the float32 candidate shares this machine's two cores)
@@ -156,6 +170,7 @@ async def test_shadow_traffic_on_the_real_stack(
             killed = [await _ask(client, stack.model_name, p) for p in PROMPTS[3:6]]
             counts = await _wait_counts(client, 6, within_s=120)
             assert counts["candidate_error"] == 3
+            await _wait_drained(client)
     await _all_stored(store, [rid for _, rid, _ in without])
     added = [[(await asyncio.to_thread(store.get_by_request_id, rid)).outcome.timings.added_ms or 0.0
               for _, rid, _ in run] for run in (without, with_shadow)]  # fmt: skip
