@@ -28,6 +28,8 @@ S3, the audit bucket (Object Lock; every object is written once, keys are conten
     replays/date=<YYYY-MM-DD>/<envelope_id>/<result_id>.json                 replay_key (date: the envelope's)
     audit/log/day=<YYYY-MM-DD>/leaves/<start:012d>.bin                       leaves_key: Merkle-log leaf batches
     audit/checkpoints/day=<YYYY-MM-DD>/<tree_size:012d>.json                 checkpoint_key: signed checkpoints
+    audit/log/schedules/engine=<engine_id>/leaves/<start:012d>.bin           an engine's schedule log (`schedule_log`):
+    audit/checkpoints/schedules/engine=<engine_id>/<size:012d>.checkpoint     one leaf per segment, checkpoints alike
     audit/expiry/<YYYYmmddTHHMMSSffffffZ>-<uuid8>.json                       expiry_report_key
     audit/access/date=<YYYY-MM-DD>/<YYYYmmddTHHMMSSffffffZ>-<id>.json        access_log_key: every operator action
                                                                              (CLI and console, one AccessRecord each)
@@ -265,19 +267,41 @@ def _log_name(n: int, ext: str) -> str:
     return f"{n:0{_LOG_NAME_DIGITS}d}.{ext}"
 
 
-def log_id(day: str) -> str:
-    """The id a checkpoint names its log by."""
-    return f"day={day}"
+#: How the log functions below name a Merkle log: a capture day (``YYYY-MM-DD``: that day's envelopes) or an
+#: engine's schedule log (`schedule_log`: its shipped segments). One format of leaves, checkpoints and proofs for
+#: both; the name only chooses the prefix and the checkpoint's origin.
+LogName = str
+
+_SCHEDULE_LOG: Final = "schedules/engine="
 
 
-def leaves_prefix(day: str) -> str:
-    """Every leaf batch of the day's log, in start order."""
-    return f"{LOG_PREFIX}{log_id(day)}/leaves/"
+def schedule_log(engine_id: str) -> LogName:
+    """The Merkle log of one engine instance's schedule segments (one leaf per shipped segment, in seq order)."""
+    return f"{_SCHEDULE_LOG}{engine_id}"
 
 
-def leaves_key(day: str, start: int) -> str:
-    """The leaf batch that starts at leaf `start` of the day's log."""
-    return f"{leaves_prefix(day)}{_log_name(start, 'bin')}"
+#: Where the schedule logs' folders are (one ``engine=<id>/`` each).
+SCHEDULE_LOGS_PREFIX: Final = f"{LOG_PREFIX}{_SCHEDULE_LOG.split('/')[0]}/"
+
+
+def schedule_log_engine(log: LogName) -> str | None:
+    """The engine a `schedule_log` name is of; None for a day."""
+    return log.removeprefix(_SCHEDULE_LOG) if log.startswith(_SCHEDULE_LOG) else None
+
+
+def log_id(log: LogName) -> str:
+    """The id a checkpoint names its log by: ``day=<D>`` for a day, the name itself for a schedule log."""
+    return log if log.startswith(_SCHEDULE_LOG) else f"day={log}"
+
+
+def leaves_prefix(log: LogName) -> str:
+    """Every leaf batch of the log, in start order."""
+    return f"{LOG_PREFIX}{log_id(log)}/leaves/"
+
+
+def leaves_key(log: LogName, start: int) -> str:
+    """The leaf batch that starts at leaf `start` of the log."""
+    return f"{leaves_prefix(log)}{_log_name(start, 'bin')}"
 
 
 def is_leaves_key(key: str) -> bool:
@@ -290,12 +314,12 @@ def leaves_start(key: str) -> int:
     return int(key.rsplit("/", 1)[1].removesuffix(".bin"))
 
 
-def checkpoints_prefix(day: str) -> str:
-    return f"{CHECKPOINTS_PREFIX}{log_id(day)}/"
+def checkpoints_prefix(log: LogName) -> str:
+    return f"{CHECKPOINTS_PREFIX}{log_id(log)}/"
 
 
-def checkpoint_key(day: str, tree_size: int) -> str:
-    return f"{checkpoints_prefix(day)}{_log_name(tree_size, 'json')}"
+def checkpoint_key(log: LogName, tree_size: int) -> str:
+    return f"{checkpoints_prefix(log)}{_log_name(tree_size, 'json')}"
 
 
 def checkpoint_key_suffix(tree_size: int) -> str:
@@ -303,10 +327,10 @@ def checkpoint_key_suffix(tree_size: int) -> str:
     return f"/{_log_name(tree_size, 'json')}"
 
 
-def note_checkpoint_key(day: str, tree_size: int) -> str:
-    """A C2SP checkpoint (a signed note, `schemas.note`) of the day's log at that size; `checkpoint_key` holds
-    the older JSON checkpoints."""
-    return f"{checkpoints_prefix(day)}{_log_name(tree_size, 'checkpoint')}"
+def note_checkpoint_key(log: LogName, tree_size: int) -> str:
+    """A C2SP checkpoint (a signed note, `schemas.note`) of the log at that size; `checkpoint_key` holds the older
+    JSON checkpoints (day logs only)."""
+    return f"{checkpoints_prefix(log)}{_log_name(tree_size, 'checkpoint')}"
 
 
 def is_note_checkpoint_key(key: str) -> bool:
@@ -324,9 +348,9 @@ def checkpoint_size_of_key(key: str) -> int | None:
     )
 
 
-def log_origin(key_name: str, day: str) -> str:
-    """The origin line of the day log's C2SP checkpoints: the signing key's name, then the log id."""
-    return f"{key_name}/{log_id(day)}"
+def log_origin(key_name: str, log: LogName) -> str:
+    """The origin line of the log's C2SP checkpoints: the signing key's name, then the log id."""
+    return f"{key_name}/{log_id(log)}"
 
 
 def time_ordered_name(at: datetime, suffix: str) -> str:

@@ -26,6 +26,7 @@ such an envelope from an inserted one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -36,6 +37,9 @@ from capture.ledger.merkle_log import append_leaves, read_leaves
 from schemas.errors import ContractError
 from schemas.layout import (
     ENVELOPES_PREFIX,
+    LOG_PREFIX,
+    SCHEDULE_LOGS_PREFIX,
+    LogName,
     checkpoint_size_of_key,
     checkpoints_prefix,
     date_prefix,
@@ -46,6 +50,7 @@ from schemas.layout import (
     log_origin,
     note_checkpoint_key,
     partition_value,
+    schedule_log,
 )
 from schemas.merkle import (
     Checkpoint,
@@ -212,6 +217,16 @@ def write_checkpoint(
     log.info("audit: checkpoint %s size %d root %s", day, size, root.hex())
     signer = VerifierKey(key_name, public_of(private_raw))
     return SignedHead(key, size, root.hex(), f"C2SP note, key {signer.encode()}", issued.isoformat(), True)
+
+
+def merkle_logs(store: AuditStore, only_days: Sequence[str] | None = None) -> list[LogName]:
+    """Every Merkle log in the bucket: the day logs (only `only_days` when given), then every engine's schedule
+    log (none when days are named)."""
+    days = sorted(d for p in store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day")))
+    if only_days is not None:
+        return [d for d in days if d in only_days]
+    engines = sorted(e for p in store.subfolders(SCHEDULE_LOGS_PREFIX) if (e := partition_value(p, "engine")))
+    return days + [schedule_log(e) for e in engines]
 
 
 def envelope_days(store: AuditStore) -> list[str]:

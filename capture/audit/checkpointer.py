@@ -32,17 +32,16 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from capture.audit.checkpoint import SignedHead, write_checkpoint
+from capture.audit.checkpoint import SignedHead, merkle_logs, write_checkpoint
 from capture.audit.errors import AuditError, AuditStoreError, InconsistentLogError
 from capture.audit.store import AuditStore
 from capture.ledger.errors import LedgerError
 from capture.ledger.merkle_log import log_size
 from schemas.layout import (
-    LOG_PREFIX,
+    LogName,
     checkpoint_size_of_key,
     checkpoints_prefix,
     is_note_checkpoint_key,
-    partition_value,
 )
 
 log = logging.getLogger("reprolane.checkpointer")
@@ -98,9 +97,9 @@ class Checkpointer:
     only_days: list[str] | None = None
     stop: threading.Event = field(default_factory=threading.Event, init=False)
 
-    def days(self) -> list[str]:
-        found = sorted(d for p in self.store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day")))
-        return found if self.only_days is None else [d for d in found if d in self.only_days]
+    def days(self) -> list[LogName]:
+        """The logs of a round: every day log and every engine's schedule log (`only_days`: those days alone)."""
+        return merkle_logs(self.store, self.only_days)
 
     def _refuse(self, report: RoundReport, day: str, reason: str, exc: Exception) -> None:
         report.refused[day] = str(exc)

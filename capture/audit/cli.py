@@ -24,14 +24,15 @@ from typing import Annotated
 import typer
 
 from capture.audit import signing_keys
-from capture.audit.checkpoint import reconcile, write_checkpoint
+from capture.audit.checkpoint import merkle_logs, reconcile, write_checkpoint
 from capture.audit.operator_cli import OperatorKeyFileOpt, operator_gate
 from capture.audit.retention import expire, hold_entries, resolve
 from capture.audit.settings import AuditSettings
 from capture.audit.store import AuditStore
-from capture.audit.verify import Verdict, verify_range, verify_request
+from capture.audit.verify import Verdict, verify_range, verify_request, verify_schedule_log
 from schemas.access_log import CASE_PATTERN, MAX_NOTE, OperatorAction
-from schemas.layout import ENVELOPES_PREFIX, LOG_PREFIX, envelope_id_of_key, partition_value, tenant_envelopes_prefix
+from schemas.layout import ENVELOPES_PREFIX, envelope_id_of_key, tenant_envelopes_prefix
+from schemas.schedule_delivery import is_engine_id
 
 hold_app = typer.Typer(name="hold", no_args_is_help=True, add_completion=False, help="Legal holds.")
 audit_app = typer.Typer(name="audit", no_args_is_help=True, add_completion=False, help="The Merkle log's jobs.")
@@ -76,18 +77,26 @@ def verify_command(
     range_: Annotated[
         str | None, typer.Option("--range", help="DAY[:FROM_SIZE:TO_SIZE]: check a day's log and objects")
     ] = None,
+    schedule: Annotated[
+        str | None, typer.Option("--schedule", help="ENGINE_ID: check an engine's schedule log and its segments")
+    ] = None,
 ) -> None:
-    """Prove one envelope's inclusion (REQUEST_ID), or a day's consistency (--range).
+    """Prove one envelope's inclusion (REQUEST_ID), a day's consistency (--range), or an engine's schedule log's
+    (--schedule).
 
     Example: reprolane audit verify rl-5e0c2a9d41b7f3e88c06d2a4f1b9e375
     """
-    if (request_id is None) == (range_ is None):
-        raise typer.BadParameter("give exactly one of REQUEST_ID or --range DAY[:FROM:TO]")
+    if sum(x is not None for x in (request_id, range_, schedule)) != 1:
+        raise typer.BadParameter("give exactly one of REQUEST_ID, --range DAY[:FROM:TO] or --schedule ENGINE_ID")
+    if schedule is not None and not is_engine_id(schedule):
+        raise typer.BadParameter(f"--schedule {schedule[:80]!r}: not an engine id")
     settings = AuditSettings()
     public = signing_keys.verifying_key(settings)
     store = _store(settings)
     if request_id is not None:
         verdict = verify_request(store, request_id, public)
+    elif schedule is not None:
+        verdict = verify_schedule_log(store, schedule, public)
     else:
         assert range_ is not None
         day, lo, hi = _parse_range(range_)
@@ -201,15 +210,14 @@ def expire_command(
 def checkpoint_cmd(
     day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD (default: every day with a log)")] = None,
 ) -> None:
-    """Sign a checkpoint of each day log that grew since its last checkpoint.
+    """Sign a checkpoint of each log that grew since its last checkpoint: day logs, engines' schedule logs.
 
     Example: reprolane audit checkpoint --day 2026-07-14
     """
     settings = AuditSettings()
     private = signing_keys.signing_key(settings)
     store = _store(settings)
-    days = [day] if day else [d for p in store.subfolders(LOG_PREFIX) if (d := partition_value(p, "day"))]
-    for d in days:
+    for d in merkle_logs(store, [day] if day else None):
         cp = write_checkpoint(
             store, d, private, retention=_retention(settings.log_retention_days), key_name=settings.log_origin
         )

@@ -14,6 +14,9 @@ A format-1 leaf (older logs) and an object in no leaf commit to the id only: a p
 (its id is its hash), a sealed one only by the id it claims, which anyone with write access can forge; that
 is said as an informational ``sealed`` finding.
 
+``reprolane audit verify --schedule ENGINE``: the same of an engine's schedule log (`verify_schedule_log`): its
+checkpoints, and every stored segment against the leaf that commits to its shapes.
+
 ``reprolane audit verify --range DAY[:FROM:TO]``: every checkpoint's signature, each checkpoint's root against the
 current leaf prefix, a consistency proof between consecutive checkpoints, every leaf has its object, every
 object of the day is a leaf, and every object's bytes still hash to what its leaf commits to.
@@ -52,7 +55,16 @@ from capture.ledger.merkle_log import LeafLog, read_leaves
 from schemas import envelope_bytes, sha256_hex
 from schemas.envelope_compact import is_compact
 from schemas.errors import ContractError
-from schemas.layout import EXPIRY_PREFIX, capture_day_of_key, envelope_id_of_key, log_id, request_index_key
+from schemas.layout import (
+    EXPIRY_PREFIX,
+    LogName,
+    capture_day_of_key,
+    envelope_id_of_key,
+    log_id,
+    request_index_key,
+    schedule_engine_prefix,
+    schedule_log,
+)
 from schemas.merkle import (
     LeafEntry,
     consistency_proof,
@@ -62,6 +74,8 @@ from schemas.merkle import (
     verify_consistency,
     verify_inclusion,
 )
+from schemas.schedule_delivery import decode_segment, parse_segment_file_name
+from schemas.schedule_proof import record_hashes, segment_id, segment_leaf
 from schemas.sealed import decode_sealed, is_sealed
 
 INFO_KINDS = frozenset({"duplicate", "expired", "sealed", "unsigned_tail"})
@@ -294,18 +308,35 @@ def verify_range(
     stored = list_checkpoints(store, day)
     if not leaves.ids and not objects and not stored:
         raise UnknownIdError(f"nothing stored for day {day} in s3://{store.bucket}")
+    _check_checkpoints(day, leaves, stored, public_raw, verdict, from_size, to_size)
+    _check_leaves_and_objects(store, day, leaves, objects, verdict)
+    verdict.lines.append(f"  leaves: {len(leaves.ids)}; objects: {len(objects)}")
+    return verdict
+
+
+def _check_checkpoints(
+    log: LogName,
+    leaves: LeafLog,
+    stored: list[StoredCheckpoint],
+    public_raw: bytes,
+    verdict: Verdict,
+    from_size: int | None = None,
+    to_size: int | None = None,
+) -> None:
+    """A log's leaf batches, every checkpoint's signature and root against the leaves, consistency between
+    consecutive ones (only those of sizes `from_size`..`to_size` when given), and its unsigned tail."""
     for problem in leaves.problems:
         verdict.add("broken_log", f"broken_log: {problem}")
-    good = _signed(stored, day, public_raw, verdict)
+    good = _signed(stored, log, public_raw, verdict)
     if from_size is not None and to_size is not None:
         sizes = {cp.tree_size for cp in good}
         for size in (from_size, to_size):
             if size not in sizes:
-                raise UnknownIdError(f"no signed checkpoint of size {size} for {day} (have {sorted(sizes)})")
+                raise UnknownIdError(f"no signed checkpoint of size {size} for {log} (have {sorted(sizes)})")
         good = [cp for cp in good if from_size <= cp.tree_size <= to_size]
-    matching = _check_chain(day, leaves, good, verdict)
+    matching = _check_chain(log, leaves, good, verdict)
     if not good:
-        verdict.add("not_checkpointed", f"not_checkpointed: {day} has no signed checkpoint")
+        verdict.add("not_checkpointed", f"not_checkpointed: {log} has no signed checkpoint")
     elif matching:
         verdict.lines.insert(
             0, f"  checkpoints: {len(matching)} signed and matching, latest size {matching[-1].tree_size}"
@@ -315,8 +346,47 @@ def verify_range(
                 "unsigned_tail",
                 f"unsigned_tail: leaves {matching[-1].tree_size}..{len(leaves.ids) - 1} not yet checkpointed",
             )
-    _check_leaves_and_objects(store, day, leaves, objects, verdict)
-    verdict.lines.append(f"  leaves: {len(leaves.ids)}; objects: {len(objects)}")
+
+
+def verify_schedule_log(store: AuditStore, engine_id: str, public_raw: bytes) -> Verdict:
+    """``reprolane audit verify --schedule ENGINE``: the engine's schedule log as a day log is checked (its
+    checkpoints and their chain), then every segment stored against its leaf (`schemas.schedule_proof`): a leaf
+    without its segment is ``deleted``, a segment whose shapes are not what its leaf commits to (or that no longer
+    decodes) ``modified``, a segment in no leaf ``inserted`` (or stored before a crash and not logged yet: the
+    shipper logs it when it ships the segment again)."""
+    log = schedule_log(engine_id)
+    verdict = Verdict(log_id(log))
+    leaves = read_leaves(store, log)
+    segments = {
+        segment_id(engine_id, seq): (seq, key)
+        for key, _ in store.list_keys(schedule_engine_prefix(engine_id))
+        if (seq := parse_segment_file_name(key.rsplit("/", 1)[-1])) is not None
+    }
+    stored = list_checkpoints(store, log)
+    if not leaves.ids and not segments and not stored:
+        raise UnknownIdError(f"nothing stored for engine {engine_id} in s3://{store.bucket}")
+    _check_checkpoints(log, leaves, stored, public_raw, verdict)
+    for later, first in leaves.duplicates():
+        verdict.add("duplicate", f"duplicate: leaf {later} repeats leaf {first} (a segment shipped again)")
+    logged = leaves.first_entries()
+    position = leaves.first_index()
+    for sid, index in sorted(position.items(), key=lambda kv: kv[1]):
+        if sid not in segments:
+            verdict.add("deleted", f"deleted: leaf {index} (segment id {sid[:16]}…) has no segment object")
+    for sid, (seq, key) in sorted(segments.items(), key=lambda kv: kv[1]):
+        leaf = logged.get(sid)
+        if leaf is None:
+            verdict.add("inserted", f"inserted: segment {key} is in no leaf of {log}")
+            continue
+        body = store.get(key)
+        try:
+            hashes = record_hashes(decode_segment(body or b"", engine_id))
+        except ContractError as exc:
+            verdict.add("modified", f"modified: segment {key} (leaf {position[sid]}) no longer decodes: {exc}")
+            continue
+        if segment_leaf(engine_id, seq, hashes) != leaf:
+            verdict.add("modified", f"modified: segment {key} holds other shapes than leaf {position[sid]} commits to")
+    verdict.lines.append(f"  leaves: {len(leaves.ids)}; segments: {len(segments)}")
     return verdict
 
 

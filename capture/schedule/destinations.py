@@ -8,6 +8,9 @@ Both ends are written once or collapse duplicates, so the shipper may publish a 
   `schemas.schedule_delivery.ScheduleIndexEntry` per arrival under `schemas.layout.schedule_index_key`, written
   once the same way; an entry another segment wrote first is kept (counted, logged): the reader checks every
   entry against the segment it names, so a wrong one can never make it read another request's schedule.
+  Last, the segment's leaf in its engine's Merkle log (`log_segment`: `schemas.schedule_proof` says what it
+  commits to), so the schedule is evidence as envelopes are: the checkpointer signs the log, ``reprolane audit
+  verify`` checks every segment against it, and a re-executable bundle proves its window from it.
 - Kafka (`SegmentProducer`): the segment's bytes on `schemas.layout.TOPIC_SCHEDULES`, key = engine id, headers
   engine id, seq and sha256, ``acks="all"``; at least once (consumers collapse by engine id and seq). A record
   the broker refuses for good is `RecordsRefused`, anything else a `SinkError` (retried).
@@ -24,6 +27,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from capture.errors import RecordsRefused, SinkError
+from capture.ledger.errors import LedgerError
+from capture.ledger.merkle_log import append_leaves
+from capture.ledger.store import LedgerStore
 from capture.publishing.s3_workers import Put, PutOutcome, PutRefusedError, run_put
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors, start_client, stop_quietly
 from infra.clients.s3 import S3Policy, make_s3_client
@@ -38,10 +44,12 @@ from schemas.layout import (
     TOPIC_DEAD_LETTER,
     TOPIC_SCHEDULES,
     schedule_index_key,
+    schedule_log,
     schedule_segment_key,
 )
-from schemas.schedule import SCHEDULE_SCHEMA_VERSION
+from schemas.schedule import SCHEDULE_SCHEMA_VERSION, ScheduleRecord
 from schemas.schedule_delivery import MAX_SEGMENT_BYTES, ScheduleIndexEntry
+from schemas.schedule_proof import record_hashes, segment_leaf
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -110,6 +118,19 @@ class SegmentStore:
                 log.warning("shipper: index %s already names another arrival; kept it", key[:300])
         self.index_conflicts += conflicts
         return conflicts
+
+    def log_segment(self, engine_id: str, seq: int, records: Sequence[ScheduleRecord]) -> int:
+        """Append the segment's leaf to its engine's Merkle log (after the segment is stored: a leaf never names
+        nothing); its index. `SinkError` when S3 fails (retried: a leaf appended twice is harmless, the first
+        counts)."""
+        ledger = LedgerStore(self._client, self.bucket, self.lock_mode)
+        leaf = segment_leaf(engine_id, seq, record_hashes(records))
+        try:
+            return append_leaves(
+                ledger, schedule_log(engine_id), [leaf], self._retain_until() if self.retention else None
+            )
+        except LedgerError as exc:
+            raise SinkError(f"schedule log of engine {engine_id}: {exc}") from exc
 
     def _retain_until(self) -> datetime:
         assert self.retention is not None

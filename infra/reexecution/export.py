@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capture.audit.evidence.bundle import MODEL_MANIFEST, REEXECUTION, SCHEDULE
-from capture.audit.evidence.export import EvidenceError, ExtraMembers
-from infra.reexecution.window import shapes_only
+from capture.audit.evidence.bundle import MODEL_MANIFEST, REEXECUTION, SCHEDULE, SCHEDULE_PROOF
+from capture.audit.evidence.export import EvidenceError, ExtraMembers, LogProver
+from infra.reexecution.window import schedule_proof, shapes_only
 from replayer.errors import ReplayerError
-from replayer.schedule.store import ScheduleStore
+from replayer.schedule.store import ScheduleStore, ScheduleWindow
 from replayer.schedule.window import read_window
 from schemas import ContractError, Envelope, decode_envelope
 from schemas.manifest import MANIFEST_NAME, ModelManifest, decode_manifest
+from schemas.schedule import ScheduleRecord
 from schemas.sealed import is_sealed
 
 
@@ -32,10 +33,23 @@ def artifact_differences(manifest: ModelManifest, envelope: Envelope) -> list[st
     return out
 
 
+def _segments(schedules: ScheduleStore, window: ScheduleWindow) -> dict[int, tuple[ScheduleRecord, ...]]:
+    """The stored segments `window` was read from (its engine's first one, with the engine record, included)."""
+    assert window.engine is not None
+    engine_id = window.engine.engine_id
+    found: dict[int, tuple[ScheduleRecord, ...]] = {}
+    for seq in {0, *range(window.first_segment, window.last_segment + 1)}:
+        records = schedules.segment(engine_id, seq)
+        if records is None:
+            raise EvidenceError(f"segment {seq} of engine {engine_id} is gone from the schedule store")
+        found[seq] = records
+    return found
+
+
 def reexecutable_members(schedules: ScheduleStore, model_dir: Path) -> ExtraMembers:
     """The members of a re-executable bundle, from the envelope's stored bytes (`export_bundle`'s ``extra``)."""
 
-    def members(body: bytes) -> dict[str, bytes]:
+    def members(body: bytes, prove: LogProver) -> dict[str, bytes]:
         if is_sealed(body):
             raise EvidenceError("a sealed record is not exported re-executable: its prompt is its tenant's secret")
         try:
@@ -62,6 +76,7 @@ def reexecutable_members(schedules: ScheduleStore, model_dir: Path) -> ExtraMemb
         if differs:
             raise EvidenceError(f"{model_dir} is not the model of the record: " + "; ".join(differs))
         schedule, settings = shapes_only(window)
-        return {SCHEDULE: schedule, REEXECUTION: settings, MODEL_MANIFEST: raw}
+        proof = schedule_proof(window, _segments(schedules, window), prove)
+        return {SCHEDULE: schedule, REEXECUTION: settings, SCHEDULE_PROOF: proof, MODEL_MANIFEST: raw}
 
     return members

@@ -1,76 +1,103 @@
-"""A schedule window as a re-executable bundle carries it: shapes only, other requests under pseudonyms.
+"""A schedule window as a re-executable bundle carries it: shapes only, every request id blinded, and its proof.
 
 A replay needs the batches the target ran in: for every step, which requests were scheduled and how many tokens
 each computed; for every request, its prompt length, its token budget and the prefix-cache blocks it read. It
 needs nothing of the other requests' content (the lane fills their places with filler tokens), and it must not
 carry their ids either: an engine request id holds the sidecar's request id, which names another tenant's record.
-`shapes_only` keeps the target's own engine requests as they are (the replay finds its choices by them) and
-gives every other request a pseudonym, the same one wherever it appears (an arrival, a step, a prefix-cache
-provider), so the shapes stay whole.
 
-Pure: bytes in, records out; `ContractError` names the line that is not a schedule record.
+`shapes_only` writes the window's records as the engine's schedule log committed them (`schemas.schedule_proof`):
+every request id blinded, the same blinded id wherever it appears (an arrival, a step, a prefix-cache provider),
+so the shapes stay whole and each line can be proven a record of the signed log (`schedule_proof`). The target's
+own engine request ids (and the external ids vLLM gave them) go in clear into ``reexecution.json``: whoever holds
+the record knows them, and `window_of` maps their blinded form back for the replay, which finds its choices by
+them.
+
+`shapes_only` and `window_of` are pure: records in, bytes out and back; `ContractError` names the line that is not
+a schedule record. `schedule_proof` reads the log through the exporter's `LogProver`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from capture.audit.evidence.export import EvidenceError, LogProver
 from replayer.schedule.store import ScheduleWindow
 from schemas.canonical import canonical_json
 from schemas.errors import ContractError
-from schemas.schedule import UNKNOWN_PROVIDER, EngineStart, RequestArrival, ScheduleStep
-from schemas.schedule_delivery import decode_record_line, encode_record
+from schemas.layout import schedule_log
+from schemas.schedule import EngineStart, RequestArrival, ScheduleRecord, ScheduleStep
+from schemas.schedule_delivery import decode_record_line
+from schemas.schedule_proof import (
+    ScheduleProof,
+    SegmentProof,
+    blind,
+    blinded_line,
+    record_hashes,
+    segment_id,
+    segment_leaf,
+)
 
-FORMAT = "reprolane.reexecution/1"
+FORMAT = "reprolane.reexecution/2"
 #: At most this many records in a window a bundle carries (a replay refuses longer windows anyway).
 MAX_RECORDS = 200_000
 
 
-def pseudonym(n: int) -> str:
-    return f"other-{n:05d}"
-
-
 def shapes_only(window: ScheduleWindow) -> tuple[bytes, bytes]:
-    """``(schedule.jsonl, reexecution.json)`` of `window`: its engine record and records as canonical lines, every
-    request but the target's own under a pseudonym; the step ranges it holds."""
+    """``(schedule.jsonl, reexecution.json)`` of `window`: its engine record and records as the log committed them
+    (blinded, canonical lines); the target's engine request ids and external ids in clear, the step ranges."""
     if window.engine is None:
         raise ContractError("the schedule window has no engine record", ("schedule",))
-    own = {a.engine_request_id for a in window.arrivals}
-    names: dict[str, str] = {}
-
-    def alias(rid: str) -> str:
-        if rid in own or rid == UNKNOWN_PROVIDER:
-            return rid
-        return names.setdefault(rid, pseudonym(len(names) + 1))
-
-    lines = [encode_record(window.engine)]
-    for record in window.records:
-        if isinstance(record, RequestArrival):
-            hidden = alias(record.engine_request_id)
-            update: dict[str, Any] = {"engine_request_id": hidden}
-            if hidden != record.engine_request_id:
-                update["external_request_id"] = hidden
-            if record.cached_from is not None:
-                update["cached_from"] = tuple((alias(p), n) for p, n in record.cached_from)
-            record = record.model_copy(update=update)
-        elif isinstance(record, ScheduleStep):
-            record = record.model_copy(
-                update={
-                    "scheduled": tuple(
-                        s.model_copy(update={"engine_request_id": alias(s.engine_request_id)}) for s in record.scheduled
-                    ),
-                    "finished": tuple(alias(r) for r in record.finished),
-                    "preempted": tuple(alias(r) for r in record.preempted),
-                }
-            )
-        lines.append(encode_record(record))
+    lines = [blinded_line(window.engine)] + [blinded_line(r) for r in window.records]
     settings = {
         "format": FORMAT,
-        "target": sorted(own),
+        "target": [a.engine_request_id for a in window.arrivals],
+        "external": [a.external_request_id for a in window.arrivals],
         "ranges": [list(r) for r in window.ranges] if window.ranges else None,
     }
     return b"".join(lines), canonical_json(settings) + b"\n"
+
+
+def schedule_proof(window: ScheduleWindow, segments: Mapping[int, Sequence[ScheduleRecord]], prove: LogProver) -> bytes:
+    """``schedule-proof.json``: where each line `shapes_only` writes for `window` sits among `segments` (the
+    engine's stored segments the window was read from, its first one included: seq -> records), and those
+    segments' leaves proven against one signed checkpoint of the engine's log. `EvidenceError` when a line is in
+    none of them or the log does not hold them yet."""
+    assert window.engine is not None
+    engine_id = window.engine.engine_id
+    hashes = {seq: record_hashes(records) for seq, records in sorted(segments.items())}
+    where: dict[bytes, tuple[int, int]] = {}
+    for seq, records in sorted(segments.items()):
+        for index, record in enumerate(records):
+            where.setdefault(blinded_line(record), (seq, index))
+    placed = []
+    for record in (window.engine, *window.records):
+        spot = where.get(blinded_line(record))
+        if spot is None:
+            raise EvidenceError(f"a record of the window is in none of engine {engine_id}'s segments read")
+        placed.append(spot)
+    used = sorted({seq for seq, _ in placed})
+    proven = prove(schedule_log(engine_id), [segment_id(engine_id, seq) for seq in used])
+    parts = []
+    for seq in used:
+        at, path, entry = proven.leaves[segment_id(engine_id, seq)]
+        if entry.object_sha256 != segment_leaf(engine_id, seq, hashes[seq]).object_sha256:
+            raise EvidenceError(
+                f"segment {seq} of engine {engine_id} is not what its leaf {at} commits to: "
+                "run `reprolane audit verify`"
+            )
+        parts.append(
+            SegmentProof(
+                seq=seq, leaf_index=at, inclusion=tuple(h.hex() for h in path),
+                record_hashes=tuple(h.hex() for h in hashes[seq]),
+            )
+        )  # fmt: skip
+    proof = ScheduleProof(
+        engine_id=engine_id, checkpoint=proven.checkpoint.decode("utf-8"), tree_size=proven.tree_size,
+        segments=tuple(parts), lines=tuple(placed),
+    )  # fmt: skip
+    return canonical_json(proof.model_dump(mode="json")) + b"\n"
 
 
 def window_of(schedule: bytes, settings: bytes) -> ScheduleWindow:
@@ -92,9 +119,14 @@ def window_of(schedule: bytes, settings: bytes) -> ScheduleWindow:
     engine, rest = records[0], records[1:]
     if any(isinstance(r, EngineStart) or r.engine_id != engine.engine_id for r in rest):
         raise ContractError("schedule.jsonl holds records of more than one engine", ("schedule",))
-    target = doc.get("target")
-    if not isinstance(target, list) or not target or not all(isinstance(t, str) for t in target):
-        raise ContractError("reexecution.json: target is not a list of engine request ids", ("reexecution",))
+    target, external = _strings(doc.get("target")), _strings(doc.get("external"))
+    if not target or not external or len(external) != len(target):
+        raise ContractError(
+            "reexecution.json: target and external are not lists of the target's engine and external ids",
+            ("reexecution",),
+        )
+    clear = {blind(t): t for t in target} | {blind(e): e for e in external}
+    rest = [_unblinded(r, clear) for r in rest]
     arrivals = tuple(
         sorted(
             (r for r in rest if isinstance(r, RequestArrival) and r.engine_request_id in set(target)),
@@ -104,6 +136,38 @@ def window_of(schedule: bytes, settings: bytes) -> ScheduleWindow:
     if len(arrivals) != len(set(target)):
         raise ContractError("schedule.jsonl lacks an arrival of the target", ("schedule",))
     return ScheduleWindow(engine, arrivals, tuple(rest), 0, 0, complete=True, ranges=ranges)
+
+
+def _strings(value: object) -> list[str]:
+    """`value` when it is a list of strings, else empty."""
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else []
+
+
+def _unblinded(record: ScheduleRecord, clear: Mapping[str, str]) -> ScheduleRecord:
+    """`record` with the target's blinded ids in clear (every other id stays blinded: a pseudonym to the lane)."""
+
+    def back(rid: str) -> str:
+        return clear.get(rid, rid)
+
+    if isinstance(record, RequestArrival):
+        update: dict[str, Any] = {
+            "engine_request_id": back(record.engine_request_id),
+            "external_request_id": back(record.external_request_id),
+        }
+        if record.cached_from is not None:
+            update["cached_from"] = tuple((back(p), n) for p, n in record.cached_from)
+        return record.model_copy(update=update)
+    if isinstance(record, ScheduleStep):
+        return record.model_copy(
+            update={
+                "scheduled": tuple(
+                    s.model_copy(update={"engine_request_id": back(s.engine_request_id)}) for s in record.scheduled
+                ),
+                "finished": tuple(back(r) for r in record.finished),
+                "preempted": tuple(back(r) for r in record.preempted),
+            }
+        )
+    return record
 
 
 def _ranges(value: object) -> tuple[tuple[int, int], ...] | None:

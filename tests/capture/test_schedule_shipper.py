@@ -15,11 +15,15 @@ from typing import Any
 import pytest
 
 from capture.errors import CaptureError, RecordsRefused, SinkError
+from capture.ledger.merkle_log import read_leaves
+from capture.ledger.store import LedgerStore
 from capture.schedule.destinations import SegmentStore
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
-from schemas.layout import schedule_index_key, schedule_segment_key
-from schemas.schedule_delivery import MAX_SEGMENT_BYTES, decode_index_entry
+from schemas.layout import schedule_index_key, schedule_log, schedule_segment_key
+from schemas.merkle import LeafEntry
+from schemas.schedule_delivery import MAX_SEGMENT_BYTES, decode_index_entry, decode_segment
+from schemas.schedule_proof import record_hashes, segment_leaf
 from tests.moto_s3 import moto_client, moto_server
 from tests.schedule_segments import FakeEngine, encode, write_segment
 
@@ -116,6 +120,29 @@ async def test_ships_every_segment_once_with_its_index_and_deletes_it(s3: Any, b
     assert registry.get_sample_value("reprolane_shipper_pending_segments") == 3  # at the scan, before shipping
 
 
+def _logged(s3: Any, bucket: str, engine_id: str) -> list[LeafEntry]:
+    return read_leaves(LedgerStore(s3, bucket), schedule_log(engine_id)).entries
+
+
+async def test_every_segment_gets_one_leaf_in_its_engines_log_committing_to_its_shapes(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    shipper, producer = _shipper(s3, bucket, tmp_path)
+    written = _two_engines(shipper.directory)
+    producer.fail = 1  # Kafka down once, after the leaf was appended: the retry does not append it again
+    with pytest.raises(SinkError):
+        await shipper.ship_pending()
+    await shipper.ship_pending()
+    for engine in ("eng-a", "eng-b"):
+        seqs = sorted(s for e, s in written if e == engine)
+        expected = [
+            segment_leaf(engine, seq, record_hashes(decode_segment(written[engine, seq], engine))) for seq in seqs
+        ]
+        assert _logged(s3, bucket, engine) == expected
+    # what the leaf commits to: the shapes, ids blinded, not the bytes
+    assert _logged(s3, bucket, "eng-b")[0].object_sha256 != hashlib.sha256(written["eng-b", 0]).hexdigest()
+
+
 async def test_a_redelivery_collapses_onto_the_stored_segment(s3: Any, bucket: str, tmp_path: Path) -> None:
     """A crash after S3 and Kafka took a segment but before it was deleted: it is shipped again, harmlessly."""
     shipper, producer = _shipper(s3, bucket, tmp_path)
@@ -126,6 +153,8 @@ async def test_a_redelivery_collapses_onto_the_stored_segment(s3: Any, bucket: s
     assert shipper.quarantined == 0
     assert shipper.store.index_conflicts == 0
     assert [(e, s) for e, s, _ in producer.sent].count(("eng-a", 1)) == 2  # at least once on Kafka
+    assert len(_logged(s3, bucket, "eng-a")) == 2  # this process logged it once (a restarted one would add a
+    # duplicate leaf, which verifiers take as harmless: the first counts)
 
 
 async def test_hostile_segments_are_quarantined_and_the_rest_shipped(s3: Any, bucket: str, tmp_path: Path) -> None:

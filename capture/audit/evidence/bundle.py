@@ -19,9 +19,12 @@ A re-executable bundle (``export --reexecutable``, `infra.reexecution`) adds wha
 another request but its shapes::
 
     schedule.jsonl       the engine's settings and the target's schedule window (its busy period and those of its
-                         prefix-cache providers) as canonical schedule records; every other request's id replaced
-                         by a pseudonym (``other-00001``): token counts and steps only, no content, no ids
-    reexecution.json     what the records alone do not say: the step ranges the window holds
+                         prefix-cache providers) as the engine's schedule log committed them: canonical records,
+                         every request id blinded (`schemas.schedule_proof`): token counts and steps only
+    schedule-proof.json  that each of those lines is a record of the engine's signed schedule log: its place, the
+                         record hashes of its segments, their inclusion paths, one C2SP checkpoint
+    reexecution.json     what the records alone do not say: the target's ids in clear, the step ranges the window
+                         holds
     model-manifest.json  the model manifest (every file's sha256) the record's artifact hashes were taken from
 
 The manifest text, line by line (``part`` lines sorted)::
@@ -63,9 +66,15 @@ KEY = "key.vkey"
 REPLAYS_DIR = "replays/"
 SCHEDULE = "schedule.jsonl"
 REEXECUTION = "reexecution.json"
+SCHEDULE_PROOF = "schedule-proof.json"
 MODEL_MANIFEST = "model-manifest.json"
 #: The members a re-executable bundle adds (`export_bundle`'s ``extra``), by their part class.
-REEXECUTION_PARTS: Final = {SCHEDULE: "schedule", REEXECUTION: "reexecution", MODEL_MANIFEST: "model_manifest"}
+REEXECUTION_PARTS: Final = {
+    SCHEDULE: "schedule",
+    SCHEDULE_PROOF: "schedule_proof",
+    REEXECUTION: "reexecution",
+    MODEL_MANIFEST: "model_manifest",
+}
 
 #: The part classes a verifier names a problem by, and how it says them.
 LABELS: Final = {
@@ -80,6 +89,7 @@ LABELS: Final = {
     "key": "key",
     "manifest": "manifest",
     "schedule": "schedule records",
+    "schedule_proof": "schedule proof",
     "reexecution": "re-execution settings",
     "model_manifest": "model manifest",
 }
@@ -88,7 +98,7 @@ MAX_MEMBER_BYTES: Final = 64 << 20
 MAX_TOTAL_BYTES: Final = 256 << 20
 _MEMBER_RE = re.compile(
     r"^(manifest\.note|envelope\.bin|proof\.tlog-proof|fingerprints\.json|retention\.json|summary\.html|key\.vkey"
-    r"|replays/[0-9a-f]{64}\.json|schedule\.jsonl|reexecution\.json|model-manifest\.json)$"
+    r"|replays/[0-9a-f]{64}\.json|schedule\.jsonl|schedule-proof\.json|reexecution\.json|model-manifest\.json)$"
 )
 _TOKEN_RE = re.compile(r"^[!-~]{1,256}$")  # one printable, space-free token
 

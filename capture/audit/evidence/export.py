@@ -24,10 +24,10 @@ bundle opens nothing (fingerprints and prompt stay inside the ciphertext; the su
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from capture.audit.checkpoint import list_checkpoints, verified_heads
 from capture.audit.errors import AuditError, UnknownIdError
@@ -54,13 +54,14 @@ from schemas import ContractError, decode_envelope, sha256_hex
 from schemas.envelope import is_valid_request_id
 from schemas.layout import (
     REPLAYS_PREFIX,
+    LogName,
     capture_day_of_key,
     date_prefix,
     envelope_id_of_key,
     request_index_key,
     workflow_index_prefix,
 )
-from schemas.merkle import inclusion_proof, object_digest, root_from_hashes
+from schemas.merkle import LeafEntry, inclusion_proof, object_digest, root_from_hashes
 from schemas.note import TlogProof, VerifierKey, key_fingerprint, sign_note
 from schemas.replay import decode_replay_result
 from schemas.sealed import decode_sealed, is_sealed, is_sealed_result
@@ -165,8 +166,59 @@ def _retention(store: AuditStore, key: str) -> dict[str, Any]:
     }
 
 
-#: What a re-executable bundle adds, from the envelope's stored bytes: members by name (`REEXECUTION_PARTS`).
-ExtraMembers = Callable[[bytes], Mapping[str, bytes]]
+class ProvenLeaf(NamedTuple):
+    at: int  # its first index in the log
+    path: list[bytes]  # RFC 9162 inclusion path to the checkpoint's root
+    entry: LeafEntry
+
+
+@dataclass(frozen=True)
+class LogProofs:
+    """Leaves of one Merkle log proven against one C2SP checkpoint of it, signed by the audit key."""
+
+    checkpoint: bytes  # the signed note
+    tree_size: int
+    root_hash: str  # hex
+    leaves: dict[str, ProvenLeaf]  # by leaf id
+
+
+#: Proves leaves of a log (`prove_leaves` with the exporter's store and key): the log, the leaf ids.
+LogProver = Callable[[LogName, Sequence[str]], LogProofs]
+#: What a re-executable bundle adds, from the envelope's stored bytes: members by name (`REEXECUTION_PARTS`); its
+#: schedule is proven with the `LogProver` it is given.
+ExtraMembers = Callable[[bytes, LogProver], Mapping[str, bytes]]
+
+
+def prove_leaves(store: AuditStore, log: LogName, leaf_ids: Sequence[str], public: bytes, key_name: str) -> LogProofs:
+    """The first leaf of each id in `log`, proven against the largest C2SP checkpoint signed by the key that
+    covers them all and still matches the log; `EvidenceError` naming what is missing (a leaf, a checkpoint)."""
+    leaves = read_leaves(store, log)
+    if leaves.problems:
+        raise EvidenceError(f"leaf log {log} is broken ({leaves.problems[0]}): run `reprolane audit verify`")
+    first = leaves.first_index()
+    missing = [i for i in leaf_ids if i not in first]
+    if missing:
+        raise EvidenceError(f"{missing[0]} is in no leaf of log {log}: run `reprolane audit verify`")
+    needed = max(first[i] for i in leaf_ids) + 1
+    heads, _ = verified_heads(list_checkpoints(store, log), log, public, key_name)
+    hashes = leaves.hashes()
+    covering = [
+        h
+        for h in heads
+        if h.c2sp and h.tree_size >= needed and root_from_hashes(hashes[: h.tree_size]).hex() == h.root_hash
+    ]
+    if not covering:
+        raise EvidenceError(
+            f"no C2SP checkpoint of {log} signed by this key covers leaf {needed - 1} yet: "
+            "run `reprolane audit checkpoint`"
+        )
+    head = max(covering, key=lambda h: h.tree_size)
+    checkpoint = store.get(head.key)
+    if checkpoint is None:
+        raise EvidenceError(f"checkpoint {head.key} vanished while exporting")
+    tree = hashes[: head.tree_size]
+    proven = {i: ProvenLeaf(first[i], inclusion_proof(tree, first[i]), leaves.entries[first[i]]) for i in leaf_ids}
+    return LogProofs(checkpoint, head.tree_size, head.root_hash, proven)
 
 
 def export_bundle(
@@ -188,35 +240,14 @@ def export_bundle(
             f"index entry of {request_id!r} does not match its object {key}: run `reprolane audit verify`"
         )
     body, facts = _stored_record(store, key)
-    leaves = read_leaves(store, day)
-    if leaves.problems:
-        raise EvidenceError(
-            f"leaf log of {day} is broken ({leaves.problems[0]}): run `reprolane audit verify --range {day}`"
-        )
-    index = leaves.first_index().get(envelope_id)
-    if index is None:
-        raise EvidenceError(f"envelope {envelope_id} is stored but in no leaf of {day}: run `reprolane audit verify`")
-    leaf = leaves.entries[index]
+    public = public_of(private_raw)
+    proven = prove_leaves(store, day, [envelope_id], public, key_name)
+    index, path, leaf = proven.leaves[envelope_id]
     bound = leaf.object_sha256 or leaf.envelope_id
     if object_digest(body) != bound and not (leaf.object_sha256 is None and is_sealed(body)):
         raise EvidenceError(f"stored bytes of {key} are not what leaf {index} commits to: run `reprolane audit verify`")
-    public = public_of(private_raw)
-    heads, _ = verified_heads(list_checkpoints(store, day), day, public, key_name)
-    hashes = leaves.hashes()
-    covering = [
-        h
-        for h in heads
-        if h.c2sp and h.tree_size > index and root_from_hashes(hashes[: h.tree_size]).hex() == h.root_hash
-    ]
-    if not covering:
-        raise EvidenceError(
-            f"no C2SP checkpoint of {day} signed by this key covers leaf {index} yet: run `reprolane audit checkpoint`"
-        )
-    head = max(covering, key=lambda h: h.tree_size)
-    checkpoint = store.get(head.key)
-    if checkpoint is None:
-        raise EvidenceError(f"checkpoint {head.key} vanished while exporting")
-    proof = TlogProof(index, tuple(inclusion_proof(hashes[: head.tree_size], index)), checkpoint, leaf.data())
+    checkpoint = proven.checkpoint
+    proof = TlogProof(index, tuple(path), checkpoint, leaf.data())
     replays = _replays(store, day, envelope_id)
     exported = (now or datetime.now(UTC)).replace(microsecond=0)
     vkey = VerifierKey(key_name, public)
@@ -231,12 +262,23 @@ def export_bundle(
         KEY: (vkey.encode() + "\n").encode(),
     }
     members.update({replay_member(rid): data for rid, data in replays.items()})
-    for name, data in (extra(body) if extra is not None else {}).items():
+
+    def prover(log: LogName, leaf_ids: Sequence[str]) -> LogProofs:
+        return prove_leaves(store, log, leaf_ids, public, key_name)
+
+    for name, data in (extra(body, prover) if extra is not None else {}).items():
         if name not in REEXECUTION_PARTS:
             raise EvidenceError(f"a re-executable bundle has no member {name!r}")
         members[name] = data
     place = LogPlace(
-        request_id, envelope_id, origin, index, head.tree_size, head.root_hash, vkey.encode(), key_fingerprint(public)
+        request_id,
+        envelope_id,
+        origin,
+        index,
+        proven.tree_size,
+        proven.root_hash,
+        vkey.encode(),
+        key_fingerprint(public),
     )
     members[SUMMARY] = render_summary(
         place,

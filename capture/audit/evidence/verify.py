@@ -38,12 +38,15 @@ from capture.audit.evidence.bundle import (
     PROOF,
     REPLAYS_DIR,
     RETENTION,
+    SCHEDULE,
+    SCHEDULE_PROOF,
     Manifest,
     parse_manifest,
     proof_parts,
     read_zip,
 )
 from schemas import ContractError, decode_envelope, envelope_bytes, sha256_hex
+from schemas.base import decode_record
 from schemas.layout import capture_day, log_origin
 from schemas.merkle import leaf_hash, object_digest, verify_inclusion
 from schemas.note import (
@@ -61,6 +64,8 @@ from schemas.note import (
     verifies,
 )
 from schemas.replay import decode_replay_result
+from schemas.schedule_proof import ScheduleProof
+from schemas.schedule_proof import check as check_schedule_proof
 from schemas.sealed import decode_sealed, decode_sealed_result, is_sealed, is_sealed_result
 
 
@@ -258,6 +263,33 @@ def _check_replays(members: dict[str, bytes], envelope_id: str | None, report: B
             report.add(part_class, f"{name} is not JSON")
 
 
+def _check_schedule(members: dict[str, bytes], pin: PinnedKey, report: BundleReport) -> None:
+    """A re-executable bundle's schedule lines against its schedule proof: each a record of the engine's signed
+    schedule log (`schemas.schedule_proof`). Nothing to check in a bundle without schedule records."""
+    schedule, raw = members.get(SCHEDULE), members.get(SCHEDULE_PROOF)
+    if schedule is None:
+        return
+    if raw is None:
+        report.add("schedule_proof", f"the bundle has {SCHEDULE} but no {SCHEDULE_PROOF}")
+        return
+    try:
+        proof = decode_record(ScheduleProof, SCHEDULE_PROOF, raw)
+        note = parse_note(proof.checkpoint.encode("utf-8"))
+        parse_tree_head(note.text)
+    except ContractError as exc:
+        report.add("schedule_proof", f"{SCHEDULE_PROOF} is malformed: {exc}")
+        return
+    lines = schedule.splitlines(keepends=True)
+    problems = check_schedule_proof(lines, proof, note, _note_key(pin, note))
+    for problem in problems[:5]:
+        report.add("schedule", problem)
+    if not problems:
+        report.lines.append(
+            f"  schedule: {len(lines)} records in {len(proof.segments)} segment(s) of engine {proof.engine_id}'s "
+            f"schedule log, size {proof.tree_size}: each reaches its signed root"
+        )
+
+
 def verify_bundle(data: bytes, pin: PinnedKey) -> BundleReport:
     """Check a bundle's bytes against the pinned key (see module doc); `ContractError` when it is no bundle."""
     members, refused = read_zip(data)
@@ -275,4 +307,5 @@ def verify_bundle(data: bytes, pin: PinnedKey) -> BundleReport:
         if envelope_id is not None and manifest.envelope_id != envelope_id:
             report.add("envelope", f"{ENVELOPE} is envelope {envelope_id}, the manifest says {manifest.envelope_id}")
     _check_replays(members, manifest.envelope_id if manifest is not None else envelope_id, report)
+    _check_schedule(members, resolved, report)
     return report

@@ -19,7 +19,6 @@ checkpoint``; then, as the people involved run them, in child processes:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import os
@@ -42,7 +41,7 @@ from infra.stack.state import StackInfo
 from schemas import CapturedOutput, Envelope, decode_envelope
 from schemas.envelope_compact import encode_compact
 from schemas.layout import capture_day
-from tests.capture.audit.evidence.test_export_stack import BUCKET, cli_env, publish_settings
+from tests.capture.audit.evidence.test_export_stack import cli_env, publish_settings
 from tests.capture.audit.support import new_key, publish_through_s3
 from tests.capture.fake_upstream import serve
 from tests.replayer.schedule.scheduled_stack import chat, ship_schedules, stack_replayer_settings, stack_sidecar
@@ -102,12 +101,13 @@ async def _send_all(app: Any, workflow: str) -> tuple[list[str], list[str], list
         return await asyncio.gather(batched, staggered, steps())
 
 
-async def _captured(stack: StackInfo, tmp_path: Path, workflow: str) -> tuple[list[Envelope], ...]:
+async def _captured(stack: StackInfo, tmp_path: Path, workflow: str, bucket: str) -> tuple[list[Envelope], ...]:
     app, spool = stack_sidecar(stack)
     groups = await _send_all(app, workflow)
     envelopes = await _spooled(spool, [rid for group in groups for rid in group])
-    await publish_through_s3(publish_settings(stack, tmp_path / "spool", BUCKET), envelopes, tmp_path / "spool")
-    await ship_schedules(stack, stack_replayer_settings(stack), envelopes, tmp_path / "ship")
+    await publish_through_s3(publish_settings(stack, tmp_path / "spool", bucket), envelopes, tmp_path / "spool")
+    settings = stack_replayer_settings(stack).model_copy(update={"s3_bucket": bucket})
+    await ship_schedules(stack, settings, envelopes, tmp_path / "ship")
     by_id = {e.request_id: e for e in envelopes}
     return tuple([by_id[rid] for rid in group] for group in groups)
 
@@ -138,19 +138,21 @@ def _changed_model(tmp_path: Path) -> Path:
 def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_and_every_tamper_is_named(
     stack: StackInfo, tmp_path: Path
 ) -> None:
-    client = s3_client(stack.s3_endpoint, stack.s3_credentials)
-    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
-        client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+    bucket = f"reprolane-test-reexec-{uuid.uuid4().hex[:8]}"  # envelopes and schedules, one bucket, as deployed
+    s3_client(stack.s3_endpoint, stack.s3_credentials).create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
     workflow = f"wf-{uuid.uuid4().hex[:12]}"
-    batched, staggered, steps = asyncio.run(_captured(stack, tmp_path, workflow))
+    batched, staggered, steps = asyncio.run(_captured(stack, tmp_path, workflow, bucket))
     private, _public = new_key()
     env = {
-        **cli_env(stack, private, BUCKET),
+        **cli_env(stack, private, bucket),
         **{k: v for k, v in stack_defaults(stack).items() if k.startswith("REPROLANE_REPLAYER_")},
+        "REPROLANE_REPLAYER_S3_BUCKET": bucket,
         "REPROLANE_REPLAYER_MODEL_DIR": str(model_dir()),
     }
-    signed = reprolane("audit", "checkpoint", "--day", capture_day(batched[0].captured_at), env=env)
-    assert "checkpoint size" in signed.stdout, signed.stdout + signed.stderr
+    signed = reprolane("audit", "checkpoint", env=env)  # the day's log and the engine's schedule log
+    day = capture_day(batched[0].captured_at)
+    assert f"{day}: checkpoint size" in signed.stdout, signed.stdout + signed.stderr
+    assert re.search(r"schedules/engine=\S+: checkpoint size", signed.stdout), signed.stdout
     offline = _offline(tmp_path)
 
     bundles = []
@@ -162,10 +164,12 @@ def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_a
         fingerprint = done.stdout.rsplit("--key-fingerprint ", 1)[1].strip()
         with zipfile.ZipFile(path) as zf:
             schedule = zf.read("schedule.jsonl")
+            engine_id = json.loads(zf.read("schedule-proof.json"))["engine_id"]
         records = [json.loads(line) for line in schedule.splitlines()]
         assert max(len(r.get("scheduled", ())) for r in records) > 1, "not batched"
         others = [e.request_id.removeprefix("rl-") for e in (*batched, *staggered, *steps) if e is not target]
         assert not any(other.encode() in schedule for other in others)  # shapes only: no other request's id
+        assert target.request_id.encode() not in schedule  # blinded as the log committed it, named in clear apart
         bundles.append((target, path.read_bytes(), fingerprint))
     arrivals = {r["step"] for r in _records(bundles[2][1]) if r["kind"] == "arrival"}
     assert len(arrivals) > 1, "the staggered request's window holds one arrival step"
@@ -177,6 +181,10 @@ def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_a
     assert sorted(p.name for p in folder.iterdir()) == [f"step-{i:06d}-{e.request_id}.zip" for i, e in
                                                         enumerate(steps, start=1)]  # fmt: skip
 
+    checked = reprolane("audit", "verify", "--schedule", engine_id, env=env)  # every segment against its leaf
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.startswith(f"verified schedules/engine={engine_id}"), checked.stdout
+
     ran = reprolane(
         "audit", "evidence", "reexecute", *(str(tmp_path / f"{t.request_id}.zip") for t, _, _ in bundles), str(folder),
         "--model-dir", str(model_dir()), "--key-fingerprint", fingerprint, env=offline,
@@ -185,6 +193,7 @@ def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_a
     for target in (*(t for t, _, _ in bundles), *steps):
         assert f"reproduced bit for bit: request {target.request_id}" in ran.stdout
     assert "5 request(s) re-executed on 1 engine(s) started here" in ran.stdout  # one recorded engine: one here
+    assert "schedule log, size" in ran.stdout  # every line proven a record of the signed schedule log
 
     target, bundle, fingerprint = bundles[0]
     cases: dict[str, bytes] = {

@@ -6,6 +6,7 @@ output, or forks it. The real lane, the real stack and the command in a process 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import uuid
 from pathlib import Path
 
@@ -14,17 +15,21 @@ from typer.testing import CliRunner
 
 from capture.audit.checkpoint import write_checkpoint
 from capture.audit.errors import UnknownIdError
-from capture.audit.evidence.bundle import MODEL_MANIFEST, REEXECUTION, SCHEDULE
-from capture.audit.evidence.export import EvidenceError, export_bundle, workflow_requests
+from capture.audit.evidence.bundle import MODEL_MANIFEST, REEXECUTION, SCHEDULE, SCHEDULE_PROOF
+from capture.audit.evidence.export import EvidenceError, ExtraMembers, LogProver, export_bundle, workflow_requests
 from capture.audit.evidence.verify import PinnedKey
 from capture.audit.signing_keys import public_of
+from capture.audit.store import AuditStore
+from capture.ledger.merkle_log import append_leaves
 from infra.cli.root import build_app
 from infra.reexecution.run import reexecute, reexecute_all
-from infra.reexecution.window import shapes_only
+from infra.reexecution.window import schedule_proof, shapes_only
 from replayer.errors import NotReplayableError
 from schemas import Envelope
 from schemas.envelope import ArtifactHashes
+from schemas.layout import schedule_log
 from schemas.manifest import ModelManifest, ModelSource
+from schemas.schedule_proof import record_hashes, segment_leaf
 from tests.capture.audit.evidence.test_export import DAY, KEY_NAME, moto_endpoint, published  # noqa: F401
 from tests.capture.audit.test_checkpoint import load_private_fresh
 from tests.factories import FIXED_TIME
@@ -56,10 +61,30 @@ def _record(i: int = 1, workflow: str | None = None) -> Envelope:
     return envelope.model_copy(update={"artifacts": artifacts, "captured_at": FIXED_TIME})
 
 
-def _extra(envelope: Envelope, manifest: ModelManifest) -> dict[str, bytes]:
-    """What ``export --reexecutable`` adds for `envelope`, from its fake window."""
-    schedule, settings = shapes_only(_window(envelope))
-    return {SCHEDULE: schedule, REEXECUTION: settings, MODEL_MANIFEST: manifest.model_dump_json().encode()}
+_SEQ = itertools.count()
+
+
+def _extra(store: AuditStore, private: bytes, envelope: Envelope, manifest: ModelManifest) -> ExtraMembers:
+    """What ``export --reexecutable`` adds for `envelope`: its fake window, shipped as a segment of its own into
+    its engine's schedule log (a leaf and a signed checkpoint, as the shipper and the checkpointer write them),
+    and proven from there."""
+    window = _window(envelope)
+    assert window.engine is not None
+    engine_id, seq = window.engine.engine_id, next(_SEQ)
+    segment = (window.engine, *window.records)
+    append_leaves(store, schedule_log(engine_id), [segment_leaf(engine_id, seq, record_hashes(segment))], None)
+    write_checkpoint(store, schedule_log(engine_id), private, retention=None, key_name=KEY_NAME)
+    schedule, settings = shapes_only(window)
+
+    def members(body: bytes, prove: LogProver) -> dict[str, bytes]:
+        return {
+            SCHEDULE: schedule,
+            REEXECUTION: settings,
+            SCHEDULE_PROOF: schedule_proof(window, {seq: segment}, prove),
+            MODEL_MANIFEST: manifest.model_dump_json().encode(),
+        }
+
+    return members
 
 
 async def _bundle(
@@ -69,8 +94,9 @@ async def _bundle(
     store = await published(moto, tmp_path / "spool", [envelope])
     private = private or load_private_fresh()
     assert write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME) is not None
-    extra = _extra(envelope, manifest)
-    done = export_bundle(store, envelope.request_id, private, KEY_NAME, extra=lambda body: extra)
+    done = export_bundle(
+        store, envelope.request_id, private, KEY_NAME, extra=_extra(store, private, envelope, manifest)
+    )
     return done.bundle, private
 
 
@@ -113,7 +139,7 @@ async def test_a_workflows_steps_export_one_bundle_each_and_reexecute_on_one_lan
     with pytest.raises(UnknownIdError, match="no envelope is indexed"):
         workflow_requests(store, f"wf-{uuid.uuid4().hex[:12]}")
     bundles = [
-        export_bundle(store, rid, private, KEY_NAME, extra=lambda body, e=e: _extra(e, manifest)).bundle  # type: ignore[misc]
+        export_bundle(store, rid, private, KEY_NAME, extra=_extra(store, private, e, manifest)).bundle
         for e, (_, rid) in zip(steps, found, strict=True)
     ]
     echo = FakeLane()

@@ -116,8 +116,8 @@ async def record_scheduled(
 
 
 async def ship_schedules(stack: StackInfo, settings: ReplayerSettings, envelopes: list[Envelope], work: Path) -> None:
-    """Ship copies of the stack's closed segments until every envelope's schedule window is complete in S3, read
-    back through the index as the replayer reads it."""
+    """Ship copies of the stack's closed segments (into the bucket `settings` read) until every envelope's
+    schedule window is complete in S3, read back through the index as the replayer reads it."""
     source = schedule_dir(stack)
     copies, quarantine = work / "schedules", work / "quarantine"
     copied: set[Path] = set()
@@ -126,7 +126,8 @@ async def ship_schedules(stack: StackInfo, settings: ReplayerSettings, envelopes
         for k, v in stack_defaults(stack).items()
         if k.startswith("REPROLANE_SHIPPER_")
     }
-    defaults.update(schedule_dir=str(copies), quarantine_dir=str(quarantine), retention_days=0)
+    defaults.update(schedule_dir=str(copies), quarantine_dir=str(quarantine), retention_days=0,
+                    s3_bucket=settings.s3_bucket)  # fmt: skip
     copies.mkdir(parents=True, exist_ok=True)
     shipper = Shipper(ShipperSettings(**defaults))
     store = ScheduleStore.from_settings(settings)
