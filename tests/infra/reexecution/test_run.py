@@ -199,7 +199,11 @@ async def test_the_command_prints_its_verdicts_as_text_or_as_one_json_document(
     echo = FakeLane()
     echo.learn(same)
     echo.learn(forked, diverge_at=1)
-    fake = functools.partial(run.reexecute_all, lane_factory=lambda s, e: FakeScheduleLane(echo))
+
+    def lane(settings: object, engine: object) -> FakeScheduleLane:
+        return FakeScheduleLane(echo)
+
+    fake = functools.partial(run.reexecute_all, lane_factory=lane)  # type: ignore[arg-type]
     monkeypatch.setattr(run, "reexecute_all", fake)  # the command imports it when it runs
     runner, app = CliRunner(), build_app()
     args = ["audit", "evidence", "reexecute", "--model-dir", str(tmp_path / "model"), "--key",
