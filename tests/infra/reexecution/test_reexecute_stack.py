@@ -2,18 +2,25 @@
 
 Seven requests through the real sidecar to the stack's recording vLLM: three at once (they share steps), two
 staggered (each arriving while others run), and a two-step workflow; their envelopes published by the real
-publisher with the Merkle log, their schedule shipped by the real shipper, the day signed by ``reprolane audit
-checkpoint``; then, as the people involved run them, in child processes:
+publisher with the Merkle log, their schedule shipped by the real shipper into the engine's schedule log, the day's
+log and the schedule log signed by ``reprolane audit checkpoint``; then, as the people involved run them, in child
+processes:
 
-- the operator: ``reprolane audit evidence export ID --reexecutable`` for two batched requests and a staggered one,
-  and ``export WORKFLOW --workflow --reexecutable`` for the workflow (one bundle per step, in a folder);
-- the regulator: ``reprolane audit evidence reexecute BUNDLE... --model-dir DIR --key-fingerprint F`` in a process
-  whose environment names no S3, no Kafka and no stack (anything that reached for S3 would fail), which verifies
-  every bundle, checks the model files, replays each request inside its recorded batch with fillers on one engine,
-  and reproduces all five bit for bit;
+- the operator: ``reprolane audit evidence export ID --reexecutable`` for two batched requests and a staggered one
+  (every request id in their windows blinded, the target's too: it is named in clear apart), ``export WORKFLOW
+  --workflow --reexecutable`` for the workflow (one bundle per step, in a folder), and ``reprolane audit verify
+  --schedule ENGINE``, which holds every shipped segment to its signed leaf;
+- the regulator: ``reprolane audit evidence reexecute BUNDLE... --model-dir DIR --key-fingerprint F --json`` in a
+  process whose environment names no S3, no Kafka and no stack (anything that reached for S3 would fail), which
+  verifies every bundle, checks the model files, replays each request inside its recorded batch with fillers on one
+  engine, and reproduces all five bit for bit, its verdicts read from the one JSON document on its stdout (the text
+  report, made from the same results, is test_run.py's);
 - tampering: one token id of the recorded output, one logprob, one schedule record (a step's shapes), the
   runtime fingerprint (the engine record), the model manifest: each is caught and named by the signed manifest
-  before anything runs; a model directory with one changed file is refused, naming the file.
+  before anything runs; a model directory with one changed file is refused, naming the file (with ``--json``: no
+  document on stdout).
+
+The sending, publishing, shipping, signing and export are `tests.infra.reexecution.support`'s.
 """
 
 from __future__ import annotations
@@ -21,10 +28,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 import uuid
 import zipfile
 from datetime import UTC, datetime
@@ -35,35 +39,28 @@ import httpx
 import pytest
 
 from capture.audit.evidence.bundle import write_zip
-from infra.stack.buckets import s3_client
-from infra.stack.env import stack_defaults
 from infra.stack.state import StackInfo
 from schemas import CapturedOutput, Envelope, decode_envelope
 from schemas.envelope_compact import encode_compact
-from schemas.layout import capture_day
-from tests.capture.audit.evidence.test_export_stack import cli_env, publish_settings
-from tests.capture.audit.support import new_key, publish_through_s3
-from tests.capture.fake_upstream import serve
-from tests.replayer.schedule.scheduled_stack import chat, ship_schedules, stack_replayer_settings, stack_sidecar
+from tests.capture.audit.support import new_key
+from tests.infra.reexecution.support import (
+    Send,
+    ask,
+    checkpoint,
+    evidence_bucket,
+    export_reexecutable,
+    offline_env,
+    operator_env,
+    record_and_ship,
+    reprolane,
+)
 from tests.replayer.schedule.test_lane_model import model_dir
-from tests.replayer.schedule.test_replay_stack import _spooled
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
 
 PROMPTS = ["Name three rivers in Europe.", "What is a prime number?", "Describe the colour of the sea."]
 STAGGERED = ["Why do cats purr?", "Give two facts about the moon."]
 WORKFLOW = ["Suggest a name for a bakery.", "Now write a one-line slogan for it."]
-
-
-def reprolane(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def _records(bundle: bytes) -> list[dict[str, Any]]:
@@ -78,16 +75,14 @@ def rezip(bundle: bytes, name: str, change: Any) -> bytes:
     return write_zip(members, datetime.now(UTC))
 
 
-async def _send_all(app: Any, workflow: str) -> tuple[list[str], list[str], list[str]]:
+def _send_all(workflow: str) -> Send:
     """Through the sidecar, together: three at once, two staggered, a two-step workflow (step 2 after step 1's
     answer); their request ids by group."""
-    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=600.0) as client:
 
+    async def send(client: httpx.AsyncClient) -> list[list[str]]:
         async def one(delay_s: float, prompt: str, headers: dict[str, str] | None = None) -> str:
             await asyncio.sleep(delay_s)
-            reply = await client.post("/v1/chat/completions", json=chat(prompt, 12), headers=headers)
-            assert reply.status_code == 200, reply.text
-            return reply.headers["x-reprolane-request-id"]
+            return await ask(client, prompt, headers)
 
         async def steps() -> list[str]:
             return [
@@ -98,27 +93,9 @@ async def _send_all(app: Any, workflow: str) -> tuple[list[str], list[str], list
 
         batched = asyncio.gather(*(one(0.0, p) for p in PROMPTS))
         staggered = asyncio.gather(*(one(0.5 + 0.4 * i, p) for i, p in enumerate(STAGGERED)))
-        return await asyncio.gather(batched, staggered, steps())
+        return list(await asyncio.gather(batched, staggered, steps()))
 
-
-async def _captured(stack: StackInfo, tmp_path: Path, workflow: str, bucket: str) -> tuple[list[Envelope], ...]:
-    app, spool = stack_sidecar(stack)
-    groups = await _send_all(app, workflow)
-    envelopes = await _spooled(spool, [rid for group in groups for rid in group])
-    await publish_through_s3(publish_settings(stack, tmp_path / "spool", bucket), envelopes, tmp_path / "spool")
-    settings = stack_replayer_settings(stack).model_copy(update={"s3_bucket": bucket})
-    await ship_schedules(stack, settings, envelopes, tmp_path / "ship")
-    by_id = {e.request_id: e for e in envelopes}
-    return tuple([by_id[rid] for rid in group] for group in groups)
-
-
-def _offline(tmp_path: Path) -> dict[str, str]:
-    """An environment naming no S3, no Kafka, no stack: S3 endpoints that refuse, an empty run dir."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_")}
-    (tmp_path / "no-stack").mkdir(exist_ok=True)
-    env["REPROLANE_RUN_DIR"] = str(tmp_path / "no-stack")
-    env["REPROLANE_AUDIT_S3_ENDPOINT"] = env["REPROLANE_REPLAYER_S3_ENDPOINT"] = "http://127.0.0.1:9"
-    return env
+    return send
 
 
 def _changed_model(tmp_path: Path) -> Path:
@@ -138,30 +115,18 @@ def _changed_model(tmp_path: Path) -> Path:
 def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_and_every_tamper_is_named(
     stack: StackInfo, tmp_path: Path
 ) -> None:
-    bucket = f"reprolane-test-reexec-{uuid.uuid4().hex[:8]}"  # envelopes and schedules, one bucket, as deployed
-    s3_client(stack.s3_endpoint, stack.s3_credentials).create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+    bucket = evidence_bucket(stack)
     workflow = f"wf-{uuid.uuid4().hex[:12]}"
-    batched, staggered, steps = asyncio.run(_captured(stack, tmp_path, workflow, bucket))
+    batched, staggered, steps = asyncio.run(record_and_ship(stack, tmp_path, _send_all(workflow), bucket))
     private, _public = new_key()
-    env = {
-        **cli_env(stack, private, bucket),
-        **{k: v for k, v in stack_defaults(stack).items() if k.startswith("REPROLANE_REPLAYER_")},
-        "REPROLANE_REPLAYER_S3_BUCKET": bucket,
-        "REPROLANE_REPLAYER_MODEL_DIR": str(model_dir()),
-    }
-    signed = reprolane("audit", "checkpoint", env=env)  # the day's log and the engine's schedule log
-    day = capture_day(batched[0].captured_at)
-    assert f"{day}: checkpoint size" in signed.stdout, signed.stdout + signed.stderr
-    assert re.search(r"schedules/engine=\S+: checkpoint size", signed.stdout), signed.stdout
-    offline = _offline(tmp_path)
+    env = operator_env(stack, private, bucket)
+    checkpoint(batched[0].captured_at, env)
+    offline = offline_env(tmp_path)
 
     bundles = []
     for target in (batched[0], batched[2], staggered[1]):
         path = tmp_path / f"{target.request_id}.zip"
-        done = reprolane("audit", "evidence", "export", target.request_id, "-o", str(path), "--reexecutable", env=env)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "re-executable" in done.stdout
-        fingerprint = done.stdout.rsplit("--key-fingerprint ", 1)[1].strip()
+        fingerprint = export_reexecutable(target.request_id, path, env)
         with zipfile.ZipFile(path) as zf:
             schedule = zf.read("schedule.jsonl")
             engine_id = json.loads(zf.read("schedule-proof.json"))["engine_id"]
@@ -187,13 +152,18 @@ def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_a
 
     ran = reprolane(
         "audit", "evidence", "reexecute", *(str(tmp_path / f"{t.request_id}.zip") for t, _, _ in bundles), str(folder),
-        "--model-dir", str(model_dir()), "--key-fingerprint", fingerprint, env=offline,
+        "--model-dir", str(model_dir()), "--key-fingerprint", fingerprint, "--json", env=offline,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
-    for target in (*(t for t, _, _ in bundles), *steps):
-        assert f"reproduced bit for bit: request {target.request_id}" in ran.stdout
-    assert "5 request(s) re-executed on 1 engine(s) started here" in ran.stdout  # one recorded engine: one here
-    assert "schedule log, size" in ran.stdout  # every line proven a record of the signed schedule log
+    document = json.loads(ran.stdout)  # the whole of stdout: the engine's logs are on stderr
+    targets = [*(t for t, _, _ in bundles), *steps]
+    assert [r["request_id"] for r in document["requests"]] == [t.request_id for t in targets]
+    for request in document["requests"]:
+        event = request["result"]["event"]
+        assert request["reproduced"], request["request_id"]  # bit for bit, in its recorded schedule
+        assert (event["verdict"], event["schedule_reproduced"], event["lane"]) == ("bitwise", True, "schedule")
+    assert document["engines"] == 1  # one recorded engine: one here
+    assert {r["engine"] for r in document["requests"]} == {0}
 
     target, bundle, fingerprint = bundles[0]
     cases: dict[str, bytes] = {
@@ -216,9 +186,11 @@ def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_a
 
     refused = reprolane(
         "audit", "evidence", "reexecute", str(tmp_path / f"{target.request_id}.zip"),
-        "--model-dir", str(_changed_model(tmp_path)), "--key-fingerprint", fingerprint, env=offline, timeout=120,
+        "--model-dir", str(_changed_model(tmp_path)), "--key-fingerprint", fingerprint, "--json", env=offline,
+        timeout=120,
     )  # fmt: skip
     assert refused.returncode == 2, refused.stdout + refused.stderr[-2000:]
+    assert refused.stdout == ""  # no verdict, no document: the reason is on stderr
     assert "generation_config.json: sha256" in refused.stderr
 
 

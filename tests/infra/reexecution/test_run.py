@@ -5,8 +5,11 @@ output, or forks it. The real lane, the real stack and the command in a process 
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import itertools
+import json
 import uuid
 from pathlib import Path
 
@@ -22,10 +25,11 @@ from capture.audit.signing_keys import public_of
 from capture.audit.store import AuditStore
 from capture.ledger.merkle_log import append_leaves
 from infra.cli.root import build_app
+from infra.reexecution import run
 from infra.reexecution.run import reexecute, reexecute_all
 from infra.reexecution.window import schedule_proof, shapes_only
 from replayer.errors import NotReplayableError
-from schemas import Envelope
+from schemas import Envelope, ReplayResult
 from schemas.envelope import ArtifactHashes
 from schemas.layout import schedule_log
 from schemas.manifest import ModelManifest, ModelSource
@@ -87,17 +91,27 @@ def _extra(store: AuditStore, private: bytes, envelope: Envelope, manifest: Mode
     return members
 
 
+async def _bundles(
+    moto: str, tmp_path: Path, envelopes: list[Envelope], manifest: ModelManifest, private: bytes | None = None
+) -> tuple[list[bytes], bytes]:
+    """The re-executable bundle of each of `envelopes` (the real export, their extra members from their fake
+    windows), under one signed checkpoint; the key."""
+    store = await published(moto, tmp_path / "spool", envelopes)
+    private = private or load_private_fresh()
+    assert write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME) is not None
+    bundles = [
+        export_bundle(store, e.request_id, private, KEY_NAME, extra=_extra(store, private, e, manifest)).bundle
+        for e in envelopes
+    ]
+    return bundles, private
+
+
 async def _bundle(
     moto: str, tmp_path: Path, envelope: Envelope, manifest: ModelManifest, private: bytes | None = None
 ) -> tuple[bytes, bytes]:
-    """The re-executable bundle of `envelope` (the real export, its extra members from the fake window); the key."""
-    store = await published(moto, tmp_path / "spool", [envelope])
-    private = private or load_private_fresh()
-    assert write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME) is not None
-    done = export_bundle(
-        store, envelope.request_id, private, KEY_NAME, extra=_extra(store, private, envelope, manifest)
-    )
-    return done.bundle, private
+    """The re-executable bundle of `envelope` (`_bundles` of one); the key."""
+    (bundle,), private = await _bundles(moto, tmp_path, [envelope], manifest, private)
+    return bundle, private
 
 
 @pytest.mark.parametrize("fork", [False, True])
@@ -177,15 +191,70 @@ async def test_a_plain_bundle_a_wrong_model_and_junk_are_refused(moto_endpoint: 
     store = await published(moto_endpoint, tmp_path / "plain-spool", [envelope])
     write_checkpoint(store, DAY, private, retention=None, key_name=KEY_NAME)
     plain.write_bytes(export_bundle(store, envelope.request_id, private, KEY_NAME).bundle)
-    vkey = tmp_path / "audit.pub"
-    import base64
-
-    vkey.write_text(base64.b64encode(public_of(private)).decode())
     runner, app = CliRunner(), build_app()
-    args = ["--model-dir", str(tmp_path / "model"), "--key", str(vkey)]
+    args = ["--model-dir", str(tmp_path / "model"), "--key", str(_vkey(tmp_path, private))]
     refused = runner.invoke(app, ["audit", "evidence", "reexecute", str(plain), *args])
     assert refused.exit_code == 1
     assert "not re-executable" in refused.stderr
     junk = tmp_path / "junk.zip"
     junk.write_bytes(b"not a zip")
     assert runner.invoke(app, ["audit", "evidence", "reexecute", str(junk), *args]).exit_code == 2
+
+
+def _vkey(tmp_path: Path, private: bytes) -> Path:
+    """The public half of `private` in a file, as ``--key`` reads it."""
+    vkey = tmp_path / "audit.pub"
+    vkey.write_text(base64.b64encode(public_of(private)).decode())
+    return vkey
+
+
+async def test_the_command_prints_its_verdicts_as_text_or_as_one_json_document(
+    moto_endpoint: str,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    same, forked = _record(1), _record(2)
+    manifest = _model(tmp_path / "model")
+    bundles, private = await _bundles(moto_endpoint, tmp_path, [same, forked], manifest)
+    folder = tmp_path / "bundles"
+    folder.mkdir()
+    files = [folder / f"step-{i}.zip" for i in (1, 2)]
+    for path, bundle in zip(files, bundles, strict=True):
+        path.write_bytes(bundle)
+    echo = FakeLane()
+    echo.learn(same)
+    echo.learn(forked, diverge_at=1)
+
+    def lane(settings: object, engine: object) -> FakeScheduleLane:
+        return FakeScheduleLane(echo)
+
+    fake = functools.partial(run.reexecute_all, lane_factory=lane)  # type: ignore[arg-type]
+    monkeypatch.setattr(run, "reexecute_all", fake)  # the command imports it when it runs
+    runner, app = CliRunner(), build_app()
+    args = ["audit", "evidence", "reexecute", "--model-dir", str(tmp_path / "model"), "--key",
+            str(_vkey(tmp_path, private))]  # fmt: skip
+
+    text = runner.invoke(app, [*args, str(folder)])
+    assert text.exit_code == 1, text.output
+    assert f"reproduced bit for bit: request {same.request_id}, " in text.stdout
+    assert f"NOT reproduced: request {forked.request_id}\nReplay of request {forked.request_id} " in text.stdout
+    assert text.stdout.endswith("\n2 request(s) re-executed on 1 engine(s) started here\n")
+
+    as_json = runner.invoke(app, [*args, str(folder), "--json"])
+    assert as_json.exit_code == 1, as_json.output
+    document = json.loads(as_json.stdout)  # the whole of stdout
+    assert document["engines"] == 1
+    requests = document["requests"]
+    assert [(r["bundle"], r["request_id"], r["reproduced"], r["engine"]) for r in requests] == [
+        (str(files[0]), same.request_id, True, 0),
+        (str(files[1]), forked.request_id, False, 0),
+    ]
+    # each result is the document `replay request --json` prints
+    results = [ReplayResult.model_validate(r["result"]) for r in requests]
+    assert [r.event.verdict == "bitwise" for r in results] == [True, False]
+    assert results[1].event.first_divergence is not None
+    assert results[1].event.first_divergence.position == 1
+
+    alone = runner.invoke(app, [*args, str(files[0]), "--json"])
+    assert alone.exit_code == 0, alone.output
+    assert [r["reproduced"] for r in json.loads(alone.stdout)["requests"]] == [True]
