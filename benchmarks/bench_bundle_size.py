@@ -4,7 +4,8 @@
 
 Against a running local stack whose vLLM records its schedule (``reprolane stack up``): sends `n` chat requests
 at once through the real sidecar (`tests.replayer.schedule.scheduled_stack`), publishes their envelopes with the
-Merkle log into the evidence tests' bucket, ships their schedule, signs the day (``reprolane audit checkpoint``),
+Merkle log into a bucket of its own, ships their schedule there (each segment logged in the engine's schedule
+log), signs the day's log and the schedule log (``reprolane audit checkpoint``),
 then exports each request twice with the real command, ``reprolane audit evidence export`` without and with
 ``--reexecutable``, and prints the bundle sizes (median, max) and the median size of each member. The
 re-executable members grow with the busy period the request ran in (every step of it), not with its output.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import sys
@@ -25,13 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra import paths
-from infra.stack.buckets import s3_client
-from infra.stack.env import stack_defaults
 from infra.stack.state import StackInfo
-from schemas.layout import capture_day
-from tests.capture.audit.evidence.test_export_stack import BUCKET, cli_env, publish_settings
+from schemas import Envelope
+from tests.capture.audit.evidence.test_export_stack import publish_settings
 from tests.capture.audit.support import new_key, publish_through_s3
-from tests.infra.reexecution.test_reexecute_stack import reprolane
+from tests.infra.reexecution.support import checkpoint, evidence_bucket, operator_env, reprolane
 from tests.replayer.schedule.scheduled_stack import (
     chat,
     ship_schedules,
@@ -46,14 +44,15 @@ QUESTIONS = [
 ]  # fmt: skip
 
 
-async def _capture(stack: StackInfo, n: int, max_tokens: int, work: Path) -> list[str]:
+async def _capture(stack: StackInfo, n: int, max_tokens: int, work: Path, bucket: str) -> list[Envelope]:
     app, spool = stack_sidecar(stack)
     prompts = [QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" ({i})") for i in range(n)]
     ids = await _send(app, [chat(p, max_tokens) for p in prompts], 0.0)
     envelopes = await _spooled(spool, ids)
-    await publish_through_s3(publish_settings(stack, work / "spool", BUCKET), envelopes, work / "spool")
-    await ship_schedules(stack, stack_replayer_settings(stack), envelopes, work / "ship")
-    return [capture_day(envelopes[0].captured_at), *ids]
+    await publish_through_s3(publish_settings(stack, work / "spool", bucket), envelopes, work / "spool")
+    settings = stack_replayer_settings(stack).model_copy(update={"s3_bucket": bucket})
+    await ship_schedules(stack, settings, envelopes, work / "ship")
+    return envelopes
 
 
 def main() -> None:
@@ -63,20 +62,14 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("REPROLANE_CAPTURE_AUTH_MODE", "off")  # the publisher's settings; no caller is served
     stack = StackInfo.load(paths.run_dir(None))
-    client = s3_client(stack.s3_endpoint, stack.s3_credentials)
-    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
-        client.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+    bucket = evidence_bucket(stack)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        day, *ids = asyncio.run(_capture(stack, args.n, args.max_tokens, work))
+        envelopes = asyncio.run(_capture(stack, args.n, args.max_tokens, work, bucket))
+        ids = [e.request_id for e in envelopes]
         private, _ = new_key()
-        env = {
-            **cli_env(stack, private, BUCKET),
-            **{k: v for k, v in stack_defaults(stack).items() if k.startswith("REPROLANE_REPLAYER_")},
-            "REPROLANE_RUN_DIR": str(stack.run_dir),
-        }
-        signed = reprolane("audit", "checkpoint", "--day", day, env=env)
-        assert "checkpoint size" in signed.stdout, signed.stdout + signed.stderr
+        env = {**operator_env(stack, private, bucket), "REPROLANE_RUN_DIR": str(stack.run_dir)}
+        checkpoint(envelopes[0].captured_at, env)
         sizes: dict[str, list[int]] = {"plain": [], "re-executable": []}
         members: dict[str, list[int]] = {}
         for rid in ids:
