@@ -33,6 +33,8 @@ from schemas import Envelope, ReplayResult
 from schemas.envelope import ArtifactHashes
 from schemas.layout import schedule_log
 from schemas.manifest import ModelManifest, ModelSource
+from schemas.note import VerifierKey, parse_note
+from schemas.receipt import parse_receipt
 from schemas.schedule_proof import record_hashes, segment_leaf
 from tests.capture.audit.evidence.test_export import DAY, KEY_NAME, moto_endpoint, published  # noqa: F401
 from tests.capture.audit.test_checkpoint import load_private_fresh
@@ -258,3 +260,56 @@ async def test_the_command_prints_its_verdicts_as_text_or_as_one_json_document(
     alone = runner.invoke(app, [*args, str(files[0]), "--json"])
     assert alone.exit_code == 0, alone.output
     assert [r["reproduced"] for r in json.loads(alone.stdout)["requests"]] == [True]
+
+
+async def test_a_receipt_signed_by_the_reexecutor_names_every_bundle_and_its_verdict(
+    moto_endpoint: str,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    same, forked = _record(1), _record(2)
+    manifest = _model(tmp_path / "model")
+    bundles, private = await _bundles(moto_endpoint, tmp_path, [same, forked], manifest)
+    files = [tmp_path / f"step-{i}.zip" for i in (1, 2)]
+    for path, bundle in zip(files, bundles, strict=True):
+        path.write_bytes(bundle)
+    echo = FakeLane()
+    echo.learn(same)
+    echo.learn(forked, diverge_at=1)
+    fake = functools.partial(run.reexecute_all, lane_factory=lambda s, e: FakeScheduleLane(echo))  # type: ignore[arg-type]
+    monkeypatch.setattr(run, "reexecute_all", fake)
+    runner, app = CliRunner(), build_app()
+    mine = load_private_fresh()  # the re-executor's own key, not the audit key
+    receipt = tmp_path / "receipt.note"
+    args = ["audit", "evidence", "reexecute", *map(str, files), "--model-dir", str(tmp_path / "model"),
+            "--key", str(_vkey(tmp_path, private))]  # fmt: skip
+    signing = ["--receipt", str(receipt), "--receipt-key", base64.b64encode(mine).decode()]
+    refused = runner.invoke(app, [*args, *signing])  # no name for the key
+    assert refused.exit_code == 2
+    assert not receipt.exists()
+    done = runner.invoke(app, [*args, *signing, "--receipt-name", "regulator.example/lab"])
+    assert done.exit_code == 1, done.output  # one forked: the receipt is written all the same
+    note = parse_note(receipt.read_bytes())
+    signed = parse_receipt(note.text)
+    assert [(line.bundle_sha256, line.request_id, line.verdict) for line in signed.lines] == [
+        (hashlib.sha256(bundles[0]).hexdigest(), same.request_id, "reproduced"),
+        (hashlib.sha256(bundles[1]).hexdigest(), forked.request_id, "not-reproduced"),
+    ]
+    assert signed.lines[0].tokens == len(same.outcome.choices[0].token_ids)  # type: ignore[union-attr]
+
+    vkey = VerifierKey("regulator.example/lab", public_of(mine)).encode()
+    checked = runner.invoke(app, ["audit", "evidence", "receipt", str(receipt), *map(str, files), "--key", vkey])
+    assert checked.exit_code == 0, checked.output
+    assert checked.stdout.startswith(f"verified receipt {receipt}: signed by regulator.example/lab+")
+    assert f"  {forked.request_id}: not-reproduced, " in checked.stdout
+    other = tmp_path / "other.zip"
+    other.write_bytes(bundles[0] + b"x")
+    missing = runner.invoke(app, ["audit", "evidence", "receipt", str(receipt), str(other), "--key", vkey])
+    assert missing.exit_code == 1
+    assert f"  - {other}: NOT in the receipt" in missing.stdout
+    receipt.write_bytes(receipt.read_bytes().replace(b" not-reproduced ", b" reproduced ", 1))  # the fork erased
+    forged = runner.invoke(app, ["audit", "evidence", "receipt", str(receipt), "--key", vkey])
+    assert forged.exit_code == 1
+    assert "FAILED receipt" in forged.stdout
+    wrong_key = VerifierKey("regulator.example/lab", public_of(private)).encode()
+    assert runner.invoke(app, ["audit", "evidence", "receipt", str(receipt), "--key", wrong_key]).exit_code == 1
