@@ -24,7 +24,7 @@ Pure: no IO.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field
@@ -52,27 +52,32 @@ def blind(request_id: str) -> str:
     return BLIND_PREFIX + hashlib.sha256(request_id.encode("utf-8")).hexdigest()[:32]
 
 
-def blinded(record: ScheduleRecord) -> ScheduleRecord:
-    """`record` with every request id in it blinded (an engine's record has none)."""
+def with_ids(record: ScheduleRecord, rename: Callable[[str], str]) -> ScheduleRecord:
+    """`record` with every request id in it passed through `rename` (an engine's record has none)."""
     if isinstance(record, RequestArrival):
         update: dict[str, Any] = {
-            "engine_request_id": blind(record.engine_request_id),
-            "external_request_id": blind(record.external_request_id),
+            "engine_request_id": rename(record.engine_request_id),
+            "external_request_id": rename(record.external_request_id),
         }
         if record.cached_from is not None:
-            update["cached_from"] = tuple((blind(p), n) for p, n in record.cached_from)
+            update["cached_from"] = tuple((rename(p), n) for p, n in record.cached_from)
         return record.model_copy(update=update)
     if isinstance(record, ScheduleStep):
         return record.model_copy(
             update={
                 "scheduled": tuple(
-                    s.model_copy(update={"engine_request_id": blind(s.engine_request_id)}) for s in record.scheduled
+                    s.model_copy(update={"engine_request_id": rename(s.engine_request_id)}) for s in record.scheduled
                 ),
-                "finished": tuple(blind(r) for r in record.finished),
-                "preempted": tuple(blind(r) for r in record.preempted),
+                "finished": tuple(rename(r) for r in record.finished),
+                "preempted": tuple(rename(r) for r in record.preempted),
             }
         )
     return record
+
+
+def blinded(record: ScheduleRecord) -> ScheduleRecord:
+    """`record` with every request id in it blinded."""
+    return with_ids(record, blind)
 
 
 def blinded_line(record: ScheduleRecord) -> bytes:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from capture.audit.evidence.export import EvidenceError, LogProver
 from replayer.schedule.store import ScheduleWindow
 from schemas.canonical import canonical_json
 from schemas.errors import ContractError
 from schemas.layout import schedule_log
-from schemas.schedule import EngineStart, RequestArrival, ScheduleRecord, ScheduleStep
+from schemas.schedule import EngineStart, RequestArrival, ScheduleRecord
 from schemas.schedule_delivery import decode_record_line
 from schemas.schedule_proof import (
     ScheduleProof,
@@ -37,6 +36,7 @@ from schemas.schedule_proof import (
     record_hashes,
     segment_id,
     segment_leaf,
+    with_ids,
 )
 
 FORMAT = "reprolane.reexecution/2"
@@ -126,7 +126,7 @@ def window_of(schedule: bytes, settings: bytes) -> ScheduleWindow:
             ("reexecution",),
         )
     clear = {blind(t): t for t in target} | {blind(e): e for e in external}
-    rest = [_unblinded(r, clear) for r in rest]
+    rest = [with_ids(r, lambda rid: clear.get(rid, rid)) for r in rest]  # the others stay blinded: pseudonyms
     arrivals = tuple(
         sorted(
             (r for r in rest if isinstance(r, RequestArrival) and r.engine_request_id in set(target)),
@@ -141,33 +141,6 @@ def window_of(schedule: bytes, settings: bytes) -> ScheduleWindow:
 def _strings(value: object) -> list[str]:
     """`value` when it is a list of strings, else empty."""
     return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else []
-
-
-def _unblinded(record: ScheduleRecord, clear: Mapping[str, str]) -> ScheduleRecord:
-    """`record` with the target's blinded ids in clear (every other id stays blinded: a pseudonym to the lane)."""
-
-    def back(rid: str) -> str:
-        return clear.get(rid, rid)
-
-    if isinstance(record, RequestArrival):
-        update: dict[str, Any] = {
-            "engine_request_id": back(record.engine_request_id),
-            "external_request_id": back(record.external_request_id),
-        }
-        if record.cached_from is not None:
-            update["cached_from"] = tuple((back(p), n) for p, n in record.cached_from)
-        return record.model_copy(update=update)
-    if isinstance(record, ScheduleStep):
-        return record.model_copy(
-            update={
-                "scheduled": tuple(
-                    s.model_copy(update={"engine_request_id": back(s.engine_request_id)}) for s in record.scheduled
-                ),
-                "finished": tuple(back(r) for r in record.finished),
-                "preempted": tuple(back(r) for r in record.preempted),
-            }
-        )
-    return record
 
 
 def _ranges(value: object) -> tuple[tuple[int, int], ...] | None:

@@ -15,6 +15,8 @@ processes:
   verifies every bundle, checks the model files, replays each request inside its recorded batch with fillers on one
   engine, and reproduces all five bit for bit, its verdicts read from the one JSON document on its stdout (the text
   report, made from the same results, is test_run.py's);
+- the regulator's receipt: the same run signs one with a key of its own (``--receipt``), and ``reprolane audit
+  evidence receipt`` holds every bundle to it;
 - tampering: one token id of the recorded output, one logprob, one schedule record (a step's shapes), the
   runtime fingerprint (the engine record), the model manifest: each is caught and named by the signed manifest
   before anything runs; a model directory with one changed file is refused, naming the file (with ``--json``: no
@@ -26,6 +28,7 @@ The sending, publishing, shipping, signing and export are `tests.infra.reexecuti
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import re
@@ -42,6 +45,7 @@ from capture.audit.evidence.bundle import write_zip
 from infra.stack.state import StackInfo
 from schemas import CapturedOutput, Envelope, decode_envelope
 from schemas.envelope_compact import encode_compact
+from schemas.note import VerifierKey
 from tests.capture.audit.support import new_key
 from tests.infra.reexecution.support import (
     Send,
@@ -150,11 +154,20 @@ def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_a
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.startswith(f"verified schedules/engine={engine_id}"), checked.stdout
 
+    regulator, regulator_public = new_key()  # the regulator's own key signs a receipt of what it re-executed
+    receipt = tmp_path / "receipt.note"
+    signing = ["--receipt", str(receipt), "--receipt-key", base64.b64encode(regulator).decode(),
+               "--receipt-name", "regulator.example/lab"]  # fmt: skip
     ran = reprolane(
         "audit", "evidence", "reexecute", *(str(tmp_path / f"{t.request_id}.zip") for t, _, _ in bundles), str(folder),
-        "--model-dir", str(model_dir()), "--key-fingerprint", fingerprint, "--json", env=offline,
+        "--model-dir", str(model_dir()), "--key-fingerprint", fingerprint, "--json", *signing, env=offline,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+    vkey = VerifierKey("regulator.example/lab", regulator_public).encode()
+    every = [*(str(tmp_path / f"{t.request_id}.zip") for t, _, _ in bundles), *map(str, sorted(folder.iterdir()))]
+    held = reprolane("audit", "evidence", "receipt", str(receipt), *every, "--key", vkey, env=offline)
+    assert held.returncode == 0, held.stdout + held.stderr
+    assert held.stdout.count(": reproduced, ") == 5
     document = json.loads(ran.stdout)  # the whole of stdout: the engine's logs are on stderr
     targets = [*(t for t, _, _ in bundles), *steps]
     assert [r["request_id"] for r in document["requests"]] == [t.request_id for t in targets]

@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -210,14 +211,22 @@ def _vkey(tmp_path: Path, private: bytes) -> Path:
     return vkey
 
 
-async def test_the_command_prints_its_verdicts_as_text_or_as_one_json_document(
-    moto_endpoint: str,  # noqa: F811
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@dataclass(frozen=True)
+class TwoBundles:
+    """Two bundles in a folder, the first reproduced on the fake lane, the second forked; the audit key."""
+
+    same: Envelope
+    forked: Envelope
+    files: list[Path]
+    bundles: list[bytes]
+    private: bytes
+
+
+async def _two_on_a_fake_lane(moto: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TwoBundles:
+    """`TwoBundles`, with the command's re-execution on a fake lane that echoes the first and forks the second."""
     same, forked = _record(1), _record(2)
     manifest = _model(tmp_path / "model")
-    bundles, private = await _bundles(moto_endpoint, tmp_path, [same, forked], manifest)
+    bundles, private = await _bundles(moto, tmp_path, [same, forked], manifest)
     folder = tmp_path / "bundles"
     folder.mkdir()
     files = [folder / f"step-{i}.zip" for i in (1, 2)]
@@ -232,6 +241,16 @@ async def test_the_command_prints_its_verdicts_as_text_or_as_one_json_document(
 
     fake = functools.partial(run.reexecute_all, lane_factory=lane)  # type: ignore[arg-type]
     monkeypatch.setattr(run, "reexecute_all", fake)  # the command imports it when it runs
+    return TwoBundles(same, forked, files, bundles, private)
+
+
+async def test_the_command_prints_its_verdicts_as_text_or_as_one_json_document(
+    moto_endpoint: str,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    two = await _two_on_a_fake_lane(moto_endpoint, tmp_path, monkeypatch)
+    same, forked, files, private, folder = two.same, two.forked, two.files, two.private, two.files[0].parent
     runner, app = CliRunner(), build_app()
     args = ["audit", "evidence", "reexecute", "--model-dir", str(tmp_path / "model"), "--key",
             str(_vkey(tmp_path, private))]  # fmt: skip
@@ -267,17 +286,8 @@ async def test_a_receipt_signed_by_the_reexecutor_names_every_bundle_and_its_ver
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    same, forked = _record(1), _record(2)
-    manifest = _model(tmp_path / "model")
-    bundles, private = await _bundles(moto_endpoint, tmp_path, [same, forked], manifest)
-    files = [tmp_path / f"step-{i}.zip" for i in (1, 2)]
-    for path, bundle in zip(files, bundles, strict=True):
-        path.write_bytes(bundle)
-    echo = FakeLane()
-    echo.learn(same)
-    echo.learn(forked, diverge_at=1)
-    fake = functools.partial(run.reexecute_all, lane_factory=lambda s, e: FakeScheduleLane(echo))  # type: ignore[arg-type]
-    monkeypatch.setattr(run, "reexecute_all", fake)
+    two = await _two_on_a_fake_lane(moto_endpoint, tmp_path, monkeypatch)
+    same, forked, files, bundles, private = two.same, two.forked, two.files, two.bundles, two.private
     runner, app = CliRunner(), build_app()
     mine = load_private_fresh()  # the re-executor's own key, not the audit key
     receipt = tmp_path / "receipt.note"
