@@ -40,7 +40,7 @@ from replayer.schedule.window import read_window
 from schemas import Envelope
 from schemas.schedule_delivery import ScheduleRef, external_request_id_for
 from tests import factories
-from tests.capture.test_schedule_shipper import FakeProducer
+from tests.capture.schedule.test_shipper import FakeProducer
 from tests.schedule_segments import FakeEngine, write_segment
 
 

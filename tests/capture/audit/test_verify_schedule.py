@@ -18,7 +18,7 @@ from capture.audit.store import AuditStore
 from capture.audit.verify import verify_schedule_log
 from schemas.layout import schedule_log, schedule_segment_key
 from tests.capture.audit.test_checkpoint import load_private_fresh
-from tests.capture.test_schedule_shipper import _shipper, _two_engines, s3  # noqa: F401
+from tests.capture.schedule.test_shipper import _shipper, _two_engines, s3  # noqa: F401
 from tests.schedule_segments import FakeEngine, encode
 
 KEY = "test.example/audit"

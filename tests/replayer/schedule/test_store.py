@@ -22,7 +22,7 @@ from schemas.layout import schedule_index_key, schedule_segment_key
 from schemas.schedule import RequestArrival, ScheduleStep
 from schemas.schedule_delivery import ScheduleIndexEntry, ScheduleRef, decode_index_entry, external_request_id_for
 from tests import factories
-from tests.capture.test_schedule_shipper import FakeProducer
+from tests.capture.schedule.test_shipper import FakeProducer
 from tests.moto_s3 import moto_client, moto_server
 from tests.schedule_segments import FakeEngine, write_segment
 

@@ -1,7 +1,7 @@
 """The schedule shipper against moto's S3 and an in-memory Kafka end (issue 22): every closed segment stored once
 with its index entries and sent, deleted only after both; hostile segments quarantined without holding the rest
 back; redeliveries collapse; failures leave the file in place. The real stack's version (SIGKILL mid-run, Tansu,
-SeaweedFS) is tests/capture/test_schedule_shipper_stack.py."""
+SeaweedFS) is test_shipper_stack.py."""
 
 from __future__ import annotations
 
