@@ -208,7 +208,10 @@ def expire_command(
 
 @audit_app.command("checkpoint")
 def checkpoint_cmd(
-    day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD (default: every day with a log)")] = None,
+    day: Annotated[
+        str | None,
+        typer.Option("--day", help="YYYY-MM-DD: that day's log alone (default: every log, days and schedules)"),
+    ] = None,
 ) -> None:
     """Sign a checkpoint of each log that grew since its last checkpoint: day logs, engines' schedule logs.
 
