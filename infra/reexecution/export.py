@@ -38,7 +38,8 @@ def _segments(schedules: ScheduleStore, window: ScheduleWindow) -> dict[int, tup
     assert window.engine is not None
     engine_id = window.engine.engine_id
     found: dict[int, tuple[ScheduleRecord, ...]] = {}
-    for seq in {0, *range(window.first_segment, window.last_segment + 1)}:
+    read = window.segments or range(window.first_segment, window.last_segment + 1)
+    for seq in {0, *read}:
         records = schedules.segment(engine_id, seq)
         if records is None:
             raise EvidenceError(f"segment {seq} of engine {engine_id} is gone from the schedule store")

@@ -80,6 +80,8 @@ class ScheduleWindow:
     gap: str | None = None  # what the log lacks when not complete
     #: the step ranges `records` hold (`replayer.schedule.window`); None: one range, from the first to the last
     ranges: tuple[tuple[int, int], ...] | None = None
+    #: the segments `records` were read from (None: every one from `first_segment` to `last_segment`)
+    segments: tuple[int, ...] | None = None
 
     @property
     def steps(self) -> tuple[ScheduleStep, ...]:

@@ -197,7 +197,9 @@ def read_window(store: ScheduleStore, envelope: Envelope) -> ScheduleWindow:
         have = found
     seqs = sorted(reader.segments)
     spans = tuple(ranges[first] for first in sorted(ranges))
-    return ScheduleWindow(engine, tuple(arrivals), records, seqs[0], seqs[-1], complete=True, ranges=spans)
+    return ScheduleWindow(
+        engine, tuple(arrivals), records, seqs[0], seqs[-1], complete=True, ranges=spans, segments=tuple(seqs)
+    )
 
 
 def _engine(store: ScheduleStore, engine_id: str) -> EngineStart | None:
