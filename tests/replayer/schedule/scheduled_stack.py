@@ -29,6 +29,7 @@ from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings
 from infra.stack import servers
+from infra.stack.buckets import s3_client
 from infra.stack.env import stack_defaults
 from infra.stack.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
@@ -38,6 +39,8 @@ from replayer.schedule.store import ScheduleStore, ScheduleWindow
 from replayer.schedule.window import read_window
 from replayer.settings import ReplayerSettings
 from schemas import Envelope, ReplayResult
+from schemas.layout import schedule_engine_prefix
+from schemas.schedule_delivery import parse_segment_file_name
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
 from tests.replayer.support import S3Target, seed_envelope
@@ -48,6 +51,35 @@ def schedule_dir(stack: StackInfo) -> Path:
     directory = stack_defaults(stack).get("REPROLANE_SHIPPER_SCHEDULE_DIR")
     assert directory is not None, f"the stack's vLLM ({stack.run_dir}) records no schedule: start it with the recorder"
     return Path(directory)
+
+
+def _stored(client: Any, bucket: str, engine: str) -> dict[str, str]:
+    """Segment file name -> object key, of every segment of `engine` stored in `bucket`."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=schedule_engine_prefix(engine))
+    keys = (o["Key"] for page in pages for o in page.get("Contents", ()))
+    return {k.rsplit("/", 1)[-1]: k for k in keys if parse_segment_file_name(k.rsplit("/", 1)[-1]) is not None}
+
+
+def _to_ship(stack: StackInfo, bucket: str, source: Path, copies: Path) -> set[Path]:
+    """What need not be copied from `source`: the segments `bucket` holds already (not shipped again: each shipper
+    run would log every one again), after copying into `copies` those the stack's audit bucket holds and `source`
+    no longer does (a shipper deletes what it shipped: the demo's, a soak's; an engine's first segment holds its
+    engine record), so that they are shipped into `bucket` too; as source paths."""
+    client = s3_client(stack.s3_endpoint, stack.s3_credentials)
+    skip: set[Path] = set()
+    for engine in (p.name for p in source.iterdir() if p.is_dir()):
+        there = _stored(client, bucket, engine)
+        skip |= {source / engine / name for name in there}
+        if bucket == stack.audit_bucket:
+            continue
+        for name, key in _stored(client, stack.audit_bucket, engine).items():
+            if name not in there and not (source / engine / name).exists():
+                (copies / engine).mkdir(exist_ok=True)
+                (copies / engine / name).write_bytes(
+                    client.get_object(Bucket=stack.audit_bucket, Key=key)["Body"].read()
+                )
+                skip.add(source / engine / name)
+    return skip
 
 
 def stack_sidecar(stack: StackInfo) -> tuple[Any, FakeSpool]:
@@ -129,6 +161,7 @@ async def ship_schedules(stack: StackInfo, settings: ReplayerSettings, envelopes
     defaults.update(schedule_dir=str(copies), quarantine_dir=str(quarantine), retention_days=0,
                     s3_bucket=settings.s3_bucket)  # fmt: skip
     copies.mkdir(parents=True, exist_ok=True)
+    copied |= _to_ship(stack, settings.s3_bucket, source, copies)
     shipper = Shipper(ShipperSettings(**defaults))
     store = ScheduleStore.from_settings(settings)
     try:
