@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from capture.errors import RecordsRefused, SinkError
 from capture.ledger.errors import LedgerError
-from capture.ledger.merkle_log import append_leaves
+from capture.ledger.merkle_log import RecentIds, append_leaves
 from capture.ledger.store import LedgerStore
 from capture.publishing.s3_workers import Put, PutOutcome, PutRefusedError, run_put
 from infra.clients.kafka import aiokafka_kwargs, kafka_errors, start_client, stop_quietly
@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 MIN_RETENTION: Final = timedelta(days=1)
 _REASON_LIMIT: Final = 1000
 _SINK: Final = "schedule-shipper"
+#: Segments whose leaf one store remembers having appended, so that a segment retried for Kafka is logged once.
+LOGGED_REMEMBERED: Final = 1024
 
 
 class SegmentConflictError(SinkError):
@@ -79,6 +81,8 @@ class SegmentStore:
         self.retention = retention
         self.lock_mode = lock_mode
         self.index_conflicts = 0
+        self._ledger = LedgerStore(client, bucket, lock_mode)
+        self._logged = RecentIds(LOGGED_REMEMBERED)  # segment ids whose leaf this store appended
 
     @classmethod
     def from_settings(cls, settings: ShipperSettings) -> SegmentStore:
@@ -119,18 +123,21 @@ class SegmentStore:
         self.index_conflicts += conflicts
         return conflicts
 
-    def log_segment(self, engine_id: str, seq: int, records: Sequence[ScheduleRecord]) -> int:
+    def log_segment(self, engine_id: str, seq: int, records: Sequence[ScheduleRecord]) -> int | None:
         """Append the segment's leaf to its engine's Merkle log (after the segment is stored: a leaf never names
-        nothing); its index. `SinkError` when S3 fails (retried: a leaf appended twice is harmless, the first
-        counts)."""
-        ledger = LedgerStore(self._client, self.bucket, self.lock_mode)
+        nothing); its index, or None when this store appended it already (the segment retried because Kafka was
+        down). `SinkError` when S3 fails (retried: a leaf appended twice is harmless, the first counts)."""
         leaf = segment_leaf(engine_id, seq, record_hashes(records))
+        if leaf.envelope_id in self._logged:
+            return None
         try:
-            return append_leaves(
-                ledger, schedule_log(engine_id), [leaf], self._retain_until() if self.retention else None
+            at = append_leaves(
+                self._ledger, schedule_log(engine_id), [leaf], self._retain_until() if self.retention else None
             )
         except LedgerError as exc:
             raise SinkError(f"schedule log of engine {engine_id}: {exc}") from exc
+        self._logged.add_all([leaf.envelope_id])
+        return at
 
     def _retain_until(self) -> datetime:
         assert self.retention is not None

@@ -59,8 +59,6 @@ from schemas.schedule_delivery import (
 log = logging.getLogger(__name__)
 
 _PART: Final = ".jsonl.part"
-#: Segments whose leaf this process appended, remembered so that a segment retried for Kafka is logged once.
-_LOGGED_REMEMBERED: Final = 1024
 
 
 @dataclass(frozen=True, order=True)
@@ -146,7 +144,6 @@ class Shipper:
         self._reported: set[Path] = set()
         self._stopping = asyncio.Event()
         self._lock_fd: int | None = None
-        self._logged: dict[tuple[str, int], None] = {}  # insertion-ordered: the oldest forgotten first
 
     def hold(self) -> None:
         """Become the one shipper of this directory (an exclusive ``flock`` on ``<quarantine>/LOCK``, held until
@@ -260,11 +257,7 @@ class Shipper:
             self.metrics.index_conflicts_total.inc(conflicts)
         except PutRefusedError as exc:  # stored, but not findable by request: say so, do not hold the log back
             log.error("shipper: %s/%08d: an index entry was refused for good: %s", segment.engine_id, segment.seq, exc)
-        if (segment.engine_id, segment.seq) not in self._logged:  # a retry of this segment (Kafka was down)
-            await asyncio.to_thread(self.store.log_segment, segment.engine_id, segment.seq, records)
-            self._logged[segment.engine_id, segment.seq] = None
-            while len(self._logged) > _LOGGED_REMEMBERED:
-                self._logged.pop(next(iter(self._logged)))
+        await asyncio.to_thread(self.store.log_segment, segment.engine_id, segment.seq, records)
         try:
             await self.producer.send(segment.engine_id, segment.seq, data, sha256)
         except RecordsRefused as exc:
