@@ -85,8 +85,13 @@ def blinded_line(record: ScheduleRecord) -> bytes:
     return encode_record(blinded(record))
 
 
+def line_hash(line: bytes) -> bytes:
+    """A record's hash in its segment's tree, from its `blinded_line`."""
+    return leaf_hash(line)
+
+
 def record_hashes(records: Sequence[ScheduleRecord]) -> list[bytes]:
-    return [leaf_hash(blinded_line(r)) for r in records]
+    return [line_hash(blinded_line(r)) for r in records]
 
 
 def segment_id(engine_id: str, seq: int) -> str:
@@ -145,6 +150,6 @@ def check(lines: Sequence[bytes], proof: ScheduleProof, note: Note, key: Verifie
         segment = segments.get(seq)
         if segment is None or not 0 <= index < len(segment.record_hashes):
             problems.append(f"schedule.jsonl line {n}: the proof places it nowhere (segment {seq}, record {index})")
-        elif leaf_hash(line).hex() != segment.record_hashes[index]:
+        elif line_hash(line).hex() != segment.record_hashes[index]:
             problems.append(f"schedule.jsonl line {n}: not record {index} of segment {seq} as the log committed it")
     return problems

@@ -33,7 +33,7 @@ from schemas.schedule_proof import (
     SegmentProof,
     blind,
     blinded_line,
-    record_hashes,
+    line_hash,
     segment_id,
     segment_leaf,
     with_ids,
@@ -66,11 +66,11 @@ def schedule_proof(window: ScheduleWindow, segments: Mapping[int, Sequence[Sched
     none of them or the log does not hold them yet."""
     assert window.engine is not None
     engine_id = window.engine.engine_id
-    hashes = {seq: record_hashes(records) for seq, records in sorted(segments.items())}
+    lines = {seq: [blinded_line(r) for r in records] for seq, records in sorted(segments.items())}
     where: dict[bytes, tuple[int, int]] = {}
-    for seq, records in sorted(segments.items()):
-        for index, record in enumerate(records):
-            where.setdefault(blinded_line(record), (seq, index))
+    for seq, committed in lines.items():
+        for index, line in enumerate(committed):
+            where.setdefault(line, (seq, index))
     placed = []
     for record in (window.engine, *window.records):
         spot = where.get(blinded_line(record))
@@ -78,6 +78,7 @@ def schedule_proof(window: ScheduleWindow, segments: Mapping[int, Sequence[Sched
             raise EvidenceError(f"a record of the window is in none of engine {engine_id}'s segments read")
         placed.append(spot)
     used = sorted({seq for seq, _ in placed})
+    hashes = {seq: [line_hash(line) for line in lines[seq]] for seq in used}
     proven = prove(schedule_log(engine_id), [segment_id(engine_id, seq) for seq in used])
     parts = []
     for seq in used:
