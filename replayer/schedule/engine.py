@@ -3,7 +3,8 @@
 `start_recording_engine` starts ``vllm.LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with
 vLLM's scheduler class set to the recorder production runs, ``capture.schedule.recorder.RecordingScheduler``
 (named to vLLM as a string, so the replayer never imports the capture package), writing to a directory of its
-own. `read_log` reads that directory back as a `schemas.schedule_log.ScheduleLog`.
+own. `read_log` reads that directory back as a `schemas.schedule_log.ScheduleLog`; with ``consume`` it removes the
+segments it read, so that a long-running lane reads each of its own steps once and its directory stays small.
 
 `StepDriver` is the in-process "production" the proof tests and the benchmark use: it runs requests that
 arrive before given step numbers through such an engine, exactly as vLLM's server loop interleaves arrivals and
@@ -68,14 +69,17 @@ def start_recording_engine(model_dir: Path, log_dir: Path | None, **engine_kwarg
     return engine, recorder
 
 
-def read_log(recorder: Any) -> ScheduleLog:
-    """The recorder's log so far (its open segment completed first)."""
+def read_log(recorder: Any, *, consume: bool = False) -> ScheduleLog:
+    """The recorder's log so far (its open segment completed first); with ``consume``, only what no earlier
+    consuming read returned, and the segments read are removed."""
     recorder.writer.sync()
     directory = Path(recorder.writer.directory)
     records: list[Any] = []
     for path in sorted(directory.iterdir()):
         if parse_segment_file_name(path.name) is not None:
             records.extend(decode_segment(path.read_bytes(), str(recorder.engine_id)))
+            if consume:
+                path.unlink()
     return ScheduleLog.from_records(records)
 
 

@@ -23,6 +23,7 @@ the production engine's in a field that changes numerics (`NUMERIC_FIELDS`).
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -252,7 +253,7 @@ class ScheduleLane:
             batch_invariant=False,
             structured_outputs=installed_structured_outputs(LANE_STRUCTURED_OUTPUTS_BACKEND),
         ).model_copy(update={"max_num_seqs": engine.max_num_seqs, "prefix_caching": engine.enable_prefix_caching})
-        own = read_log(self._recorder).engine  # the replay engine's own start, measured where production's was
+        own = read_log(self._recorder, consume=True).engine  # its own start, measured where production's was
         if own is not None and own.runtime is not None and own.runtime.num_threads is not None:
             # torch's thread count as the engine's scheduler saw it, not this process's before the engine started
             self._fingerprint = self._fingerprint.model_copy(update={"num_threads": own.runtime.num_threads})
@@ -385,7 +386,7 @@ class ScheduleLane:
                         outputs[prod_id] = out.outputs[0]
                         waiting.discard(prod_id)
             self._drain()
-            replayed = steps_from(read_log(self._recorder), log_first)
+            replayed = steps_from(read_log(self._recorder, consume=True), log_first)  # each step read once
         results = {rid: output_from_vllm(o) for rid, o in outputs.items() if rid in real}
         return ScheduleReplay(
             output=results.get(target_id),
@@ -452,3 +453,5 @@ class ScheduleLane:
         if recorder is not None:
             recorder.writer.close()
         self._thread.close()
+        if hasattr(self, "_log_dir"):
+            shutil.rmtree(self._log_dir, ignore_errors=True)
