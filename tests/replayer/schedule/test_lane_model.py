@@ -3,8 +3,14 @@ with filler companions of the recorded shapes, compared bitwise (token ids and l
 
 "Production" is an in-process engine with the recorder (`replayer.schedule.engine.StepDriver`), settings of
 the stack's vLLM except a small token budget per step (``max_num_batched_tokens=256``) so that prefills are chunked
-and mixed with decodes, and prefix caching on. One production engine and one lane engine serve the whole module
-(engine starts are the slow part). The OpenAI server test is in test_schedule_lane_server.py.
+and mixed with decodes, prefix caching on, and float32 (`DTYPE`). One production engine and one lane engine serve
+the whole module. The OpenAI server test is in test_lane_server.py.
+
+Why float32: what these tests prove (the recorded shapes rebuilt step for step, fillers of the right shapes and
+no foreign content, prefix-cache hits and preemption reproduced, outputs and logprobs bitwise) does not depend on
+the dtype, and on a CPU without native bfloat16 vLLM falls back to torch's bfloat16 linear layers, four times
+slower per step (0.59 s against 0.14 s for 12 requests on the 2-core box). Replay in bfloat16, the stack's dtype,
+is proven on the stack's vLLM (test_replay_stack.py, test_traffic_stack.py).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from schemas.schedule_log import ScheduleLog
 
 pytestmark = pytest.mark.model
 
+#: The production engine's dtype, and so the lane's (see the module docstring).
+DTYPE = "float32"
 MAX_TOKENS = 16
 TOP_K = 3
 GREEDY = SamplingContract(temperature=0.0, seed_scope="none")
@@ -56,7 +64,7 @@ def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StepDriver]:
         model_dir(),
         tmp_path_factory.mktemp("prod-schedule"),
         num_threads=2,  # a production CPU engine's; with one, a batch's neighbours do not change a sum's order
-        dtype="bfloat16",
+        dtype=DTYPE,
         max_num_seqs=256,
         max_num_batched_tokens=256,
         max_model_len=2048,

@@ -2,9 +2,9 @@
 later); the recorded number of KV blocks is given to the replay engine, so the same step preempts the same
 request, and every request still replays bitwise.
 
-Its own production and lane engines (13 KV blocks of 128 tokens, one of them vLLM's null block: three ~475-token
-prompts take 4 blocks each; 64 tokens each, EOS ignored, so the first decode that crosses a block boundary
-preempts the latest arrival).
+Its own production and lane engines, in float32 as test_lane_model.py's (its docstring says why), with 13 KV
+blocks of 128 tokens, one of them vLLM's null block: three ~475-token prompts take 4 blocks each; 64 tokens each,
+EOS ignored, so the first decode that crosses a block boundary preempts the latest arrival.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from replayer.schedule.engine import StepDriver
 from replayer.schedule.lane import ScheduleLane
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
-from tests.replayer.schedule.test_lane_model import model_dir
+from tests.replayer.schedule.test_lane_model import DTYPE, model_dir
 
 pytestmark = pytest.mark.model
 
@@ -33,7 +33,7 @@ def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StepDriver]:
         model_dir(),
         tmp_path_factory.mktemp("prod-preempt"),
         num_threads=2,  # a production CPU engine's; with one, a batch's neighbours do not change a sum's order
-        dtype="bfloat16",
+        dtype=DTYPE,
         max_num_seqs=256,
         max_num_batched_tokens=2048,
         max_model_len=1024,
