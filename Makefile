@@ -9,6 +9,10 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.reprolane-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: one runs the tests that drive a model engine, in order; the other everything beside them
+# (tests/conftest.py). 0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 DEMO_ARGS ?=
 
 .PHONY: install tools model test demo check lint typecheck unit stack-up stack-down clean
@@ -55,10 +59,10 @@ typecheck: install
 check: lint typecheck
 
 unit: install
-	$(BIN)/pytest -m "not stack and not model" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not stack and not model" $(XDIST) $(PYTEST_ARGS)
 
 test: check tools model
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 # The whole pipeline on the local stack (starts it if needed, stops what it started): see `reprolane demo --help`.
 demo: model

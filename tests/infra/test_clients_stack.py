@@ -32,7 +32,7 @@ from tests.factories import envelope
 from tests.infra.self_signed import self_signed
 from tests.private_tansu import private_tansu
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from schemas.sealed import decode_sealed, new_data_key, seal_envelope
 from tests.capture.audit.support import audit_cli, new_key, operator_keys, publish_through_s3, random_day
 from tests.factories import envelope
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 BUCKET = "reprolane-test-audit-tamper"  # test_tamper_stack's: one bucket, a random capture day per test
 

@@ -34,7 +34,7 @@ from schemas.layout import envelope_key
 from tests.capture.audit.support import access_records, audit_cli, operator_keys, publish_through_s3
 from tests.factories import envelope
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 SHORT = timedelta(seconds=15)  # the CLI calls below take ~2 s each (a fresh interpreter)
 

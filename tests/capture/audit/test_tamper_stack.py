@@ -36,7 +36,7 @@ from schemas.merkle import LEAF_BATCH_MAGIC, LeafEntry, merkle_root, sign_checkp
 from tests.capture.audit.support import audit_cli, new_key, publish_through_s3, random_day
 from tests.factories import envelope
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 N = 6
 BUCKET = "reprolane-test-audit-tamper"

@@ -1,7 +1,8 @@
 """Durability against the real stack (Tansu + SeaweedFS): nothing appended to the spool is ever lost.
 
 1. appended envelopes reach Kafka and S3 (content-addressed key, Object Lock retention, index objects);
-2. Kafka stopped mid-run and started again: every envelope is in Kafka at least once and in S3;
+2. Kafka stopped mid-run and started again (on a stack of the test's own): every envelope is in Kafka at least
+   once and in S3;
 3. the spool + publisher process SIGKILLed mid-run and restarted on the same spool: every envelope whose
    append had returned is eventually in Kafka and S3.
 """
@@ -180,8 +181,11 @@ async def test_envelopes_reach_kafka_and_s3_with_retention_and_indexes(
 
 
 async def test_kafka_outage_mid_run_loses_nothing(
-    stack: StackInfo, local_stack: LocalStack, spool: Spool, tmp_path: Path
+    private_stack: tuple[LocalStack, StackInfo], spool: Spool, tmp_path: Path
 ) -> None:
+    """The outage on a stack of the test's own (`tests.conftest.private_stack`): the session's broker keeps serving
+    the tests that run beside this one."""
+    local_stack, stack = private_stack
     settings = settings_for(stack, tmp_path / "spool")
     topic, tenant = unique("envelopes"), unique("tenant")
     envs = [envelope(request_id=f"{tenant}-{i:04d}", tenant=tenant, captured_at=datetime.now(UTC)) for i in range(120)]

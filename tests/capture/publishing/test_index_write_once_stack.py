@@ -32,7 +32,7 @@ from schemas.layout import envelope_key, request_index_key
 from tests.factories import envelope
 from tests.replayer.support import S3Target
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 
 class NoKafka:

@@ -43,7 +43,7 @@ from schemas.layout import (
 )
 from tests.factories import envelope
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 
 def unique(prefix: str) -> str:

@@ -36,7 +36,7 @@ from tests import factories
 from tests.capture.publishing.test_publisher_quarantine_stack import consume
 from tests.schedule_segments import FakeEngine, encode, write_segment
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 REPO = Path(__file__).resolve().parents[2]
 _LAUNCH = "from infra.cli.root import app; app()"

@@ -77,7 +77,9 @@ async def test_kafka_round_trip_with_consumer_group(stack: StackInfo) -> None:
     assert await _consume(stack.kafka_bootstrap, topic, len(values)) == values
 
 
-async def test_kafka_restart_keeps_port_and_topic(stack: StackInfo, local_stack: LocalStack) -> None:
+async def test_kafka_restart_keeps_port_and_topic(private_stack: tuple[LocalStack, StackInfo]) -> None:
+    """On a private stack, as every test that stops a server (`tests.conftest.private_stack`)."""
+    local_stack, stack = private_stack
     topic = f"t-{uuid.uuid4().hex}"
     await _create_topic(stack.kafka_bootstrap, topic)
     await _produce(stack.kafka_bootstrap, topic, [b"before"])

@@ -73,6 +73,7 @@ def test_a_claim_check_that_does_not_match_is_skipped_and_a_missing_object_is_a_
 
 
 @pytest.mark.stack
+@pytest.mark.beside_engines
 async def test_the_archiver_archives_an_envelope_over_the_kafka_limit(audit_stack: AuditStack, tmp_path: Path) -> None:
     info = audit_stack.info
     settings = CaptureSettings(

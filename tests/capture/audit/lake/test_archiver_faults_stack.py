@@ -33,7 +33,7 @@ from tests.capture.audit.conftest import AuditStack
 from tests.factories import envelope
 from tests.private_tansu import private_tansu as launch_tansu
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 REPO = Path(__file__).resolve().parents[4]
 

@@ -48,7 +48,7 @@ from tests.capture.audit.lake.test_shadow import CANDIDATE, shadow_of
 from tests.capture.audit.lake.test_store_stack import event_for
 from tests.factories import envelope
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 
 @pytest.fixture(scope="module")

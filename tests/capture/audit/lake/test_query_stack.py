@@ -13,7 +13,7 @@ from infra.cli.root import build_app
 from tests.capture.audit.conftest import AuditStack
 from tests.factories import envelope
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 
 async def test_query_reads_the_lake_and_refuses_files(audit_stack: AuditStack, tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from tests.capture.audit.lake.test_shadow import CANDIDATE, RT_F32, shadow_of
 from tests.capture.audit.support import access_records, operator_keys
 from tests.factories import envelope, runtime
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]
 
 D1 = datetime(2026, 7, 14, 9, 0, tzinfo=UTC)
 D2 = D1 + timedelta(days=1)
