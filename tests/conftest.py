@@ -68,6 +68,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 STACK_GROUP, MODEL_GROUP = "stack", "model"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns each test's group into its node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each stack or model test in its xdist group (the module docstring); a ``beside_engines`` module's tests in one
     group of the module's name, so that its module fixtures (a private stack, a topic) start once."""

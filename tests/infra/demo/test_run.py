@@ -241,7 +241,7 @@ def test_ctrl_c_stops_everything_the_demo_started(stack: StackInfo) -> None:
     assert proc.stdout is not None
     pids: list[int] = []
     seen: list[str] = []
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # five services start, one of them an engine: slow beside other tests
     try:
         for line in proc.stdout:
             seen.append(line)
@@ -252,9 +252,13 @@ def test_ctrl_c_stops_everything_the_demo_started(stack: StackInfo) -> None:
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends to the foreground process
         rest, _ = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # an assertion failed: Ctrl-C all the same, so the demo stops what it started
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == 130, "".join(seen) + rest
     assert "everything the demo started has been stopped" in rest
     for pid in pids:
