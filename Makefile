@@ -9,8 +9,8 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.reprolane-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
-# Two pytest-xdist workers: one runs the tests that drive a model engine, in order; the other everything beside them
-# (tests/conftest.py). 0 runs the suite in one process.
+# Two pytest-xdist workers: the stack tests run in order on one, the in-process model tests as a group, and the rest
+# wherever a worker is free (the groups: tests/conftest.py). 0 runs the suite in one process.
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 DEMO_ARGS ?=
