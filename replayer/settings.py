@@ -102,6 +102,12 @@ class ReplayerSettings(BaseSettings, KafkaConnectionFields, S3ConnectionFields, 
         description="the most recorded steps one schedule replay may run (its window and the prefix-cache "
         "providers' busy periods); an envelope that needs more is replayed one request at a time",
     )
+    schedule_reuse_cache: bool = Field(
+        default=True,
+        description="keep the prefix cache of the busy periods a schedule lane replayed, so that a later replay whose "
+        "prefix-cache providers' periods it holds runs only its own (a shared system prompt's period is replayed "
+        "once, not for every reader); false: every replay recomputes them from an empty cache",
+    )
     replay_unit: Literal["request", "busy_period"] = Field(
         default="busy_period",
         description="busy_period: an envelope's busy period is replayed once for every captured request of it that "

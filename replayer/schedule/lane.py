@@ -13,7 +13,13 @@ the recorded ones (`compare_steps`); the first step that differs is reported and
 reproduced, whatever the tokens say.
 
 One engine serves many replays: between replays it is drained (every request finished or aborted, so the
-persistent batch is empty, as production's was at the start of a busy period) and its prefix cache is reset.
+persistent batch is empty, as production's was at the start of a busy period). Its prefix cache is kept
+(``schedule_reuse_cache``): a replay whose prefix-cache providers' busy periods an earlier replay ran, later in the
+log than every step replayed since, runs only its own periods and reads those blocks from the cache, computed in
+the recorded shapes as a fresh run would compute them (a server's shared system prompt: its period is replayed once,
+not for every reader). Otherwise the cache is reset and the whole plan runs. A replay that reused the cache and did
+not reproduce the schedule (a block production had evicted and the replay engine kept shows as a step's computed
+tokens) is run again from an empty cache, so reuse never changes a verdict (`ScheduleLane._holds`).
 A replay refuses (`NotReplayableError`, naming the fields) when this process's runtime fingerprint differs from
 the production engine's in a field that changes numerics (`NUMERIC_FIELDS`).
 
@@ -50,7 +56,14 @@ from replayer.schedule.engine import (
     start_recording_engine,
     steps_from,
 )
-from replayer.schedule.plan import FillerPlan, ReplayPlan, WindowTooLongError, check_target, plan_replay
+from replayer.schedule.plan import (
+    FillerPlan,
+    ReplayPlan,
+    WindowTooLongError,
+    check_target,
+    hit_providers,
+    plan_replay,
+)
 from replayer.settings import ReplayerSettings
 from schemas import ReplayedOutput, RuntimeFingerprint
 from schemas.schedule import EngineStart, ScheduleStep
@@ -89,6 +102,21 @@ MOE_CONFIG_KEYS: Final = (
 FILLER_LOW: Final = 1000
 #: How long a replay waits for a structured-output request's grammar to compile before refusing.
 GRAMMAR_WAIT_S: Final = 60.0
+#: The most token ids the lane keeps of the requests whose prefix cache it holds between replays (about 40 MB);
+#: past it, the next replay starts from an empty cache.
+KEPT_TOKENS_MAX: Final = 1 << 20
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What the replay engine's prefix cache holds since it was last reset (`ScheduleLane._keep`): the recorded
+    busy periods of one production engine replayed into it (each replay reproduced its schedule), the tokens each
+    of their requests had in the replay, and the last recorded step replayed."""
+
+    engine_id: str | None = None
+    periods: frozenset[tuple[int, int]] = frozenset()
+    tokens: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    last_step: int = -1
 
 
 @dataclass(frozen=True)
@@ -119,7 +147,9 @@ class ScheduleReplay:
     steps: StepCheck
     notes: list[str] = field(default_factory=list)
     fillers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # production id -> the filler's prompt
-    periods: tuple[tuple[int, int], ...] = ()  # the recorded busy periods replayed (`ReplayPlan.periods`)
+    periods: tuple[tuple[int, int], ...] = ()  # the recorded busy periods the replay rests on (`ReplayPlan.periods`)
+    #: those of them not run again: an earlier replay ran them, and their prefix cache was reused (`ScheduleLane`)
+    reused: tuple[tuple[int, int], ...] = ()
 
     @property
     def schedule_reproduced(self) -> bool:
@@ -215,6 +245,8 @@ class ScheduleLane:
         self._log_dir = Path(tempfile.mkdtemp(prefix="reprolane-schedule-lane-"))
         self.engine_start = engine
         self.max_steps = settings.schedule_max_steps  # the most recorded steps one replay runs
+        self.reuse_cache = settings.schedule_reuse_cache
+        self._kept = _Kept()
         threads = engine.runtime.num_threads if engine.runtime is not None else None
         if threads:  # production's torch thread count: a CPU matmul's reduction order depends on it
             with quiet_imports():
@@ -322,87 +354,161 @@ class ScheduleLane:
     def _run(
         self, log: ScheduleLog, plan: ReplayPlan, real: dict[str, GenRequest], *, until_all: bool = False
     ) -> ScheduleReplay:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
+        """Run ``plan`` on the engine: from the prefix cache earlier replays left when it holds the plan's providers'
+        periods (`_holds`), run again from an empty cache when that replay did not reproduce the schedule (a block
+        the replay engine kept but production had evicted, or the reverse, shows as a step's computed tokens)."""
         for request in real.values():  # its engine starts without LoRA (EngineStart records none): never dropped
             refuse(request.adapter, self.name)
-        problems = log.problems()
-        notes = list(plan.notes) + [f"schedule log: {p}" for p in problems]
+        notes = list(plan.notes) + [f"schedule log: {p}" for p in log.problems()]
         with self._lock:
             if self._closed:
                 raise LaneUnavailableError("the schedule lane is closed")
-            self._drain()
-            log_first = first_step = int(self._recorder.step)
-            to_production: dict[str, str] = {}  # the replay's engine request id -> production's
-            by_name: dict[str, str] = {}  # the replay's external id (what outputs carry) -> production's
-            to_replay: dict[str, str] = {}
-            tokens: dict[str, list[int]] = {}  # production id -> the replayed request's tokens (prompt + output)
-            fillers: dict[str, tuple[int, ...]] = {}
-            outputs: dict[str, Any] = {}
-            pending = list(plan.requests)
-            target_id = plan.target
-            waiting = set(real)  # the real requests not finished yet: the replay runs until none is
-            while True:
-                rel = int(self._recorder.step) - first_step
-                while pending and pending[0].due_step - plan.start_step <= rel:
-                    item = pending.pop(0)
-                    rid = item.arrival.engine_request_id
-                    if rid in real:
-                        prompt = list(real[rid].prompt_token_ids)
-                        params = sampling_params(real[rid], self._engine.get_tokenizer())
-                    else:
-                        reader = real.get(item.prefix_of) if item.prefix_of is not None else None
-                        prompt = self._filler_prompt(item, tokens, reader, len(to_replay))
-                        fillers[rid] = tuple(prompt)
-                        params = SamplingParams(
-                            max_tokens=item.output_tokens,
-                            min_tokens=item.output_tokens,
-                            ignore_eos=True,
-                            temperature=0.0,
-                        )
-                    name = f"replay-{len(to_replay)}"
-                    new_id = self._engine.add_request(name, TokensPrompt(prompt_token_ids=prompt), params)
-                    self._await_grammar(new_id)
-                    to_production[new_id] = rid
-                    by_name[name] = rid
-                    to_replay[rid] = new_id
-                    tokens[rid] = list(prompt)
-                if not waiting and not until_all:
+            held = self._holds(log, plan, real) if not notes else ()
+            replay, tokens = self._drive(log, plan.without(held) if held else plan, real, until_all, held)
+            if held and replay.steps.mismatch is not None:
+                held = ()
+                replay, tokens = self._drive(log, plan, real, until_all, held)
+            replay.notes, replay.periods, replay.reused = notes, plan.periods, held
+            self._keep(log, replay, tokens)
+        return replay
+
+    def _drive(
+        self,
+        log: ScheduleLog,
+        plan: ReplayPlan,
+        real: dict[str, GenRequest],
+        until_all: bool,
+        held: tuple[tuple[int, int], ...],
+    ) -> tuple[ScheduleReplay, dict[str, tuple[int, ...]]]:
+        """One run of ``plan``'s periods, the engine drained first (and its prefix cache reset unless ``held``
+        periods are reused): the replay, its own steps compared with the recorded ones, and the tokens (prompt and
+        output, by production id) of every request it sent."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._drain(reset=not held)
+        log_first = first_step = int(self._recorder.step)
+        to_production: dict[str, str] = {}  # the replay's engine request id -> production's
+        by_name: dict[str, str] = {}  # the replay's external id (what outputs carry) -> production's
+        to_replay: dict[str, str] = {}
+        # production id -> the replayed request's tokens (prompt + output); a reused period's from its replay
+        tokens: dict[str, list[int]] = {rid: list(t) for rid, t in self._kept.tokens.items()} if held else {}
+        fillers: dict[str, tuple[int, ...]] = {}
+        outputs: dict[str, Any] = {}
+        pending = list(plan.requests)
+        target_id = plan.target
+        waiting = set(real)  # the real requests not finished yet: the replay runs until none is
+        while True:
+            rel = int(self._recorder.step) - first_step
+            while pending and pending[0].due_step - plan.start_step <= rel:
+                item = pending.pop(0)
+                rid = item.arrival.engine_request_id
+                if rid in real:
+                    prompt = list(real[rid].prompt_token_ids)
+                    params = sampling_params(real[rid], self._engine.get_tokenizer())
+                else:
+                    reader = real.get(item.prefix_of) if item.prefix_of is not None else None
+                    prompt = self._filler_prompt(item, tokens, reader)
+                    fillers[rid] = tuple(prompt)
+                    params = SamplingParams(
+                        max_tokens=item.output_tokens,
+                        min_tokens=item.output_tokens,
+                        ignore_eos=True,
+                        temperature=0.0,
+                    )
+                name = f"replay-{len(to_replay)}"
+                new_id = self._engine.add_request(name, TokensPrompt(prompt_token_ids=prompt), params)
+                self._await_grammar(new_id)
+                to_production[new_id] = rid
+                by_name[name] = rid
+                to_replay[rid] = new_id
+                tokens[rid] = list(prompt)
+            if not waiting and not until_all:
+                break
+            if not self._engine.has_unfinished_requests():
+                if not pending:
                     break
-                if not self._engine.has_unfinished_requests():
-                    if not pending:
-                        break
-                    # production was idle here, or ran busy periods the plan leaves out (they provided nothing):
-                    # the next arrival is due at the step that comes next
-                    first_step -= pending[0].due_step - plan.start_step - rel
+                # production was idle here, or ran busy periods the plan leaves out (they provided nothing):
+                # the next arrival is due at the step that comes next
+                first_step -= pending[0].due_step - plan.start_step - rel
+                continue
+            for out in self._engine.step():
+                prod_id = by_name.get(out.request_id)
+                if prod_id is None:
                     continue
-                for out in self._engine.step():
-                    prod_id = by_name.get(out.request_id)
-                    if prod_id is None:
-                        continue
-                    tokens[prod_id] = list(out.prompt_token_ids or []) + list(out.outputs[0].token_ids)
-                    if out.finished:
-                        outputs[prod_id] = out.outputs[0]
-                        waiting.discard(prod_id)
-            self._drain()
-            replayed = steps_from(read_log(self._recorder, consume=True), log_first)  # each step read once
+                tokens[prod_id] = list(out.prompt_token_ids or []) + list(out.outputs[0].token_ids)
+                if out.finished:
+                    outputs[prod_id] = out.outputs[0]
+                    waiting.discard(prod_id)
+        self._drain(reset=False)
+        replayed = steps_from(read_log(self._recorder, consume=True), log_first)  # each step read once
         results = {rid: output_from_vllm(o) for rid, o in outputs.items() if rid in real}
-        return ScheduleReplay(
+        replay = ScheduleReplay(
             output=results.get(target_id),
             outputs=results,
             steps=compare_steps(log, plan.steps, replayed, to_production),
-            notes=notes,
             fillers=fillers,
-            periods=plan.periods,
+        )
+        return replay, {rid: tuple(tokens[rid]) for rid in to_replay}
+
+    # -- the prefix cache kept between replays ------------------------------------------------------------------
+
+    def _holds(self, log: ScheduleLog, plan: ReplayPlan, real: Mapping[str, GenRequest]) -> tuple[tuple[int, int], ...]:
+        """The periods of ``plan`` whose prefix cache the engine holds from earlier replays and this one may
+        reuse (none: run the whole plan from an empty cache). Reused only when
+
+        - the cache holds only replays of the same production engine, each of which reproduced its schedule;
+        - every period this replay still runs comes after every step replayed into the cache (a block of a period
+          production had not run yet would be a hit production never had);
+        - each block a real request reads from a reused period holds that request's own tokens there (the earlier
+          replay's fillers carried the prefix *its* real requests read, random ids past it)."""
+        kept = self._kept
+        if not self.reuse_cache or kept.engine_id is None or log.engine is None:
+            return ()
+        if log.engine.engine_id != kept.engine_id:
+            return ()
+        held = tuple(p for p in plan.periods if p in kept.periods)
+        rest = [p for p in plan.periods if p not in kept.periods]
+        if not held or not rest or rest[0][0] <= kept.last_step:
+            return ()
+        block = self.engine_start.block_size
+        for rid, request in real.items():
+            arrival = log.arrivals.get(rid)
+            for i, provider in enumerate(hit_providers(arrival) if arrival is not None else ()):
+                have = kept.tokens.get(provider)
+                if have is None:
+                    continue  # computed in a period this replay runs
+                if have[i * block : (i + 1) * block] != tuple(request.prompt_token_ids[i * block : (i + 1) * block]):
+                    return ()
+        return held
+
+    def _keep(self, log: ScheduleLog, replay: ScheduleReplay, sent: dict[str, tuple[int, ...]]) -> None:
+        """Remember what the engine's prefix cache now holds: the periods this replay ran (added to those it
+        reused) and the tokens of the requests it ``sent``, when it reproduced the schedule; forget everything
+        otherwise, or past `KEPT_TOKENS_MAX`."""
+        engine_id = log.engine.engine_id if log.engine is not None else None
+        if not self.reuse_cache or not replay.schedule_reproduced or engine_id is None:
+            self._kept = _Kept()
+            return
+        ran = [p for p in replay.periods if p not in replay.reused]
+        base = self._kept if replay.reused else _Kept()
+        tokens = {**base.tokens, **sent}
+        if sum(len(t) for t in tokens.values()) > KEPT_TOKENS_MAX:
+            self._kept = _Kept()  # the next replay resets the cache and starts again
+            return
+        self._kept = _Kept(
+            engine_id=engine_id,
+            periods=base.periods | frozenset(ran),
+            tokens=tokens,
+            last_step=max(high for _, high in ran),
         )
 
-    def _filler_prompt(
-        self, item: FillerPlan, tokens: Mapping[str, list[int]], target: GenRequest | None, index: int
-    ) -> list[int]:
+    def _filler_prompt(self, item: FillerPlan, tokens: Mapping[str, list[int]], target: GenRequest | None) -> list[int]:
         """Random ids, the cache-hit blocks copied from their providers' replayed tokens, a real request's prefix
-        (``target``: `FillerPlan.prefix_of`'s request) where it later reads this filler's blocks."""
-        rng = random.Random(index)
+        (``target``: `FillerPlan.prefix_of`'s request) where it later reads this filler's blocks. The random ids are
+        drawn from the production request's id: two fillers never share them, in one replay or in two whose prefix
+        cache the engine kept (a shared block would be a hit production never had)."""
+        rng = random.Random(item.arrival.engine_request_id)
         n = item.arrival.num_prompt_tokens
         prompt = [rng.randrange(FILLER_LOW, self._vocab) for _ in range(n)]
         block = self.engine_start.block_size
@@ -430,8 +536,9 @@ class ScheduleLane:
         if isinstance(structured.grammar, Exception):  # vLLM would finish the request without a token
             raise NotReplayableError(f"the grammar of the recorded constraint did not compile: {structured.grammar!r}")
 
-    def _drain(self) -> None:
-        """Finish (abort) whatever is left and step until the engine is empty, then forget the prefix cache."""
+    def _drain(self, *, reset: bool) -> None:
+        """Finish (abort) whatever is left and step until the engine is empty; with ``reset``, forget the prefix
+        cache too (and what `_keep` remembered of it)."""
         left = list(self._engine.output_processor.request_states)
         if left:
             self._engine.abort_request(left)
@@ -439,7 +546,9 @@ class ScheduleLane:
             if not self._engine.has_unfinished_requests() and not self._scheduler.has_requests():
                 break
             self._engine.step()
-        self._engine.reset_prefix_cache()
+        if reset:
+            self._engine.reset_prefix_cache()
+            self._kept = _Kept()
 
     def close(self) -> None:
         with self._lock if hasattr(self, "_lock") else threading.Lock():

@@ -25,13 +25,18 @@
   one that kept its place in the queue (it waited for the token budget, not for its grammar) is added where it
   arrived, so it stands before the requests that arrived after it, as it did. The lane waits for every grammar
   to compile before it steps on.
+- **Periods replayed already.** A long-running replay engine keeps the prefix cache of the busy periods it
+  replayed (`replayer.schedule.lane`); a plan whose providers' periods it holds runs only the rest
+  (`ReplayPlan.without`), and its fillers copy those periods' blocks from the tokens the earlier replay gave them.
 - **Notes.** What the log cannot give (a provider before the log starts, a cached prefix that held another
   request's generated tokens, a request that never finished in the log) is said in `ReplayPlan.notes`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_right
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from schemas.schedule import RequestArrival
@@ -75,6 +80,16 @@ class ReplayPlan:
         periods = self.periods or ((self.start_step, self.end_step),)
         return [n for first, last in periods for n in range(first, last + 1)]
 
+    def without(self, held: Collection[tuple[int, int]]) -> ReplayPlan:
+        """The plan less the busy periods in ``held`` (an earlier replay ran them, and the engine still holds their
+        prefix cache): their requests are not sent again and their steps are not run. The target's period is never
+        one of them (a period in ``held`` ran before the replay engine reached the target's)."""
+        periods = tuple(p for p in self.periods if p not in held)
+        if not periods:
+            raise ValueError("a plan without its target's busy period runs nothing")
+        kept = [p for p in self.requests if any(low <= p.arrival.step <= high for low, high in periods)]
+        return dataclasses.replace(self, start_step=periods[0][0], requests=kept, periods=periods)
+
 
 class _Periods:
     """The log's busy periods, looked up by step: the bounds of the one holding a step."""
@@ -93,7 +108,8 @@ class _Periods:
         return self.starts[index], self.numbers[-1]
 
 
-def _hit_providers(arrival: RequestArrival) -> list[str]:
+def hit_providers(arrival: RequestArrival) -> list[str]:
+    """Per prefix-cache block the arrival read (in order), the engine request that computed it."""
     out: list[str] = []
     for rid, blocks in arrival.cached_from or ():
         out.extend([rid] * blocks)
@@ -132,7 +148,7 @@ def plan_replay(
         for a in log.arrivals.values():
             if not low <= a.step <= high:
                 continue
-            for provider in set(_hit_providers(a)):
+            for provider in set(hit_providers(a)):
                 prov = log.arrivals.get(provider)
                 if prov is None:
                     continue
@@ -150,7 +166,7 @@ def plan_replay(
         )
     window = [a for a in log.arrivals.values() if any(low <= a.step <= high for low, high in spans)]
     in_window = {a.engine_request_id for a in window}
-    hits = {a.engine_request_id: _hit_providers(a) for a in window}
+    hits = {a.engine_request_id: hit_providers(a) for a in window}
     for a in window:
         missing = sorted({p for p in hits[a.engine_request_id] if p not in in_window})
         if missing:

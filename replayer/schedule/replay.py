@@ -308,6 +308,9 @@ def _detail(replay: ScheduleReplay, *, shared: int = 1) -> str:
         )
     if len(replay.periods) > 1:  # the prefix-cache providers' busy periods ran first
         ran += " (busy periods " + ", ".join(f"{a}-{b}" for a, b in replay.periods) + ": its cache's, then its own)"
+    if replay.reused:  # an earlier replay ran them: their prefix cache was read, not computed again
+        ran += "; the cache of busy period(s) " + ", ".join(f"{a}-{b}" for a, b in replay.reused)
+        ran += " kept from an earlier replay"
     return ran
 
 

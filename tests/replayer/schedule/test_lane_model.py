@@ -26,7 +26,7 @@ from replayer.lanes.batch_engine import render_chat
 from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.schedule.engine import StepDriver
 from replayer.schedule.lane import ScheduleLane, ScheduleReplay
-from replayer.schedule.plan import plan_replay
+from replayer.schedule.plan import hit_providers, plan_replay
 from replayer.settings import ReplayerSettings
 from schemas import SamplingContract
 from schemas.schedule import ScheduledRequest, ScheduleStep
@@ -204,6 +204,131 @@ def test_busy_periods_between_a_provider_and_its_readers_are_not_replayed(prod: 
             lane.replay_target(log, runs[0][0], readers[0])
     finally:
         lane.max_steps = limit
+
+
+#: Blocks of a prompt past the system prompt (the block size of vLLM on a CPU is 128 tokens).
+LONG_CONTEXT = " ".join(DEFAULT_PROMPTS) * 2
+#: A shared system prompt no other test of the module computes past its first block (the tests below read it).
+KEPT_SYSTEM = LONG_SYSTEM.replace("precisely", "carefully")
+
+
+def count_runs(lane: ScheduleLane, monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, int], ...]]:
+    """The held periods of each run the lane's engine makes (`ScheduleLane._drive`), appended as they happen."""
+    runs: list[tuple[tuple[int, int], ...]] = []
+    drive = lane._drive
+
+    def counted(*args: object) -> object:
+        runs.append(args[-1])  # type: ignore[arg-type]
+        return drive(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lane, "_drive", counted)
+    return runs
+
+
+def test_a_providers_busy_period_is_replayed_once_for_its_readers(
+    prod: StepDriver, lane: ScheduleLane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(h) a shared system prompt computed by one busy period, read by three later ones: the first reader's replay
+    runs the provider's period and its own; the next readers' replays run only their own, reading the provider's
+    blocks from the cache the first replay left, bitwise with the schedule reproduced. A replay of a period the
+    engine has passed runs its providers again."""
+    provider = gen(render_chat(model_dir(), [PROMPTS[8]], system=KEPT_SYSTEM)[0])
+    prod.run([(0, provider)])
+    readers = [gen(p) for p in render_chat(model_dir(), PROMPTS[9:12], system=KEPT_SYSTEM)]
+    runs = [prod.run([(0, r)])[0] for r in readers]  # each reader a busy period of its own
+    log = prod.log()
+    provider_period = plan_replay(log, runs[0][0]).periods[-2]
+    drives = count_runs(lane, monkeypatch)
+    assert replay_all(lane, log, runs, readers) == len(readers)
+    assert len(drives) == len(readers)  # one engine run each: nothing ran twice
+    assert provider_period not in drives[0]  # the first reader's replay computed it
+    for (rid, _), held in zip(runs[1:], drives[1:], strict=True):
+        plan = plan_replay(log, rid)
+        assert provider_period in held
+        assert plan.without(held).periods == (plan.periods[-1],)  # only the reader's own period ran
+    # the same long question sent twice in one busy period (a client's retry): the second read the first's blocks.
+    # Replayed late first, then early: early's period starts before what the engine has replayed since, and the
+    # cache holds early's blocks (late's replay sent early as a filler carrying them for late to read), hits
+    # production never had; so early's replay runs every period again from an empty cache, and knows it beforehand
+    twice = gen(render_chat(model_dir(), [PROMPTS[4] + " Context: " + LONG_CONTEXT], system=KEPT_SYSTEM)[0])
+    early, late = prod.run([(0, twice), (2, twice)])
+    log = prod.log()
+    assert early[0] in hit_providers(log.arrivals[late[0]])
+    assert log.requests[early[0]].steps[-1] < log.requests[late[0]].steps[-1]
+    assert lane.replay_target(log, late[0], twice).output == late[1]
+    assert provider_period in drives[-1]
+    again = lane.replay_target(log, early[0], twice)
+    assert again.reused == ()
+    assert drives[-1] == ()
+    assert len(drives) == len(readers) + 2  # no run wasted on a cache it could not use
+    assert again.schedule_reproduced
+    assert again.output == early[1]
+
+
+def test_fillers_of_different_busy_periods_never_share_content(
+    prod: StepDriver, lane: ScheduleLane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(k) two busy periods after a provider's, each a reader and a long request nobody read from, in the same
+    order. The second replay reuses the cache the first left, which holds the first filler's blocks: the filler
+    beside the second reader does not hit them (its random ids are its own), so one run replays it."""
+    system = KEPT_SYSTEM.replace("section", "clause")
+    prod.run([(0, gen(render_chat(model_dir(), [PROMPTS[16]], system=system)[0]))])
+    readers = [gen(p) for p in render_chat(model_dir(), PROMPTS[17:19], system=system)]
+    unread = [gen(tuple(range(base, base + 400))) for base in (2000, 3000)]  # three full blocks each, no template
+    runs = [prod.run([(0, r), (0, u)])[0] for r, u in zip(readers, unread, strict=True)]
+    log = prod.log()
+    drives = count_runs(lane, monkeypatch)
+    assert replay_all(lane, log, runs, readers) == len(readers)
+    assert drives[-1]  # the second replay reused the first's cache
+    assert len(drives) == len(readers)
+
+
+def test_a_reader_of_blocks_the_kept_replay_did_not_carry_runs_its_providers_again(
+    prod: StepDriver, lane: ScheduleLane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(i) the kept replay of a provider's period carried the prefix its reader read (the system prompt) and
+    random ids past it; a later reader of the provider's whole prompt cannot use that cache: the replay runs the
+    provider's period again, from an empty cache, and is bitwise."""
+    system = KEPT_SYSTEM.replace("cite", "quote")
+    long_question = PROMPTS[12] + " Context: " + LONG_CONTEXT
+    question = render_chat(model_dir(), [long_question], system=system)[0]
+    other = render_chat(model_dir(), [PROMPTS[13]], system=system)[0]
+    prod.run([(0, gen(question))])
+    readers = [gen(other), gen(question)]  # the second reads every full block of the provider's prompt
+    runs = [prod.run([(0, r)])[0] for r in readers]
+    log = prod.log()
+    assert len(hit_providers(log.arrivals[runs[1][0]])) > len(hit_providers(log.arrivals[runs[0][0]]))
+    drives = count_runs(lane, monkeypatch)
+    assert replay_all(lane, log, runs, readers) == len(readers)
+    assert drives[-1] == ()
+    assert len(drives) == len(readers)  # it knew before it ran: no run was wasted on a cache it could not use
+
+
+def test_a_replay_that_reused_the_cache_and_missed_the_schedule_runs_again_from_an_empty_one(
+    prod: StepDriver, lane: ScheduleLane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(j) a reader whose log has one step altered: the replay that reused the provider's cache does not reproduce
+    the schedule, so it runs again from an empty cache, and that replay names the altered step."""
+    provider = gen(render_chat(model_dir(), [PROMPTS[14]], system=KEPT_SYSTEM.replace("guess", "speculate"))[0])
+    reader = gen(render_chat(model_dir(), [PROMPTS[15]], system=KEPT_SYSTEM.replace("guess", "speculate"))[0])
+    prod.run([(0, provider)])
+    first = prod.run([(0, reader)])[0]
+    second = prod.run([(0, reader)])[0]
+    log = prod.log()
+    assert lane.replay_target(log, first[0], reader).output == first[1]
+    victim = log.steps[log.requests[second[0]].steps[-1]]  # its last: no later step shows the change
+    head = victim.scheduled[0]
+    log.steps[victim.step] = victim.model_copy(
+        update={"scheduled": (head.model_copy(update={"num_scheduled_tokens": head.num_scheduled_tokens + 1}),)}
+    )
+    drives = count_runs(lane, monkeypatch)
+    result = lane.replay_target(log, second[0], reader)
+    assert len(drives) == 2
+    assert drives[0]  # the first run reused the provider's cache
+    assert drives[1] == ()  # the second ran from an empty one
+    assert result.reused == ()
+    assert result.steps.mismatch is not None
+    assert result.steps.mismatch.step == victim.step
 
 
 def test_an_altered_log_names_the_first_mismatching_step(prod: StepDriver, lane: ScheduleLane) -> None:

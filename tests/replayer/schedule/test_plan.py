@@ -89,6 +89,22 @@ def test_providers_are_followed_period_by_period() -> None:
     assert by_id["a"].target_prefix == 16  # and c's block 0 was a's
 
 
+def test_a_plan_without_the_periods_a_replay_engine_holds_runs_only_the_rest() -> None:
+    """d's plan less a's and c's periods (an earlier replay ran them, their cache kept): only d's steps and
+    requests, starting at d's period; without every period there is nothing to run."""
+    plan = plan_replay(long_running_log(5), "d")
+    rest = plan.without({(0, 2), (18, 21)})
+    assert rest.periods == ((22, 23),)
+    assert rest.steps == [22, 23]
+    assert rest.start_step == 22
+    assert [p.arrival.engine_request_id for p in rest.requests] == ["d"]
+    assert rest.requests[0].hit_blocks == ("c", "c")  # copied from the kept replay's tokens of c
+    assert plan.without({(0, 2)}).periods == ((18, 21), (22, 23))
+    assert plan.without(set()) == plan
+    with pytest.raises(ValueError, match="runs nothing"):
+        plan.without(set(plan.periods))
+
+
 def test_a_window_over_the_step_limit_is_refused() -> None:
     log = long_running_log(100)
     assert len(plan_replay(log, "c", max_steps=7).steps) == 7

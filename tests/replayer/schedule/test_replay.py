@@ -84,6 +84,7 @@ class FakeScheduleLane:
     asked: list[list[str]] = field(default_factory=list)  # the engine request ids each run replayed for real
     closed: bool = False
     periods: tuple[tuple[int, int], ...] = ()
+    reused: tuple[tuple[int, int], ...] = ()
 
     def fingerprint(self) -> Any:
         return LANE_FINGERPRINT
@@ -104,6 +105,7 @@ class FakeScheduleLane:
             outputs=outputs,
             steps=StepCheck(2, mismatch),
             periods=self.periods,
+            reused=self.reused,
         )
 
     def close(self) -> None:
@@ -140,6 +142,18 @@ def test_the_event_names_the_busy_periods_a_replay_ran() -> None:
     answer = _replayer(FakeStore({envelope.request_id: _window(envelope)}), lane).replay(envelope)
     assert not isinstance(answer, str), answer
     assert "(busy periods 0-4, 880-910: its cache's, then its own)" in answer.event.cause_detail
+    assert "kept from an earlier replay" not in answer.event.cause_detail
+
+
+def test_the_event_names_the_busy_periods_whose_cache_an_earlier_replay_left() -> None:
+    """A replay that read its provider's blocks from the cache an earlier replay left says so."""
+    envelope = _scheduled(make_envelope(2))
+    echo = FakeLane()
+    echo.learn(envelope)
+    lane = FakeScheduleLane(echo, periods=((0, 4), (880, 910)), reused=((0, 4),))
+    answer = _replayer(FakeStore({envelope.request_id: _window(envelope)}), lane).replay(envelope)
+    assert not isinstance(answer, str), answer
+    assert "the cache of busy period(s) 0-4 kept from an earlier replay" in answer.event.cause_detail
 
 
 def test_a_schedule_not_reproduced_names_the_first_mismatching_step() -> None:
