@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -401,6 +402,50 @@ async def test_a_busy_period_is_replayed_once_for_all_its_captured_requests(
         event = result.event
         assert (event.lane, event.verdict, event.schedule_reproduced) == ("schedule", "bitwise", True), event
         assert "replayed once for 4 captured requests" in event.cause_detail
+
+
+async def test_a_providers_busy_period_is_replayed_once_for_the_periods_that_read_it(
+    recording_vllm: StackInfo, capture: dict[str, Any], lane_box: dict[str, ScheduleLane]
+) -> None:
+    """Issue 32: three chats behind one long system prompt, each sent after the last was answered: three busy
+    periods, the later two reading the first's blocks from the prefix cache. Through the service's path, the
+    first period is replayed once: the later replays run only their own period, read its blocks from the cache
+    the first replay left, and are bitwise with their schedule reproduced."""
+    system = f"Session {uuid.uuid4().hex}. " + " ".join(
+        f"Rule {i}: answer briefly, in plain words, and never guess." for i in range(24)
+    )  # over two blocks of 128 tokens, new to this run
+    ids = []
+    for prompt in DEFAULT_PROMPTS[:3]:
+        body = _chat(prompt, 4)
+        body["messages"] = [{"role": "system", "content": system}, *body["messages"]]
+        ids += await _send(capture["app"], [body], 0.0)
+    envelopes = await _spooled(capture["spool"], ids)
+    windows = await _ship_windows(recording_vllm, envelopes)
+    assert [len(w.ranges) for w in windows] == [1, 2, 2]  # the later ones read the first one's period
+    lane = _lane(lane_box, windows[0])
+    drives: list[Any] = []
+    drive = lane._drive
+
+    def counted(*args: Any) -> Any:
+        drives.append(args[-1])  # the periods it held
+        return drive(*args)
+
+    defaults = stack_defaults(recording_vllm)
+    settings = ReplayerSettings(**{**_fields(defaults, "REPROLANE_REPLAYER_"), "model_dir": model_dir()})
+    companions = Companions({e.request_id: e for e in envelopes}.get, lambda e, r: None)
+    replayer = ScheduleReplayer(settings, ScheduleStore.from_settings(settings), lambda s, e: lane)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lane, "_drive", counted)
+        answers = [replayer.replay(e, companions=companions) for e in envelopes]
+    events = [a.event for a in answers if not isinstance(a, str)]
+    assert len(events) == 3, answers
+    for event in events:
+        assert (event.lane, event.verdict, event.schedule_reproduced) == ("schedule", "bitwise", True), event
+    first_period = windows[0].ranges[0]
+    assert len(drives) == 3  # one engine run each
+    assert drives[0] == ()
+    assert drives[1:] == [(first_period,), (first_period,)]  # the first period read from the cache, not run
+    assert all("kept from an earlier replay" in e.cause_detail for e in events[1:])
 
 
 def _end_step(window: ScheduleWindow) -> int:
