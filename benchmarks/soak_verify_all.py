@@ -205,6 +205,9 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=4.0, help="seconds between requests (one client)")
     parser.add_argument("--sample-s", type=float, default=60.0, help="seconds per window")
     parser.add_argument("--drain-s", type=float, default=300.0, help="how long to wait for the last verdicts")
+    parser.add_argument("--no-cache-reuse", action="store_true",
+                        help="the replayer recomputes every replay's prefix-cache providers' periods (the baseline "
+                             "of schedule_reuse_cache)")  # fmt: skip
     args = parser.parse_args()
     info: StackInfo = LocalStack(paths.run_dir()).info()
     work = Path(tempfile.mkdtemp(prefix="soak-"))
@@ -220,8 +223,9 @@ def main() -> int:
             api_keys_path=work / "api-keys.json", ready_key=keys[TENANT], log=work / "capture.log",
         )  # fmt: skip
         services["shipper"] = start_schedule_shipper(info, metrics_port=shipper_port, log=work / "shipper.log")
+        reuse = {"REPROLANE_REPLAYER_SCHEDULE_REUSE_CACHE": "false"} if args.no_cache_reuse else {}
         services["replayer"] = start_replayer(info, group_id=group, metrics_port=replayer_port,
-                                              log=work / "replayer.log")  # fmt: skip
+                                              log=work / "replayer.log", settings_env=reuse)  # fmt: skip
         for service in services.values():
             service.wait_ready(300.0)
         print(f"soak: {args.minutes:g} min, one request every {args.interval:g} s, windows of {args.sample_s:g} s, "

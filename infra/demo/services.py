@@ -213,10 +213,11 @@ def start_schedule_shipper(info: StackInfo, *, metrics_port: int, log: Path) -> 
     return _spawn("schedule shipper", args, env, log, f"http://127.0.0.1:{metrics_port}/metrics", info.run_dir)
 
 
-def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path,
-                   replay_key: ReplayKey | None = None) -> Service:  # fmt: skip
+def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Path, replay_key: ReplayKey | None = None,
+                   settings_env: Mapping[str, str] | None = None) -> Service:  # fmt: skip
     """``reprolane serve replayer`` on the in-process vLLM lane (fixed schedule), flagged envelopes only; it acts
-    on on-demand replay requests signed with `replay_key` (the console's "replay now")."""
+    on on-demand replay requests signed with `replay_key` (the console's "replay now"). `settings_env` overrides
+    the settings here (a benchmark's ``REPROLANE_REPLAYER_SCHEDULE_REUSE_CACHE``)."""
     env = {
         **clean_environment(info.run_dir),
         **stack_defaults(info),
@@ -230,6 +231,7 @@ def start_replayer(info: StackInfo, *, group_id: str, metrics_port: int, log: Pa
     }
     if replay_key is not None:
         env["REPROLANE_REPLAYER_REPLAY_REQUEST_KEYS_PATH"] = str(replay_key.path)
+    env.update(settings_env or {})
     args = [
         "serve", "replayer", "--lane", "vllm", "--flagged-only", "--group-id", group_id,
         "--metrics-port", str(metrics_port),
