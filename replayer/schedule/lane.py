@@ -33,6 +33,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -391,8 +392,9 @@ class ScheduleLane:
         to_production: dict[str, str] = {}  # the replay's engine request id -> production's
         by_name: dict[str, str] = {}  # the replay's external id (what outputs carry) -> production's
         to_replay: dict[str, str] = {}
-        # production id -> the replayed request's tokens (prompt + output); a reused period's from its replay
-        tokens: dict[str, list[int]] = {rid: list(t) for rid, t in self._kept.tokens.items()} if held else {}
+        # production id -> the replayed request's tokens (prompt + output); a reused period's from its replay (read
+        # through, not copied: the kept tokens may be many)
+        tokens: ChainMap[str, Sequence[int]] = ChainMap({}, dict(self._kept.tokens) if held else {})
         fillers: dict[str, tuple[int, ...]] = {}
         outputs: dict[str, Any] = {}
         pending = list(plan.requests)
@@ -503,7 +505,9 @@ class ScheduleLane:
             last_step=max(high for _, high in ran),
         )
 
-    def _filler_prompt(self, item: FillerPlan, tokens: Mapping[str, list[int]], target: GenRequest | None) -> list[int]:
+    def _filler_prompt(
+        self, item: FillerPlan, tokens: Mapping[str, Sequence[int]], target: GenRequest | None
+    ) -> list[int]:
         """Random ids, the cache-hit blocks copied from their providers' replayed tokens, a real request's prefix
         (``target``: `FillerPlan.prefix_of`'s request) where it later reads this filler's blocks. The random ids are
         drawn from the production request's id: two fillers never share them, in one replay or in two whose prefix
