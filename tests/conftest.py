@@ -35,11 +35,10 @@ from infra.stack.state import StackInfo, StackState
 # Tests that are not about authentication run the sidecar without it (`capture.request.auth`); those that are set
 # auth_mode and a key file explicitly. Set before any CaptureSettings is built; subprocesses inherit it.
 os.environ.setdefault("REPROLANE_CAPTURE_AUTH_MODE", "off")
-# The workers' engines (the stack's vLLM, in-process lanes and production engines) share two cores. OpenMP's
-# threads then sleep when a parallel region ends instead of spinning for the next one, which took the cores
-# another engine was waiting for: a stack test and a model test run side by side took 76-78 s passive against 89-97 s
-# spinning, and alone no longer. It changes no number (the reduction order is the thread count's). Set before any
-# engine or torch loads; the stack's servers inherit it. OMP_WAIT_POLICY=ACTIVE in the environment keeps spinning.
+# The workers' engines (the stack's vLLM, in-process lanes and production engines) share two cores: OpenMP threads
+# that spin after a parallel region hold a core another engine waits for, so they sleep instead (the suite's time
+# with and without: docs/OPERATIONS.md, "Tests"). The wait policy changes no number: the reduction order is the
+# thread count's. Set before any engine or torch loads; the stack's servers inherit it. ACTIVE in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: Run dir of an already running stack to reuse instead of starting a private one.

@@ -116,7 +116,7 @@ class _Kept:
 
     engine_id: str | None = None
     periods: frozenset[tuple[int, int]] = frozenset()
-    tokens: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    tokens: dict[str, Sequence[int]] = field(default_factory=dict)  # never changed in place: replaced whole
     last_step: int = -1
 
 
@@ -394,7 +394,7 @@ class ScheduleLane:
         to_replay: dict[str, str] = {}
         # production id -> the replayed request's tokens (prompt + output); a reused period's from its replay (read
         # through, not copied: the kept tokens may be many)
-        tokens: ChainMap[str, Sequence[int]] = ChainMap({}, dict(self._kept.tokens) if held else {})
+        tokens: ChainMap[str, Sequence[int]] = ChainMap({}, self._kept.tokens if held else {})
         fillers: dict[str, tuple[int, ...]] = {}
         outputs: dict[str, Any] = {}
         pending = list(plan.requests)
@@ -480,7 +480,8 @@ class ScheduleLane:
                 have = kept.tokens.get(provider)
                 if have is None:
                     continue  # computed in a period this replay runs
-                if have[i * block : (i + 1) * block] != tuple(request.prompt_token_ids[i * block : (i + 1) * block]):
+                span = slice(i * block, (i + 1) * block)
+                if tuple(have[span]) != tuple(request.prompt_token_ids[span]):
                     return ()
         return held
 
@@ -493,7 +494,7 @@ class ScheduleLane:
             self._kept = _Kept()
             return
         ran = [p for p in replay.periods if p not in replay.reused]
-        base = self._kept if replay.reused else _Kept()
+        base = self._kept  # what the replay reused; empty after a run from a reset cache (`_drain`)
         tokens = {**base.tokens, **sent}
         if sum(len(t) for t in tokens.values()) > KEPT_TOKENS_MAX:
             self._kept = _Kept()  # the next replay resets the cache and starts again

@@ -54,7 +54,7 @@ from schemas.schedule import EngineStart, RequestArrival
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
 from tests.replayer.schedule.scheduled_stack import replay_by_period
-from tests.replayer.schedule.test_lane_model import model_dir
+from tests.replayer.schedule.test_lane_model import count_runs, model_dir
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
 
@@ -423,19 +423,12 @@ async def test_a_providers_busy_period_is_replayed_once_for_the_periods_that_rea
     windows = await _ship_windows(recording_vllm, envelopes)
     assert [len(w.ranges) for w in windows] == [1, 2, 2]  # the later ones read the first one's period
     lane = _lane(lane_box, windows[0])
-    drives: list[Any] = []
-    drive = lane._drive
-
-    def counted(*args: Any) -> Any:
-        drives.append(args[-1])  # the periods it held
-        return drive(*args)
-
     defaults = stack_defaults(recording_vllm)
     settings = ReplayerSettings(**{**_fields(defaults, "REPROLANE_REPLAYER_"), "model_dir": model_dir()})
     companions = Companions({e.request_id: e for e in envelopes}.get, lambda e, r: None)
     replayer = ScheduleReplayer(settings, ScheduleStore.from_settings(settings), lambda s, e: lane)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lane, "_drive", counted)
+        drives = count_runs(lane, patch)  # the periods each engine run held
         answers = [replayer.replay(e, companions=companions) for e in envelopes]
     events = [a.event for a in answers if not isinstance(a, str)]
     assert len(events) == 3, answers
