@@ -12,10 +12,11 @@ session itself checks at the end that ``down()`` left no process group of the se
 Under pytest-xdist (``make test`` runs ``-n``) the workers share one stack: the controller names its run dir
 (`SHARED_ENV`), the first worker whose test needs it starts it (`LocalStack.up` holds the run dir's lock, so a
 second worker waits and then finds it up), and the controller takes it down when every worker is done. The
-tests are grouped for xdist's ``loadgroup`` (`pytest_collection_modifyitems`): the stack tests in one group that one
-worker runs in order, as before (they share the stack's vLLM and some restart its servers); the model tests that
-run engines of their own, in process and without the stack, in a second; each stack module marked
-``beside_engines`` (no model, its own topics, keys and buckets) in a group of its own; unit tests anywhere.
+tests are grouped for xdist's ``loadgroup`` (`pytest_collection_modifyitems`): the stack tests that send to the
+stack's vLLM in one group that one worker runs in order (one test's traffic would change another's batches); the
+model tests that run engines of their own, in process and without the stack, in a second; each stack module marked
+``beside_engines`` (no model, its own topics, keys and buckets) or ``own_engines`` (its engines are its own: a
+private vLLM, an in-process lane; it sends nothing to the stack's vLLM) in a group of its own; unit tests anywhere.
 """
 
 from __future__ import annotations
@@ -71,15 +72,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 #: xdist groups: the stack tests not marked ``beside_engines``, and the model tests without the stack.
 STACK_GROUP, MODEL_GROUP = "stack", "model"
+#: The markers of stack modules that form an xdist group of their own, beside the stack group.
+MODULE_GROUPS = {"beside_engines", "own_engines"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns each test's group into its node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each stack or model test in its xdist group (the module docstring); a ``beside_engines`` module's tests in one
-    group of the module's name, so that its module fixtures (a private stack, a topic) start once."""
+    """Each stack or model test in its xdist group (the module docstring); a ``beside_engines`` or ``own_engines``
+    module's tests in one group of the module's name, so that its module fixtures (a private vLLM, a topic) start
+    once."""
     for item in items:
         marks = {m.name for m in item.iter_markers()}
-        if "beside_engines" in marks:
+        if marks & MODULE_GROUPS:
             module = getattr(item, "module", None)
             group = module.__name__ if module is not None else item.nodeid
         elif "stack" in marks:

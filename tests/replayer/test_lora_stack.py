@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -34,10 +32,7 @@ from capture.metrics import CaptureMetrics
 from capture.request.app import build_app
 from capture.settings import CaptureSettings
 from infra.clients.digest import directory_sha256
-from infra.errors import StackError
 from infra.model.lora import build_random_adapter
-from infra.stack import servers
-from infra.stack.launcher import LocalStack
 from infra.stack.state import StackInfo
 from replayer.errors import NotReplayableError
 from replayer.lanes.vllm_lane import VllmLane
@@ -47,8 +42,9 @@ from schemas import CapturedOutput, Envelope
 from schemas.manifest import MANIFEST_NAME
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
+from tests.private_vllm import private_vllm
 
-pytestmark = [pytest.mark.stack, pytest.mark.model]
+pytestmark = [pytest.mark.stack, pytest.mark.model, pytest.mark.own_engines]
 
 ADAPTER = "tone"
 MESSAGES = [{"role": "user", "content": "Describe the sea at dawn in one sentence."}]
@@ -66,28 +62,9 @@ def adapters(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> dict
     return {"recorded": recorded, "lane": lane, "other": other}
 
 
-@contextlib.contextmanager
-def lora_vllm(adapter: Path, run_dir: Path) -> Iterator[str]:
-    """A private vLLM launched by `infra.stack.launcher` with the stack's flags, serving ``adapter`` as ``tone``."""
-    patch = pytest.MonkeyPatch()
-    launch = servers.VllmServer.launch
-
-    def with_lora(self: servers.VllmServer, state: Any, ports: Any) -> servers.Launch:
-        out = launch(self, state, ports)
-        return dataclasses.replace(out, argv=[*out.argv, "--enable-lora", "--lora-modules", f"{ADAPTER}={adapter}"])
-
-    patch.setattr(servers.VllmServer, "launch", with_lora)
-    private = LocalStack(run_dir, kafka_storage="memory")
-    try:
-        with contextlib.suppress(StackError):  # up() started vLLM, then found no S3/Kafka to describe
-            private.up(["vllm"])
-        (status,) = private.status()
-        assert status.health == "ready", status.log_tail
-        assert status.url is not None
-        yield status.url
-    finally:
-        private.down()
-        patch.undo()
+def lora_vllm(adapter: Path, run_dir: Path) -> contextlib.AbstractContextManager[str]:
+    """A private vLLM with the stack's flags, serving ``adapter`` as ``tone``."""
+    return private_vllm(run_dir, ["--enable-lora", "--lora-modules", f"{ADAPTER}={adapter}"])
 
 
 async def _capture(settings: CaptureSettings, models: tuple[str, ...]) -> list[Envelope]:

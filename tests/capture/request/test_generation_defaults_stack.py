@@ -24,13 +24,13 @@ from capture.settings import CaptureSettings
 from capture.spool import Spool
 from infra import paths
 from infra.model.manifest import load_manifest, write_manifest
-from infra.stack.launcher import LocalStack
 from infra.stack.state import StackInfo
 from schemas.manifest import MANIFEST_NAME
 from tests.capture.fake_upstream import serve
 from tests.capture.request.test_app_stack import envelope_of
+from tests.private_vllm import private_vllm
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.own_engines]
 
 MODEL_DEFAULTS = {"temperature": 0.0, "top_k": 7, "max_new_tokens": 5}
 _OVERRIDDEN = re.compile(r"Default vLLM sampling parameters have been overridden by .*?: `(\{.*?\})`")
@@ -55,13 +55,9 @@ def vllm_with_defaults(stack: StackInfo, tmp_path_factory: pytest.TempPathFactor
         chat_template=(target / "chat_template.jinja").read_text(encoding="utf-8"),
         created_at=datetime.now(UTC),
     )
-    private = LocalStack(tmp_path_factory.mktemp("vllm-defaults"), cache_dir=cache)
-    try:
-        info = private.up()  # S3 and Kafka come along (seconds); only its vLLM is used
-        assert info.vllm_url is not None
-        yield info.vllm_url, target / MANIFEST_NAME, private.run_dir / "logs" / "vllm.log"
-    finally:
-        private.down()
+    run_dir = tmp_path_factory.mktemp("vllm-defaults")
+    with private_vllm(run_dir, cache_dir=cache) as url:
+        yield url, target / MANIFEST_NAME, run_dir / "logs" / "vllm.log"
 
 
 async def test_the_models_sampling_defaults_are_recorded_as_vllm_applies_them(

@@ -20,7 +20,6 @@ recorder flag."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 import uuid
@@ -37,10 +36,8 @@ from capture.request.app import build_app
 from capture.schedule.shipper import Shipper
 from capture.schedule.shipper_settings import ShipperSettings
 from capture.settings import CaptureSettings
-from infra.errors import StackError
 from infra.stack import servers
 from infra.stack.env import stack_defaults
-from infra.stack.launcher import LocalStack
 from infra.stack.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
 from replayer.matrix.inputs import DEFAULT_PROMPTS
@@ -53,10 +50,11 @@ from schemas import CapturedOutput, Envelope, ReplayedOutput, ReplayResult
 from schemas.schedule import EngineStart, RequestArrival
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
+from tests.private_vllm import private_vllm
 from tests.replayer.schedule.scheduled_stack import replay_by_period
 from tests.replayer.schedule.test_lane_model import count_runs, model_dir
 
-pytestmark = [pytest.mark.stack, pytest.mark.model]
+pytestmark = [pytest.mark.stack, pytest.mark.model, pytest.mark.own_engines]
 
 #: Small enough that a prompt of a few hundred tokens is prefilled in chunks, beside other requests' decodes.
 MAX_NUM_BATCHED_TOKENS = 256
@@ -69,25 +67,12 @@ MAX_NUM_BATCHED_TOKENS = 256
 def recording_vllm(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     """A private vLLM launched by `infra.stack.launcher` with the real recorder and a small token budget per step, as
     the session stack's info with that vLLM and run dir (a stack of vLLM alone has no S3 or Kafka of its own)."""
-    patch = pytest.MonkeyPatch()
-    launch = servers.VllmServer.launch
-
-    def small_steps(self: servers.VllmServer, state: Any, ports: Any) -> servers.Launch:
-        out = launch(self, state, ports)
-        return dataclasses.replace(out, argv=[*out.argv, "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)])
-
-    patch.setattr(servers.VllmServer, "launch", small_steps)
-    patch.setenv("REPROLANE_SCHEDULE_SEGMENT_SECONDS", "0.5")
-    private = LocalStack(tmp_path_factory.mktemp("recording-vllm"), kafka_storage="memory")
-    try:
-        with contextlib.suppress(StackError):  # up() started vLLM, then found no S3/Kafka to describe
-            private.up(["vllm"])
-        (status,) = private.status()
-        assert status.health == "ready", status.log_tail
-        yield stack.model_copy(update={"run_dir": private.run_dir, "vllm_url": status.url})
-    finally:
-        private.down()
-        patch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REPROLANE_SCHEDULE_SEGMENT_SECONDS", "0.5")
+        budget = ["--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)]
+        run_dir = tmp_path_factory.mktemp("recording-vllm")
+        with private_vllm(run_dir, budget) as url:
+            yield stack.model_copy(update={"run_dir": run_dir, "vllm_url": url})
 
 
 def _fields(env: dict[str, str], prefix: str) -> dict[str, Any]:
