@@ -42,7 +42,7 @@ from schemas import CapturedOutput, Envelope
 from schemas.manifest import MANIFEST_NAME
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
-from tests.private_vllm import private_vllm
+from tests.private_vllm import launched_vllm
 
 pytestmark = [pytest.mark.stack, pytest.mark.model, pytest.mark.own_engines]
 
@@ -64,7 +64,7 @@ def adapters(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 def lora_vllm(adapter: Path, run_dir: Path) -> contextlib.AbstractContextManager[str]:
     """A private vLLM with the stack's flags, serving ``adapter`` as ``tone``."""
-    return private_vllm(run_dir, ["--enable-lora", "--lora-modules", f"{ADAPTER}={adapter}"])
+    return launched_vllm(run_dir, ["--enable-lora", "--lora-modules", f"{ADAPTER}={adapter}"])
 
 
 async def _capture(settings: CaptureSettings, models: tuple[str, ...]) -> list[Envelope]:

@@ -28,7 +28,7 @@ from infra.stack.state import StackInfo
 from schemas.manifest import MANIFEST_NAME
 from tests.capture.fake_upstream import serve
 from tests.capture.request.test_app_stack import envelope_of
-from tests.private_vllm import private_vllm
+from tests.private_vllm import launched_vllm
 
 pytestmark = [pytest.mark.stack, pytest.mark.own_engines]
 
@@ -56,7 +56,7 @@ def vllm_with_defaults(stack: StackInfo, tmp_path_factory: pytest.TempPathFactor
         created_at=datetime.now(UTC),
     )
     run_dir = tmp_path_factory.mktemp("vllm-defaults")
-    with private_vllm(run_dir, cache_dir=cache) as url:
+    with launched_vllm(run_dir, cache_dir=cache) as url:
         yield url, target / MANIFEST_NAME, run_dir / "logs" / "vllm.log"
 
 

@@ -41,7 +41,7 @@ from replayer.gate.shadow import load_pairs
 from replayer.store import EnvelopeStore
 from schemas import CapturedError, CapturedOutput
 from tests.capture.request.cli_sidecar import cli_sidecar
-from tests.capture.request.private_vllm import PrivateVllm, private_vllm
+from tests.private_vllm import PrivateVllm, candidate_vllm
 from tests.replayer.support import S3Target
 
 pytestmark = pytest.mark.stack
@@ -62,7 +62,7 @@ SLOWED_TIMEOUT_S = 5  # the shadow timeout while the candidate is stopped (step 
 
 @pytest.fixture(scope="module")
 def candidate(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateVllm]:
-    with private_vllm(stack, tmp_path_factory.mktemp("candidate"), dtype="float32") as server:
+    with candidate_vllm(stack, tmp_path_factory.mktemp("candidate"), dtype="float32") as server:
         yield server
 
 

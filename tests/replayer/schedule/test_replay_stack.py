@@ -50,7 +50,7 @@ from schemas import CapturedOutput, Envelope, ReplayedOutput, ReplayResult
 from schemas.schedule import EngineStart, RequestArrival
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
-from tests.private_vllm import private_vllm
+from tests.private_vllm import launched_vllm
 from tests.replayer.schedule.scheduled_stack import replay_by_period
 from tests.replayer.schedule.test_lane_model import count_runs, model_dir
 
@@ -71,7 +71,7 @@ def recording_vllm(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -
         patch.setenv("REPROLANE_SCHEDULE_SEGMENT_SECONDS", "0.5")
         budget = ["--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)]
         run_dir = tmp_path_factory.mktemp("recording-vllm")
-        with private_vllm(run_dir, budget) as url:
+        with launched_vllm(run_dir, budget) as url:
             yield stack.model_copy(update={"run_dir": run_dir, "vllm_url": url})
 
 
