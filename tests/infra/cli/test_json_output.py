@@ -9,18 +9,17 @@ The commands are found by walking the real root app (`infra.cli.root.build_app`)
 cannot escape: `test_every_json_command_has_a_run_here` fails until it has an entry in `RUNS`. Each entry is run
 for real (marked ``stack``): the real ``reprolane`` in a process of its own against the session's stack, its
 stdout handed to `json.loads` whole. The lane commands run the in-process vLLM engine (``replay request`` on
-``--lane vllm``, ``explain``, ``matrix``, and ``audit evidence reexecute``, which re-executes a bundle exported
-re-executable from a request of its own, made only when that run needs it), whose logging and prints went to stdout
-before: they must show on stderr, and stdout must still parse. Human output is held to the same rule: the text
-report of ``replay request`` on that lane is alone on stdout, the engine's log lines on stderr (some 130 of them
-came first, on stdout: issue 30).
+``--lane vllm``, ``explain``, ``matrix``), whose logging and prints went to stdout before: they must show on stderr,
+and stdout must still parse. A command that another stack test already runs for real with ``--json``, reading its
+whole stdout as one document and its engine's logs on stderr, is named in `RUN_ELSEWHERE` instead (``audit evidence
+reexecute``: tests/infra/reexecution/test_reexecute_stack.py), so that its minute of engine work is done once.
+Human output is held to the same rule: the text report of ``replay request`` on that lane is alone on stdout, the
+engine's log lines on stderr (some 130 of them came first, on stdout: issue 30).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import functools
 import json
 import os
 import re
@@ -32,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import httpx
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -45,20 +43,12 @@ from schemas import Envelope, WorkflowRef
 from schemas.envelope_compact import is_compact
 from schemas.layout import envelope_key
 from schemas.sealed import is_sealed
-from tests.capture.audit.support import new_key, publish_through_s3
+from tests.capture.audit.support import publish_through_s3
 from tests.capture.support import CHAT, only, sidecar
-from tests.infra.reexecution.support import (
-    ask,
-    checkpoint,
-    evidence_bucket,
-    export_reexecutable,
-    operator_env,
-    record_and_ship,
-)
 from tests.moto_s3 import moto_server
-from tests.replayer.schedule.test_lane_model import model_dir
 from tests.replayer.support import S3Target, record_from_stack
 
+REPO = Path(__file__).resolve().parents[3]
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -81,22 +71,11 @@ def json_commands() -> dict[tuple[str, ...], bool]:
 
 
 @dataclass(frozen=True)
-class Bundle:
-    """A re-executable evidence bundle on disk, the fingerprint of the key that signed it, the request it holds."""
-
-    path: Path
-    fingerprint: str
-    request_id: str
-
-
-@dataclass(frozen=True)
 class Recorded:
-    """What the runs need: a recorded envelope (a workflow's step 0) stored in the stack's S3, and as a file; a
-    re-executable bundle of another request, made when first asked for (only ``reexecute`` needs it)."""
+    """What the runs need: a recorded envelope (a workflow's step 0) stored in the stack's S3, and as a file."""
 
     envelope: Envelope
     jsonl: Path
-    bundle: Callable[[], Bundle]
 
 
 Run = Callable[[Recorded], list[str]]
@@ -115,13 +94,19 @@ RUNS: dict[tuple[str, ...], Run] = {
     ("audit", "query"): lambda r: ["audit", "query", "SELECT 1 AS one", "--json"],
     ("release", "fingerprint", "history"): lambda r: ["release", "fingerprint", "history", "--deployment",
                                                       f"json-{r.envelope.request_id}", "--json"],
-    ("audit", "evidence", "reexecute"): lambda r: ["audit", "evidence", "reexecute", str(r.bundle().path),
-                                                   "--model-dir", str(model_dir()), "--key-fingerprint",
-                                                   r.bundle().fingerprint, "--json"],
 }  # fmt: skip
 
 #: The commands whose run loads the in-process vLLM engine: its logs must be on stderr.
-ENGINE_RUNS = {("replay", "request"), ("replay", "explain"), ("replay", "matrix"), ("audit", "evidence", "reexecute")}
+ENGINE_RUNS = {("replay", "request"), ("replay", "explain"), ("replay", "matrix")}
+
+#: ``--json`` commands run for real by another stack test, which holds their whole stdout to one document and finds
+#: the engine's logs on stderr: its module and test.
+RUN_ELSEWHERE: dict[tuple[str, ...], tuple[str, str]] = {
+    ("audit", "evidence", "reexecute"): (
+        "tests/infra/reexecution/test_reexecute_stack.py",
+        "test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_and_every_tamper_is_named",
+    ),
+}
 
 
 def _workflow(envelope: Envelope) -> str:
@@ -131,7 +116,15 @@ def _workflow(envelope: Envelope) -> str:
 
 def test_every_json_command_has_a_run_here() -> None:
     found = json_commands()
-    assert set(found) == set(RUNS), "a command with --json needs an entry in RUNS (and one JSON document on stdout)"
+    assert not set(RUNS) & set(RUN_ELSEWHERE)
+    assert set(found) == set(RUNS) | set(RUN_ELSEWHERE), (
+        "a command with --json needs an entry in RUNS (and one JSON document on stdout)"
+    )
+    for path, (module, test) in RUN_ELSEWHERE.items():
+        source = (REPO / module).read_text(encoding="utf-8")
+        assert f"def {test}(" in source, (path, module)
+        for needed in (f'"{path[-1]}"', '"--json"', "json.loads(ran.stdout)"):
+            assert needed in source, (path, module, needed)
     assert all(found.values()), "--json is a flag: the document on stdout (a file is --report FILE)"
 
 
@@ -156,22 +149,7 @@ async def recorded(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -
     assert is_compact(s3.client().get_object(Bucket=s3.bucket, Key=key)["Body"].read()), "stored as the sidecar does"
     jsonl = tmp / "envelopes.jsonl"
     jsonl.write_bytes(envelope.canonical() + b"\n")
-    return Recorded(envelope, jsonl, functools.cache(lambda: reexecutable(stack, tmp / "reexecutable")))
-
-
-def reexecutable(stack: StackInfo, tmp: Path) -> Bundle:
-    """One request through the sidecar to the stack's recording vLLM, its day signed, exported re-executable, as
-    the operator does it (`tests.infra.reexecution.support`)."""
-
-    async def send(client: httpx.AsyncClient) -> list[list[str]]:
-        return [[await ask(client, MESSAGES[0]["content"])]]
-
-    bucket = evidence_bucket(stack)
-    ((envelope,),) = asyncio.run(record_and_ship(stack, tmp, send, bucket))
-    env = operator_env(stack, new_key()[0], bucket)
-    checkpoint(envelope.captured_at, env)
-    path = tmp / f"{envelope.request_id}.zip"
-    return Bundle(path, export_reexecutable(envelope.request_id, path, env), envelope.request_id)
+    return Recorded(envelope, jsonl)
 
 
 def run_cli(stack: StackInfo, args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -196,10 +174,6 @@ def test_a_json_command_prints_one_document_on_stdout(
         assert proc.stdout.rstrip("\n").encode() == recorded.envelope.canonical()  # the stored bytes themselves
     if path in ENGINE_RUNS:
         assert "vllm" in proc.stderr.lower(), "the engine's own logging should be there, on stderr"
-    if path == ("audit", "evidence", "reexecute"):
-        (request,) = document["requests"]
-        assert request["request_id"] == recorded.bundle().request_id
-        assert request["reproduced"] is (proc.returncode == 0)  # the exit code says what the document says
 
 
 #: A line of vLLM's log format (``%(levelname)s %(asctime)s [file:line]``, dates as ``%m-%d %H:%M:%S``).

@@ -169,6 +169,7 @@ def test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_a
     assert held.returncode == 0, held.stdout + held.stderr
     assert held.stdout.count(": reproduced, ") == 5
     document = json.loads(ran.stdout)  # the whole of stdout: the engine's logs are on stderr
+    assert "vllm" in ran.stderr.lower(), "the engine's own logging should be there, on stderr"
     targets = [*(t for t, _, _ in bundles), *steps]
     assert [r["request_id"] for r in document["requests"]] == [t.request_id for t in targets]
     for request in document["requests"]:
