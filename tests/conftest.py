@@ -41,6 +41,9 @@ os.environ.setdefault("REPROLANE_CAPTURE_AUTH_MODE", "off")
 # with and without: docs/OPERATIONS.md, "Tests"). The wait policy changes no number: the reduction order is the
 # thread count's. Set before any engine or torch loads; the stack's servers inherit it. ACTIVE in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The OpenTelemetry SDK's batch processor exports every 5 s unless this standard variable says otherwise; the telemetry
+# tests wait for each span to reach their receiver, so they would wait those 5 s each. Subprocesses inherit it.
+os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "100")
 
 #: Run dir of an already running stack to reuse instead of starting a private one.
 ATTACH_ENV = "REPROLANE_TEST_RUN_DIR"
