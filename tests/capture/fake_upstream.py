@@ -276,13 +276,17 @@ def _logprobs(body: dict[str, Any], steps: Any, chat: bool) -> dict[str, Any] | 
 
 
 @contextlib.asynccontextmanager
-async def serve(app: Any) -> AsyncIterator[str]:
-    """Serve an ASGI app on 127.0.0.1 (ephemeral port) in this event loop; yields its base URL."""
+async def serve(app: Any, *, graceful_s: float | None = None) -> AsyncIterator[str]:
+    """Serve an ASGI app on 127.0.0.1 (ephemeral port) in this event loop; yields its base URL. `graceful_s`: how long
+    the shutdown waits for requests still running before it cancels them (default: for as long as they run), which a
+    fake upstream sleeping through a ``slow`` request the sidecar already gave up on need not have."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=graceful_s
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

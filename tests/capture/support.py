@@ -30,7 +30,7 @@ async def sidecar(
     upstream = upstream or FakeUpstream()
     spool = spool or FakeSpool()
     metrics = CaptureMetrics()
-    async with serve(upstream.app()) as up_url:
+    async with serve(upstream.app(), graceful_s=0.5) as up_url:
         settings = CaptureSettings(upstream=up_url, spool_max_bytes=1 << 20, **overrides)
         app = build_app(settings, spool=spool, metrics=metrics)
         async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10.0) as client:

@@ -35,7 +35,7 @@ PARSERS: tuple[Parser, ...] = ("h11", "httptools")
 @contextlib.asynccontextmanager
 async def real_sidecar(tmp_path: Path, **env: str) -> AsyncIterator[tuple[RunningSidecar, FakeUpstream]]:
     upstream = FakeUpstream()
-    async with serve(upstream.app()) as up_url, cli_sidecar(up_url, tmp_path, **env) as sidecar:
+    async with serve(upstream.app(), graceful_s=0.5) as up_url, cli_sidecar(up_url, tmp_path, **env) as sidecar:
         yield sidecar, upstream
 
 
