@@ -73,7 +73,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(shared, ignore_errors=True)
 
 
-#: xdist groups: the stack tests not marked ``beside_engines``, and the model tests without the stack.
+#: xdist groups: the stack tests not marked with one of `MODULE_GROUPS`, and the model tests without the stack.
 STACK_GROUP, MODEL_GROUP = "stack", "model"
 #: The markers of stack modules that form an xdist group of their own, beside the stack group.
 MODULE_GROUPS = {"beside_engines", "own_engines"}

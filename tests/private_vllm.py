@@ -38,17 +38,17 @@ from infra.stack.state import StackInfo
 def launched_vllm(run_dir: Path, extra_args: Sequence[str] = (), *, cache_dir: Path | None = None) -> Iterator[str]:
     """Start a vLLM alone in `run_dir` (the model from `cache_dir` when given), its argv the stack's plus
     `extra_args`; yield its URL once ready; stop it by its process group at the end."""
-    patch = pytest.MonkeyPatch()
     launch = servers.VllmServer.launch
 
     def with_extra(self: servers.VllmServer, state: Any, ports: Any) -> servers.Launch:
         out = launch(self, state, ports)
         return dataclasses.replace(out, argv=[*out.argv, *extra_args])
 
-    patch.setattr(servers.VllmServer, "launch", with_extra)
     private = LocalStack(run_dir, cache_dir=cache_dir, kafka_storage="memory")
     try:
-        with contextlib.suppress(StackError):  # up() started vLLM, then found no S3/Kafka to describe
+        # patched for this launch only; up() started vLLM, then found no S3/Kafka to describe
+        with pytest.MonkeyPatch.context() as patch, contextlib.suppress(StackError):
+            patch.setattr(servers.VllmServer, "launch", with_extra)
             private.up(["vllm"])
         (status,) = private.status()
         assert status.health == "ready", status.log_tail
@@ -56,7 +56,6 @@ def launched_vllm(run_dir: Path, extra_args: Sequence[str] = (), *, cache_dir: P
         yield status.url
     finally:
         private.down()
-        patch.undo()
 
 
 @dataclasses.dataclass(frozen=True)
