@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from capture.publishing.publisher import Publisher
 from capture.publishing.s3_sink import S3Sink
 from capture.request.app import build_app
 from capture.spool import Spool
-from infra.demo.services import reprolane_argv
 from infra.stack.state import StackInfo
 from replayer.store import EnvelopeStore
 from schemas import CapturedOutput, decode_envelope
@@ -32,6 +30,7 @@ from tests.capture.audit.conftest import eventually
 from tests.capture.fake_upstream import serve
 from tests.capture.keys import write_test_keys
 from tests.capture.request.test_responses_messages_stack import QUESTION, responses_params, sidecar_settings
+from tests.cli_process import reprolane
 from tests.replayer.service_harness import Topics, worker_environment
 from tests.replayer.support import S3Target
 
@@ -39,14 +38,7 @@ pytestmark = pytest.mark.stack
 
 
 def replay_cli(env: dict[str, str], request_id: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [*reprolane_argv(), "replay", "request", request_id, "--lane", "remote", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    done = reprolane("replay", "request", request_id, "--lane", "remote", "--json", env=env, timeout=300)
     assert done.returncode in (0, 1), done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
     return result

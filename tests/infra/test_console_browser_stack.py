@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,10 +25,10 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from infra.demo.services import reprolane_argv
 from schemas.access_log import AccessRecord, decode_access_record
 from schemas.layout import access_log_day_prefix
 from schemas.note import key_fingerprint
+from tests.cli_process import reprolane
 from tests.infra.console_world import FORK_AT, SEARCH_PAGE, SIGNING_KEY, World, build_world, public_of, stop
 
 pytestmark = pytest.mark.stack
@@ -248,8 +247,7 @@ def test_download_evidence_and_verify_it_offline_with_the_cli(browser: Any, worl
     download.save_as(str(bundle))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_")}  # no settings, no stack
-    verify = subprocess.run([*reprolane_argv(), "evidence", "verify", str(bundle), "--key-fingerprint", pinned],
-                            env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    verify = reprolane("audit", "evidence", "verify", str(bundle), "--key-fingerprint", pinned, env=env, timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert verify.stdout.startswith("verified")
     assert rid in verify.stdout

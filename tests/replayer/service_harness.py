@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -27,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pydantic import SecretStr
 
+from infra.demo.services import reprolane_argv
 from replayer.settings import ReplayerSettings
 from schemas import DivergenceEvent, decode_divergence
 from tests.replayer.support import S3Target
@@ -165,6 +167,16 @@ def worker_environment(settings: ReplayerSettings) -> dict[str, str]:
         text = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
         env[f"REPROLANE_REPLAYER_{name.upper()}"] = text
     return env
+
+
+def start_replayer_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``reprolane serve replayer`` as an operator starts it (settings from the environment), in a process group of
+    its own (the test stops it by that group), its output in `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [*reprolane_argv(), "serve", "replayer", "--metrics-port", "0"],
+            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
 
 
 @dataclass

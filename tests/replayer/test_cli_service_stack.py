@@ -23,13 +23,14 @@ from typing import Any
 
 import pytest
 
-from infra.demo.services import reprolane_argv
+from infra.stack.process import log_tail
 from infra.stack.state import StackInfo
 from replayer.on_demand import live_service
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import Envelope
-from tests.replayer.service_harness import Topics, worker_environment
+from tests.cli_process import reprolane
+from tests.replayer.service_harness import Topics, start_replayer_service, worker_environment
 from tests.replayer.support import (
     S3Target,
     record_from_stack,
@@ -53,29 +54,10 @@ class Served:
     log: Path
 
 
-def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*reprolane_argv(), *args], env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
-    )
-
-
-def tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-3000:]
-
-
-def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``reprolane serve replayer`` as an operator starts it (settings from the environment), its output in `log`."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [*reprolane_argv(), "serve", "replayer", "--metrics-port", "0"],
-            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-        )  # fmt: skip
-
-
 async def wait_for_heartbeat(settings: ReplayerSettings, served: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 120
     while await live_service(settings) is None:
-        assert served.poll() is None, f"the replayer exited: {tail(log)}"
+        assert served.poll() is None, f"the replayer exited: {log_tail(log)}"
         assert time.monotonic() < deadline, "the replayer service never joined its replay-request group"
         await asyncio.sleep(0.5)
 
@@ -95,7 +77,7 @@ async def served(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> 
     seed_envelope(s3.client(), s3.bucket, envelope)
     env = {**worker_environment(settings), "REPROLANE_RUN_DIR": str(stack.run_dir)}
     log = tmp / "replayer.log"
-    process = start_service(env, log)
+    process = start_replayer_service(env, log)
     try:
         await wait_for_heartbeat(settings, process, log)
         yield Served(process, settings, env, envelope, log)
@@ -111,7 +93,9 @@ async def test_a_request_the_service_refuses_fails_at_once_with_its_reason(serve
     )
     env = {**served.env, "REPROLANE_REPLAYER_REPLAY_REQUEST_KEYS_PATH": str(stranger)}
     started = time.monotonic()
-    refused = await asyncio.to_thread(run_cli, env, "replay", "request", served.envelope.request_id, "--via", "service")
+    refused = await asyncio.to_thread(
+        reprolane, "replay", "request", served.envelope.request_id, "--via", "service", env=env
+    )
     assert time.monotonic() - started < 60  # the dead letter answers: the 30 s timeout is not waited out
     assert refused.returncode == 2, refused.stderr
     assert refused.stdout == ""
@@ -123,7 +107,7 @@ async def test_replay_request_asks_the_running_service_and_loads_a_lane_without_
     rid = served.envelope.request_id
     store = EnvelopeStore.from_settings(served.settings)
 
-    fast = await asyncio.to_thread(run_cli, served.env, "replay", "request", rid, "--json")
+    fast = await asyncio.to_thread(reprolane, "replay", "request", rid, "--json", env=served.env)
     assert fast.returncode in (0, 1), fast.stderr
     assert "replayed by the running replayer service on lane remote" in fast.stderr
     answered = json.loads(fast.stdout)
@@ -134,16 +118,16 @@ async def test_replay_request_asks_the_running_service_and_loads_a_lane_without_
     assert answered == stored.model_dump(mode="json")
     assert fast.returncode == (0 if stored.event.target_met else 1)
 
-    again = await asyncio.to_thread(run_cli, served.env, "replay", "request", rid, "--via", "service")
+    again = await asyncio.to_thread(reprolane, "replay", "request", rid, "--via", "service", env=served.env)
     assert again.returncode == fast.returncode, again.stderr
     assert again.stdout.startswith(f"Replay of request {rid} (envelope {served.envelope.envelope_id()[:16]}…) on lane")
     assert "replayed by the running replayer service" in again.stderr
 
     served.process.send_signal(signal.SIGTERM)
-    assert await asyncio.to_thread(served.process.wait, 60) == 0, tail(served.log)
+    assert await asyncio.to_thread(served.process.wait, 60) == 0, log_tail(served.log)
     assert await live_service(served.settings) is None  # its last heartbeat said it was stopping
 
-    local = await asyncio.to_thread(run_cli, served.env, "replay", "request", rid, "--json")
+    local = await asyncio.to_thread(reprolane, "replay", "request", rid, "--json", env=served.env)
     assert local.returncode in (0, 1), local.stderr
     (why,) = [line for line in local.stderr.splitlines() if "replaying here instead" in line]  # one line says why
     assert why.startswith("reprolane: not asking the replayer service (no replayer service is running")
@@ -153,7 +137,7 @@ async def test_replay_request_asks_the_running_service_and_loads_a_lane_without_
     assert replayed == answered
     assert len(store.list_results(served.envelope)) == 1
 
-    only_service = await asyncio.to_thread(run_cli, served.env, "replay", "request", rid, "--via", "service")
+    only_service = await asyncio.to_thread(reprolane, "replay", "request", rid, "--via", "service", env=served.env)
     assert only_service.returncode == 2
     assert only_service.stdout == ""
     assert only_service.stderr.startswith(

@@ -32,14 +32,15 @@ from typing import Any
 
 import pytest
 
-from infra.demo.services import reprolane_argv
+from infra.stack.process import log_tail
 from infra.stack.state import StackInfo
 from replayer.on_demand import live_service
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from schemas import Envelope
+from tests.cli_process import reprolane
 from tests.replayer.schedule.scheduled_stack import chat, record_scheduled, ship_schedules
-from tests.replayer.service_harness import Topics, worker_environment
+from tests.replayer.service_harness import Topics, start_replayer_service, worker_environment
 from tests.replayer.support import S3Target, write_replay_request_keys
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
@@ -57,25 +58,6 @@ class Served:
     envelopes: list[Envelope]
     workflow_id: str
     log: Path
-
-
-def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*reprolane_argv(), *args], env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL
-    )
-
-
-def tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-3000:]
-
-
-def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``reprolane serve replayer`` as an operator starts it (settings from the environment), its output in `log`."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [*reprolane_argv(), "serve", "replayer", "--metrics-port", "0"],
-            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-        )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +85,11 @@ async def served(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> 
         "REPROLANE_REPLAYER_REPLAY_UNIT": "busy_period",  # issue 32: one replay for the period's two requests
     }
     log = tmp / "replayer.log"
-    process = start_service(env, log)
+    process = start_replayer_service(env, log)
     try:
         deadline = time.monotonic() + 120
         while await live_service(settings) is None:
-            assert process.poll() is None, f"the replayer exited: {tail(log)}"
+            assert process.poll() is None, f"the replayer exited: {log_tail(log)}"
             assert time.monotonic() < deadline, "the replayer service never beat"
             await asyncio.sleep(0.5)
         yield Served(process, settings, env, envelopes, workflow_id, log)
@@ -125,10 +107,10 @@ async def test_the_service_answers_on_its_schedule_lane_and_every_entry_point_sa
     first, second = served.envelopes
     store = EnvelopeStore.from_settings(served.settings)
     asked = await asyncio.to_thread(
-        run_cli, served.env, "replay", "request", first.request_id, "--via", "service", "--json",
-        "--timeout", str(FIRST_ANSWER_TIMEOUT_S),
+        reprolane, "replay", "request", first.request_id, "--via", "service", "--json",
+        "--timeout", str(FIRST_ANSWER_TIMEOUT_S), env=served.env, timeout=900,
     )  # fmt: skip
-    assert asked.returncode in (0, 1), f"{asked.stderr[-3000:]}\n{tail(served.log)}"
+    assert asked.returncode in (0, 1), f"{asked.stderr[-3000:]}\n{log_tail(served.log)}"
     assert "replayed by the running replayer service on lane schedule" in asked.stderr
     answer: dict[str, Any] = json.loads(asked.stdout)
     event = answer["event"]
@@ -146,12 +128,15 @@ async def test_the_service_answers_on_its_schedule_lane_and_every_entry_point_sa
     assert "replayed once for 2 captured requests" in early[0].event.cause_detail
 
     again = await asyncio.to_thread(
-        run_cli, served.env, "replay", "request", first.request_id, "--lane", "schedule", "--via", "service", "--json"
-    )
+        reprolane, "replay", "request", first.request_id, "--lane", "schedule", "--via", "service", "--json",
+        env=served.env, timeout=900,
+    )  # fmt: skip
     assert again.returncode == asked.returncode, again.stderr[-3000:]
     assert json.loads(again.stdout) == answer  # the stored result: one verdict
 
-    flow = await asyncio.to_thread(run_cli, served.env, "replay", "workflow", served.workflow_id, "--json")
+    flow = await asyncio.to_thread(
+        reprolane, "replay", "workflow", served.workflow_id, "--json", env=served.env, timeout=900
+    )
     assert flow.returncode in (0, 1), flow.stderr[-3000:]
     assert "replaying here instead" not in flow.stderr  # the service answered every step
     steps = json.loads(flow.stdout)["steps"]
@@ -166,7 +151,7 @@ async def test_the_service_answers_on_its_schedule_lane_and_every_entry_point_sa
     assert flow.returncode == (0 if all(s["result"]["event"]["target_met"] for s in steps) else 1)
 
     second_alone = await asyncio.to_thread(
-        run_cli, served.env, "replay", "request", second.request_id, "--via", "service", "--json"
+        reprolane, "replay", "request", second.request_id, "--via", "service", "--json", env=served.env, timeout=900
     )
     assert json.loads(second_alone.stdout)["event"]["verdict"] == verdicts[second.request_id]
 
@@ -175,8 +160,9 @@ async def test_a_replay_done_by_the_cli_itself_is_stored_where_the_console_reads
     _, second = served.envelopes
     store = EnvelopeStore.from_settings(served.settings)
     local = await asyncio.to_thread(
-        run_cli, served.env, "replay", "request", second.request_id, "--via", "local", "--lane", "remote", "--json"
-    )
+        reprolane, "replay", "request", second.request_id, "--via", "local", "--lane", "remote", "--json",
+        env=served.env, timeout=900,
+    )  # fmt: skip
     assert local.returncode in (0, 1), local.stderr[-3000:]
     printed: dict[str, Any] = json.loads(local.stdout)
     assert printed["event"]["lane"] == "remote"

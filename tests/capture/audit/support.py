@@ -7,7 +7,6 @@ import asyncio
 import os
 import random
 import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,6 +23,7 @@ from infra.stack.state import StackInfo
 from schemas import Envelope
 from schemas.access_log import AccessRecord, decode_access_record
 from schemas.layout import access_log_day_prefix
+from tests.cli_process import reprolane
 
 
 async def publish_through_s3(
@@ -68,14 +68,7 @@ def audit_cli(
         "REPROLANE_AUDIT_LOG_RETENTION_DAYS": "0",
         **{f"REPROLANE_AUDIT_{key.upper()}": value for key, value in env.items()},
     }
-    return subprocess.run(
-        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return reprolane(*args, env=environ, timeout=60)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from schemas.layout import data_key_prefix, envelope_key
 from schemas.sealed import decode_sealed, is_sealed
 from tests.capture.audit.conftest import AuditStack
 from tests.capture.audit.support import OperatorKeys, access_records, operator_keys
+from tests.cli_process import reprolane
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -277,8 +278,6 @@ async def test_after_a_shred_no_plaintext_of_the_tenant_remains_in_s3(audit_stac
 def audit_cli_keys(a: AuditStack, *args: str, operators: OperatorKeys) -> Any:
     """``reprolane ARGS`` as an operator runs it, with the archiver's S3 settings on this test's keys bucket."""
     import os
-    import subprocess
-    import sys
 
     environ = {
         **{k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_OPERATOR_")},
@@ -289,7 +288,4 @@ def audit_cli_keys(a: AuditStack, *args: str, operators: OperatorKeys) -> Any:
         "REPROLANE_ARCHIVER_S3_SECRET_KEY": a.info.s3_secret_key,
         "REPROLANE_ARCHIVER_KEYS_BUCKET": a.bucket,
     }
-    return subprocess.run(
-        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
-        env=environ, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    return reprolane(*args, env=environ, timeout=60)

@@ -31,6 +31,7 @@ from replayer.errors import EnvelopeNotFoundError
 from replayer.settings import ReplayerSettings
 from replayer.store import EnvelopeStore
 from tests.capture.keys import ApiKeys, write_test_keys
+from tests.cli_process import reprolane
 
 REPO = Path(__file__).resolve().parents[3]
 MESSAGES: list[dict[str, str]] = [{"role": "user", "content": "Say yes."}]
@@ -58,7 +59,7 @@ def test_a_key_file_others_can_read_stops_the_cli_sidecar(tmp_path: Path) -> Non
     })  # fmt: skip
     args = ["serve", "capture", "--port", str(free_port()), "--spool-dir", str(tmp_path / "spool")]
     try:
-        done = subprocess.run([*reprolane_argv(), *args], env=env, capture_output=True, text=True, timeout=60)
+        done = reprolane(*args, env=env, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("the sidecar served with a world-readable key file")
     assert done.returncode == 1

@@ -34,6 +34,7 @@ from infra.stack import process
 from infra.stack.launcher import LocalStack
 from infra.stack.state import StackInfo
 from schemas import CapturedOutput
+from tests.cli_process import reprolane
 
 pytestmark = pytest.mark.stack
 
@@ -53,8 +54,7 @@ def run_printed(command: str, run_dir: Path, cwd: Path) -> subprocess.CompletedP
     assert args[0] == "reprolane", command
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPROLANE_")}
     env["REPROLANE_RUN_DIR"] = str(run_dir)
-    return subprocess.run([*reprolane_argv(), *args[1:]], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=180, check=False)  # fmt: skip
+    return reprolane(*args[1:], env=env, cwd=cwd, timeout=180)
 
 
 class ConsoleCheckedDemo(Demo):

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -33,24 +31,13 @@ from schemas.layout import capture_day
 from tests.capture.audit.evidence.test_export_stack import cli_env, publish_settings
 from tests.capture.audit.support import publish_through_s3
 from tests.capture.fake_upstream import serve
+from tests.cli_process import reprolane
 from tests.replayer.schedule.scheduled_stack import chat, ship_schedules, stack_replayer_settings, stack_sidecar
 from tests.replayer.schedule.test_lane_model import model_dir
 from tests.replayer.schedule.test_replay_stack import _spooled
 
 #: Sends requests through the sidecar (a client on it) and returns their request ids, in groups of its choosing.
 Send = Callable[[httpx.AsyncClient], Awaitable[Sequence[Sequence[str]]]]
-
-
-def reprolane(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """``reprolane ARGS`` in a process of its own with exactly `env`."""
-    return subprocess.run(
-        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 async def ask(client: httpx.AsyncClient, prompt: str, headers: dict[str, str] | None = None) -> str:

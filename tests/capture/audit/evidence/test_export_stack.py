@@ -42,6 +42,7 @@ from schemas import Envelope
 from schemas.layout import capture_day, envelope_key, leaves_key
 from tests.capture.audit.support import new_key, publish_through_s3, random_day
 from tests.capture.request.test_app_stack import envelope_of, through_sidecar
+from tests.cli_process import reprolane
 from tests.factories import envelope
 
 pytestmark = pytest.mark.stack
@@ -115,17 +116,6 @@ def rezip(bundle: bytes, name: str, change: Any) -> bytes:
     target = next(n for n in members if n.startswith(name))
     members[target] = change(members[target])
     return write_zip(members, datetime.now(UTC))
-
-
-def reprolane(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from infra.cli.root import app; app()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 async def captured_published_replayed(stack: StackInfo, client: Any, tmp_path: Path) -> tuple[Envelope, Any]:
