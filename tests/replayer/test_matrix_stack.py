@@ -1,8 +1,12 @@
-"""The replay matrix and `explain` for real: the converted model, vLLM on the CPU, the stack's vLLM server.
+"""The replay matrix and `explain` for real, through the commands a release engineer and an auditor run:
+``reprolane replay matrix`` and ``reprolane replay explain``, each in a process of its own with ``--json``, on the
+converted model, vLLM on the CPU, and the stack's vLLM server.
 
-1. A small matrix (4 bundled prompts, 16 tokens): one at a time, one at a time again, all at once, float32.
-   The lane must replay itself bitwise (the second one-at-a-time run); the other cells are measured, and their
-   structure is asserted (every request judged, fork positions for exactly the diverged ones, timings, memory).
+1. A small matrix (4 bundled prompts, 16 tokens, the ``batch`` and ``dtype`` dimensions): one at a time, one at a
+   time again, in static batches of 4, all at once, and float32 one at a time and all at once. The lane must replay
+   itself bitwise (the second one-at-a-time run); the other cells are measured, and their structure is asserted
+   (every request judged, fork positions for exactly the diverged ones, timings, memory), in the JSON report on
+   stdout and the HTML report the command wrote.
 2. Eight requests sent *at once* to the stack's vLLM server (bfloat16, default scheduler, prefix cache on) and
    recorded as envelopes with ``in_flight_at_start=8``; one whose one-at-a-time replay diverges is explained
    (variations ``alone`` and ``batch``). If none diverges, that is reported and the first one is explained.
@@ -10,32 +14,37 @@
    replay forked (the lane is deterministic), "reproduced" must mean token identity with the recording, and
    the conclusion must name exactly the variations that reproduced it.
 
-Each engine configuration starts in its own process, and each start is the slow part of this module.
+Both commands print exactly one JSON document on stdout and the engine's logging on stderr: these runs are the ones
+tests/infra/cli/test_json_output.py counts for ``replay matrix --json`` and ``replay explain --json``. Each engine
+configuration starts in a process of its own, and each start is the slow part of this module.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
 
 import httpx
 import pytest
 
+from infra.demo.services import clean_environment
 from infra.stack.state import StackInfo
 from replayer.compare import compare
 from replayer.lanes.batch_engine import probe_platform, render_chat
 from replayer.matrix.dimensions import BASELINE_CELL, plan_cells
 from replayer.matrix.execution import CellJob, run_jobs
-from replayer.matrix.explain import explain
-from replayer.matrix.inputs import DEFAULT_PROMPTS, item_from_envelope, workload_items
-from replayer.matrix.pipeline import run_matrix
-from replayer.matrix.report import render_html, render_table
+from replayer.matrix.explain import Explanation
+from replayer.matrix.inputs import DEFAULT_PROMPTS, item_from_envelope
+from replayer.matrix.report import render_table
+from replayer.matrix.results import MatrixReport
 from replayer.settings import Thresholds
 from schemas import (
     Envelope,
 )
+from tests.cli_process import reprolane
 from tests.replayer.support import envelope_from_completion
 
 pytestmark = pytest.mark.stack
@@ -45,14 +54,21 @@ TOP_K = 5
 N_CONCURRENT = 8
 
 
-def test_small_matrix_for_real(stack: StackInfo) -> None:
-    platform = probe_platform()
-    items = workload_items(render_chat(stack.model_dir, DEFAULT_PROMPTS[:4]), max_tokens=MAX_TOKENS)
-    wanted = {BASELINE_CELL, "batch.single.again", "batch.dynamic", "dtype.float32"}
-    cells = [c for c in plan_cells(platform, ("batch", "dtype")) if c.name in wanted]
-    report = run_matrix(items, cells, model_dir=stack.model_dir, platform=platform, baseline="single", source="test")
+def test_small_matrix_for_real(stack: StackInfo, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(list(DEFAULT_PROMPTS[:4])), encoding="utf-8")
+    html = tmp_path / "matrix.html"
+    ran = reprolane(
+        "replay", "matrix", "--workload-file", str(prompts), "--cells", "batch,dtype", "--max-tokens", str(MAX_TOKENS),
+        "--baseline", "single", "--json", "--html", str(html), env=clean_environment(stack.run_dir), timeout=1200,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    report = MatrixReport.model_validate(json.loads(ran.stdout))  # the whole of stdout is one document
+    assert "vllm" in ran.stderr.lower(), "the engine's own logging should be there, on stderr"
     print("\n" + render_table(report))
     by = {c.name: c for c in report.cells}
+    wanted = {BASELINE_CELL, "batch.single.again", "batch.fixed4", "batch.dynamic", "dtype.float32",
+              "dtype.float32.dynamic"}  # fmt: skip
     assert set(by) == wanted
     for cell in report.cells:
         assert cell.status == "ran", (cell.name, cell.reason)
@@ -76,8 +92,8 @@ def test_small_matrix_for_real(stack: StackInfo) -> None:
     assert by["dtype.float32"].fingerprint["dtype"] == "float32"
     assert by[BASELINE_CELL].fingerprint is not None
     assert by[BASELINE_CELL].fingerprint["dtype"] == "bfloat16"
-    page = render_html(report)
-    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', page)) == 2 + 4
+    page = html.read_text(encoding="utf-8")
+    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', page)) == 2 + len(wanted)
 
 
 # -- explain --------------------------------------------------------------------------------------------------------
@@ -122,7 +138,7 @@ async def _capture_concurrently(stack: StackInfo) -> list[Envelope]:
     return envs
 
 
-def test_explain_a_request_recorded_under_concurrent_load(stack: StackInfo) -> None:
+def test_explain_a_request_recorded_under_concurrent_load(stack: StackInfo, tmp_path: Path) -> None:
     captured = asyncio.run(_capture_concurrently(stack))
     items = [item_from_envelope(e) for e in captured]
     lone = run_jobs(stack.model_dir, [CellJob(plan_cells(probe_platform(), ())[0], tuple(items))])[BASELINE_CELL]
@@ -136,17 +152,16 @@ def test_explain_a_request_recorded_under_concurrent_load(stack: StackInfo) -> N
     print(f"\n{len(diverged)} of {len(items)} requests recorded 8-at-once diverge when replayed alone: {forks}")
     target = next((e for e in captured if e.request_id in diverged), captured[0])
 
-    def no_padding(n: int) -> list[Any]:
-        raise AssertionError(f"the 7 other recorded requests should have been enough, asked to pad {n}")
-
-    ex = explain(
-        target,
-        captured,
-        model_dir=stack.model_dir,
-        platform=probe_platform(),
-        padding_factory=no_padding,
-        only=("alone", "batch"),
-    )
+    envelopes = tmp_path / "captured.jsonl"  # what the auditor hands the command: the recorded envelopes
+    envelopes.write_bytes(b"".join(e.canonical() + b"\n" for e in captured))
+    ran = reprolane(
+        "replay", "explain", target.request_id, "--envelopes", str(envelopes), "--variations", "alone,batch", "--json",
+        env=clean_environment(stack.run_dir), timeout=1200,
+    )  # fmt: skip
+    assert ran.returncode in (0, 1), ran.stderr[-3000:]
+    ex = Explanation.model_validate(json.loads(ran.stdout))  # the whole of stdout is one document
+    assert "vllm" in ran.stderr.lower(), "the engine's own logging should be there, on stderr"
+    assert ran.returncode == ex.exit_code
     print(ex.conclusion)
     assert ex.batch_size == N_CONCURRENT
     assert len(ex.companions) == N_CONCURRENT - 1

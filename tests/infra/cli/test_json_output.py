@@ -11,8 +11,9 @@ for real (marked ``stack``): the real ``reprolane`` in a process of its own agai
 stdout handed to `json.loads` whole. The lane commands run the in-process vLLM engine (``replay request`` on
 ``--lane vllm``, ``explain``, ``matrix``), whose logging and prints went to stdout before: they must show on stderr,
 and stdout must still parse. A command that another stack test already runs for real with ``--json``, reading its
-whole stdout as one document and its engine's logs on stderr, is named in `RUN_ELSEWHERE` instead (``audit evidence
-reexecute``: tests/infra/reexecution/test_reexecute_stack.py), so that its minute of engine work is done once.
+whole stdout as one document and its engine's logs on stderr, is named in `RUN_ELSEWHERE` instead, so that its
+engine work is done once: ``audit evidence reexecute`` (tests/infra/reexecution/test_reexecute_stack.py), ``replay
+matrix`` and ``replay explain`` (tests/replayer/test_matrix_stack.py).
 Human output is held to the same rule: the text report of ``replay request`` on that lane is alone on stdout, the
 engine's log lines on stderr (some 130 of them came first, on stdout: issue 30).
 """
@@ -37,7 +38,7 @@ from typer.testing import CliRunner
 
 from capture.settings import CaptureSettings
 from infra.cli.root import build_app
-from infra.demo.services import clean_environment, reprolane_argv
+from infra.demo.services import clean_environment
 from infra.stack.state import StackInfo
 from schemas import Envelope, WorkflowRef
 from schemas.envelope_compact import is_compact
@@ -45,6 +46,7 @@ from schemas.layout import envelope_key
 from schemas.sealed import is_sealed
 from tests.capture.audit.support import publish_through_s3
 from tests.capture.support import CHAT, only, sidecar
+from tests.cli_process import reprolane
 from tests.moto_s3 import moto_server
 from tests.replayer.support import S3Target, record_from_stack
 
@@ -72,10 +74,9 @@ def json_commands() -> dict[tuple[str, ...], bool]:
 
 @dataclass(frozen=True)
 class Recorded:
-    """What the runs need: a recorded envelope (a workflow's step 0) stored in the stack's S3, and as a file."""
+    """What the runs need: a recorded envelope (a workflow's step 0) stored in the stack's S3."""
 
     envelope: Envelope
-    jsonl: Path
 
 
 Run = Callable[[Recorded], list[str]]
@@ -87,17 +88,13 @@ RUNS: dict[tuple[str, ...], Run] = {
                                       "--lane", "vllm"],
     ("replay", "workflow"): lambda r: ["replay", "workflow", _workflow(r.envelope), "--tenant", r.envelope.tenant,
                                        "--json", "--lane", "remote"],
-    ("replay", "explain"): lambda r: ["replay", "explain", r.envelope.request_id, "--envelopes", str(r.jsonl),
-                                      "--variations", "alone", "--json"],
-    ("replay", "matrix"): lambda r: ["replay", "matrix", "--envelopes", str(r.jsonl), "--cells", "order",
-                                     "--max-tokens", "4", "--json"],
     ("audit", "query"): lambda r: ["audit", "query", "SELECT 1 AS one", "--json"],
     ("release", "fingerprint", "history"): lambda r: ["release", "fingerprint", "history", "--deployment",
                                                       f"json-{r.envelope.request_id}", "--json"],
 }  # fmt: skip
 
 #: The commands whose run loads the in-process vLLM engine: its logs must be on stderr.
-ENGINE_RUNS = {("replay", "request"), ("replay", "explain"), ("replay", "matrix")}
+ENGINE_RUNS = {("replay", "request")}
 
 #: ``--json`` commands run for real by another stack test, which holds their whole stdout to one document and finds
 #: the engine's logs on stderr: its module and test.
@@ -106,7 +103,15 @@ RUN_ELSEWHERE: dict[tuple[str, ...], tuple[str, str]] = {
         "tests/infra/reexecution/test_reexecute_stack.py",
         "test_batched_staggered_and_workflow_requests_reexecute_offline_bit_for_bit_and_every_tamper_is_named",
     ),
+    ("replay", "matrix"): ("tests/replayer/test_matrix_stack.py", "test_small_matrix_for_real"),
+    ("replay", "explain"): (
+        "tests/replayer/test_matrix_stack.py",
+        "test_explain_a_request_recorded_under_concurrent_load",
+    ),
 }
+#: What the source of each of those modules must say: the command with ``--json``, its whole stdout parsed as one
+#: document, and the engine's logging found on stderr.
+RUN_ELSEWHERE_NEEDS = ('"--json"', "json.loads(ran.stdout)", '"vllm" in ran.stderr.lower()')
 
 
 def _workflow(envelope: Envelope) -> str:
@@ -123,7 +128,7 @@ def test_every_json_command_has_a_run_here() -> None:
     for path, (module, test) in RUN_ELSEWHERE.items():
         source = (REPO / module).read_text(encoding="utf-8")
         assert f"def {test}(" in source, (path, module)
-        for needed in (f'"{path[-1]}"', '"--json"', "json.loads(ran.stdout)"):
+        for needed in (f'"{path[-1]}"', *RUN_ELSEWHERE_NEEDS):
             assert needed in source, (path, module, needed)
     assert all(found.values()), "--json is a flag: the document on stdout (a file is --report FILE)"
 
@@ -147,17 +152,12 @@ async def recorded(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -
     s3 = S3Target.from_stack(stack)
     key = envelope_key(envelope.envelope_id(), envelope.tenant, envelope.captured_at)
     assert is_compact(s3.client().get_object(Bucket=s3.bucket, Key=key)["Body"].read()), "stored as the sidecar does"
-    jsonl = tmp / "envelopes.jsonl"
-    jsonl.write_bytes(envelope.canonical() + b"\n")
-    return Recorded(envelope, jsonl)
+    return Recorded(envelope)
 
 
 def run_cli(stack: StackInfo, args: list[str]) -> subprocess.CompletedProcess[str]:
     """The real ``reprolane ARGS`` in a process of its own against the session's stack."""
-    return subprocess.run(
-        [*reprolane_argv(), *args], env=clean_environment(stack.run_dir), capture_output=True, text=True,
-        timeout=900, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return reprolane(*args, env=clean_environment(stack.run_dir), timeout=900)
 
 
 @pytest.mark.stack
