@@ -84,6 +84,9 @@ class LocalStack:
         wanted = self._with_dependencies(servers)
         with self._lock():
             state = self._prepare_state(wanted)
+            for name in SERVER_ORDER:  # the servers that need no other first: vLLM's slow start overlaps with S3's
+                if name in wanted and not self._stores_in_s3(name):
+                    state = self._launch_unless_alive(state, name)
             if "s3" in wanted:
                 state = self._ensure_ready(state, "s3")
                 ensure_buckets(
@@ -92,7 +95,7 @@ class LocalStack:
                 if state.servers["s3"].ports.get("iceberg"):  # the Iceberg lake's warehouse
                     ensure_table_bucket(state.url("s3") or "", state.credentials)
             rest = [name for name in SERVER_ORDER if name in wanted and name != "s3"]
-            for name in rest:  # spawn all first: vLLM's slow start overlaps with the others' waits
+            for name in rest:  # spawn all before waiting for any: their starts overlap
                 state = self._launch_unless_alive(state, name)
             for name in rest:
                 state = self._ensure_ready(state, name)
@@ -150,12 +153,16 @@ class LocalStack:
 
     # ----------------------------------------------------------------------------------- internals
 
+    def _stores_in_s3(self, name: ServerName) -> bool:
+        """Whether ``name`` needs S3 (and its buckets) ready before it starts: Kafka on S3 storage."""
+        return name == "kafka" and self.kafka_storage == "s3"
+
     def _with_dependencies(self, servers: Iterable[ServerName]) -> set[ServerName]:
         wanted = set(servers)
         unknown = wanted - set(SERVERS)
         if unknown:
             raise StackError(f"unknown server(s) {sorted(unknown)}; known: {', '.join(SERVER_ORDER)}")
-        if "kafka" in wanted and self.kafka_storage == "s3":
+        if any(self._stores_in_s3(name) for name in wanted):
             wanted.add("s3")
         return wanted
 
