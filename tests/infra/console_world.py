@@ -261,7 +261,7 @@ def build_world(stack: StackInfo, tmp: Path) -> World:
     }
     log = tmp / "console.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([*reprolane_argv(), "console"], env=env, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([*reprolane_argv(), "serve", "console"], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=os.getcwd())  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     world = World(stack, url, keys, diverged, identical, steps, results, replay_topic, other, tmp, prompts, proc, log)
