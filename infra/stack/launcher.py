@@ -84,7 +84,9 @@ class LocalStack:
         wanted = self._with_dependencies(servers)
         with self._lock():
             state = self._prepare_state(wanted)
-            for name in SERVER_ORDER:  # the servers that need no other first: vLLM's slow start overlaps with S3's
+            # every server is spawned before any is waited for, so that their starts overlap (vLLM's is the slow
+            # one); only Kafka on S3 storage waits for S3 and its buckets first
+            for name in SERVER_ORDER:
                 if name in wanted and not self._stores_in_s3(name):
                     state = self._launch_unless_alive(state, name)
             if "s3" in wanted:
@@ -95,8 +97,9 @@ class LocalStack:
                 if state.servers["s3"].ports.get("iceberg"):  # the Iceberg lake's warehouse
                     ensure_table_bucket(state.url("s3") or "", state.credentials)
             rest = [name for name in SERVER_ORDER if name in wanted and name != "s3"]
-            for name in rest:  # spawn all before waiting for any: their starts overlap
-                state = self._launch_unless_alive(state, name)
+            for name in rest:
+                if self._stores_in_s3(name):
+                    state = self._launch_unless_alive(state, name)
             for name in rest:
                 state = self._ensure_ready(state, name)
             if "kafka" in wanted:
