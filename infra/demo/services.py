@@ -183,7 +183,7 @@ def start_console(info: StackInfo, logins: ConsoleLogins, *, port: int, log: Pat
     if replay_key is not None:
         env["REPROLANE_CONSOLE_REPLAY_KEYS_PATH"] = str(replay_key.path)
         env["REPROLANE_CONSOLE_REPLAY_KEY_ID"] = replay_key.key_id
-    args = ["console", "--host", "127.0.0.1", "--port", str(port)]
+    args = ["serve", "console", "--host", "127.0.0.1", "--port", str(port)]
     return _spawn("console", args, env, log, f"http://127.0.0.1:{port}/healthz", info.run_dir)
 
 
