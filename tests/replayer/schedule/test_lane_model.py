@@ -4,7 +4,7 @@ with filler companions of the recorded shapes, compared bitwise (token ids and l
 "Production" is an in-process engine with the recorder (`replayer.schedule.engine.StepDriver`), settings of
 the stack's vLLM except a small token budget per step (``max_num_batched_tokens=256``) so that prefills are chunked
 and mixed with decodes, prefix caching on, and float32 (`DTYPE`). One production engine and one lane engine serve
-the whole module. The OpenAI server test is in test_lane_server.py.
+the whole module. vLLM's OpenAI server with the recorder is tested in test_replay_stack.py.
 
 Why float32: what these tests prove (the recorded shapes rebuilt step for step, fillers of the right shapes and
 no foreign content, prefix-cache hits and preemption reproduced, outputs and logprobs bitwise) does not depend on

@@ -6,6 +6,8 @@ prompts are prefilled in chunks mixed with decodes); the real sidecar captures e
 request id; the shipper ships the log to the real SeaweedFS and Tansu; each envelope's schedule is read back
 through the index (`replayer.schedule.store`) and replayed on the schedule lane (`replayer.schedule.replay`):
 
+- the recorder in the server itself: six completions sent straight to vLLM with ``X-Request-Id`` (no sidecar), each
+  joined to its arrival in the segments the server wrote, one replayed bitwise from them against the response;
 - the join: two requests sent at once with each other's X-Request-Id, and a completions request, each map to the
   engine request vLLM made of them;
 - twelve chat prompts sent at once, and a staggered workload of long prompts (chunked prefill): every replay is
@@ -40,14 +42,18 @@ from infra.stack import servers
 from infra.stack.env import stack_defaults
 from infra.stack.state import StackInfo
 from replayer.errors import ScheduleNotFoundError
+from replayer.lanes.base import GenRequest
+from replayer.lanes.batch_engine import render_chat
 from replayer.matrix.inputs import DEFAULT_PROMPTS
 from replayer.schedule.lane import ScheduleLane
 from replayer.schedule.replay import Companions, ScheduleReplayer, replay_on_schedule
 from replayer.schedule.store import ScheduleStore, ScheduleWindow
 from replayer.schedule.window import read_window
 from replayer.settings import ReplayerSettings
-from schemas import CapturedOutput, Envelope, ReplayedOutput, ReplayResult
+from schemas import CapturedOutput, Envelope, ReplayedOutput, ReplayResult, SamplingContract
 from schemas.schedule import EngineStart, RequestArrival
+from schemas.schedule_delivery import decode_segment, external_request_id_for
+from schemas.schedule_log import ScheduleLog
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
 from tests.private_vllm import launched_vllm
@@ -78,6 +84,79 @@ def recording_vllm(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -
 def _fields(env: dict[str, str], prefix: str) -> dict[str, Any]:
     """A service's settings fields from the stack's defaults (what `reprolane` would read from the environment)."""
     return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
+
+
+#: The server test's requests: six completions of rendered chat prompts, sent at once straight to vLLM.
+SERVER_REQUESTS, SERVER_MAX_TOKENS, SERVER_TOP_K = 6, 12, 3
+
+
+async def _complete(client: httpx.AsyncClient, ids: tuple[int, ...], request_id: str) -> dict[str, Any]:
+    body = {"model": "smollm2-135m-instruct", "prompt": list(ids), "temperature": 0.0,
+            "max_tokens": SERVER_MAX_TOKENS, "logprobs": SERVER_TOP_K, "return_token_ids": True,
+            "return_tokens_as_token_ids": True}  # fmt: skip
+    resp = await client.post("/v1/completions", json=body, headers={"X-Request-Id": request_id})
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json()["choices"][0])
+
+
+def _server_log(run_dir: Path) -> ScheduleLog:
+    """Every record in the segments the recording vLLM wrote so far, read from its schedule dir."""
+    (engine_dir,) = [p for p in servers.schedule_dir(run_dir).iterdir() if p.is_dir()]
+    records: list[Any] = []
+    for path in sorted(engine_dir.glob("*.jsonl")):
+        records.extend(decode_segment(path.read_bytes(), engine_dir.name))
+    return ScheduleLog.from_records(records)
+
+
+async def test_a_request_sent_straight_to_the_server_replays_bitwise_from_its_segments(
+    recording_vllm: StackInfo, lane_box: dict[str, ScheduleLane]
+) -> None:
+    """The recorder in vLLM's real OpenAI server, no sidecar between: six completions sent at once with
+    ``X-Request-Id``; the segments the server wrote are read from its schedule dir, each request is joined to its
+    arrival by the id vLLM derives from that header, and the one that shared its steps with the most companions is
+    replayed from the server's own schedule: its token ids and logprobs are the server's response.
+
+    The module's first test, so that it reads the server's log from its first record: the tests after it ship the
+    segments (`_ship_windows`), and the shipper deletes what it shipped."""
+    assert recording_vllm.vllm_url is not None
+    prompts = render_chat(model_dir(), DEFAULT_PROMPTS[:SERVER_REQUESTS])
+    names = [f"rl-sched-{uuid.uuid4().hex[:8]}-{i}" for i in range(SERVER_REQUESTS)]
+    joins = [external_request_id_for("completions", n) for n in names]  # what vLLM names them
+    async with httpx.AsyncClient(base_url=recording_vllm.vllm_url, timeout=600.0) as client:
+        choices = await asyncio.gather(*(_complete(client, p, n) for p, n in zip(prompts, names, strict=True)))
+    deadline = time.monotonic() + 30
+    while True:  # a segment is closed every 0.5 s (the fixture's REPROLANE_SCHEDULE_SEGMENT_SECONDS)
+        log = _server_log(recording_vllm.run_dir)
+        if all((a := log.by_external_id(j)) is not None and log.output_length(a.engine_request_id) for j in joins):
+            break
+        assert time.monotonic() < deadline, "the server's segments never held every request"
+        await asyncio.sleep(0.5)
+    assert log.engine is not None, "the engine's first record is gone: did a test before this one ship it?"
+    assert log.problems() == []
+    arrivals = [log.by_external_id(j) for j in joins]
+    # the join names each request's own arrival: its prompt length and output length are the response's
+    for a, ids, choice in zip(arrivals, prompts, choices, strict=True):
+        assert a is not None
+        assert a.num_prompt_tokens == len(ids)
+        assert log.output_length(a.engine_request_id) == len(choice["token_ids"])
+    assert any(len(s.scheduled) > 1 for s in log.steps.values()), "the server never batched the requests"
+    shared = [sum(len(log.steps[s].scheduled) for s in log.requests[a.engine_request_id].steps) for a in arrivals]
+    target = shared.index(max(shared))
+    request = GenRequest(prompts[target], SamplingContract(temperature=0.0, seed_scope="none"),
+                         max_tokens=SERVER_MAX_TOKENS, top_k_logprobs=SERVER_TOP_K)  # fmt: skip
+    result = _lane(lane_box, log.engine).replay_target(log, arrivals[target].engine_request_id, request)
+    assert result.steps.mismatch is None, result.steps.mismatch
+    assert result.schedule_reproduced, result.notes
+    assert result.output is not None
+    choice = choices[target]
+    assert list(result.output.token_ids) == choice["token_ids"]
+    served = [
+        {int(k.removeprefix("token_id:")): v for k, v in top.items()} for top in choice["logprobs"]["top_logprobs"]
+    ]
+    assert result.output.logprobs is not None
+    replayed = [{c.token_id: c.logprob for c in step.top} for step in result.output.logprobs]
+    assert replayed == [{k: v for k, v in s.items() if k in r} for s, r in zip(served, replayed, strict=True)]
+    assert [s.logprob for s in result.output.logprobs] == choice["logprobs"]["token_logprobs"]
 
 
 async def test_each_envelope_finds_its_own_engine_request(stack: StackInfo, recording_vllm: StackInfo) -> None:
@@ -141,10 +220,11 @@ def capture(recording_vllm: StackInfo) -> dict[str, Any]:
     return {"app": build_app(settings, spool=spool, metrics=CaptureMetrics()), "spool": spool}
 
 
-def _lane(box: dict[str, ScheduleLane], window: ScheduleWindow) -> ScheduleLane:
-    assert window.engine is not None
+def _lane(box: dict[str, ScheduleLane], engine: EngineStart | None) -> ScheduleLane:
+    """The module's lane engine, built for the recording vLLM's engine record the first time one is asked for."""
+    assert engine is not None
     if "lane" not in box:
-        box["lane"] = ScheduleLane(ReplayerSettings(model_dir=model_dir()), window.engine)
+        box["lane"] = ScheduleLane(ReplayerSettings(model_dir=model_dir()), engine)
     return box["lane"]
 
 
@@ -201,7 +281,7 @@ def _replay_all(box: dict[str, ScheduleLane], envelopes: list[Envelope], windows
     busy period): bitwise, the schedule reproduced, no filler holding another captured prompt. Every replay runs
     before the assertion, so a failure lists them all."""
     settings = ReplayerSettings(model_dir=model_dir())
-    results = replay_by_period(envelopes, windows, _lane(box, windows[0]), settings)
+    results = replay_by_period(envelopes, windows, _lane(box, windows[0].engine), settings)
     assert sorted(results) == sorted(e.request_id for e in envelopes)
     failures = []
     for envelope in envelopes:
@@ -313,7 +393,7 @@ async def test_an_altered_schedule_names_the_first_mismatching_step(
     )
     altered = dataclasses.replace(window, records=records)
     result, replay = replay_on_schedule(
-        envelope, altered, _lane(lane_box, window), ReplayerSettings(model_dir=model_dir())
+        envelope, altered, _lane(lane_box, window.engine), ReplayerSettings(model_dir=model_dir())
     )
     assert replay.steps.mismatch is not None
     assert replay.steps.mismatch.step == moved_first
@@ -341,7 +421,7 @@ async def test_every_choice_of_a_request_with_n_2_replays_bitwise_on_its_schedul
     assert len(outcome.choices) == 2
     assert outcome.choices[0].token_ids != outcome.choices[1].token_ids  # two samples, two seeds
     result, _ = replay_on_schedule(
-        envelopes[0], windows[0], _lane(lane_box, windows[0]), ReplayerSettings(model_dir=model_dir())
+        envelopes[0], windows[0], _lane(lane_box, windows[0].engine), ReplayerSettings(model_dir=model_dir())
     )
     event = result.event
     assert event.lane == "schedule"
@@ -362,7 +442,7 @@ async def test_a_busy_period_is_replayed_once_for_all_its_captured_requests(
     ids = await _send(capture["app"], bodies, 0.0)
     envelopes = await _spooled(spool, ids)
     windows = await _ship_windows(recording_vllm, envelopes)
-    lane = _lane(lane_box, windows[0])
+    lane = _lane(lane_box, windows[0].engine)
     runs: list[list[str]] = []
     replay_requests = lane.replay_requests
 
@@ -407,7 +487,7 @@ async def test_a_providers_busy_period_is_replayed_once_for_the_periods_that_rea
     envelopes = await _spooled(capture["spool"], ids)
     windows = await _ship_windows(recording_vllm, envelopes)
     assert [len(w.ranges) for w in windows] == [1, 2, 2]  # the later ones read the first one's period
-    lane = _lane(lane_box, windows[0])
+    lane = _lane(lane_box, windows[0].engine)
     defaults = stack_defaults(recording_vllm)
     settings = ReplayerSettings(**{**_fields(defaults, "REPROLANE_REPLAYER_"), "model_dir": model_dir()})
     companions = Companions({e.request_id: e for e in envelopes}.get, lambda e, r: None)
