@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from capture.metrics import CaptureMetrics
 from capture.publishing.kafka_sink import KafkaSink
@@ -63,8 +63,9 @@ def settings_for(stack: StackInfo, spool_dir: Path) -> CaptureSettings:
     )
 
 
-async def consume(stack: StackInfo, topic: str, count: int, within_s: float = 60.0) -> list[Any]:
-    """Records of `topic` from the start (a fresh group) until `count` were read or time is up."""
+async def consume(stack: StackInfo, topic: str, count: int | None, within_s: float = 60.0) -> list[Any]:
+    """Records of `topic` from the start (a fresh group) until `count` were read (None: every record the topic held
+    when called, up to its end offsets then) or time is up."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=stack.kafka_bootstrap,
@@ -78,9 +79,22 @@ async def consume(stack: StackInfo, topic: str, count: int, within_s: float = 60
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
     try:
-        while len(found) < count and loop.time() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
+        ends: dict[TopicPartition, int] = {}
+        if count is None:
+            await consumer.topics()  # the cluster's metadata, so that the topic's partitions are known
+            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            ends = {tp: end for tp, end in (await consumer.end_offsets(partitions)).items() if end > 0}
+        last: dict[TopicPartition, int] = {}
+
+        def done() -> bool:
+            if count is not None:
+                return len(found) >= count
+            return all(last.get(tp, -1) >= end - 1 for tp, end in ends.items())
+
+        while not done() and loop.time() < deadline:
+            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
                 found.extend(records)
+                last[tp] = max(last.get(tp, -1), records[-1].offset)
     finally:
         await consumer.stop()
     return found
