@@ -47,7 +47,7 @@ from schemas.layout import (
 )
 from tests.factories import envelope
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]  # no model: its own topics and tenants
 
 REPO = Path(__file__).resolve().parents[3]
 
