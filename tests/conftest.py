@@ -14,9 +14,11 @@ Under pytest-xdist (``make test`` runs ``-n``) the workers share one stack: the 
 second worker waits and then finds it up), and the controller takes it down when every worker is done. The
 tests are grouped for xdist's ``loadgroup`` (`pytest_collection_modifyitems`): the stack tests that send to the
 stack's vLLM in one group that one worker runs in order (one test's traffic would change another's batches); the
-model tests that run engines of their own, in process and without the stack, in a second; each stack module marked
-``beside_engines`` (no model, its own topics, keys and buckets) or ``own_engines`` (its engines are its own: a
-private vLLM, an in-process lane; it sends nothing to the stack's vLLM) in a group of its own; unit tests anywhere.
+model tests that run engines of their own, in process and without the stack, in a second; each stack module (or
+test) marked ``beside_engines`` (no model, its own topics, keys and buckets) or ``own_engines`` (its engines are its
+own: a private vLLM, an in-process lane; it sends nothing to the stack's vLLM) in a group of its own, named after its
+module; unit tests anywhere. The stack group is the suite's longest chain: a test that need not send to the stack's
+vLLM belongs beside it.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ converted model, vLLM on the CPU, and the stack's vLLM server.
    replay forked (the lane is deterministic), "reproduced" must mean token identity with the recording, and
    the conclusion must name exactly the variations that reproduced it.
 
+The matrix sends nothing to the stack's vLLM, so it runs beside the stack group (``own_engines``, tests/conftest.py).
 Both commands print exactly one JSON document on stdout and the engine's logging on stderr: these runs are the ones
 tests/infra/cli/test_json_output.py counts for ``replay matrix --json`` and ``replay explain --json``. Each engine
 configuration starts in a process of its own, and each start is the slow part of this module.
@@ -54,6 +55,7 @@ TOP_K = 5
 N_CONCURRENT = 8
 
 
+@pytest.mark.own_engines  # every cell's engine is the command's own: it sends nothing to the stack's vLLM
 def test_small_matrix_for_real(stack: StackInfo, tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(list(DEFAULT_PROMPTS[:4])), encoding="utf-8")

@@ -40,7 +40,7 @@ from schemas import Envelope
 from tests.replayer.service_harness import Records, Topics, Worker, events, results_by_request, wait_for_marker
 from tests.replayer.support import ArithmeticLane, S3Target, arithmetic_envelope
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]  # a fake lane, its own topics, its own S3 to stop
 
 PARTITIONS = 3
 

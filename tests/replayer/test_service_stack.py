@@ -27,7 +27,7 @@ from tests.replayer.support import (
     write_replay_request_keys,
 )
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.beside_engines]  # a fake lane: no model; its own topics and groups
 
 
 @pytest.fixture
