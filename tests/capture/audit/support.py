@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
+import secrets
 import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -125,5 +125,7 @@ def new_key() -> tuple[bytes, bytes]:
 
 
 def random_day() -> datetime:
-    """A capture day no other test (or earlier run) uses: somewhere in years 2100..7000."""
-    return datetime(2100, 1, 1, 10, 0, tzinfo=UTC) + timedelta(days=random.randrange(1_800_000))
+    """A capture day no other test (or earlier run) uses: somewhere in years 2100..7000. Drawn from the OS, not from
+    `random`: an in-process vLLM engine seeds the process's `random` (``seed=0``), which made two tests of one worker
+    draw the same day and read each other's checkpoints."""
+    return datetime(2100, 1, 1, 10, 0, tzinfo=UTC) + timedelta(days=secrets.randbelow(1_800_000))
