@@ -36,7 +36,11 @@ if ! mc retention info --default "local/$BUCKET" 2>/dev/null | grep -qi complian
     fi
 fi
 
-POLICY=/tmp/reprolane-writer.json
+# Policy files in a directory of this run's own: a fixed /tmp name is another run's to overwrite (or a symlink
+# planted there) while mc reads it.
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+POLICY=$WORK/reprolane-writer.json
 cat > "$POLICY" <<JSON
 {
   "Version": "2012-10-17",
@@ -60,7 +64,7 @@ READ_AUDIT='{"Effect": "Allow", "Action": ["s3:GetBucketLocation", "s3:ListBucke
     {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::'$BUCKET'/*"]},
     {"Effect": "Allow", "Action": ["s3:PutObject"], "Resource": ["arn:aws:s3:::'$BUCKET'/audit/access/*"]}'
 operator_policy() {  # NAME EXTRA_STATEMENTS
-    file="/tmp/reprolane-$1.json"
+    file="$WORK/reprolane-$1.json"
     printf '{"Version": "2012-10-17", "Statement": [\n    %s%s\n]}\n' "$READ_AUDIT" "$2" > "$file"
     mc admin policy create local "reprolane-$1" "$file" > /dev/null
 }

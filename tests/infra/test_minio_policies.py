@@ -16,19 +16,20 @@ INIT = Path(__file__).resolve().parents[2] / "infra" / "minio" / "init.sh"
 AUDIT, LAKE = "audit-b", "lake-b"
 
 
-@pytest.fixture(scope="module")
-def policies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    tmp = tmp_path_factory.mktemp("minio")
-    secrets, out = tmp / "secrets", tmp / "policies"
-    secrets.mkdir()
-    out.mkdir()
+def run_init(tmp: Path) -> tuple[Path, list[str]]:
+    """infra/minio/init.sh with a stand-in ``mc`` that copies each policy into ``tmp/policies`` and logs the file it
+    was given, and ``TMPDIR`` inside `tmp`: (the copied policies, the files mc was given)."""
+    secrets, out, tmpdir = tmp / "secrets", tmp / "policies", tmp / "tmpdir"
+    for directory in (secrets, out, tmpdir):
+        directory.mkdir()
     for name in ("minio_root_user", "minio_root_password", "s3_access_key", "s3_secret_key"):
         (secrets / name).write_text(f"{name}-value\n", encoding="utf-8")
+    given = tmp / "given"
     mc = tmp / "mc"
     mc.write_text(
         "#!/bin/sh\n"
         f'case "$*" in\n'
-        f'  "admin policy create local "*) cp "$6" "{out}/$5.json" ;;\n'
+        f'  "admin policy create local "*) cp "$6" "{out}/$5.json"; echo "$6" >> "{given}" ;;\n'
         '  "retention info"*) echo "Mode: COMPLIANCE" ;;\n'
         '  "admin user info"*) echo "PolicyName: reprolane-writer" ;;\n'
         "esac\nexit 0\n",
@@ -36,9 +37,24 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
     )
     mc.chmod(0o755)
     env = {"PATH": f"{tmp}:{os.environ['PATH']}", "SECRETS_DIR": str(secrets), "S3_BUCKET": AUDIT,
-           "KEYS_BUCKET": LAKE}  # fmt: skip
+           "KEYS_BUCKET": LAKE, "TMPDIR": str(tmpdir)}  # fmt: skip
     subprocess.run(["sh", str(INIT)], env=env, check=True, capture_output=True)
+    return out, given.read_text(encoding="utf-8").split()
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out, _ = run_init(tmp_path_factory.mktemp("minio"))
     return {p.stem: json.loads(p.read_text(encoding="utf-8"))["Statement"] for p in out.glob("*.json")}
+
+
+def test_the_policy_files_are_written_in_a_directory_of_the_runs_own_and_removed(tmp_path: Path) -> None:
+    """Not at fixed /tmp names, which another run overwrites while mc reads them (two test workers did: an empty
+    policy) or where someone else planted a symlink."""
+    _, given = run_init(tmp_path)
+    assert len(given) == 5, given  # the writer's and the four roles'
+    assert all(Path(f).is_relative_to(tmp_path / "tmpdir") for f in given), given
+    assert list((tmp_path / "tmpdir").iterdir()) == []  # removed at exit
 
 
 def allowed(statements: list[dict[str, Any]]) -> set[tuple[str, str]]:
