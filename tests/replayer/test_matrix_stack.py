@@ -14,7 +14,9 @@ converted model, vLLM on the CPU, and the stack's vLLM server.
    replay forked (the lane is deterministic), "reproduced" must mean token identity with the recording, and
    the conclusion must name exactly the variations that reproduced it.
 
-The matrix sends nothing to the stack's vLLM, so it runs beside the stack group (``own_engines``, tests/conftest.py).
+The matrix sends nothing to the stack's vLLM, yet it stays in the stack group: a group of one test is handed out
+last (xdist's ``loadgroup`` orders groups by their number of tests), and its minute of one-core work then ended the
+suite with the other core idle.
 Both commands print exactly one JSON document on stdout and the engine's logging on stderr: these runs are the ones
 tests/infra/cli/test_json_output.py counts for ``replay matrix --json`` and ``replay explain --json``. Each engine
 configuration starts in a process of its own, and each start is the slow part of this module.
@@ -55,7 +57,6 @@ TOP_K = 5
 N_CONCURRENT = 8
 
 
-@pytest.mark.own_engines  # every cell's engine is the command's own: it sends nothing to the stack's vLLM
 def test_small_matrix_for_real(stack: StackInfo, tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(list(DEFAULT_PROMPTS[:4])), encoding="utf-8")
