@@ -73,11 +73,16 @@ def read_log(recorder: Any, *, consume: bool = False) -> ScheduleLog:
     """The recorder's log so far (its open segment completed first); with ``consume``, only what no earlier
     consuming read returned, and the segments read are removed."""
     recorder.writer.sync()
-    directory = Path(recorder.writer.directory)
+    return read_segments(Path(recorder.writer.directory), str(recorder.engine_id), consume=consume)
+
+
+def read_segments(directory: Path, engine_id: str, *, consume: bool = False) -> ScheduleLog:
+    """The closed segments of engine `engine_id` in `directory` (a recorder's, in this process or another), as one
+    log; with ``consume`` the segments read are removed."""
     records: list[Any] = []
     for path in sorted(directory.iterdir()):
         if parse_segment_file_name(path.name) is not None:
-            records.extend(decode_segment(path.read_bytes(), str(recorder.engine_id)))
+            records.extend(decode_segment(path.read_bytes(), engine_id))
             if consume:
                 path.unlink()
     return ScheduleLog.from_records(records)

@@ -17,6 +17,7 @@ converted model, vLLM on the CPU, and the stack's vLLM server.
 The matrix sends nothing to the stack's vLLM, yet it stays in the stack group: a group of one test is handed out
 last (xdist's ``loadgroup`` orders groups by their number of tests), and its minute of one-core work then ended the
 suite with the other core idle.
+
 Both commands print exactly one JSON document on stdout and the engine's logging on stderr: these runs are the ones
 tests/infra/cli/test_json_output.py counts for ``replay matrix --json`` and ``replay explain --json``. Each engine
 configuration starts in a process of its own, and each start is the slow part of this module.

@@ -45,6 +45,7 @@ from replayer.errors import ScheduleNotFoundError
 from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
 from replayer.matrix.inputs import DEFAULT_PROMPTS
+from replayer.schedule.engine import read_segments
 from replayer.schedule.lane import ScheduleLane
 from replayer.schedule.replay import Companions, ScheduleReplayer, replay_on_schedule
 from replayer.schedule.store import ScheduleStore, ScheduleWindow
@@ -52,7 +53,7 @@ from replayer.schedule.window import read_window
 from replayer.settings import ReplayerSettings
 from schemas import CapturedOutput, Envelope, ReplayedOutput, ReplayResult, SamplingContract
 from schemas.schedule import EngineStart, RequestArrival
-from schemas.schedule_delivery import decode_segment, external_request_id_for
+from schemas.schedule_delivery import external_request_id_for
 from schemas.schedule_log import ScheduleLog
 from tests.capture.fake_spool import FakeSpool
 from tests.capture.fake_upstream import serve
@@ -100,12 +101,9 @@ async def _complete(client: httpx.AsyncClient, ids: tuple[int, ...], request_id:
 
 
 def _server_log(run_dir: Path) -> ScheduleLog:
-    """Every record in the segments the recording vLLM wrote so far, read from its schedule dir."""
+    """Every record in the segments the recording vLLM closed so far, read from its schedule dir."""
     (engine_dir,) = [p for p in servers.schedule_dir(run_dir).iterdir() if p.is_dir()]
-    records: list[Any] = []
-    for path in sorted(engine_dir.glob("*.jsonl")):
-        records.extend(decode_segment(path.read_bytes(), engine_dir.name))
-    return ScheduleLog.from_records(records)
+    return read_segments(engine_dir, engine_dir.name)
 
 
 async def test_a_request_sent_straight_to_the_server_replays_bitwise_from_its_segments(
