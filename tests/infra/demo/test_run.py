@@ -232,11 +232,19 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert all(s.health == "ready" for s in LocalStack(stack.run_dir).status())  # the reused stack stays up
 
 
+def as_a_terminal_starts_it() -> None:
+    """A shell starts a foreground command with SIGINT at its default, whatever the suite inherited: a suite started
+    in the background of a non-interactive shell (``make test &``, a CI runner's) ignores SIGINT, a child inherits
+    that, and a Python child that starts with SIGINT ignored never turns Ctrl-C into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_everything_the_demo_started(stack: StackInfo) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [*reprolane_argv(), "demo", "--quick", "--run-dir", str(stack.run_dir)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=as_a_terminal_starts_it,
     )  # fmt: skip
     assert proc.stdout is not None
     pids: list[int] = []
