@@ -21,6 +21,8 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
@@ -232,20 +234,27 @@ def test_quick_demo_captures_every_request_replays_every_flagged_one_and_cleans_
     assert all(s.health == "ready" for s in LocalStack(stack.run_dir).status())  # the reused stack stays up
 
 
-def as_a_terminal_starts_it() -> None:
-    """A shell starts a foreground command with SIGINT at its default, whatever the suite inherited: a suite started
-    in the background of a non-interactive shell (``make test &``, a CI runner's) ignores SIGINT, a child inherits
-    that, and a Python child that starts with SIGINT ignored never turns Ctrl-C into KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+@contextmanager
+def children_start_with_sigint_at_its_default() -> Iterator[None]:
+    """As a shell starts a foreground command, whatever the suite inherited: a suite started in the background of a
+    non-interactive shell (``make test &``, a CI runner's) ignores SIGINT, an ignored signal stays ignored in a
+    child, and a Python child that starts with SIGINT ignored never turns Ctrl-C into KeyboardInterrupt. A signal
+    caught here is at its default in an exec'd child, so this process catches SIGINT while it starts one (no
+    ``preexec_fn``: that runs Python between fork and exec, which is unsafe beside the worker's threads)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_stops_everything_the_demo_started(stack: StackInfo) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [*reprolane_argv(), "demo", "--quick", "--run-dir", str(stack.run_dir)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=as_a_terminal_starts_it,
-    )  # fmt: skip
+    with children_start_with_sigint_at_its_default():
+        proc = subprocess.Popen(
+            [*reprolane_argv(), "demo", "--quick", "--run-dir", str(stack.run_dir)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
     assert proc.stdout is not None
     pids: list[int] = []
     seen: list[str] = []
