@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds of 12 requests, the first one warming up")
     args = parser.parse_args()
 
+    from infra.paths import model_dir
     from replayer.lanes.base import GenRequest
     from replayer.lanes.batch_engine import render_chat
     from replayer.machine_output import engine_logs_to_stderr, machine_output
@@ -36,7 +37,7 @@ def main() -> None:
 
     engine_logs_to_stderr(os.environ)
 
-    model = Path.home() / ".cache/reprolane/models/smollm2-135m-instruct"
+    model = model_dir()  # the fetched model, $REPROLANE_CACHE_DIR honoured as `reprolane model fetch` does
     if not (model / "config.json").is_file():
         raise SystemExit("no converted model: run `reprolane model fetch` first")
     greedy = SamplingContract(temperature=0.0, seed_scope="none")
