@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from infra import paths
 from replayer.errors import NotReplayableError
 from replayer.lanes.base import GenRequest
 from replayer.lanes.batch_engine import render_chat
@@ -52,7 +53,7 @@ LONG_SYSTEM = " ".join(f"Rule {i}: answer precisely, cite the policy section, an
 
 
 def model_dir() -> Path:
-    path = Path.home() / ".cache/reprolane/models/smollm2-135m-instruct"
+    path = paths.model_dir()  # where `reprolane model fetch` put it ($REPROLANE_CACHE_DIR honoured)
     if not (path / "config.json").is_file():
         pytest.skip("no converted model (reprolane model fetch)")
     return path
